@@ -1,0 +1,51 @@
+"""The attention backend interface shared by MLA and GQA layers.
+
+Caches are paged: [num_blocks, block_size, num_kv_heads, head_dim]. MLA stores one latent "head" per token
+(kv_lora_rank + qk_rope_head_dim values) and reads its value as the first kv_lora_rank of them, so the same
+decode call serves absorbed MLA (MQA over the latent) and GQA.
+"""
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from mlaserve.attention.metadata import AttentionMetadata
+
+
+class AttentionBackend(ABC):
+    name: str = ""
+
+    @classmethod
+    def unavailable_reason(cls, device: torch.device) -> str | None:
+        """None if the backend can run on `device`, else why not."""
+        return None
+
+    @abstractmethod
+    def decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor | None,
+        meta: AttentionMetadata,
+        scale: float,
+        v_dim: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One query token per decode sequence. q: [num_decodes, H, Dk]; v_cache None means the value is
+        k_cache[..., :v_dim] (MLA latent). Returns (out [num_decodes, H, v_dim], lse [num_decodes, H])."""
+
+    @abstractmethod
+    def prefill(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, scale: float
+    ):
+        """Causal attention for the prefill sequences. q: [prefill tokens, H, Dk]; k, v: every prefill
+        sequence's whole context concatenated, [sum of seq_lens, Hkv, D]. Query j of a sequence sits at absolute
+        position seq_len - query_len + j (bottom-right causal alignment). Returns [prefill tokens, H, Dv]."""
+
+    def gather_prefill_context(self, cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Every prefill sequence's cached context (after this step's writes), [sum of seq_lens, Hkv, D]."""
+        return cache.flatten(0, 1)[meta.prefill_slot_index]
+
+
+def write_to_cache(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
+    """Store this step's KV rows ([num_tokens, Hkv, D]) at their slots."""
+    cache.view(-1, *cache.shape[2:]).index_copy_(0, slot_mapping, values.to(cache.dtype))

@@ -1,0 +1,79 @@
+"""The one attention metadata object: built once per step by the runner, read by every layer and backend.
+
+The batch is ordered decodes first (one query token each), then prefills (chunks of one or more prompts). Both
+read the same paged cache, so a prefill chunk attends to everything cached before it: earlier chunks and
+prefix-cache hits alike.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    block_size: int
+    slot_mapping: torch.Tensor  # [num_tokens] flat cache slot each new token's KV is written to
+    seq_lens: torch.Tensor  # [num_seqs] context length after this step, new tokens included
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32 block ids (0 pads)
+    num_decodes: int  # the first num_decodes sequences (and tokens) have one query token
+    query_lens: list[int]  # per sequence, host side
+    host_seq_lens: list[int]  # per sequence, host side
+    # Gather indices for the paged reference paths, computed once per step instead of once per layer.
+    decode_slot_index: torch.Tensor | None = None  # [num_decodes, max_decode_len] slots (0 where masked)
+    decode_mask: torch.Tensor | None = None  # [num_decodes, max_decode_len] True where a key exists
+    prefill_slot_index: torch.Tensor | None = (
+        None  # [sum of prefill seq_lens] slots of every prefill's context
+    )
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return self.num_decodes
+
+    @property
+    def prefill_query_lens(self) -> list[int]:
+        return self.query_lens[self.num_decodes :]
+
+    @property
+    def prefill_seq_lens(self) -> list[int]:
+        return self.host_seq_lens[self.num_decodes :]
+
+
+def slot_indices(block_table: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
+    """Flat cache slots of positions 0..length-1 of one sequence."""
+    pos = torch.arange(length, device=block_table.device)
+    return block_table[pos // block_size].long() * block_size + pos % block_size
+
+
+def build_metadata(
+    block_size: int,
+    block_tables: torch.Tensor,
+    query_lens: list[int],
+    seq_lens: list[int],
+    num_decodes: int,
+    slot_mapping: torch.Tensor,
+) -> AttentionMetadata:
+    device = block_tables.device
+    seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    meta = AttentionMetadata(
+        block_size, slot_mapping, seq_lens_t, block_tables, num_decodes, query_lens, seq_lens
+    )
+    if num_decodes:
+        max_len = max(seq_lens[:num_decodes])
+        pos = torch.arange(max_len, device=device)
+        tables = block_tables[:num_decodes].long()
+        blocks = tables.gather(1, (pos // block_size).expand(num_decodes, -1).clamp(max=tables.shape[1] - 1))
+        mask = pos[None, :] < seq_lens_t[:num_decodes, None]
+        meta.decode_slot_index = torch.where(mask, blocks * block_size + pos % block_size, 0)
+        meta.decode_mask = mask
+    if num_decodes < len(query_lens):
+        parts = [
+            slot_indices(block_tables[i], seq_lens[i], block_size)
+            for i in range(num_decodes, len(query_lens))
+        ]
+        meta.prefill_slot_index = torch.cat(parts)
+    return meta

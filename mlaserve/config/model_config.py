@@ -1,0 +1,92 @@
+"""ModelConfig: the facts about a checkpoint the engine needs, parsed by transformers' own config classes."""
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def hf_config_from_dict(config_dict: dict) -> object:
+    """A transformers PretrainedConfig from a config.json dict; rope_scaling is normalised to rope_parameters."""
+    from transformers import AutoConfig
+
+    model_type = config_dict.get("model_type")
+    if not model_type:
+        raise ValueError("config.json has no 'model_type'")
+    fields = {k: v for k, v in config_dict.items() if k != "model_type"}
+    try:
+        return AutoConfig.for_model(model_type, **fields)
+    except ValueError as e:
+        raise ValueError(f"unsupported model_type {model_type!r} in config.json: {e}") from None
+
+
+def resolve_dtype(requested: str | torch.dtype, hf_config: object, device: torch.device) -> torch.dtype:
+    if isinstance(requested, torch.dtype):
+        return requested
+    if requested == "auto":
+        declared = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+        if isinstance(declared, str):
+            declared = _DTYPES.get(declared, torch.float32)
+        declared = declared or torch.float32
+        if device.type == "cpu" and declared != torch.float32:
+            logger.info(
+                "dtype auto on CPU: using float32 instead of %s (half precision GEMMs are slow on CPU)",
+                declared,
+            )
+            return torch.float32
+        return declared
+    if requested not in _DTYPES:
+        raise ValueError(f"unknown dtype {requested!r}; choose one of 'auto', {sorted(_DTYPES)}")
+    return _DTYPES[requested]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    hf_config: object
+    architecture: str
+    dtype: torch.dtype
+    max_model_len: int
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf_config.vocab_size
+
+    @property
+    def num_layers(self) -> int:
+        return self.hf_config.num_hidden_layers
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        eos = getattr(self.hf_config, "eos_token_id", None)
+        if eos is None:
+            return []
+        return list(eos) if isinstance(eos, (list, tuple)) else [eos]
+
+    @classmethod
+    def from_hf(
+        cls, config_dict: dict, dtype: str | torch.dtype, device: torch.device, max_model_len: int | None
+    ) -> "ModelConfig":
+        hf_config = hf_config_from_dict(config_dict)
+        archs = config_dict.get("architectures") or []
+        if not archs:
+            raise ValueError("config.json has no 'architectures' entry")
+        limit = getattr(hf_config, "max_position_embeddings", None) or 2048
+        if max_model_len is None:
+            max_model_len = limit
+        elif max_model_len <= 0:
+            raise ValueError(f"max_model_len must be positive, got {max_model_len}")
+        elif max_model_len > limit:
+            raise ValueError(
+                f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={limit}"
+            )
+        return cls(hf_config, archs[0], resolve_dtype(dtype, hf_config, device), max_model_len)

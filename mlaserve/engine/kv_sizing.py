@@ -1,0 +1,30 @@
+"""How many KV blocks the engine gets: from an explicit count, a byte budget, or the GPU's free memory."""
+
+import logging
+
+import torch
+
+from mlaserve.config.engine_config import EngineConfig
+from mlaserve.kvcache.spec import KVCacheSpec
+
+logger = logging.getLogger(__name__)
+
+CPU_DEFAULT_KV_BYTES = 1 << 30
+
+
+def kv_budget_bytes(config: EngineConfig, device: torch.device) -> int:
+    if config.kv_cache_memory_bytes is not None:
+        return config.kv_cache_memory_bytes
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        used = total - free
+        return max(int(total * config.gpu_memory_utilization) - used, 0)
+    return CPU_DEFAULT_KV_BYTES
+
+
+def num_kv_blocks(config: EngineConfig, spec: KVCacheSpec, dtype: torch.dtype, device: torch.device) -> int:
+    """Usable blocks plus the reserved null block."""
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks + 1
+    per_block = spec.bytes_per_token(dtype) * config.block_size
+    return kv_budget_bytes(config, device) // per_block + 1

@@ -1,0 +1,235 @@
+"""LLMEngine: model, KV cache, scheduler and runner wired together, stepped by the offline API or a server."""
+
+import itertools
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from mlaserve.attention.selector import select_backend
+from mlaserve.config.engine_config import EngineConfig
+from mlaserve.config.model_config import ModelConfig
+from mlaserve.core.kv_cache_manager import CacheGroupSpec, KVCacheManager
+from mlaserve.core.request import Request, RequestStatus
+from mlaserve.core.scheduler import Scheduler, SchedulerConfig
+from mlaserve.engine.detokenizer import RequestText
+from mlaserve.engine.kv_sizing import num_kv_blocks
+from mlaserve.kvcache.allocate import allocate_kv_caches
+from mlaserve.loader.model_files import resolve_model
+from mlaserve.loader.model_loader import build_model
+from mlaserve.loader.tokenizer import load_tokenizer
+from mlaserve.outputs import CompletionOutput, RequestOutput
+from mlaserve.runner.model_runner import ModelRunner
+from mlaserve.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r} requested but no CUDA device is available; use device='cpu'")
+    return device
+
+
+@dataclass(slots=True)
+class PreparedRequest:
+    """A validated, tokenized request that has not touched the engine yet."""
+
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        torch.manual_seed(config.seed)
+        files = resolve_model(config.model)
+        self.model_config = ModelConfig.from_hf(
+            files.config_dict, config.dtype, self.device, config.max_model_len
+        )
+        self.tokenizer = load_tokenizer(files)
+        self.backend = select_backend(self.device, config.attention_backend)
+        self.model, self.load_report = build_model(
+            self.model_config, files, self.backend, self.device, config.load_format, config.seed
+        )
+        self._init_kv_cache()
+        max_len = self.model_config.max_model_len
+        batched = config.max_num_batched_tokens or (
+            max(8192, max_len) if not config.enable_chunked_prefill else max(2048, min(8192, max_len))
+        )
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_seqs, batched, max_len, config.enable_chunked_prefill),
+            self.kv_manager,
+        )
+        self.runner = ModelRunner(self.model, self.kv_caches, config.block_size, self.device)
+        self._texts: dict[str, RequestText] = {}
+        self._prompts: dict[str, str | None] = {}
+        self._ids = itertools.count()
+        self.num_generated_tokens = 0
+
+    def _init_kv_cache(self) -> None:
+        cfg, dtype = self.config, self.model_config.dtype
+        self.kv_spec = self.model.kv_cache_spec()
+        num_blocks = num_kv_blocks(cfg, self.kv_spec, dtype, self.device)
+        capacity = (num_blocks - 1) * cfg.block_size
+        if capacity < self.model_config.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {capacity} tokens ({num_blocks - 1} blocks of {cfg.block_size}), fewer than "
+                f"max_model_len={self.model_config.max_model_len}: raise the KV budget "
+                "(kv_cache_memory_bytes / gpu_memory_utilization / num_kv_blocks) or lower max_model_len"
+            )
+        self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks, cfg.block_size, dtype, self.device)
+        groups = [CacheGroupSpec(group_id=0, kind="full", block_size=cfg.block_size)]
+        self.kv_manager = KVCacheManager(groups, num_blocks, cfg.enable_prefix_caching)
+        self.bytes_per_token = self.kv_spec.bytes_per_token(dtype)
+        line = (
+            f"KV cache: {num_blocks - 1} blocks x {cfg.block_size} tokens = {capacity} tokens, "
+            f"{self.bytes_per_token} bytes/token ({dtype})"
+        )
+        if self.kv_spec.is_mla:
+            mha = self.kv_spec.mha_bytes_per_token(dtype)
+            line += f"; per-head K/V would cost {mha} bytes/token ({mha / self.bytes_per_token:.1f}x)"
+        logger.info(line)
+
+    # ---- requests -------------------------------------------------------------------------------------------
+    def prepare(self, prompt: str | dict, params: SamplingParams) -> PreparedRequest:
+        """Validate and tokenize without side effects, so a bad request in a batch starts no work."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, str):
+            text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
+        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        else:
+            raise TypeError("a prompt is a str or a dict with 'prompt_token_ids'")
+        vocab = self.model_config.vocab_size
+        if not ids:
+            raise ValueError("the prompt is empty (0 tokens)")
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
+        limit = self.model_config.max_model_len
+        if len(ids) >= limit:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens; it must be shorter than max_model_len={limit}"
+            )
+        return PreparedRequest(text, ids, params)
+
+    def add_prepared(self, prepared: PreparedRequest, request_id: str | None = None) -> str:
+        params = prepared.params
+        request_id = request_id or str(next(self._ids))
+        room = self.model_config.max_model_len - len(prepared.prompt_token_ids)
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        eos_ids = self.model_config.eos_token_ids
+        tok_eos = getattr(self.tokenizer, "eos_token_id", None)
+        eos = tok_eos if tok_eos is not None else (eos_ids[0] if eos_ids else None)
+        stop_ids = list(params.stop_token_ids or [])
+        if not params.ignore_eos:
+            stop_ids += [e for e in eos_ids if e != eos]
+        request = Request(
+            request_id,
+            prepared.prompt_token_ids,
+            max_tokens,
+            arrival_index=next(self._ids),
+            eos_token_id=eos,
+            stop_token_ids=tuple(stop_ids),
+            ignore_eos=params.ignore_eos,
+            sampling_params=params,
+        )
+        self._texts[request_id] = RequestText(
+            params.stop, params.include_stop_str_in_output, params.skip_special_tokens
+        )
+        self._prompts[request_id] = prepared.prompt
+        if params.seed is not None:
+            self.runner.add_generator(request_id, params.seed)
+        self.scheduler.add_request(request)
+        return request_id
+
+    def add_request(self, prompt: str | dict, params: SamplingParams, request_id: str | None = None) -> str:
+        return self.add_prepared(self.prepare(prompt, params), request_id)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        request = self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
+        return None if request is None else self._finish(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ---- the step loop ----------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model once, apply the sampled tokens; returns outputs of requests that finished."""
+        output = self.scheduler.schedule()
+        if output.is_empty:
+            return []
+        result = self.runner.execute(output)
+        self.num_generated_tokens += len(result.token_ids)
+        finished = self.scheduler.update_from_output(output, result.token_ids)
+        finished_ids = {r.request_id for r in finished}
+        for s in output.scheduled:
+            request = s.request
+            rid = request.request_id
+            if rid not in result.token_ids:
+                continue
+            text = self._texts[rid]
+            if rid in result.logprobs:
+                text.logprobs.append(result.logprobs[rid])
+            if text.update(self.tokenizer, request.output_token_ids) and rid not in finished_ids:
+                stopped = self.scheduler.finish_request(rid, RequestStatus.FINISHED_STOPPED)
+                if stopped is not None:
+                    finished.append(stopped)
+                    finished_ids.add(rid)
+        return [self._finish(r) for r in finished]
+
+    def _finish(self, request: Request) -> RequestOutput:
+        rid = request.request_id
+        self.runner.drop_request(rid)
+        text = self._texts.pop(rid)
+        prompt = self._prompts.pop(rid)
+        params = request.sampling_params
+        logprobs = text.logprobs if params.logprobs is not None else None
+        out_ids = list(request.output_token_ids)
+        cumulative = None
+        if logprobs is not None:
+            cumulative = sum(lp[t] for lp, t in zip(logprobs, out_ids))
+        if text.stop_reason is None and request.status == RequestStatus.FINISHED_STOPPED:
+            stop_reason = out_ids[-1] if out_ids and out_ids[-1] != request.eos_token_id else None
+        else:
+            stop_reason = text.stop_reason
+        completion = CompletionOutput(
+            0, text.text, out_ids, cumulative, logprobs, request.status.finish_reason, stop_reason
+        )
+        cached = max(request.num_cached_tokens, 0)
+        return RequestOutput(rid, prompt, list(request.prompt_token_ids), [completion], True, cached)
+
+    # ---- introspection ---------------------------------------------------------------------------------------
+    def partial_text(self, request_id: str) -> str:
+        return self._texts[request_id].text
+
+    def stats(self) -> dict:
+        cache = self.kv_manager.prefix_cache_stats()
+        dtype = self.model_config.dtype
+        stats = {
+            "kv_blocks_total": self.kv_manager.num_total_blocks,
+            "kv_blocks_used": self.kv_manager.num_used_blocks,
+            "kv_bytes_per_token": self.bytes_per_token,
+            "kv_capacity_tokens": self.kv_manager.num_total_blocks * self.config.block_size,
+            "block_size": self.config.block_size,
+            "attention_backend": self.backend.name,
+            "num_running": self.scheduler.num_running,
+            "num_waiting": self.scheduler.num_waiting,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "prefix_cache_queries": cache["queries"],
+            "prefix_cache_hits": cache["hits"],
+            "prefix_cache_hit_rate": cache["hits"] / cache["queries"] if cache["queries"] else 0.0,
+            "num_generated_tokens": self.num_generated_tokens,
+            "dtype": str(dtype).removeprefix("torch."),
+            "device": str(self.device),
+        }
+        if self.kv_spec.is_mla:
+            stats["mha_kv_bytes_per_token"] = self.kv_spec.mha_bytes_per_token(dtype)
+        return stats

@@ -1,0 +1,24 @@
+"""Sizing the paged cache from a memory budget and allocating one tensor per layer."""
+
+import torch
+
+from mlaserve.kvcache.spec import KVCacheSpec, LayerCacheSpec
+
+
+def num_blocks_for_budget(spec: KVCacheSpec, dtype: torch.dtype, block_size: int, budget_bytes: int) -> int:
+    """Blocks that fit in budget_bytes; one extra block is the reserved null block."""
+    per_block = spec.bytes_per_token(dtype) * block_size
+    return budget_bytes // per_block
+
+
+def allocate_layer(layer: LayerCacheSpec, num_blocks: int, block_size: int, dtype, device) -> torch.Tensor:
+    shape = (num_blocks, block_size, layer.num_kv_heads, layer.head_dim)
+    if layer.separate_value:
+        shape = (2, *shape)
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def allocate_kv_caches(
+    spec: KVCacheSpec, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+) -> list[torch.Tensor]:
+    return [allocate_layer(layer, num_blocks, block_size, dtype, device) for layer in spec.layers]

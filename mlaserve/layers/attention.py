@@ -1,0 +1,36 @@
+"""GQA/MHA attention over the paged K/V cache: writes this step's K/V, then decode and prefill via the backend."""
+
+import torch
+from torch import nn
+
+from mlaserve.attention.backend import AttentionBackend, write_to_cache
+from mlaserve.attention.metadata import AttentionMetadata
+
+
+class PagedAttention(nn.Module):
+    def __init__(self, backend: AttentionBackend, scale: float) -> None:
+        super().__init__()
+        self.backend = backend
+        self.scale = scale
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """q: [T, H, D]; k, v: [T, Hkv, D]; kv_cache: [2, blocks, block_size, Hkv, D]. Returns [T, H, D]."""
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        write_to_cache(k_cache, meta.slot_mapping, k)
+        write_to_cache(v_cache, meta.slot_mapping, v)
+        nd = meta.num_decodes
+        parts = []
+        if nd:
+            parts.append(self.backend.decode(q[:nd], k_cache, v_cache, meta, self.scale, v.shape[-1])[0])
+        if nd < meta.num_seqs:
+            k_ctx = self.backend.gather_prefill_context(k_cache, meta)
+            v_ctx = self.backend.gather_prefill_context(v_cache, meta)
+            parts.append(self.backend.prefill(q[nd:], k_ctx, v_ctx, meta, self.scale))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -1,0 +1,52 @@
+"""Token embedding and LM head, sharded over the vocabulary."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mlaserve.layers.linear import default_weight_loader, make_param
+from mlaserve.parallel import SINGLE, ParallelContext
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden: int, ctx: ParallelContext = SINGLE) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.vocab_size = vocab_size
+        self.per_rank = (vocab_size + ctx.tp_size - 1) // ctx.tp_size
+        self.start = ctx.tp_rank * self.per_rank
+        self.weight = make_param(self.per_rank, hidden, loader=self.weight_loader)
+
+    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: object = None) -> None:
+        if loaded.shape[0] != self.vocab_size:
+            raise ValueError(
+                f"embedding rows: checkpoint {loaded.shape[0]}, expected vocab_size {self.vocab_size}"
+            )
+        part = loaded[self.start : self.start + self.per_rank]
+        if part.shape[0] < self.per_rank:  # the last rank's padding rows stay zero
+            param.data.zero_()
+            param.data[: part.shape[0]].copy_(part)
+        else:
+            default_weight_loader(param, part)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.ctx.tp_size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        valid = (local >= 0) & (local < self.per_rank)
+        out = F.embedding(local.clamp(0, self.per_rank - 1), self.weight) * valid.unsqueeze(-1)
+        return self.ctx.all_reduce(out)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Projects hidden states to logits; with tied embeddings it shares the embedding's weight."""
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(hidden, self.weight)
+        if self.ctx.tp_size > 1:
+            import torch.distributed as dist
+
+            parts = [torch.empty_like(logits) for _ in range(self.ctx.tp_size)]
+            dist.all_gather(parts, logits, group=self.ctx.group)
+            logits = torch.cat(parts, dim=-1)
+        return logits[..., : self.vocab_size]

@@ -1,0 +1,109 @@
+"""Multi-head Latent Attention over a paged latent cache.
+
+Each token caches one row: the normed KV latent (kv_lora_rank) followed by the roped shared key
+(qk_rope_head_dim). Decode absorbs W_UK into the query and applies W_UV after attention, so it attends over the
+latent directly (MQA with one 576-wide head for DeepSeek-V2/V3). Prefill re-reads the whole context from the
+same cache and expands per-head K/V, which costs less than absorbed attention when many queries share the
+context; both paths read the cache, so chunked prefill and prefix-cache hits need nothing special.
+"""
+
+import math
+
+import torch
+from torch import nn
+
+from mlaserve.attention.backend import AttentionBackend, write_to_cache
+from mlaserve.attention.metadata import AttentionMetadata
+from mlaserve.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from mlaserve.layers.norm import RMSNorm
+from mlaserve.layers.rotary import RotaryEmbedding, rope_frequencies
+from mlaserve.parallel import ParallelContext
+
+
+def yarn_mscale(factor: float, mscale: float) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def mla_softmax_scale(cfg: object) -> float:
+    """1/sqrt(qk_head_dim), times mscale(all_dim)^2 under YaRN: the long-context temperature DeepSeek trains with."""
+    scale = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) ** -0.5
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default" and rope.get("mscale_all_dim"):
+        m = yarn_mscale(rope["factor"], rope["mscale_all_dim"])
+        scale *= m * m
+    return scale
+
+
+class MLAAttention(nn.Module):
+    def __init__(self, cfg: object, backend: AttentionBackend, ctx: ParallelContext) -> None:
+        super().__init__()
+        self.backend = backend
+        self.num_heads = ctx.shard(cfg.num_attention_heads, "num_attention_heads")
+        self.kv_lora_rank, self.rope_dim = cfg.kv_lora_rank, cfg.qk_rope_head_dim
+        self.nope_dim, self.v_dim = cfg.qk_nope_head_dim, cfg.v_head_dim
+        qk_head = self.nope_dim + self.rope_dim
+        bias = bool(getattr(cfg, "attention_bias", False))
+        self.q_lora_rank = getattr(cfg, "q_lora_rank", None)
+        if self.q_lora_rank:
+            self.q_a_proj = ReplicatedLinear(cfg.hidden_size, self.q_lora_rank, bias, ctx)
+            self.q_a_layernorm = RMSNorm(self.q_lora_rank, cfg.rms_norm_eps)
+            self.q_b_proj = ColumnParallelLinear(
+                self.q_lora_rank, cfg.num_attention_heads * qk_head, False, ctx
+            )
+        else:
+            self.q_proj = ColumnParallelLinear(cfg.hidden_size, cfg.num_attention_heads * qk_head, False, ctx)
+        self.kv_a_proj_with_mqa = ReplicatedLinear(
+            cfg.hidden_size, self.kv_lora_rank + self.rope_dim, bias, ctx
+        )
+        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, cfg.rms_norm_eps)
+        self.kv_b_proj = ColumnParallelLinear(
+            self.kv_lora_rank, cfg.num_attention_heads * (self.nope_dim + self.v_dim), False, ctx
+        )
+        self.o_proj = RowParallelLinear(cfg.num_attention_heads * self.v_dim, cfg.hidden_size, bias, ctx)
+        interleaved = getattr(cfg, "rope_interleave", True)  # DeepSeek-V2 always pairs adjacent features
+        self.rotary = RotaryEmbedding(*rope_frequencies(cfg, self.rope_dim), interleaved=interleaved)
+        self.scale = mla_softmax_scale(cfg)
+        self.w_uk: torch.Tensor | None = None
+        self.w_uv: torch.Tensor | None = None
+
+    def process_weights_after_loading(self) -> None:
+        w = self.kv_b_proj.weight.detach().view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
+        self.w_uk = w[:, : self.nope_dim].contiguous()  # [H, nope, R]: folded into the decode query
+        self.w_uv = w[:, self.nope_dim :].contiguous()  # [H, v, R]: applied to the attended latent
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        q = (
+            self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden)))
+            if self.q_lora_rank
+            else self.q_proj(hidden)
+        )
+        q_nope, q_pe = q.view(num_tokens, self.num_heads, -1).split([self.nope_dim, self.rope_dim], dim=-1)
+        latent, k_pe = self.kv_a_proj_with_mqa(hidden).split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        latent = self.kv_a_layernorm(latent)
+        q_pe, k_pe = self.rotary(positions, q_pe, k_pe.unsqueeze(1))
+        write_to_cache(kv_cache, meta.slot_mapping, torch.cat((latent.unsqueeze(1), k_pe), dim=-1))
+
+        nd, parts = meta.num_decodes, []
+        if nd:
+            parts.append(self._decode(q_nope[:nd], q_pe[:nd], kv_cache, meta))
+        if nd < meta.num_seqs:
+            parts.append(self._prefill(q_nope[nd:], q_pe[nd:], kv_cache, meta))
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.v_dim))
+
+    def _decode(self, q_nope, q_pe, kv_cache, meta) -> torch.Tensor:
+        q_latent = torch.einsum("thd,hdr->thr", q_nope, self.w_uk)
+        q = torch.cat((q_latent, q_pe), dim=-1)
+        out_latent, _ = self.backend.decode(q, kv_cache, None, meta, self.scale, self.kv_lora_rank)
+        return torch.einsum("thr,hvr->thv", out_latent, self.w_uv)
+
+    def _prefill(self, q_nope, q_pe, kv_cache, meta) -> torch.Tensor:
+        context = self.backend.gather_prefill_context(kv_cache, meta)[:, 0]  # [S, R + P]
+        latent, k_pe = context.split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        kv = self.kv_b_proj(latent).view(context.shape[0], self.num_heads, self.nope_dim + self.v_dim)
+        k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
+        k = torch.cat((k_nope, k_pe.unsqueeze(1).expand(-1, self.num_heads, -1)), dim=-1)
+        return self.backend.prefill(torch.cat((q_nope, q_pe), dim=-1), k, v, meta, self.scale)

@@ -1,0 +1,122 @@
+"""Mixture of experts: DeepSeek routers (V2 softmax, V3 sigmoid with correction bias) and fused expert weights.
+
+Experts live in two stacked tensors so a grouped kernel can replace the per-expert loop without touching
+loading; `experts_reference` is the plain loop that any faster path is checked against.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mlaserve.layers.activation import get_act_fn
+from mlaserve.layers.linear import default_weight_loader, make_param
+from mlaserve.parallel import ParallelContext
+
+
+def route_softmax(logits: torch.Tensor, top_k: int, method: str, n_group: int, topk_group: int):
+    """DeepSeek-V2: softmax scores; greedy or group-limited greedy (best experts of the top groups by max)."""
+    scores = logits.softmax(dim=-1)
+    if method == "group_limited_greedy":
+        grouped = scores.view(scores.shape[0], n_group, -1)
+        keep = torch.zeros(grouped.shape[:2], dtype=torch.bool, device=scores.device)
+        keep.scatter_(1, grouped.amax(dim=-1).topk(topk_group, dim=-1, sorted=False)[1], True)
+        scores = scores.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), 0.0)
+    elif method != "greedy":
+        raise ValueError(
+            f"unsupported topk_method {method!r} for softmax routing; use greedy or group_limited_greedy"
+        )
+    return scores.topk(top_k, dim=-1, sorted=False)
+
+
+def route_sigmoid(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group: int, topk_group: int):
+    """DeepSeek-V3: sigmoid scores; the correction bias steers the choice only, groups ranked by their top-2 sum."""
+    scores = logits.sigmoid()
+    biased = scores + bias
+    grouped = biased.view(scores.shape[0], n_group, -1)
+    keep = torch.zeros(grouped.shape[:2], dtype=torch.bool, device=scores.device)
+    keep.scatter_(1, grouped.topk(2, dim=-1)[0].sum(dim=-1).topk(topk_group, dim=-1, sorted=False)[1], True)
+    biased = biased.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
+    ids = biased.topk(top_k, dim=-1, sorted=False)[1]
+    return scores.gather(1, ids), ids
+
+
+class MoEGate(nn.Module):
+    def __init__(self, cfg: object, sigmoid: bool) -> None:
+        super().__init__()
+        self.num_experts = cfg.n_routed_experts
+        self.top_k, self.sigmoid = cfg.num_experts_per_tok, sigmoid
+        self.n_group, self.topk_group = cfg.n_group or 1, cfg.topk_group or 1
+        if self.num_experts % self.n_group:
+            raise ValueError(
+                f"n_routed_experts={self.num_experts} is not divisible by n_group={self.n_group}"
+            )
+        self.method = getattr(cfg, "topk_method", "greedy")
+        self.normalize = bool(getattr(cfg, "norm_topk_prob", False))
+        self.scaling = float(getattr(cfg, "routed_scaling_factor", 1.0) or 1.0)
+        # Routing is decided in float32, as the reference does: bf16 logits flip near-tied experts.
+        self.weight = make_param(self.num_experts, cfg.hidden_size, dtype=torch.float32)
+        if sigmoid:
+            self.e_score_correction_bias = make_param(self.num_experts, dtype=torch.float32)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = F.linear(x.float(), self.weight)
+        if self.sigmoid:
+            weights, ids = route_sigmoid(
+                logits, self.e_score_correction_bias, self.top_k, self.n_group, self.topk_group
+            )
+        else:
+            weights, ids = route_softmax(logits, self.top_k, self.method, self.n_group, self.topk_group)
+        if self.normalize and self.top_k > 1:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * self.scaling, ids
+
+
+class FusedExperts(nn.Module):
+    """w13: [E, 2I, hidden] (gate rows then up rows), w2: [E, hidden, I]; I is split across TP ranks."""
+
+    def __init__(
+        self, num_experts: int, hidden: int, intermediate: int, act: str, ctx: ParallelContext
+    ) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.inter = ctx.shard(intermediate, "moe_intermediate_size")
+        self.act = get_act_fn(act)
+        w13_shards = frozenset((e, i) for e in range(num_experts) for i in (0, 1))
+        self.w13 = make_param(num_experts, 2 * self.inter, hidden, loader=self.load_w13, shards=w13_shards)
+        self.w2 = make_param(
+            num_experts, hidden, self.inter, loader=self.load_w2, shards=frozenset(range(num_experts))
+        )
+
+    def load_w13(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: tuple[int, int]) -> None:
+        expert, which = shard_id
+        if loaded.shape[0] == self.inter * self.ctx.tp_size:
+            loaded = loaded.narrow(0, self.ctx.tp_rank * self.inter, self.inter)
+        default_weight_loader(param.data[expert].narrow(0, which * self.inter, self.inter), loaded)
+
+    def load_w2(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: int) -> None:
+        if loaded.shape[1] == self.inter * self.ctx.tp_size:
+            loaded = loaded.narrow(1, self.ctx.tp_rank * self.inter, self.inter)
+        default_weight_loader(param.data[shard_id], loaded)
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return self.ctx.all_reduce(experts_reference(x, self.w13, self.w2, weights, ids, self.act))
+
+
+def experts_reference(x, w13, w2, weights, ids, act) -> torch.Tensor:
+    """Tokens sorted by expert, one GEMM pair per expert that was hit."""
+    out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32, device=x.device)
+    flat_ids = ids.flatten()
+    order = flat_ids.argsort(stable=True)
+    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
+    token_of = order // ids.shape[1]
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        sel = order[start : start + count]
+        tokens = token_of[start : start + count]
+        gate, up = F.linear(x[tokens], w13[expert]).chunk(2, dim=-1)
+        y = F.linear(act(gate) * up, w2[expert])
+        out.index_add_(0, tokens, y.float() * weights.flatten()[sel, None])
+        start += count
+    return out.to(x.dtype)

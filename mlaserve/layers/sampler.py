@@ -1,0 +1,139 @@
+"""Turns one row of logits per request into its next token: greedy, or temperature + top-k + top-p sampling.
+
+Sampling uses the exponential race: argmax(p / q) with q ~ Exp(1) i.i.d. picks token t with probability
+p_t, and unlike torch.multinomial it needs no per-row kernel launch, so every row samples in one argmax.
+Seeded rows draw their q from their own generator, and always exactly vocab_size values in vocab order, so a
+request's tokens depend only on its seed and logits, never on what else shares the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mlaserve.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    token_ids: list[int]
+    # Per row: token id -> log-probability (top `logprobs` tokens plus the sampled one), or None if not asked.
+    logprobs: list[dict[int, float] | None]
+
+
+class Sampler:
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+    ) -> SamplerOutput:
+        if logits.dim() != 2:
+            raise ValueError(f"logits must be 2-D [num_rows, vocab_size], got shape {tuple(logits.shape)}")
+        num_rows = logits.shape[0]
+        if len(params) != num_rows or len(generators) != num_rows:
+            raise ValueError(
+                f"params and generators need one entry per logits row ({num_rows}), "
+                f"got {len(params)} and {len(generators)}"
+            )
+        # bf16/fp16 logits have too few mantissa bits for a faithful softmax tail and cumulative top-p mass.
+        logits = logits.float()
+
+        sample_rows = [i for i, p in enumerate(params) if not p.is_greedy]
+        if not sample_rows:
+            token_ids = logits.argmax(dim=-1)
+        elif len(sample_rows) == num_rows:
+            token_ids = _sample(logits, params, generators)
+        else:
+            token_ids = logits.argmax(dim=-1)
+            rows = torch.tensor(sample_rows, device=logits.device)
+            token_ids[rows] = _sample(
+                logits[rows], [params[i] for i in sample_rows], [generators[i] for i in sample_rows]
+            )
+        token_id_list = token_ids.tolist()
+        return SamplerOutput(token_id_list, _gather_logprobs(logits, params, token_ids, token_id_list))
+
+
+def _sample(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> torch.Tensor:
+    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=logits.device)
+    scaled = _apply_top_k_top_p(logits / temperature.unsqueeze(1), params)
+    probs = scaled.softmax(dim=-1)
+    noise = _exponential_noise(probs, generators)
+    return probs.div_(noise).argmax(dim=-1)
+
+
+def _apply_top_k_top_p(scaled: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Sets every token outside a row's top-k and then its top-p nucleus to -inf (in place)."""
+    vocab_size = scaled.shape[1]
+    top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
+    # top_p == 1 keeps everything; an infinite threshold keeps float32 cumsum rounding (total mass summing
+    # to 1.0000001 before the last tokens) from trimming the tail.
+    top_p = [p.top_p if p.top_p < 1.0 else float("inf") for p in params]
+    if all(k == vocab_size for k in top_k) and all(p == float("inf") for p in top_p):
+        return scaled
+
+    device = scaled.device
+    # Stable so that among tied logits the lower token id is kept, matching argmax's tie rule.
+    sorted_logits, sorted_ids = scaled.sort(dim=-1, descending=True, stable=True)
+    ranks = torch.arange(vocab_size, device=device)
+    drop = ranks.unsqueeze(0) >= torch.tensor(top_k, device=device).unsqueeze(1)
+    if any(p != float("inf") for p in top_p):
+        # Nucleus over the top-k survivors, renormalised: keep a token while the mass strictly above it is
+        # still short of top_p, i.e. the smallest prefix whose mass reaches top_p. The top token's mass_before
+        # is exactly 0 < top_p, so it always survives.
+        probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs
+        drop |= mass_before >= torch.tensor(top_p, dtype=torch.float32, device=device).unsqueeze(1)
+    mask = torch.empty_like(drop).scatter_(1, sorted_ids, drop)
+    return scaled.masked_fill_(mask, float("-inf"))
+
+
+def _exponential_noise(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    noise = torch.empty_like(probs)
+    unseeded = [i for i, g in enumerate(generators) if g is None]
+    if len(unseeded) == len(generators):
+        noise.exponential_()
+    else:
+        if unseeded:
+            rows = torch.tensor(unseeded, device=probs.device)
+            noise[rows] = torch.empty(len(unseeded), probs.shape[1], device=probs.device).exponential_()
+        vocab_size = probs.shape[1]
+        for i, generator in enumerate(generators):
+            if generator is not None:
+                # Drawn on the generator's own device (the engine makes CPU generators) and copied over, so a
+                # seed gives the same stream whether the logits live on CPU or GPU.
+                noise[i] = torch.empty(vocab_size, device=generator.device).exponential_(generator=generator)
+    # Exp(1) can return exactly 0; p / 0 would be inf for a kept token but nan for a masked one, and argmax
+    # ranks nan above everything.
+    return noise.clamp_min_(torch.finfo(torch.float32).tiny)
+
+
+def _gather_logprobs(
+    logits: torch.Tensor, params: list[SamplingParams], token_ids: torch.Tensor, token_id_list: list[int]
+) -> list[dict[int, float] | None]:
+    out: list[dict[int, float] | None] = [None] * len(params)
+    rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+    if not rows:
+        return out
+    row_index = torch.tensor(rows, device=logits.device)
+    # From the raw logits, before temperature / top-k / top-p (vLLM's default "raw_logprobs"): the numbers
+    # describe the model, not the sampling settings.
+    logprobs = logits[row_index].log_softmax(dim=-1)
+    sampled = logprobs.gather(1, token_ids[row_index].unsqueeze(1)).squeeze(1).tolist()
+    vocab_size = logits.shape[1]
+    num_top = min(max(params[i].logprobs for i in rows), vocab_size)
+    if num_top:
+        values, ids = logprobs.topk(num_top, dim=-1)
+        top_values, top_ids = values.tolist(), ids.tolist()
+    else:
+        top_values = top_ids = [[] for _ in rows]
+    for j, i in enumerate(rows):
+        k = min(params[i].logprobs, vocab_size)
+        # Sampled token first (as vLLM orders it); it may also be among the top-k, with the same value.
+        row = {token_id_list[i]: sampled[j]}
+        row.update(zip(top_ids[j][:k], top_values[j][:k], strict=True))
+        out[i] = row
+    return out

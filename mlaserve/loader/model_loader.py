@@ -1,0 +1,52 @@
+"""Builds a model on its device and fills it from the checkpoint (or randomly for load_format="dummy")."""
+
+import logging
+
+import torch
+
+from mlaserve.attention.backend import AttentionBackend
+from mlaserve.config.model_config import ModelConfig
+from mlaserve.loader.model_files import ModelFiles
+from mlaserve.loader.weights import LoadReport, init_dummy_weights, load_weights
+from mlaserve.models.base import CausalLM
+from mlaserve.models.registry import get_model_class
+
+logger = logging.getLogger(__name__)
+
+
+def checkpoint_tensors(files: ModelFiles):
+    if files.kind == "gguf":
+        from mlaserve.loader.gguf_reader import iter_gguf_tensors
+
+        return iter_gguf_tensors(files.path)
+    from mlaserve.loader.safetensors_reader import iter_safetensors
+
+    return iter_safetensors(files.path)
+
+
+def build_model(
+    model_config: ModelConfig,
+    files: ModelFiles,
+    backend: AttentionBackend,
+    device: torch.device,
+    load_format: str = "auto",
+    seed: int = 0,
+) -> tuple[CausalLM, LoadReport]:
+    cls = get_model_class(model_config.architecture)  # before any allocation: unsupported is a cheap error
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(model_config.dtype)
+    try:
+        with torch.device(device):
+            model = cls(model_config.hf_config, backend)
+    finally:
+        torch.set_default_dtype(previous)
+    model.to(device)  # rotary buffers built from CPU tensors
+    if load_format == "dummy":
+        report = init_dummy_weights(model, seed)
+    else:
+        report = load_weights(model, checkpoint_tensors(files))
+        report.raise_if_bad(files.path)
+    model.process_weights_after_loading()
+    model.eval()
+    logger.info("model %s: %s", model_config.architecture, report.summary())
+    return model, report

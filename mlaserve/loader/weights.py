@@ -1,0 +1,92 @@
+"""Loading checkpoint tensors into a model: every parameter slice accounted for, or an error that lists them."""
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from mlaserve.layers.linear import ShapeMismatch, default_weight_loader
+
+
+@dataclass
+class LoadReport:
+    num_tensors: int = 0  # checkpoint tensors loaded into parameters
+    num_parameters: int = 0  # model parameters (elements) filled
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    shape_mismatches: list[str] = field(default_factory=list)
+    ignored: int = 0  # tensors we know and do not need (rotary caches, MTP layers, tied lm_head)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.unexpected or self.shape_mismatches)
+
+    def summary(self) -> str:
+        return (
+            f"loaded {self.num_tensors} tensors ({self.num_parameters / 1e6:.1f}M parameters), "
+            f"{self.ignored} ignored, missing {len(self.missing)}, unexpected {len(self.unexpected)}, "
+            f"shape mismatches {len(self.shape_mismatches)}"
+        )
+
+    def raise_if_bad(self, source: str) -> None:
+        if self.ok:
+            return
+        lines = [f"weights in {source} do not match the model:"]
+        for title, items in (
+            ("missing", self.missing),
+            ("unexpected", self.unexpected),
+            ("wrong shape", self.shape_mismatches),
+        ):
+            if items:
+                shown = items[:20] + ([f"... and {len(items) - 20} more"] if len(items) > 20 else [])
+                lines.append(f"  {title} ({len(items)}): " + ", ".join(shown))
+        raise ValueError("\n".join(lines))
+
+
+@torch.no_grad()
+def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> LoadReport:
+    params = dict(model.named_parameters())
+    loaded: dict[str, set] = {name: set() for name in params}
+    report = LoadReport()
+    for ckpt_name, tensor in weights:
+        mapped = model.map_checkpoint_name(ckpt_name)
+        if mapped is None:
+            report.ignored += 1
+            continue
+        name, shard_id = mapped
+        if name not in params:
+            report.unexpected.append(ckpt_name)
+            continue
+        param = params[name]
+        try:
+            getattr(param, "weight_loader", default_weight_loader)(param, tensor.to(param.dtype), shard_id)
+        except ShapeMismatch as e:
+            report.shape_mismatches.append(f"{ckpt_name} ({e})")
+            continue
+        loaded[name].add(shard_id)
+        report.num_tensors += 1
+        report.num_parameters += tensor.numel()
+    for name, param in params.items():
+        missing = getattr(param, "expected_shards", frozenset({None})) - loaded[name]
+        if missing:
+            shards = "" if missing == {None} else f" shards {sorted(missing, key=str)[:8]}"
+            report.missing.append(name + shards)
+    return report
+
+
+@torch.no_grad()
+def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> LoadReport:
+    """Random weights from the config alone (load_format="dummy"): for speed runs, never for answers."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    report = LoadReport()
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        elif name.endswith("e_score_correction_bias") or name.endswith(".bias"):
+            param.zero_()
+        else:
+            param.copy_(torch.randn(param.shape, generator=gen) * std)
+        report.num_tensors += 1
+        report.num_parameters += param.numel()
+    return report

@@ -1,0 +1,123 @@
+"""DeepSeek-V2 / V3: MLA attention on a latent cache, MoE with shared experts after the first dense layers."""
+
+import re
+
+import torch
+from torch import nn
+
+from mlaserve.attention.backend import AttentionBackend
+from mlaserve.kvcache.spec import KVCacheSpec, LayerCacheSpec
+from mlaserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from mlaserve.layers.mla import MLAAttention
+from mlaserve.layers.moe import FusedExperts, MoEGate
+from mlaserve.layers.norm import RMSNorm
+from mlaserve.models.base import CausalLM, StackedParam
+from mlaserve.models.llama import GatedMLP
+from mlaserve.parallel import SINGLE, ParallelContext
+
+_EXPERT = re.compile(r"\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+class DeepseekMoE(nn.Module):
+    def __init__(self, cfg: object, ctx: ParallelContext, sigmoid: bool) -> None:
+        super().__init__()
+        self.gate = MoEGate(cfg, sigmoid)
+        self.experts = FusedExperts(
+            cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.hidden_act, ctx
+        )
+        shared = cfg.n_shared_experts or 0
+        self.shared_experts = (
+            GatedMLP(cfg.hidden_size, cfg.moe_intermediate_size * shared, cfg.hidden_act, ctx)
+            if shared
+            else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x)
+        out = self.experts(x, weights, ids)
+        return out if self.shared_experts is None else out + self.shared_experts(x)
+
+
+class DeepseekDecoderLayer(nn.Module):
+    def __init__(self, cfg: object, idx: int, backend: AttentionBackend, ctx: ParallelContext, sigmoid: bool):
+        super().__init__()
+        self.self_attn = MLAAttention(cfg, backend, ctx)
+        dense = idx < (getattr(cfg, "first_k_dense_replace", 0) or 0) or not cfg.n_routed_experts
+        self.mlp = (
+            GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, ctx)
+            if dense
+            else DeepseekMoE(cfg, ctx, sigmoid)
+        )
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, positions, hidden, kv_cache, meta) -> torch.Tensor:
+        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class DeepseekModel(nn.Module):
+    def __init__(self, cfg: object, backend: AttentionBackend, ctx: ParallelContext, sigmoid: bool) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
+        self.layers = nn.ModuleList(
+            DeepseekDecoderLayer(cfg, i, backend, ctx, sigmoid) for i in range(cfg.num_hidden_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden = layer(positions, hidden, kv_cache, meta)
+        return self.norm(hidden)
+
+
+class DeepseekV2ForCausalLM(CausalLM):
+    sigmoid_routing = False  # V2 routes with softmax scores
+    stacked_params = (
+        StackedParam(".gate_up_proj.", ".gate_proj.", 0),
+        StackedParam(".gate_up_proj.", ".up_proj.", 1),
+    )
+
+    def __init__(self, cfg: object, backend: AttentionBackend, ctx: ParallelContext = SINGLE) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = DeepseekModel(cfg, backend, ctx, self.sigmoid_routing)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ctx)
+        if getattr(cfg, "tie_word_embeddings", False):
+            self.lm_head.weight = self.model.embed_tokens.weight
+            self.ignored_fragments = (*self.ignored_fragments, "lm_head.weight")
+
+    def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.compute_logits(hidden)
+
+    def kv_cache_spec(self) -> KVCacheSpec:
+        cfg = self.cfg
+        latent = LayerCacheSpec(1, cfg.kv_lora_rank + cfg.qk_rope_head_dim, separate_value=False)
+        per_head = cfg.num_attention_heads * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim)
+        return KVCacheSpec(tuple(latent for _ in range(cfg.num_hidden_layers)), True, per_head)
+
+    def map_checkpoint_name(self, name: str) -> tuple[str, object] | None:
+        layer = _LAYER.match(name)
+        if layer and int(layer.group(1)) >= self.cfg.num_hidden_layers:
+            return None  # multi-token-prediction layers of V3 checkpoints: not used for generation
+        expert = _EXPERT.search(name)
+        if expert:
+            idx, proj = int(expert.group(1)), expert.group(2)
+            prefix = name[: expert.start()] + ".mlp.experts."
+            if proj == "down_proj":
+                return prefix + "w2", idx
+            return prefix + "w13", (idx, 0 if proj == "gate_proj" else 1)
+        return super().map_checkpoint_name(name)
+
+    def process_weights_after_loading(self) -> None:
+        for layer in self.model.layers:
+            layer.self_attn.process_weights_after_loading()
+
+
+class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
+    sigmoid_routing = True

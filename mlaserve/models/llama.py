@@ -1,0 +1,143 @@
+"""Llama-family decoder (Llama, Qwen2 with its qkv bias, Mistral, SmolLM2): GQA over a paged K/V cache."""
+
+import logging
+
+import torch
+from torch import nn
+
+from mlaserve.attention.backend import AttentionBackend
+from mlaserve.attention.metadata import AttentionMetadata
+from mlaserve.kvcache.spec import KVCacheSpec, LayerCacheSpec
+from mlaserve.layers.activation import gated_act
+from mlaserve.layers.attention import PagedAttention
+from mlaserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from mlaserve.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from mlaserve.layers.norm import RMSNorm
+from mlaserve.layers.rotary import RotaryEmbedding, rope_frequencies
+from mlaserve.models.base import CausalLM, StackedParam
+from mlaserve.parallel import SINGLE, ParallelContext
+
+logger = logging.getLogger(__name__)
+
+
+def head_dim_of(cfg: object) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, act: str, ctx: ParallelContext, bias: bool = False):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate, intermediate], bias, ctx)
+        self.down_proj = RowParallelLinear(intermediate, hidden, bias, ctx)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(gated_act(self.gate_up_proj(x), self.act))
+
+
+class LlamaAttention(nn.Module):
+    def __init__(
+        self, cfg: object, backend: AttentionBackend, ctx: ParallelContext, biases: tuple[bool, bool]
+    ):
+        super().__init__()
+        qkv_bias, o_bias = biases
+        self.head_dim = head_dim_of(cfg)
+        self.qkv_proj = QKVParallelLinear(
+            cfg.hidden_size, self.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, qkv_bias, ctx
+        )
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.o_proj = RowParallelLinear(cfg.num_attention_heads * self.head_dim, cfg.hidden_size, o_bias, ctx)
+        rotary_dim = int(self.head_dim * getattr(cfg, "partial_rotary_factor", 1.0))
+        self.rotary = RotaryEmbedding(*rope_frequencies(cfg, rotary_dim), interleaved=False)
+        self.attn = PagedAttention(backend, self.head_dim**-0.5)
+
+    def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        out = self.attn(q, k, v.view(-1, self.num_kv_heads, self.head_dim), kv_cache, meta)
+        return self.o_proj(out.reshape(out.shape[0], -1))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(
+        self, cfg: object, backend: AttentionBackend, ctx: ParallelContext, biases: tuple[bool, bool]
+    ):
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg, backend, ctx, biases)
+        self.mlp = GatedMLP(
+            cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, ctx, getattr(cfg, "mlp_bias", False)
+        )
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, positions, hidden, kv_cache, meta) -> torch.Tensor:
+        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaModel(nn.Module):
+    def __init__(
+        self, cfg: object, backend: AttentionBackend, ctx: ParallelContext, biases: tuple[bool, bool]
+    ):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(cfg, backend, ctx, biases) for _ in range(cfg.num_hidden_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden = layer(positions, hidden, kv_cache, meta)
+        return self.norm(hidden)
+
+
+class LlamaForCausalLM(CausalLM):
+    stacked_params = (
+        StackedParam(".qkv_proj.", ".q_proj.", "q"),
+        StackedParam(".qkv_proj.", ".k_proj.", "k"),
+        StackedParam(".qkv_proj.", ".v_proj.", "v"),
+        StackedParam(".gate_up_proj.", ".gate_proj.", 0),
+        StackedParam(".gate_up_proj.", ".up_proj.", 1),
+    )
+
+    def __init__(self, cfg: object, backend: AttentionBackend, ctx: ParallelContext = SINGLE) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = LlamaModel(cfg, backend, ctx, self.biases(cfg))
+        self.tied = bool(getattr(cfg, "tie_word_embeddings", False))
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ctx)
+        if self.tied:
+            self.lm_head.weight = self.model.embed_tokens.weight
+            self.ignored_fragments = (*self.ignored_fragments, "lm_head.weight")
+
+    @staticmethod
+    def biases(cfg: object) -> tuple[bool, bool]:
+        """(qkv bias, o_proj bias): Llama's attention_bias covers both."""
+        bias = bool(getattr(cfg, "attention_bias", False))
+        return bias, bias
+
+    def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.compute_logits(hidden)
+
+    def kv_cache_spec(self) -> KVCacheSpec:
+        attn = self.model.layers[0].self_attn
+        layer = LayerCacheSpec(attn.num_kv_heads, attn.head_dim, separate_value=True)
+        return KVCacheSpec(tuple(layer for _ in self.model.layers), is_mla=False)
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    @staticmethod
+    def biases(cfg: object) -> tuple[bool, bool]:
+        return True, False
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    pass

@@ -1,0 +1,45 @@
+"""Runs one scheduled step: build the batch, forward, logits for the rows that finish a prompt or decode, sample."""
+
+from dataclasses import dataclass
+
+import torch
+
+from mlaserve.core.scheduler import SchedulerOutput
+from mlaserve.layers.sampler import Sampler
+from mlaserve.models.base import CausalLM
+from mlaserve.runner.batch import build_model_input
+
+
+@dataclass(slots=True)
+class StepResult:
+    token_ids: dict[str, int]  # request id -> sampled token
+    logprobs: dict[str, dict[int, float]]  # request id -> logprobs of this token (when asked for)
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, kv_caches: list[torch.Tensor], block_size: int, device: torch.device):
+        self.model = model
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.device = device
+        self.sampler = Sampler()
+        self.generators: dict[str, torch.Generator] = {}  # per-request RNG so a seed fixes the output
+
+    def add_generator(self, request_id: str, seed: int) -> None:
+        self.generators[request_id] = torch.Generator(device=self.device).manual_seed(seed)
+
+    def drop_request(self, request_id: str) -> None:
+        self.generators.pop(request_id, None)
+
+    @torch.inference_mode()
+    def execute(self, output: SchedulerOutput) -> StepResult:
+        batch = build_model_input(output, self.block_size, self.device)
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
+        if not batch.sampled:
+            return StepResult({}, {})
+        logits = self.model.compute_logits(hidden[batch.sample_rows]).float()
+        ids = [s.request.request_id for s in batch.sampled]
+        params = [s.request.sampling_params for s in batch.sampled]
+        result = self.sampler(logits, params, [self.generators.get(i) for i in ids])
+        logprobs = {i: lp for i, lp in zip(ids, result.logprobs) if lp is not None}
+        return StepResult(dict(zip(ids, result.token_ids)), logprobs)

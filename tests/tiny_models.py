@@ -1,0 +1,135 @@
+"""Tiny random checkpoints written with transformers' save_pretrained, plus a word-level tokenizer to match.
+
+Shared by the model, engine and API tests: the reference classes are transformers' own, never ours.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+
+VOCAB = 256
+
+COMMON = dict(
+    vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, max_position_embeddings=512, initializer_range=0.1
+)
+
+MLA = dict(
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    kv_lora_rank=32,
+    qk_rope_head_dim=16,
+    qk_nope_head_dim=16,
+    v_head_dim=24,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+)
+
+YARN = {
+    "rope_type": "yarn",
+    "factor": 4.0,
+    "original_max_position_embeddings": 128,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "beta_fast": 32,
+    "beta_slow": 1,
+}
+
+CONFIGS: dict[str, tuple[str, dict]] = {
+    "deepseek_v2": ("DeepseekV2", dict(MLA, q_lora_rank=None, topk_method="greedy", n_group=1, topk_group=1)),
+    "deepseek_v2_group": (
+        "DeepseekV2",
+        dict(
+            MLA,
+            q_lora_rank=48,
+            topk_method="group_limited_greedy",
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=1.5,
+        ),
+    ),
+    "deepseek_v3": (
+        "DeepseekV3",
+        dict(MLA, q_lora_rank=48, n_group=4, topk_group=2, routed_scaling_factor=2.5),
+    ),
+    "deepseek_v3_yarn_nolora": (
+        "DeepseekV3",
+        dict(MLA, q_lora_rank=None, n_group=1, topk_group=1, rope_scaling=YARN, max_position_embeddings=512),
+    ),
+    "llama": (
+        "Llama",
+        dict(num_attention_heads=4, num_key_value_heads=2, intermediate_size=96, tie_word_embeddings=False),
+    ),
+    "llama_tied_llama3rope": (
+        "Llama",
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            intermediate_size=96,
+            tie_word_embeddings=True,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 128,
+            },
+        ),
+    ),
+    "qwen2": ("Qwen2", dict(num_attention_heads=4, num_key_value_heads=2, intermediate_size=96)),
+    "mistral": (
+        "Mistral",
+        dict(num_attention_heads=4, num_key_value_heads=2, intermediate_size=96, sliding_window=None),
+    ),
+}
+
+
+def save_word_tokenizer(path: Path, vocab_size: int = VOCAB) -> None:
+    """A whitespace word-level tokenizer "w0 w1 ..." so text prompts and decoding work on random models."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    from tokenizers import decoders
+
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token="w1", bos_token="w2")
+    fast.save_pretrained(str(path))
+
+
+def build_tiny(name: str, path: Path, seed: int = 0, **overrides: object) -> Path:
+    import transformers
+
+    family, kwargs = CONFIGS[name]
+    config_cls = getattr(transformers, f"{family}Config")
+    model_cls = getattr(transformers, f"{family}ForCausalLM")
+    cfg = config_cls(**{**COMMON, **kwargs, **overrides}, bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    torch.manual_seed(seed)
+    model = model_cls(cfg).float().eval()
+    if name.startswith("deepseek_v3"):
+        with torch.no_grad():  # a non-zero correction bias, so routing really depends on it
+            for layer in model.model.layers:
+                if hasattr(layer.mlp, "gate"):
+                    layer.mlp.gate.e_score_correction_bias.normal_(0, 0.05)
+    model.save_pretrained(str(path))
+    save_word_tokenizer(path, cfg.vocab_size)
+    return path
+
+
+def load_reference(path: Path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # greedy runs for the full length, like ignore_eos
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def config_dict(path: Path) -> dict:
+    return json.loads((path / "config.json").read_text())
