@@ -1,0 +1,138 @@
+"""Command line: `mlaserve generate` (prompts in, text out) and `mlaserve chat` (interactive, streamed)."""
+
+import argparse
+import json
+import logging
+import sys
+
+from mlaserve.sampling_params import SamplingParams
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", default=None, help="HF model folder or .gguf file (default: SmolLM2-135M-Instruct)"
+    )
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda")
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument(
+        "--kv-cache-memory-bytes", type=int, default=None, help="KV cache budget (CPU default 1 GiB)"
+    )
+    parser.add_argument(
+        "--attention-backend", default=None, help="torch or sdpa (default: chosen for the hardware)"
+    )
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log engine start-up details")
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    options = dict(dtype=args.dtype, device=args.device, attention_backend=args.attention_backend)
+    if args.max_model_len is not None:
+        options["max_model_len"] = args.max_model_len
+    if args.kv_cache_memory_bytes is not None:
+        options["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
+    return options
+
+
+def sampling(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+    )
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from mlaserve.llm import LLM
+
+    prompts = list(args.prompts)
+    if args.prompt_file:
+        with open(args.prompt_file, encoding="utf-8") as f:
+            prompts += [line.rstrip("\n") for line in f if line.strip()]
+    if not prompts and not sys.stdin.isatty():
+        prompts = [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not prompts:
+        print(
+            "mlaserve generate: no prompts (give them as arguments, --prompt-file or on stdin)",
+            file=sys.stderr,
+        )
+        return 2
+    llm = LLM(args.model, **engine_options(args))
+    params = sampling(args)
+    inputs = (
+        [llm.apply_chat_template([{"role": "user", "content": p}]) for p in prompts] if args.chat else prompts
+    )
+    outputs = llm.generate(inputs, params, use_tqdm=args.verbose)
+    for prompt, out in zip(prompts, outputs):
+        completion = out.outputs[0]
+        if args.json:
+            record = {"prompt": prompt, "text": completion.text, "finish_reason": completion.finish_reason}
+            print(json.dumps(record, ensure_ascii=False))
+        else:
+            print(completion.text)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from mlaserve.llm import LLM
+
+    llm = LLM(args.model, **engine_options(args))
+    engine, params = llm.engine, sampling(args)
+    messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
+    print("mlaserve chat: type a message, an empty line or Ctrl-D to quit.", file=sys.stderr)
+    while True:
+        try:
+            user = input("> ")
+        except EOFError:
+            break
+        if not user.strip():
+            break
+        messages.append({"role": "user", "content": user})
+        rid = engine.add_request(llm.apply_chat_template(messages), params)
+        shown, final = 0, None
+        while final is None:
+            for out in engine.step():
+                if out.request_id == rid:
+                    final = out.outputs[0].text
+            text = final if final is not None else engine.partial_text(rid)
+            # The tail of the text can still change (a partial UTF-8 character); print only what is settled.
+            settled = len(text) if final is not None else len(text.rstrip("\ufffd"))
+            if settled > shown:
+                print(text[shown:settled], end="", flush=True)
+                shown = settled
+        print()
+        messages.append({"role": "assistant", "content": final})
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mlaserve", description="An MLA-first LLM inference engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate text for prompts")
+    gen.add_argument("prompts", nargs="*", help="prompts (or use --prompt-file / stdin)")
+    gen.add_argument("--prompt-file", default=None, help="one prompt per line")
+    gen.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
+    gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    add_engine_args(gen)
+    chat = sub.add_parser("chat", help="interactive chat with streamed tokens")
+    chat.add_argument("--system", default=None, help="system message")
+    add_engine_args(chat)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
+    )
+    try:
+        return cmd_generate(args) if args.command == "generate" else cmd_chat(args)
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        print(f"mlaserve: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""Block tables for every cache group of a model (full latent, later sliding window, compressed, indexer
+keys), all drawing from one BlockPool. The scheduler talks only to KVCacheManager."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from mlaserve.core.block_pool import BlockHash, BlockPool, KVBlock, update_block_hashes
+from mlaserve.core.request import Request
+
+
+@dataclass(frozen=True)
+class CacheGroupSpec:
+    """One KV layout of the model. `kind` picks the manager, i.e. which blocks a request still needs."""
+
+    group_id: int
+    kind: str = "full"
+    # Defaulted only so the field order above can stay (group_id, kind, block_size); 16 is vLLM's default.
+    block_size: int = 16
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.group_id, int) or self.group_id < 0:
+            raise ValueError(f"CacheGroupSpec.group_id must be an int >= 0, got {self.group_id!r}")
+        if not isinstance(self.block_size, int) or self.block_size <= 0:
+            raise ValueError(f"CacheGroupSpec.block_size must be a positive int, got {self.block_size!r}")
+        if self.kind not in MANAGER_KINDS:
+            raise ValueError(f"CacheGroupSpec.kind must be one of {sorted(MANAGER_KINDS)}, got {self.kind!r}")
+
+
+class SingleTypeManager(ABC):
+    """Block tables of one cache group: req_id -> list of blocks, one per block_size tokens, positional.
+
+    Subclasses decide what a prefix hit is and which blocks a request may give back early; allocation,
+    hashing and freeing are shared. Seam for the sliding-window manager: it overrides
+    `find_longest_cache_hit` (a hit only needs the last window of blocks), `remove_skipped_blocks` (swap
+    blocks that left the window for the pool's null block, freeing them) and `max_blocks_per_request`.
+    """
+
+    def __init__(self, spec: CacheGroupSpec, pool: BlockPool) -> None:
+        self.spec = spec
+        self.group_id = spec.group_id
+        self.block_size = spec.block_size
+        self.pool = pool
+        self.req_to_blocks: dict[str, list[KVBlock]] = {}
+        # Leading blocks of each request already offered to the prefix cache, so each is hashed once.
+        self._num_cached_blocks: dict[str, int] = {}
+
+    @abstractmethod
+    def find_longest_cache_hit(self, block_hashes: list[BlockHash], max_num_blocks: int) -> list[KVBlock]:
+        """Cached blocks for a prefix of at most max_num_blocks blocks (as long as possible)."""
+
+    @abstractmethod
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        """Free the blocks that no future token of the request will attend to."""
+
+    def max_blocks_per_request(self, num_tokens: int) -> int:
+        """Most blocks a request of num_tokens holds at once (to reject requests that can never fit)."""
+        return -(-num_tokens // self.block_size)
+
+    def num_blocks_to_allocate(
+        self, request_id: str, num_tokens: int, new_computed_blocks: list[KVBlock]
+    ) -> int:
+        """Free-pool blocks needed to cover num_tokens: new blocks, plus hits that sit in the free queue
+        (touching them takes them out of it just like an allocation)."""
+        num_held = len(self.req_to_blocks.get(request_id, ())) + len(new_computed_blocks)
+        num_new = max(0, -(-num_tokens // self.block_size) - num_held)
+        null = self.pool.null_block
+        return num_new + sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and b is not null)
+
+    def add_computed_blocks(self, request_id: str, blocks: list[KVBlock]) -> None:
+        """Start the (empty) table of a request with prefix hits, already touched and already hashed."""
+        self.req_to_blocks[request_id] = list(blocks)
+        self._num_cached_blocks[request_id] = len(blocks)
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> None:
+        table = self.req_to_blocks.setdefault(request_id, [])
+        num_new = -(-num_tokens // self.block_size) - len(table)
+        if num_new > 0:
+            table.extend(self.pool.get_new_blocks(num_new))
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Hash and register every block that is full within the first num_tokens (known) tokens."""
+        request_id = request.request_id
+        num_full = num_tokens // self.block_size
+        start = self._num_cached_blocks.get(request_id, 0)
+        if num_full <= start:
+            return
+        hashes = update_block_hashes(request, self.block_size, self.group_id)
+        table = self.req_to_blocks[request_id]
+        for i in range(start, num_full):
+            self.pool.cache_full_block(table[i], hashes[i])
+        self._num_cached_blocks[request_id] = num_full
+
+    def free(self, request_id: str) -> None:
+        # Tail first: the queue evicts from its front, so a prompt's prefix blocks outlive its tail blocks.
+        table = self.req_to_blocks.pop(request_id, [])
+        self._num_cached_blocks.pop(request_id, None)
+        self.pool.free_blocks(reversed(table))
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
+
+
+class FullAttentionManager(SingleTypeManager):
+    """Every token attends to every earlier token: keep all blocks; a hit is any chain of cached blocks."""
+
+    def find_longest_cache_hit(self, block_hashes: list[BlockHash], max_num_blocks: int) -> list[KVBlock]:
+        hits: list[KVBlock] = []
+        for i in range(min(max_num_blocks, len(block_hashes))):
+            block = self.pool.get_cached_block(block_hashes[i])
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        return None
+
+
+MANAGER_KINDS: dict[str, type[SingleTypeManager]] = {"full": FullAttentionManager}
+
+
+class KVCacheManager:
+    """Allocates, prefix-caches and frees the blocks of every cache group for each request."""
+
+    def __init__(self, groups: list[CacheGroupSpec], num_blocks: int, enable_caching: bool) -> None:
+        if not groups:
+            raise ValueError("KVCacheManager needs at least one CacheGroupSpec in groups")
+        group_ids = [g.group_id for g in groups]
+        if len(set(group_ids)) != len(group_ids):
+            raise ValueError(f"CacheGroupSpec.group_id must be unique across groups, got {group_ids}")
+        self.groups = list(groups)
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.managers = [MANAGER_KINDS[g.kind](g, self.block_pool) for g in self.groups]
+        # A hit must end on a block boundary of every group.
+        self._hit_granularity = math.lcm(*(g.block_size for g in self.groups))
+        self._num_queries = 0
+        self._num_hits = 0
+        # Lookups count towards the stats only once the request is admitted with them: a request that
+        # waits for memory is looked up every step and would otherwise flood the hit rate.
+        self._pending_lookups: dict[str, tuple[int, int]] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_pool.num_free_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.block_pool.num_used_blocks
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.block_pool.num_blocks - 1
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.usage
+
+    def max_blocks_per_request(self, num_tokens: int) -> int:
+        return sum(m.max_blocks_per_request(num_tokens) for m in self.managers)
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[list[KVBlock]], int]:
+        """Longest prefix-cache hit per group (not yet touched) and the number of tokens it covers.
+
+        At most num_tokens - 1 tokens: the last token is always recomputed, its logits are needed.
+        The lookup enters the stats when allocate_slots succeeds for the request (once per admission).
+        """
+        empty: list[list[KVBlock]] = [[] for _ in self.managers]
+        if not self.enable_caching or request.num_computed_tokens > 0:
+            return empty, 0
+        hashes = [update_block_hashes(request, m.block_size, m.group_id) for m in self.managers]
+        step = self._hit_granularity
+        max_hit_tokens = (request.num_tokens - 1) // step * step
+        while True:
+            hits = [
+                m.find_longest_cache_hit(h, max_hit_tokens // m.block_size)
+                for m, h in zip(self.managers, hashes, strict=True)
+            ]
+            lengths = [len(b) * m.block_size for b, m in zip(hits, self.managers, strict=True)]
+            hit_tokens = min(lengths) // step * step
+            if all(n == hit_tokens for n in lengths):
+                break
+            # Groups disagree: ask all of them again at the shortest length (a later sliding-window group
+            # may not hit at a shorter length even if it did at a longer one).
+            max_hit_tokens = hit_tokens
+        self._pending_lookups[request.request_id] = (request.num_tokens, hit_tokens)
+        return (hits if hit_tokens else empty), hit_tokens
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, new_computed_blocks: list[list[KVBlock]] | None = None
+    ) -> list[list[int]] | None:
+        """Give the request slots for its first num_computed_tokens + hits + num_new_tokens tokens.
+
+        new_computed_blocks are get_computed_blocks' hits; the tokens they cover are added to
+        request.num_computed_tokens by the caller after success. Returns the whole block table per group,
+        or None, with nothing changed, when the pool is short.
+        """
+        if num_new_tokens <= 0:
+            raise ValueError(f"num_new_tokens must be positive, got {num_new_tokens}")
+        hits = new_computed_blocks or [[] for _ in self.managers]
+        if len(hits) != len(self.managers):
+            raise ValueError(
+                f"new_computed_blocks needs one list per cache group ({len(self.managers)}), got {len(hits)}"
+            )
+        request_id = request.request_id
+        if any(hits) and any(m.req_to_blocks.get(request_id) for m in self.managers):
+            raise ValueError(f"request {request_id!r} already has blocks; prefix hits can only start a table")
+        num_computed = request.num_computed_tokens + len(hits[0]) * self.managers[0].block_size
+        num_tokens = num_computed + num_new_tokens
+        # Giving back out-of-window blocks first is safe even if we then fail: nobody needs them.
+        for manager in self.managers:
+            manager.remove_skipped_blocks(request_id, num_computed)
+        needed = sum(
+            m.num_blocks_to_allocate(request_id, num_tokens, h)
+            for m, h in zip(self.managers, hits, strict=True)
+        )
+        if needed > self.block_pool.num_free_blocks:
+            return None
+        # Touch every group's hits before allocating anything, or an allocation could evict a hit.
+        for manager, group_hits in zip(self.managers, hits, strict=True):
+            if group_hits:
+                self.block_pool.touch(group_hits)
+                manager.add_computed_blocks(request_id, group_hits)
+        for manager in self.managers:
+            manager.allocate_new_blocks(request_id, num_tokens)
+        if self.enable_caching:
+            # Hashed now, though the KV is written by this step's forward: a request scheduled later in the
+            # same step may hit these blocks, which is sound because each layer writes the whole batch's
+            # KV before any attention of that layer reads the cache.
+            num_known = min(num_tokens, request.num_tokens)
+            for manager in self.managers:
+                manager.cache_blocks(request, num_known)
+        lookup = self._pending_lookups.pop(request_id, None)
+        if lookup is not None:
+            self._num_queries += lookup[0]
+            self._num_hits += lookup[1]
+        return self.get_block_ids(request_id)
+
+    def free(self, request: Request) -> None:
+        self._pending_lookups.pop(request.request_id, None)
+        for manager in self.managers:
+            manager.free(request.request_id)
+
+    def get_block_ids(self, request_id: str) -> list[list[int]]:
+        return [m.block_ids(request_id) for m in self.managers]
+
+    def prefix_cache_stats(self) -> dict[str, int]:
+        return {"queries": self._num_queries, "hits": self._num_hits}
+
+    def reset_prefix_cache(self) -> bool:
+        return self.block_pool.reset_prefix_cache()

@@ -1,0 +1,238 @@
+"""Continuous-batching scheduler: one token budget per step, shared by prefills, prompt chunks and decodes.
+
+Every request simply tries to catch up: it has num_tokens known tokens and num_computed_tokens whose KV is
+in the cache, and asks for the difference. Prefix-cache hits start a request with more computed tokens.
+When the pool runs dry, the newest running request is preempted (its KV dropped, recomputed later).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+
+from mlaserve.core.kv_cache_manager import KVCacheManager
+from mlaserve.core.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"SchedulerConfig.{name} must be a positive int, got {value!r}")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                "with enable_chunked_prefill=False, SchedulerConfig.max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len}), "
+                "or a long prompt could never be scheduled"
+            )
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+    num_computed_tokens: int  # before this step (prefix-cache hits included)
+    block_ids: list[list[int]]  # the whole block table per cache group, after this step's allocation
+    # Frozen at scheduling time so needs_sample stays right after update_from_output appends a token.
+    _num_tokens: int = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._num_tokens = self.request.num_tokens
+
+    @property
+    def needs_sample(self) -> bool:
+        """This step reaches the last known token, so its logits give the next token."""
+        return self.num_computed_tokens + self.num_new_tokens == self._num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest]
+    num_batched_tokens: int
+    preempted_request_ids: list[str]
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
+        self.config = config
+        self.kv_cache_manager = kv_cache_manager
+        self.requests: dict[str, Request] = {}  # every unfinished request
+        self.waiting: deque[Request] = deque()  # FCFS; preempted requests go back to the front
+        # Kept sorted by arrival_index: the front gets the budget first, the back is preempted first.
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def add_request(self, request: Request) -> None:
+        self._validate(request)
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        chunked = self.config.enable_chunked_prefill
+        kv = self.kv_cache_manager
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[str] = []
+
+        # 1. Running requests, oldest first: a decode token or the next prompt chunk each.
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = request.num_tokens - request.num_computed_tokens
+            if num_new == 0 or (not chunked and num_new > budget):
+                index += 1
+                continue
+            num_new = min(num_new, budget)
+            block_ids = kv.allocate_slots(request, num_new)
+            while block_ids is None:
+                victim = self.running.pop()  # newest; never one scheduled already (those are in front)
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is request:
+                    break
+                block_ids = kv.allocate_slots(request, num_new)
+            if block_ids is None:
+                break
+            scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens, block_ids))
+            budget -= num_new
+            index += 1
+
+        # 2. Waiting requests in FCFS order. Skipped after a preemption: memory is short, a new request
+        # would only evict the one just preempted (and never schedule a request twice in one step).
+        while not preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            hits, num_hit_tokens = kv.get_computed_blocks(request)
+            num_new = request.num_tokens - request.num_computed_tokens - num_hit_tokens
+            if not chunked and num_new > budget:
+                break
+            num_new = min(num_new, budget)
+            block_ids = kv.allocate_slots(request, num_new, hits)
+            if block_ids is None:
+                break
+            self.waiting.popleft()
+            request.num_computed_tokens += num_hit_tokens
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit_tokens
+            request.status = RequestStatus.RUNNING
+            bisect.insort(self.running, request, key=_arrival)
+            scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens, block_ids))
+            budget -= num_new
+
+        num_batched = self.config.max_num_batched_tokens - budget
+        return SchedulerOutput(
+            scheduled=scheduled, num_batched_tokens=num_batched, preempted_request_ids=preempted
+        )
+
+    def update_from_output(self, output: SchedulerOutput, sampled_token_ids: dict[str, int]) -> list[Request]:
+        """Record the step: KV written for the scheduled tokens, sampled tokens appended, stops applied.
+
+        Tokens sampled for a request whose prompt is still being chunked are ignored (its logits came
+        from the middle of the prompt). Returns the requests that finished in this step.
+        """
+        finished: list[Request] = []
+        for item in output.scheduled:
+            request = item.request
+            if request.is_finished:  # aborted between schedule() and now
+                continue
+            request.num_computed_tokens += item.num_new_tokens
+            token_id = sampled_token_ids.get(request.request_id)
+            if token_id is None or not item.needs_sample:
+                continue
+            request.append_output_token(token_id)
+            status = self._check_stop(request, token_id)
+            if status is not None:
+                request.status = status
+                self.kv_cache_manager.free(request)
+                del self.requests[request.request_id]
+                finished.append(request)
+        if finished:
+            self.running = [r for r in self.running if not r.is_finished]
+        return finished
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
+        """Finish a waiting or running request from outside (stop string, abort). None if unknown."""
+        if not status.is_finished:
+            raise ValueError(f"status must be one of the FINISHED_* statuses, got {status}")
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        request.status = status
+        self.kv_cache_manager.free(request)
+        return request
+
+    def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
+        if not request.ignore_eos and token_id == request.eos_token_id:
+            return RequestStatus.FINISHED_STOPPED
+        if token_id in request.stop_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if request.num_output_tokens >= request.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if request.num_tokens >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _preempt(self, request: Request) -> None:
+        # Recompute, not swap: dropping the KV is free, and its full blocks stay cached until evicted, so
+        # the recompute is often mostly prefix-cache hits.
+        self.kv_cache_manager.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _validate(self, request: Request) -> None:
+        rid = request.request_id
+        if rid in self.requests:
+            raise ValueError(f"request_id {rid!r} is already in the scheduler")
+        if request.num_tokens == 0:
+            raise ValueError(f"request {rid!r}: prompt_token_ids must not be empty")
+        if request.max_tokens < 1:
+            raise ValueError(f"request {rid!r}: max_tokens must be >= 1, got {request.max_tokens}")
+        max_len = self.config.max_model_len
+        if request.num_tokens > max_len:
+            raise ValueError(
+                f"request {rid!r}: {request.num_tokens} prompt tokens exceed max_model_len ({max_len})"
+            )
+        # A request that cannot fit even alone would be preempted and retried forever. The last sampled
+        # token never gets KV, unless the prompt alone already fills max_model_len.
+        longest = min(request.num_prompt_tokens + request.max_tokens, max_len)
+        num_kv_tokens = max(request.num_tokens, longest - 1)
+        needed = self.kv_cache_manager.max_blocks_per_request(num_kv_tokens)
+        if needed > self.kv_cache_manager.num_total_blocks:
+            raise ValueError(
+                f"request {rid!r}: up to {num_kv_tokens} tokens of KV need {needed} blocks, but the cache has only "
+                f"{self.kv_cache_manager.num_total_blocks}; lower max_tokens/max_model_len or add KV blocks"
+            )
+
+
+def _arrival(request: Request) -> int:
+    return request.arrival_index
