@@ -1,0 +1,131 @@
+"""Engine behaviour on tiny random models: preemption under a small KV budget, stats, sampling controls."""
+
+import pytest
+import torch
+
+from mlaserve import LLM, SamplingParams
+from tests.tiny_models import build_tiny, config_dict
+
+GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def deepseek(tmp_path_factory):
+    return build_tiny("deepseek_v3", tmp_path_factory.mktemp("ds3"))
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return build_tiny("llama", tmp_path_factory.mktemp("llama"))
+
+
+def random_prompts(n: int, seed: int = 0, low: int = 8, high: int = 48) -> list[dict]:
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(low, high, (n,), generator=gen).tolist()
+    return [{"prompt_token_ids": torch.randint(3, 250, (k,), generator=gen).tolist()} for k in lengths]
+
+
+def tokens(outputs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def test_small_kv_budget_preempts_and_finishes_everything(deepseek):
+    prompts = random_prompts(32)
+    big = LLM(str(deepseek), dtype="float32", device="cpu", num_kv_blocks=512, max_model_len=128)
+    want = tokens(big.generate(prompts, GREEDY, use_tqdm=False))
+    # 12 blocks of 16 tokens: room for about three requests at a time.
+    small = LLM(str(deepseek), dtype="float32", device="cpu", num_kv_blocks=12, max_model_len=128)
+    got = tokens(small.generate(prompts, GREEDY, use_tqdm=False))
+    assert got == want
+    stats = small.stats()
+    assert stats["num_preemptions"] > 0
+    assert stats["kv_blocks_used"] == 0
+    assert all(len(t) == 32 for t in got)
+
+
+def test_kv_bytes_per_token_is_the_latent_row(deepseek, llama):
+    cfg = config_dict(deepseek)
+    stats = LLM(str(deepseek), dtype="float32", device="cpu", num_kv_blocks=64).stats()
+    latent = cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]
+    assert stats["kv_bytes_per_token"] == cfg["num_hidden_layers"] * latent * 4
+    per_head = cfg["num_attention_heads"] * (cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"] + cfg["v_head_dim"])
+    assert stats["mha_kv_bytes_per_token"] == cfg["num_hidden_layers"] * per_head * 4
+    for key in ("kv_blocks_total", "kv_blocks_used", "block_size", "attention_backend"):
+        assert key in stats
+    gqa = config_dict(llama)
+    head_dim = gqa["hidden_size"] // gqa["num_attention_heads"]
+    expected = gqa["num_hidden_layers"] * 2 * gqa["num_key_value_heads"] * head_dim * 4
+    assert LLM(str(llama), dtype="float32", device="cpu", num_kv_blocks=64).stats()["kv_bytes_per_token"] == expected
+
+
+def test_kv_budget_sets_block_count(llama):
+    per_token = LLM(str(llama), dtype="float32", device="cpu", num_kv_blocks=64).stats()["kv_bytes_per_token"]
+    stats = LLM(str(llama), dtype="float32", device="cpu", kv_cache_memory_bytes=per_token * 16 * 40).stats()
+    assert stats["kv_blocks_total"] == 40
+
+
+def test_seed_reproducible_and_sampling_differs(llama):
+    llm = LLM(str(llama), dtype="float32", device="cpu", num_kv_blocks=128)
+    prompt = random_prompts(1, seed=5)
+    others = random_prompts(5, seed=6)
+    seeded = SamplingParams(temperature=1.0, max_tokens=16, seed=123, ignore_eos=True)
+    alone = tokens(llm.generate(prompt, seeded, use_tqdm=False))[0]
+    mixed = llm.generate(
+        others[:2] + prompt + others[2:],
+        [SamplingParams(temperature=0.8, max_tokens=16, ignore_eos=True)] * 2 + [seeded] + [GREEDY] * 3,
+        use_tqdm=False,
+    )
+    assert tokens(mixed)[2] == alone
+    other_seed = SamplingParams(temperature=1.0, max_tokens=16, seed=124, ignore_eos=True)
+    assert tokens(llm.generate(prompt, other_seed, use_tqdm=False))[0] != alone
+
+
+def test_stop_token_ids_max_tokens_and_logprobs(llama):
+    llm = LLM(str(llama), dtype="float32", device="cpu", num_kv_blocks=128)
+    prompt = random_prompts(1, seed=7)
+    free = llm.generate(prompt, GREEDY, use_tqdm=False)[0].outputs[0]
+    assert free.finish_reason == "length" and len(free.token_ids) == 32
+    stop_at = free.token_ids[5]
+    first = free.token_ids.index(stop_at)
+    out = llm.generate(
+        prompt, SamplingParams(temperature=0, max_tokens=32, stop_token_ids=[stop_at], ignore_eos=True), use_tqdm=False
+    )[0].outputs[0]
+    assert out.token_ids == free.token_ids[: first + 1]
+    assert out.finish_reason == "stop" and out.stop_reason == stop_at
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=4, logprobs=3), use_tqdm=False)[0]
+    lps = out.outputs[0].logprobs
+    assert len(lps) == len(out.outputs[0].token_ids) <= 4
+    for lp, tok in zip(lps, out.outputs[0].token_ids):
+        assert tok in lp and len(lp) >= 3
+        assert max(lp.values()) == lp[tok]  # greedy picks the most likely token
+
+
+def test_stop_strings_cut_the_text(llama):
+    llm = LLM(str(llama), dtype="float32", device="cpu", num_kv_blocks=128)
+    prompt = random_prompts(1, seed=8)
+    free = llm.generate(prompt, GREEDY, use_tqdm=False)[0].outputs[0]
+    words = free.text.split()
+    stop = words[3]
+    first = free.text.index(stop)
+    out = llm.generate(
+        prompt, SamplingParams(temperature=0, max_tokens=32, stop=[stop], ignore_eos=True), use_tqdm=False
+    )[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    assert out.text == free.text[:first]
+    assert llm.stats()["kv_blocks_used"] == 0
+
+
+def test_text_prompts_and_eos(llama):
+    llm = LLM(str(llama), dtype="float32", device="cpu", num_kv_blocks=128)
+    out = llm.generate(["w5 w6 w7"], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0]
+    assert out.prompt == "w5 w6 w7"
+    assert out.prompt_token_ids[-3:] == [5, 6, 7]
+    completion = out.outputs[0]
+    if 1 in completion.token_ids:  # eos (w1) ends the request unless ignore_eos
+        assert completion.token_ids[-1] == 1 and completion.finish_reason == "stop"
+
+
+def test_dummy_load_format_builds_from_config_alone(deepseek):
+    llm = LLM(str(deepseek), dtype="float32", device="cpu", num_kv_blocks=32, load_format="dummy")
+    out = llm.generate(random_prompts(2), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    assert all(len(t) == 4 for t in tokens(out))
