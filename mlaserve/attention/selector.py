@@ -23,6 +23,6 @@ def select_backend(device: torch.device, requested: str | None = None) -> Attent
         logger.info("attention backend: %s (requested by attention_backend option)", requested)
         return BACKENDS[requested]()
     chosen = SdpaBackend
-    why = "fused SDPA prefill, paged torch decode; the best available on %s" % device.type
+    why = f"fused SDPA prefill, paged torch decode; the best available on {device.type}"
     logger.info("attention backend: %s (%s)", chosen.name, why)
     return chosen()

@@ -48,14 +48,19 @@ def test_kv_bytes_per_token_is_the_latent_row(deepseek, llama):
     stats = LLM(str(deepseek), dtype="float32", device="cpu", num_kv_blocks=64).stats()
     latent = cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]
     assert stats["kv_bytes_per_token"] == cfg["num_hidden_layers"] * latent * 4
-    per_head = cfg["num_attention_heads"] * (cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"] + cfg["v_head_dim"])
+    per_head = cfg["num_attention_heads"] * (
+        cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"] + cfg["v_head_dim"]
+    )
     assert stats["mha_kv_bytes_per_token"] == cfg["num_hidden_layers"] * per_head * 4
     for key in ("kv_blocks_total", "kv_blocks_used", "block_size", "attention_backend"):
         assert key in stats
     gqa = config_dict(llama)
     head_dim = gqa["hidden_size"] // gqa["num_attention_heads"]
     expected = gqa["num_hidden_layers"] * 2 * gqa["num_key_value_heads"] * head_dim * 4
-    assert LLM(str(llama), dtype="float32", device="cpu", num_kv_blocks=64).stats()["kv_bytes_per_token"] == expected
+    assert (
+        LLM(str(llama), dtype="float32", device="cpu", num_kv_blocks=64).stats()["kv_bytes_per_token"]
+        == expected
+    )
 
 
 def test_kv_budget_sets_block_count(llama):
@@ -88,7 +93,9 @@ def test_stop_token_ids_max_tokens_and_logprobs(llama):
     stop_at = free.token_ids[5]
     first = free.token_ids.index(stop_at)
     out = llm.generate(
-        prompt, SamplingParams(temperature=0, max_tokens=32, stop_token_ids=[stop_at], ignore_eos=True), use_tqdm=False
+        prompt,
+        SamplingParams(temperature=0, max_tokens=32, stop_token_ids=[stop_at], ignore_eos=True),
+        use_tqdm=False,
     )[0].outputs[0]
     assert out.token_ids == free.token_ids[: first + 1]
     assert out.finish_reason == "stop" and out.stop_reason == stop_at
@@ -127,5 +134,7 @@ def test_text_prompts_and_eos(llama):
 
 def test_dummy_load_format_builds_from_config_alone(deepseek):
     llm = LLM(str(deepseek), dtype="float32", device="cpu", num_kv_blocks=32, load_format="dummy")
-    out = llm.generate(random_prompts(2), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    out = llm.generate(
+        random_prompts(2), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False
+    )
     assert all(len(t) == 4 for t in tokens(out))
