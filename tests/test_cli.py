@@ -15,7 +15,20 @@ def model_dir(tmp_path_factory):
 
 
 def test_generate_prints_json_lines(model_dir, capsys):
-    code = main(["generate", "w5 w6", "w7 w8 w9", "--model", str(model_dir), "--max-tokens", "5", "--json", "--device", "cpu"])
+    code = main(
+        [
+            "generate",
+            "w5 w6",
+            "w7 w8 w9",
+            "--model",
+            str(model_dir),
+            "--max-tokens",
+            "5",
+            "--json",
+            "--device",
+            "cpu",
+        ]
+    )
     assert code == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
     assert [r["prompt"] for r in lines] == ["w5 w6", "w7 w8 w9"]
@@ -25,8 +38,12 @@ def test_generate_prints_json_lines(model_dir, capsys):
 def test_generate_reads_prompt_file(model_dir, tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("w3 w4\n\nw10\n")
-    assert main(["generate", "--prompt-file", str(prompts), "--model", str(model_dir), "--max-tokens", "3"]) == 0
-    assert len(capsys.readouterr().out.strip().splitlines()) <= 2 * 3  # two completions, words joined by spaces
+    assert (
+        main(["generate", "--prompt-file", str(prompts), "--model", str(model_dir), "--max-tokens", "3"]) == 0
+    )
+    assert (
+        len(capsys.readouterr().out.strip().splitlines()) <= 2 * 3
+    )  # two completions, words joined by spaces
 
 
 def test_generate_reports_bad_input(model_dir, capsys):

@@ -50,6 +50,14 @@ def resolve_dtype(requested: str | torch.dtype, hf_config: object, device: torch
     return _DTYPES[requested]
 
 
+def sliding_window(hf_config: object) -> int | None:
+    """The attention window the reference applies, if any (Mistral always, Qwen2 only with use_sliding_window)."""
+    window = getattr(hf_config, "sliding_window", None)
+    if not window or not getattr(hf_config, "use_sliding_window", True):
+        return None
+    return int(window)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     hf_config: object
@@ -81,12 +89,15 @@ class ModelConfig:
         if not archs:
             raise ValueError("config.json has no 'architectures' entry")
         limit = getattr(hf_config, "max_position_embeddings", None) or 2048
+        limit_name = "max_position_embeddings"
+        window = sliding_window(hf_config)
+        if window is not None and window < limit:
+            # Until sliding-window attention lands, serve only lengths where full attention is exact.
+            limit, limit_name = window, "sliding_window (sliding-window attention is not supported yet)"
         if max_model_len is None:
             max_model_len = limit
         elif max_model_len <= 0:
             raise ValueError(f"max_model_len must be positive, got {max_model_len}")
         elif max_model_len > limit:
-            raise ValueError(
-                f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={limit}"
-            )
+            raise ValueError(f"max_model_len={max_model_len} exceeds the model's {limit_name}={limit}")
         return cls(hf_config, archs[0], resolve_dtype(dtype, hf_config, device), max_model_len)

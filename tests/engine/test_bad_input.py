@@ -107,3 +107,11 @@ def test_bad_prompts(llm):
     with pytest.raises(ValueError, match="2 prompts but 1"):
         llm.generate(["w3", "w4"], [SamplingParams()], use_tqdm=False)
     assert llm.stats()["kv_blocks_used"] == 0
+
+
+def test_sliding_window_caps_max_model_len(tmp_path):
+    path = build_tiny("mistral", tmp_path, sliding_window=32)
+    llm = LLM(str(path), dtype="float32", device="cpu", num_kv_blocks=16)
+    assert llm.engine.model_config.max_model_len == 32
+    with pytest.raises(ValueError, match="sliding_window"):
+        LLM(str(path), device="cpu", max_model_len=64, num_kv_blocks=16)
