@@ -98,14 +98,16 @@ def cmd_chat(args: argparse.Namespace) -> int:
         shown, final = 0, None
         while final is None:
             for out in engine.step():
-                if out.request_id == rid:
-                    final = out.outputs[0].text
-            text = final if final is not None else engine.partial_text(rid)
-            # The tail of the text can still change (a partial UTF-8 character); print only what is settled.
-            settled = len(text) if final is not None else len(text.rstrip("\ufffd"))
-            if settled > shown:
-                print(text[shown:settled], end="", flush=True)
-                shown = settled
+                if out.request_id != rid:
+                    continue
+                text = out.outputs[0].text
+                # A partial UTF-8 character decodes as U+FFFD until its last byte arrives; print only settled text.
+                settled = len(text) if out.finished else len(text.rstrip("\ufffd"))
+                if settled > shown:
+                    print(text[shown:settled], end="", flush=True)
+                    shown = settled
+                if out.finished:
+                    final = text
         print()
         messages.append({"role": "assistant", "content": final})
     return 0

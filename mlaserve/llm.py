@@ -72,7 +72,7 @@ class LLM:
         try:
             while len(results) < len(request_ids) and self.engine.has_unfinished_requests():
                 for out in self.engine.step():
-                    if out.request_id in wanted:
+                    if out.finished and out.request_id in wanted:
                         results[out.request_id] = out
                         bar.update(1)
         except BaseException:

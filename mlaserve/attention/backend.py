@@ -29,9 +29,11 @@ class AttentionBackend(ABC):
         meta: AttentionMetadata,
         scale: float,
         v_dim: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        need_lse: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One query token per decode sequence. q: [num_decodes, H, Dk]; v_cache None means the value is
-        k_cache[..., :v_dim] (MLA latent). Returns (out [num_decodes, H, v_dim], lse [num_decodes, H])."""
+        k_cache[..., :v_dim] (MLA latent). Returns (out [num_decodes, H, v_dim], lse [num_decodes, H]); a backend
+        may return lse None unless need_lse (merging partial results needs it, a plain decode does not)."""
 
     @abstractmethod
     def prefill(
@@ -43,7 +45,7 @@ class AttentionBackend(ABC):
 
     def gather_prefill_context(self, cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Every prefill sequence's cached context (after this step's writes), [sum of seq_lens, Hkv, D]."""
-        return cache.flatten(0, 1)[meta.prefill_slot_index]
+        return cache.flatten(0, 1).index_select(0, meta.prefill_slot_index)
 
 
 def write_to_cache(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:

@@ -12,12 +12,23 @@ def causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
     return torch.arange(kv_len, device=device)[None, :] <= q_pos
 
 
+def gather_decode(cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """Each decode sequence's context from the paged cache, padded: [num_decodes, max_len, Hkv, D]."""
+    index = meta.decode_slot_index
+    rows = cache.flatten(0, 1).index_select(
+        0, index.reshape(-1)
+    )  # index_select: far cheaper than advanced indexing
+    return rows.view(*index.shape, *cache.shape[2:])
+
+
 class TorchBackend(AttentionBackend):
     name = "torch"
 
-    def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, v_dim: int):
-        k = k_cache.flatten(0, 1)[meta.decode_slot_index]  # [B, L, Hkv, Dk]
-        v = k[..., :v_dim] if v_cache is None else v_cache.flatten(0, 1)[meta.decode_slot_index]
+    def decode(
+        self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, v_dim: int, need_lse: bool = False
+    ):
+        k = gather_decode(k_cache, meta)  # [B, L, Hkv, Dk]
+        v = k[..., :v_dim] if v_cache is None else gather_decode(v_cache, meta)
         b, h, dk = q.shape
         hkv = k.shape[2]
         qg = q.view(b, hkv, h // hkv, dk).float()

@@ -16,6 +16,13 @@ class RequestText:
     stop_reason: str | None = None
     logprobs: list[dict[int, float]] = field(default_factory=list)
 
+    def visible_text(self, finished: bool) -> str:
+        """While running, hold back what could still become the start of a stop string (as vLLM does)."""
+        if finished or not self.stop:
+            return self.text
+        hold = max(len(s) for s in self.stop) - 1
+        return self.text[: len(self.text) - hold] if hold else self.text
+
     def update(self, tokenizer: object, output_ids: list[int]) -> bool:
         """Refresh the text after a new token; True if a stop string now ends the output."""
         previous = len(self.text)

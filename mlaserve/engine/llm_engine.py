@@ -162,7 +162,10 @@ class LLMEngine:
 
     # ---- the step loop ----------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model once, apply the sampled tokens; returns outputs of requests that finished."""
+        """Schedule, run the model once, apply the sampled tokens.
+
+        Returns one cumulative RequestOutput for every request that got a token this step (finished or not,
+        as vLLM's engine does), so a server can stream; LLM.generate keeps only the finished ones."""
         output = self.scheduler.schedule()
         if output.is_empty:
             return []
@@ -170,6 +173,7 @@ class LLMEngine:
         self.num_generated_tokens += len(result.token_ids)
         finished = self.scheduler.update_from_output(output, result.token_ids)
         finished_ids = {r.request_id for r in finished}
+        progressed = []
         for s in output.scheduled:
             request = s.request
             rid = request.request_id
@@ -183,33 +187,40 @@ class LLMEngine:
                 if stopped is not None:
                     finished.append(stopped)
                     finished_ids.add(rid)
-        return [self._finish(r) for r in finished]
+            if rid not in finished_ids:
+                progressed.append(self._output(request, finished=False))
+        return progressed + [self._finish(r) for r in finished]
 
     def _finish(self, request: Request) -> RequestOutput:
+        out = self._output(request, finished=True)
+        self.runner.drop_request(request.request_id)
+        del self._texts[request.request_id], self._prompts[request.request_id]
+        return out
+
+    def _output(self, request: Request, finished: bool) -> RequestOutput:
         rid = request.request_id
-        self.runner.drop_request(rid)
-        text = self._texts.pop(rid)
-        prompt = self._prompts.pop(rid)
+        text = self._texts[rid]
         params = request.sampling_params
-        logprobs = text.logprobs if params.logprobs is not None else None
+        logprobs = list(text.logprobs) if params.logprobs is not None else None
         out_ids = list(request.output_token_ids)
         cumulative = None
         if logprobs is not None:
             cumulative = sum(lp[t] for lp, t in zip(logprobs, out_ids))
-        if text.stop_reason is None and request.status == RequestStatus.FINISHED_STOPPED:
-            stop_reason = out_ids[-1] if out_ids and out_ids[-1] != request.eos_token_id else None
-        else:
+        stop_reason, reason = None, None
+        if finished:
+            reason = request.status.finish_reason
             stop_reason = text.stop_reason
+            if stop_reason is None and request.status == RequestStatus.FINISHED_STOPPED and out_ids:
+                stop_reason = out_ids[-1] if out_ids[-1] != request.eos_token_id else None
         completion = CompletionOutput(
-            0, text.text, out_ids, cumulative, logprobs, request.status.finish_reason, stop_reason
+            0, text.visible_text(finished), out_ids, cumulative, logprobs, reason, stop_reason
         )
         cached = max(request.num_cached_tokens, 0)
-        return RequestOutput(rid, prompt, list(request.prompt_token_ids), [completion], True, cached)
+        return RequestOutput(
+            rid, self._prompts[rid], list(request.prompt_token_ids), [completion], finished, cached
+        )
 
     # ---- introspection ---------------------------------------------------------------------------------------
-    def partial_text(self, request_id: str) -> str:
-        return self._texts[request_id].text
-
     def stats(self) -> dict:
         cache = self.kv_manager.prefix_cache_stats()
         dtype = self.model_config.dtype

@@ -73,13 +73,16 @@ def test_prefill_matches_naive(backend, seed):
 
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("latent", [False, True])
-def test_decode_matches_naive(seed, latent):
+@pytest.mark.parametrize("backend", [TorchBackend(), SdpaBackend()])
+def test_decode_matches_naive(backend, seed, latent):
     query_lens, seq_lens = [1, 1, 1, 1], [1, 9, 4, 30]
     heads_kv = 1 if latent else 2
     cache, meta, contexts, gen = paged_batch(query_lens, seq_lens, heads_kv=heads_kv, dim=12, seed=seed)
     values = None if latent else torch.randn(cache.shape[:-1] + (6,), generator=gen)
     q = torch.randn(4, 4, 12, generator=gen)
-    out, lse = TorchBackend().decode(q, cache, values, meta, 0.25, 6)
+    out, lse = backend.decode(q, cache, values, meta, 0.25, 6, need_lse=True)
+    fast, _ = backend.decode(q, cache, values, meta, 0.25, 6)
+    torch.testing.assert_close(fast, out, atol=1e-5, rtol=1e-5)
     for i, n in enumerate(seq_lens):
         k = contexts[i]
         v = k[..., :6] if latent else values.flatten(0, 1)[meta.decode_slot_index[i, :n]]

@@ -138,3 +138,37 @@ def test_dummy_load_format_builds_from_config_alone(deepseek):
         random_prompts(2), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False
     )
     assert all(len(t) == 4 for t in tokens(out))
+
+
+def test_step_streams_cumulative_outputs_and_holds_back_stop_prefixes(llama):
+    llm = LLM(str(llama), dtype="float32", device="cpu", num_kv_blocks=128)
+    prompt = random_prompts(1, seed=9)[0]
+    want = llm.generate([prompt], GREEDY, use_tqdm=False)[0].outputs[0]
+    engine = llm.engine
+    rid = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, stop=["zzzz"]))
+    texts, final = [], None
+    while final is None:
+        for out in engine.step():
+            assert out.request_id == rid
+            texts.append(out.outputs[0].text)
+            if out.finished:
+                final = out.outputs[0]
+            else:
+                assert len(out.outputs[0].text) <= len(want.text) - 0
+                assert want.text.startswith(out.outputs[0].text)
+                assert out.outputs[0].finish_reason is None
+    assert final.text == want.text and final.token_ids == want.token_ids
+    assert len(texts) == 32
+    assert all(len(a) <= len(b) for a, b in zip(texts, texts[1:]))
+
+
+def test_abort_frees_blocks_and_reports(llama):
+    llm = LLM(str(llama), dtype="float32", device="cpu", num_kv_blocks=128)
+    engine = llm.engine
+    rid = engine.add_request(random_prompts(1, seed=10)[0], GREEDY)
+    engine.step()
+    assert llm.stats()["kv_blocks_used"] > 0
+    out = engine.abort_request(rid)
+    assert out.finished and out.outputs[0].finish_reason == "abort"
+    assert llm.stats()["kv_blocks_used"] == 0 and not engine.has_unfinished_requests()
+    assert engine.abort_request(rid) is None
