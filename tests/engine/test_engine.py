@@ -145,7 +145,9 @@ def test_step_streams_cumulative_outputs_and_holds_back_stop_prefixes(llama):
     prompt = random_prompts(1, seed=9)[0]
     want = llm.generate([prompt], GREEDY, use_tqdm=False)[0].outputs[0]
     engine = llm.engine
-    rid = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, stop=["zzzz"]))
+    rid = engine.add_request(
+        prompt, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, stop=["zzzz"])
+    )
     texts, final = [], None
     while final is None:
         for out in engine.step():
