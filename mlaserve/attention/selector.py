@@ -7,10 +7,15 @@ import torch
 from mlaserve.attention.backend import AttentionBackend
 from mlaserve.attention.sdpa import SdpaBackend
 from mlaserve.attention.torch_ref import TorchBackend
+from mlaserve.attention.triton_mla import TritonMLABackend
 
 logger = logging.getLogger(__name__)
 
-BACKENDS: dict[str, type[AttentionBackend]] = {"torch": TorchBackend, "sdpa": SdpaBackend}
+BACKENDS: dict[str, type[AttentionBackend]] = {
+    "torch": TorchBackend,
+    "sdpa": SdpaBackend,
+    "triton_mla": TritonMLABackend,
+}
 
 
 def select_backend(device: torch.device, requested: str | None = None) -> AttentionBackend:
@@ -22,7 +27,15 @@ def select_backend(device: torch.device, requested: str | None = None) -> Attent
             raise ValueError(f"attention_backend {requested!r} cannot run on {device}: {reason}")
         logger.info("attention backend: %s (requested by attention_backend option)", requested)
         return BACKENDS[requested]()
-    chosen = SdpaBackend
-    why = f"fused SDPA prefill, paged torch decode; the best available on {device.type}"
-    logger.info("attention backend: %s (%s)", chosen.name, why)
-    return chosen()
+    if device.type == "cuda":
+        reason = TritonMLABackend.unavailable_reason(device)
+        if reason is None:
+            logger.info(
+                "attention backend: triton_mla (CUDA: Triton paged MLA decode, SDPA prefill and GQA decode)"
+            )
+            return TritonMLABackend()
+        why = f"CUDA, but triton_mla is unavailable: {reason}"
+    else:
+        why = f"{device.type}: fused SDPA prefill, paged torch decode (Triton kernels need a GPU)"
+    logger.info("attention backend: sdpa (%s)", why)
+    return SdpaBackend()

@@ -78,15 +78,16 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
 @torch.no_grad()
 def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> LoadReport:
     """Random weights from the config alone (load_format="dummy"): for speed runs, never for answers."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    generators: dict[torch.device, torch.Generator] = {}
     report = LoadReport()
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):
             param.fill_(1.0)
         elif name.endswith("e_score_correction_bias") or name.endswith(".bias"):
             param.zero_()
-        else:
-            param.copy_(torch.randn(param.shape, generator=gen) * std)
+        else:  # drawn where the parameter lives: a 16B-parameter model would take minutes through the CPU
+            gen = generators.setdefault(param.device, torch.Generator(device=param.device).manual_seed(seed))
+            param.normal_(0.0, std, generator=gen)
         report.num_tensors += 1
         report.num_parameters += param.numel()
     return report

@@ -1,0 +1,143 @@
+"""Triton paged MLA decode: absorbed queries attend over the latent cache, split-KV with an LSE merge.
+
+Each program takes one sequence, a group of BLOCK_H query heads and one slice of the context ("split"), so a
+latent row is read from HBM once per head group and the heads share it through tensor-core dots. The nope part
+(kv_lora_rank) and the rope part (qk_rope_head_dim) of the row are loaded side by side and their two dots summed;
+the value is the nope part itself. Stage 2 merges the splits by their log-sum-exp; the merged LSE is returned so
+callers can merge further partial results (chunked context, sparse attention).
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _stage1(
+    Q, KV, BlockTable, SeqLens, MidO, MidLse,
+    stride_qb, stride_qh, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
+    num_heads, scale_log2, split_len,
+    PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    split = tl.program_id(2)
+    head_ok = heads < num_heads
+    seq_len = tl.load(SeqLens + b)
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+    d = tl.arange(0, D_LAT)
+    r = tl.arange(0, D_ROPE)
+    q_row = Q + b * stride_qb + heads[:, None] * stride_qh
+    q = tl.load(q_row + d[None, :], mask=head_ok[:, None], other=0.0)
+    q_pe = tl.load(q_row + D_LAT + r[None, :], mask=head_ok[:, None], other=0.0)
+
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_sum = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, D_LAT], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        ok = pos < end
+        page = tl.load(BlockTable + b * stride_bt + pos // PAGE, mask=ok, other=0)
+        row = KV + (page.to(tl.int64) * PAGE + pos % PAGE)[:, None] * stride_kv
+        k = tl.load(row + d[None, :], mask=ok[:, None], other=0.0)
+        k_pe = tl.load(row + D_LAT + r[None, :], mask=ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        s += tl.dot(q_pe, tl.trans(k_pe), input_precision=PRECISION)
+        s = tl.where(ok[None, :], s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_sum = l_sum * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(k.dtype), k, input_precision=PRECISION)
+        m = m_new
+
+    has = l_sum > 0
+    out = acc / tl.where(has, l_sum, 1.0)[:, None]
+    lse2 = tl.where(
+        has, m + tl.log2(tl.where(has, l_sum, 1.0)), float("-inf")
+    )  # base-2 LSE; -inf for an empty split
+    mo = MidO + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + d[None, :]
+    tl.store(mo, out, mask=head_ok[:, None])
+    tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse2, mask=head_ok)
+
+
+@triton.jit
+def _stage2(
+    MidO, MidLse, Out, Lse,
+    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, stride_lb,
+    num_splits,
+    D_LAT: tl.constexpr, BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    s_ok = s < num_splits
+    lse2 = tl.load(MidLse + b * stride_mlb + h * stride_mlh + s, mask=s_ok, other=float("-inf"))
+    top = tl.max(lse2, 0)
+    w = tl.where(s_ok, tl.exp2(lse2 - top), 0.0)
+    total = tl.sum(w, 0)
+    d = tl.arange(0, D_LAT)
+    parts = tl.load(
+        MidO + b * stride_mob + h * stride_moh + s[:, None] * stride_mos + d[None, :],
+        mask=s_ok[:, None],
+        other=0.0,
+    )
+    out = tl.sum(parts * (w / total)[:, None], 0)
+    tl.store(Out + b * stride_ob + h * stride_oh + d, out.to(Out.dtype.element_ty))
+    tl.store(Lse + b * stride_lb + h, (top + tl.log2(total)) / 1.4426950408889634)
+
+
+def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms: int) -> int:
+    """Enough programs to fill the GPU about twice, but no split shorter than a few KV tiles."""
+    want = max(1, math.ceil(2 * sms / max(batch * head_groups, 1)))
+    return max(1, min(want, math.ceil(max_len / (4 * block_n)), 64))
+
+
+def mla_decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    kv_lora_rank: int,
+    scale: float,
+    block_h: int = 16,
+    block_n: int = 32,
+    num_splits: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [B, H, kv_lora_rank + rope]; kv_cache: [blocks, page, 1, kv_lora_rank + rope]; block_table [B, max_blocks];
+    seq_lens [B]. Returns (out [B, H, kv_lora_rank] in q's dtype, lse [B, H] float32, natural log)."""
+    batch, heads, width = q.shape
+    page = kv_cache.shape[1]
+    d_rope = width - kv_lora_rank
+    head_groups = triton.cdiv(heads, block_h)
+    if num_splits is None:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+        num_splits = num_splits_for(batch, head_groups, max_seq_len, block_n, sms)
+    split_len = triton.cdiv(triton.cdiv(max(max_seq_len, 1), num_splits), block_n) * block_n
+    mid_o = torch.empty(batch, heads, num_splits, kv_lora_rank, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
+    kv = kv_cache.view(-1, width)
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    _stage1[(batch, head_groups, num_splits)](
+        q, kv, block_table, seq_lens, mid_o, mid_lse,
+        q.stride(0), q.stride(1), kv.stride(0), block_table.stride(0),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        heads, scale * LOG2E, split_len,
+        PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=block_n, PRECISION=precision,
+    )  # fmt: skip
+    out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
+    lse = torch.empty(batch, heads, dtype=torch.float32, device=q.device)
+    _stage2[(batch, heads)](
+        mid_o, mid_lse, out, lse,
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0),
+        num_splits, D_LAT=kv_lora_rank, BLOCK_S=triton.next_power_of_2(num_splits),
+    )  # fmt: skip
+    return out, lse

@@ -1,0 +1,82 @@
+"""The Triton MLA decode kernel against the torch reference, under TRITON_INTERPRET=1 on CPU (tiny sizes)."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the kernel module's import
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+import triton.runtime.interpreter as _interpreter  # noqa: E402
+
+_patch_lang_tensor = _interpreter._patch_lang_tensor
+
+
+def _patch_with_scalar_index(tensor, scope) -> None:
+    # The interpreter keeps scalars as 1-element arrays and int()s them for range(); NumPy >= 2.4 refuses that.
+    _patch_lang_tensor(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+
+_interpreter._patch_lang_tensor = _patch_with_scalar_index
+
+from mlaserve.attention.metadata import build_metadata  # noqa: E402
+from mlaserve.attention.torch_ref import TorchBackend  # noqa: E402
+from mlaserve.attention.triton.mla_decode import mla_decode  # noqa: E402
+
+LAT, ROPE = 32, 16
+
+
+def random_case(seq_lens, heads, page, seed, num_blocks=48):
+    gen = torch.Generator().manual_seed(seed)
+    cache = torch.randn(num_blocks, page, 1, LAT + ROPE, generator=gen)
+    free = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
+    width = max(-(-n // page) for n in seq_lens)
+    table = torch.zeros(len(seq_lens), width, dtype=torch.int32)
+    for i, n in enumerate(seq_lens):
+        for j in range(-(-n // page)):
+            table[i, j] = free.pop()
+    q = torch.randn(len(seq_lens), heads, LAT + ROPE, generator=gen)
+    meta = build_metadata(
+        page, table, [1] * len(seq_lens), list(seq_lens), len(seq_lens), torch.zeros(0, dtype=torch.long)
+    )
+    return q, cache, table, meta
+
+
+@pytest.mark.parametrize("seq_lens, heads, page, splits", [
+    ([1, 7, 33, 64], 4, 16, 1),
+    ([5, 70, 18], 16, 16, 3),
+    ([100, 1, 40], 20, 32, 4),  # heads beyond one group of 16, a split that is empty for short sequences
+])  # fmt: skip
+def test_matches_reference(seq_lens, heads, page, splits):
+    q, cache, table, meta = random_case(seq_lens, heads, page, seed=len(seq_lens) + heads)
+    want, want_lse = TorchBackend().decode(q, cache, None, meta, 0.2, LAT, need_lse=True)
+    got, lse = mla_decode(
+        q, cache, table, meta.seq_lens, max(seq_lens), LAT, 0.2, block_n=16, num_splits=splits
+    )
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(lse, want_lse, atol=2e-5, rtol=2e-5)
+
+
+def test_backend_runs_a_tiny_deepseek_like_the_reference(tmp_path):
+    from mlaserve import LLM, SamplingParams
+    from tests.tiny_models import build_tiny
+
+    path = build_tiny("deepseek_v2", tmp_path)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    prompts = [{"prompt_token_ids": [5, 9, 11, 40, 7]}, {"prompt_token_ids": [3] * 19}]
+    outs = {}
+    for backend in ("torch", "triton_mla"):
+        llm = LLM(str(path), dtype="float32", device="cpu", num_kv_blocks=32, attention_backend=backend)
+        outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert outs["triton_mla"] == outs["torch"]
+
+
+def test_selector_refuses_triton_without_gpu_or_interpreter(monkeypatch):
+    from mlaserve.attention.selector import select_backend
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="triton_mla.*CUDA GPU"):
+        select_backend(torch.device("cpu"), "triton_mla")
