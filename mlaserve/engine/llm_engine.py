@@ -52,7 +52,8 @@ class LLMEngine:
         self.model_config = ModelConfig.from_hf(
             files.config_dict, config.dtype, self.device, config.max_model_len
         )
-        self.tokenizer = load_tokenizer(files)
+        # skip_tokenizer_init (as vLLM): token ids in, token ids out; for speed runs on configs with no tokenizer.
+        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(files)
         self.backend = select_backend(self.device, config.attention_backend)
         self.model, self.load_report = build_model(
             self.model_config, files, self.backend, self.device, config.load_format, config.seed
@@ -101,6 +102,10 @@ class LLMEngine:
         """Validate and tokenize without side effects, so a bad request in a batch starts no work."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, str) and self.tokenizer is None:
+            raise ValueError("text prompts need a tokenizer; with skip_tokenizer_init pass prompt_token_ids")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; with skip_tokenizer_init use stop_token_ids")
         if isinstance(prompt, str):
             text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
         elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
@@ -182,7 +187,8 @@ class LLMEngine:
             text = self._texts[rid]
             if rid in result.logprobs:
                 text.logprobs.append(result.logprobs[rid])
-            if text.update(self.tokenizer, request.output_token_ids) and rid not in finished_ids:
+            stop_hit = self.tokenizer is not None and text.update(self.tokenizer, request.output_token_ids)
+            if stop_hit and rid not in finished_ids:
                 stopped = self.scheduler.finish_request(rid, RequestStatus.FINISHED_STOPPED)
                 if stopped is not None:
                     finished.append(stopped)

@@ -174,3 +174,13 @@ def test_abort_frees_blocks_and_reports(llama):
     assert out.finished and out.outputs[0].finish_reason == "abort"
     assert llm.stats()["kv_blocks_used"] == 0 and not engine.has_unfinished_requests()
     assert engine.abort_request(rid) is None
+
+
+def test_skip_tokenizer_init_takes_token_ids_only(deepseek):
+    llm = LLM(str(deepseek), dtype="float32", device="cpu", num_kv_blocks=32, skip_tokenizer_init=True)
+    out = llm.generate(
+        random_prompts(1), SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False
+    )
+    assert len(out[0].outputs[0].token_ids) == 3 and out[0].outputs[0].text == ""
+    with pytest.raises(ValueError, match="tokenizer"):
+        llm.generate(["w3 w4"], use_tqdm=False)
