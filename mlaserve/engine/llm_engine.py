@@ -48,7 +48,7 @@ class LLMEngine:
         self.config = config
         self.device = resolve_device(config.device)
         torch.manual_seed(config.seed)
-        files = resolve_model(config.model)
+        files = resolve_model(config.model, need_weights=config.load_format != "dummy")
         self.model_config = ModelConfig.from_hf(
             files.config_dict, config.dtype, self.device, config.max_model_len
         )

@@ -34,7 +34,7 @@ def default_model_path() -> Path:
     )
 
 
-def _resolve_hf_folder(folder: Path) -> ModelFiles:
+def _resolve_hf_folder(folder: Path, need_weights: bool = True) -> ModelFiles:
     config_path = folder / "config.json"
     if not config_path.is_file():
         ggufs = sorted(folder.glob("*.gguf"))
@@ -42,7 +42,7 @@ def _resolve_hf_folder(folder: Path) -> ModelFiles:
             return _resolve_gguf(ggufs[0])
         hint = f" (it holds {len(ggufs)} .gguf files: pass one of them)" if ggufs else ""
         raise FileNotFoundError(f"model folder {folder} has no config.json{hint}")
-    if not any(folder.glob("*.safetensors")):
+    if need_weights and not any(folder.glob("*.safetensors")):
         raise FileNotFoundError(f"model folder {folder} has no *.safetensors weight files")
     try:
         config = json.loads(config_path.read_text())
@@ -59,13 +59,15 @@ def _resolve_gguf(path: Path) -> ModelFiles:
     return ModelFiles(kind="gguf", path=path, config_dict=gguf_to_hf_config(path))
 
 
-def resolve_model(path: str | Path | None) -> ModelFiles:
-    """Classify a model path (None: the default SmolLM2 GGUF) and read its config."""
+def resolve_model(path: str | Path | None, need_weights: bool = True) -> ModelFiles:
+    """Classify a model path (None: the default SmolLM2 GGUF) and read its config.
+
+    need_weights=False (load_format="dummy") accepts a folder holding only config.json."""
     resolved = default_model_path() if path is None else Path(path).expanduser()
     if not resolved.exists():
         raise FileNotFoundError(f"model path {resolved} does not exist")
     if resolved.is_dir():
-        return _resolve_hf_folder(resolved)
+        return _resolve_hf_folder(resolved, need_weights)
     if resolved.suffix.lower() == ".gguf":
         return _resolve_gguf(resolved)
     raise ValueError(

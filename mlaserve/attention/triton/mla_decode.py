@@ -107,13 +107,22 @@ def mla_decode(
     max_seq_len: int,
     kv_lora_rank: int,
     scale: float,
-    block_h: int = 16,
-    block_n: int = 32,
+    block_h: int | None = None,
+    block_n: int = 64,
     num_splits: int | None = None,
+    num_warps: int = 8,
+    num_stages: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, H, kv_lora_rank + rope]; kv_cache: [blocks, page, 1, kv_lora_rank + rope]; block_table [B, max_blocks];
-    seq_lens [B]. Returns (out [B, H, kv_lora_rank] in q's dtype, lse [B, H] float32, natural log)."""
+    seq_lens [B]. Returns (out [B, H, kv_lora_rank] in q's dtype, lse [B, H] float32, natural log).
+
+    Defaults come from the H200 sweep in benchmarks/gpu_suite.py --tune: 16 heads per program when there are few
+    (memory-bound: one latent read per 16 heads), 64 with many (each latent tile then feeds 64 heads' dots)."""
     batch, heads, width = q.shape
+    if block_h is None:
+        block_h = 16 if heads <= 16 else 32 if heads < 64 else 64
+    if num_stages is None:
+        num_stages = 3 if block_h <= 16 else 2
     page = kv_cache.shape[1]
     d_rope = width - kv_lora_rank
     head_groups = triton.cdiv(heads, block_h)
@@ -131,6 +140,7 @@ def mla_decode(
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         heads, scale * LOG2E, split_len,
         PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=block_n, PRECISION=precision,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, heads, dtype=torch.float32, device=q.device)

@@ -1,0 +1,279 @@
+"""One run on one GPU: ceilings, kernel correctness against the torch reference, kernel and engine timings.
+
+    python benchmarks/gpu_suite.py --sections ceilings,kernels,decode,tiny,lite --out benchmarks/results/h200-DATE.json
+
+Sections:
+  ceilings  device-to-device copy bandwidth and dense bf16 GEMM rate (the denominators below)
+  kernels   Triton MLA decode vs the torch reference on fresh random paged caches (bf16, ragged lengths)
+  decode    decode attention timings, bf16 latent cache, block 64: Triton kernel and plain torch side by side
+  tiny      greedy tokens on a tiny random DeepSeek-V2 model: triton_mla backend vs torch backend, bf16
+  lite      DeepSeek-V2-Lite shape with random bf16 weights (load_format="dummy"): prompt 512, 64 new tokens,
+            batch 1 and 32, output tokens over total wall time; transformers generate as the peer (--hf-peer)
+Timings are medians of triton.testing.do_bench (CUDA events) or of repeated wall-clock runs after a warm-up.
+"""
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mlaserve.attention.metadata import build_metadata  # noqa: E402
+from mlaserve.attention.torch_ref import TorchBackend  # noqa: E402
+
+LAT, ROPE = 512, 64
+V2_LITE = dict(
+    architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", hidden_size=2048, num_hidden_layers=27,
+    num_attention_heads=16, num_key_value_heads=16, q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128,
+    qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=64, num_experts_per_tok=6, n_shared_experts=2,
+    moe_intermediate_size=1408, intermediate_size=10944, first_k_dense_replace=1, vocab_size=102400,
+    max_position_embeddings=163840, rms_norm_eps=1e-6, topk_method="greedy", n_group=1, topk_group=1,
+    routed_scaling_factor=1.0, norm_topk_prob=False, bos_token_id=100000, eos_token_id=100001,
+    rope_scaling={"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "mscale": 0.707,
+                  "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1}, rope_theta=10000, torch_dtype="bfloat16",
+)  # fmt: skip
+
+
+def bench(fn) -> float:
+    """Median milliseconds (CUDA events, cache flushed between runs)."""
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def ceilings() -> dict:
+    n = 1 << 30  # 1 GiB per buffer: far beyond L2
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = bench(lambda: dst.copy_(src))
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    gemm_ms = bench(lambda: a @ b)
+    return {"copy_GBps": 2 * n / ms / 1e6, "bf16_gemm_TFLOPs": 2 * 8192**3 / gemm_ms / 1e9}
+
+
+def paged_case(batch: int, heads: int, lengths: list[int], page: int, dtype, seed: int):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    blocks_per = [-(-n // page) for n in lengths]
+    num_blocks = sum(blocks_per) + 1
+    cache = torch.randn(num_blocks, page, 1, LAT + ROPE, generator=gen, device="cuda").to(dtype)
+    perm = (torch.randperm(num_blocks - 1, generator=gen, device="cuda") + 1).to(torch.int32)
+    table = torch.zeros(batch, max(blocks_per), dtype=torch.int32, device="cuda")
+    used = 0
+    for i, k in enumerate(blocks_per):
+        table[i, :k] = perm[used : used + k]
+        used += k
+    q = torch.randn(batch, heads, LAT + ROPE, generator=gen, device="cuda").to(dtype)
+    slots = torch.zeros(0, dtype=torch.long, device="cuda")
+    meta = build_metadata(page, table, [1] * batch, lengths, batch, slots)
+    return q, cache, table, meta
+
+
+def kernels() -> dict:
+    from mlaserve.attention.triton.mla_decode import mla_decode
+
+    results = []
+    for batch, heads, page, seed in [(4, 16, 64, 0), (7, 128, 64, 1), (3, 20, 16, 2), (5, 16, 128, 3)]:
+        gen = torch.Generator().manual_seed(seed)
+        lengths = torch.randint(1, 3000, (batch,), generator=gen).tolist()
+        q, cache, table, meta = paged_case(batch, heads, lengths, page, torch.bfloat16, seed)
+        ref, ref_lse = TorchBackend().decode(q.float(), cache.float(), None, meta, 0.1, LAT, need_lse=True)
+        out, lse = mla_decode(q, cache, table, meta.seq_lens, max(lengths), LAT, 0.1)
+        err = (out.float() - ref).abs().max().item()
+        lse_err = (lse - ref_lse).abs().max().item()
+        results.append(dict(batch=batch, heads=heads, page=page, max_abs_err=err, lse_max_abs_err=lse_err))
+        assert err < 2e-2 and lse_err < 1e-2, results[-1]
+    return {"cases": results, "tolerance": "bf16 inputs, fp32 reference: |out| err < 2e-2, |lse| err < 1e-2"}
+
+
+def decode(ceil: dict, tune: bool) -> dict:
+    from mlaserve.attention.triton.mla_decode import mla_decode
+
+    def time_case(batch: int, heads: int, length: int) -> dict:
+        q, cache, table, meta = paged_case(batch, heads, [length] * batch, 64, torch.bfloat16, 0)
+        scale = 1 / (192**0.5)
+        t_triton = bench(lambda: mla_decode(q, cache, table, meta.seq_lens, length, LAT, scale))
+        sweep = []
+        if tune:
+            for bh in [b for b in (16, 32, 64) if b <= max(16, heads)]:
+                for bn in (32, 64):
+                    for warps in (4, 8):
+                        for stages in (1, 2, 3):
+                            kw = dict(block_h=bh, block_n=bn, num_warps=warps, num_stages=stages)
+                            try:
+                                ms = bench(
+                                    lambda kw=kw: mla_decode(
+                                        q, cache, table, meta.seq_lens, length, LAT, scale, **kw
+                                    )
+                                )
+                            except Exception as e:  # out of shared memory / registers for this tile
+                                ms = float("inf")
+                                kw["error"] = type(e).__name__
+                            sweep.append({**kw, "ms": ms})
+            sweep.sort(key=lambda r: r["ms"])
+        t_torch = bench(lambda: TorchBackend().decode(q, cache, None, meta, scale, LAT))
+        bytes_read = batch * length * (LAT + ROPE) * 2
+        flops = 2 * batch * heads * length * (LAT + ROPE + LAT)
+        row = dict(B=batch, H=heads, L=length, triton_ms=t_triton, torch_ms=t_torch, best_configs=sweep[:3])
+        row["triton_GBps"] = bytes_read / t_triton / 1e6
+        row["triton_TFLOPs"] = flops / t_triton / 1e9
+        row["torch_GBps"] = bytes_read / t_torch / 1e6
+        row["pct_of_copy"] = 100 * row["triton_GBps"] / ceil["copy_GBps"] if ceil else None
+        row["pct_of_gemm"] = 100 * row["triton_TFLOPs"] / ceil["bf16_gemm_TFLOPs"] if ceil else None
+        return row
+
+    rows = []
+    for batch, heads, length in [(64, 16, 4096), (128, 16, 8192), (64, 128, 4096), (128, 128, 8192)]:
+        rows.append(time_case(batch, heads, length))
+        print(json.dumps(rows[-1]), flush=True)
+        torch.cuda.empty_cache()
+    return {"rows": rows, "counting": "latent bytes read once; FLOPs 2*B*H*L*(576+512)"}
+
+
+def tiny(tmp: Path) -> dict:
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+
+    from mlaserve import LLM, SamplingParams
+
+    cfg = DeepseekV2Config(
+        vocab_size=512, hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
+        qk_nope_head_dim=128, v_head_dim=128, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=1, topk_group=1, initializer_range=0.1,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    DeepseekV2ForCausalLM(cfg).save_pretrained(tmp / "tiny")
+    gen = torch.Generator().manual_seed(1)
+    prompts = [
+        {"prompt_token_ids": torch.randint(3, 500, (n,), generator=gen).tolist()} for n in (5, 77, 300, 1)
+    ]
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    outs = {}
+    for backend in ("torch", "triton_mla"):
+        llm = LLM(str(tmp / "tiny"), dtype="bfloat16", device="cuda", attention_backend=backend,
+                  skip_tokenizer_init=True, num_kv_blocks=512, block_size=64)  # fmt: skip
+        outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        del llm
+    same = [a == b for a, b in zip(outs["torch"], outs["triton_mla"])]
+    first_diff = [
+        next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None) for a, b in zip(*outs.values())
+    ]
+    return {
+        "rows_identical": same,
+        "first_difference": first_diff,
+        "note": "bf16: near-ties may flip late tokens",
+    }
+
+
+def lite(tmp: Path, hf_peer: bool) -> dict:
+    from mlaserve import LLM, SamplingParams
+
+    folder = tmp / "v2lite"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(V2_LITE))
+    t0 = time.perf_counter()
+    llm = LLM(str(folder), dtype="bfloat16", device="cuda", load_format="dummy", skip_tokenizer_init=True,
+              block_size=64, max_model_len=4096, gpu_memory_utilization=0.85)  # fmt: skip
+    result = {"load_s": time.perf_counter() - t0, "stats": llm.stats()}
+    gen = torch.Generator().manual_seed(0)
+    for batch in (1, 32):
+        prompts = [
+            {"prompt_token_ids": torch.randint(0, 100000, (512,), generator=gen).tolist()}
+            for _ in range(batch)
+        ]
+        params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+        llm.generate(
+            prompts[:1], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False
+        )
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        result[f"mlaserve_batch{batch}_tok_s"] = tokens / wall
+        print(f"lite batch {batch}: {tokens / wall:.1f} tok/s ({wall:.2f}s)", flush=True)
+    del llm
+    torch.cuda.empty_cache()
+    if hf_peer:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        cfg = AutoConfig.from_pretrained(folder)
+        with torch.device("cuda"):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+        for batch in (1, 32):
+            ids = torch.randint(0, 100000, (batch, 512), device="cuda")
+            model.generate(ids[:, :16], max_new_tokens=2, do_sample=False)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=64,
+                min_new_tokens=64,
+                do_sample=False,
+            )
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t
+            result[f"transformers_batch{batch}_tok_s"] = batch * (out.shape[1] - 512) / wall
+            print(f"hf batch {batch}: {result[f'transformers_batch{batch}_tok_s']:.1f} tok/s", flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sections", default="ceilings,kernels,decode,tiny,lite")
+    parser.add_argument(
+        "--hf-peer", action="store_true", help="also time transformers generate in the lite section"
+    )
+    parser.add_argument(
+        "--tune", action="store_true", help="sweep the decode kernel's tile sizes, report the best"
+    )
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    sections = args.sections.split(",")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    report = {
+        "date": dt.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(),
+        "commit": commit or os.environ.get("MLASERVE_COMMIT", "unknown"),
+        "command": " ".join(["python", *sys.argv]),
+        "torch": torch.__version__,
+    }
+    import triton
+
+    report["triton"] = triton.__version__
+    with tempfile.TemporaryDirectory() as tmp:
+        ceil = ceilings() if "ceilings" in sections else {}
+        report["ceilings"] = ceil
+        print("ceilings", ceil, flush=True)
+        for name, fn in [("kernels", kernels), ("decode", lambda: decode(ceil, args.tune)), ("tiny", lambda: tiny(Path(tmp))),
+                         ("lite", lambda: lite(Path(tmp), args.hf_peer))]:  # fmt: skip
+            if name in sections:
+                t = time.perf_counter()
+                try:
+                    report[name] = fn()
+                except Exception as e:  # keep the other sections' figures
+                    report[name] = {"error": f"{type(e).__name__}: {e}"}
+                report[name + "_seconds"] = time.perf_counter() - t
+                print(name, json.dumps(report[name])[:2000], flush=True)
+    out = args.out or f"benchmarks/results/h200-{report['date']}.json"
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(report, indent=2))
+    print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()
