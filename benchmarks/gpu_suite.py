@@ -6,6 +6,7 @@ Sections:
   ceilings  device-to-device copy bandwidth and dense bf16 GEMM rate (the denominators below)
   kernels   Triton MLA decode vs the torch reference on fresh random paged caches (bf16, ragged lengths)
   decode    decode attention timings, bf16 latent cache, block 64: Triton kernel and plain torch side by side
+  moe       fused MoE (sorted tokens, grouped Triton GEMMs) vs the per-expert loop, V2-Lite expert shapes
   tiny      greedy tokens on a tiny random DeepSeek-V2 model: triton_mla backend vs torch backend, bf16
   lite      DeepSeek-V2-Lite shape with random bf16 weights (load_format="dummy"): prompt 512, 64 new tokens,
             batch 1 and 32, output tokens over total wall time; transformers generate as the peer (--hf-peer)
@@ -138,6 +139,31 @@ def decode(ceil: dict, tune: bool) -> dict:
     return {"rows": rows, "counting": "latent bytes read once; FLOPs 2*B*H*L*(576+512)"}
 
 
+def moe() -> dict:
+    """Fused MoE vs the per-expert loop at DeepSeek-V2-Lite's expert shapes (64 experts, top-6, bf16)."""
+    import torch.nn.functional as F
+
+    from mlaserve.layers.fused_moe import fused_experts
+    from mlaserve.layers.moe import experts_reference
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w13 = (torch.randn(64, 2 * 1408, 2048, generator=gen, device="cuda") * 0.02).bfloat16()
+    w2 = (torch.randn(64, 2048, 1408, generator=gen, device="cuda") * 0.02).bfloat16()
+    rows = []
+    for tokens in (1, 32, 512, 4096):
+        x = torch.randn(tokens, 2048, generator=gen, device="cuda").bfloat16()
+        logits = torch.randn(tokens, 64, generator=gen, device="cuda")
+        weights, ids = logits.softmax(-1).topk(6, dim=-1)
+        ref = experts_reference(x, w13, w2, weights, ids, F.silu)
+        out = fused_experts(x, w13, w2, weights, ids, F.silu)
+        err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+        t_fused = bench(lambda x=x, w=weights, i=ids: fused_experts(x, w13, w2, w, i, F.silu))
+        t_ref = bench(lambda x=x, w=weights, i=ids: experts_reference(x, w13, w2, w, i, F.silu))
+        rows.append(dict(tokens=tokens, rel_err=err, fused_ms=t_fused, reference_ms=t_ref))
+        print(json.dumps(rows[-1]), flush=True)
+    return {"rows": rows}
+
+
 def tiny(tmp: Path) -> dict:
     from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
 
@@ -232,7 +258,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sections", default="ceilings,kernels,decode,tiny,lite")
+    parser.add_argument("--sections", default="ceilings,kernels,decode,moe,tiny,lite")
     parser.add_argument(
         "--hf-peer", action="store_true", help="also time transformers generate in the lite section"
     )
@@ -259,7 +285,7 @@ def main() -> None:
         ceil = ceilings() if "ceilings" in sections else {}
         report["ceilings"] = ceil
         print("ceilings", ceil, flush=True)
-        for name, fn in [("kernels", kernels), ("decode", lambda: decode(ceil, args.tune)), ("tiny", lambda: tiny(Path(tmp))),
+        for name, fn in [("kernels", kernels), ("decode", lambda: decode(ceil, args.tune)), ("moe", moe), ("tiny", lambda: tiny(Path(tmp))),
                          ("lite", lambda: lite(Path(tmp), args.hf_peer))]:  # fmt: skip
             if name in sections:
                 t = time.perf_counter()

@@ -1,26 +1,9 @@
 """The Triton MLA decode kernel against the torch reference, under TRITON_INTERPRET=1 on CPU (tiny sizes)."""
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the kernel module's import
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 pytest.importorskip("triton")
-
-import triton.runtime.interpreter as _interpreter  # noqa: E402
-
-_patch_lang_tensor = _interpreter._patch_lang_tensor
-
-
-def _patch_with_scalar_index(tensor, scope) -> None:
-    # The interpreter keeps scalars as 1-element arrays and int()s them for range(); NumPy >= 2.4 refuses that.
-    _patch_lang_tensor(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-
-_interpreter._patch_lang_tensor = _patch_with_scalar_index
 
 from mlaserve.attention.metadata import build_metadata  # noqa: E402
 from mlaserve.attention.torch_ref import TorchBackend  # noqa: E402

@@ -1,0 +1,107 @@
+"""Fused MoE on the GPU: tokens sorted by expert, one grouped Triton GEMM per projection.
+
+The (token, slot) pairs are sorted by expert and each expert's run is padded to a multiple of BLOCK_M, so every
+BLOCK_M tile of the sorted list belongs to one expert and a program multiplies it by that expert's weight tile.
+The routing is built with tensor ops only (no host sync), so a decode step stays capturable in a CUDA graph.
+`experts_reference` in moe.py is the plain per-expert loop this is tested against.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _grouped_gemm(
+    A, W, C, SortedIds, BlockExpert, RouteW,
+    num_valid, N, K,
+    stride_am, stride_we, stride_wn, stride_wk, stride_cm,
+    ROW_DIV: tl.constexpr, MUL_ROUTE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(BlockExpert + pid_m)
+    if expert < 0:  # a tile past the padded end of the sorted list
+        return
+    ids = tl.load(SortedIds + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    ok = ids < num_valid
+    rows = ids // ROW_DIV  # stage 1 reads the token's hidden state, stage 2 the pair's own row
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < K
+        a = tl.load(A + rows[:, None] * stride_am + kk[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(
+            W + expert * stride_we + n[None, :] * stride_wn + kk[:, None] * stride_wk,
+            mask=n_ok[None, :] & k_ok[:, None],
+            other=0.0,
+        )
+        acc += tl.dot(a, w, input_precision=PRECISION)
+    if MUL_ROUTE:
+        acc *= tl.load(RouteW + ids, mask=ok, other=0.0)[:, None]
+    tl.store(
+        C + ids[:, None] * stride_cm + n[None, :],
+        acc.to(C.dtype.element_ty),
+        mask=ok[:, None] & n_ok[None, :],
+    )
+
+
+def sort_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted pair ids padded per expert to block_m with the sentinel T*k, the expert of every tile or -1)."""
+    flat = ids.flatten()
+    num_pairs = flat.numel()
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=num_experts)
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = padded.cumsum(0)
+    rank = torch.arange(num_pairs, device=ids.device) - (counts.cumsum(0) - counts)[flat[order]]
+    capacity = num_pairs + num_experts * (block_m - 1)  # the worst case, so no host sync sizes the buffers
+    capacity = (capacity + block_m - 1) // block_m * block_m
+    sorted_ids = torch.full((capacity,), num_pairs, dtype=torch.int64, device=ids.device)
+    sorted_ids[(padded_end - padded)[flat[order]] + rank] = order
+    tile_start = torch.arange(0, capacity, block_m, device=ids.device)
+    tile_expert = torch.searchsorted(padded_end, tile_start, right=True)
+    tile_expert = torch.where(tile_expert < num_experts, tile_expert, -1).to(torch.int32)
+    return sorted_ids, tile_expert
+
+
+def grouped_gemm(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    sorted_ids: torch.Tensor,
+    tile_expert: torch.Tensor,
+    num_pairs: int,
+    row_div: int,
+    route_weights: torch.Tensor | None,
+    block_m: int,
+) -> torch.Tensor:
+    """out[pair] = a[pair // row_div] @ w[expert(pair)].T (times the pair's routing weight)."""
+    n, k = w.shape[1], w.shape[2]
+    out = torch.empty(num_pairs, n, dtype=a.dtype, device=a.device)
+    block_n, block_k = 64, 64 if k >= 64 else triton.next_power_of_2(max(k, 16))
+    grid = (tile_expert.numel(), triton.cdiv(n, block_n))
+    _grouped_gemm[grid](
+        a, w, out, sorted_ids, tile_expert, route_weights if route_weights is not None else out,
+        num_pairs, n, k,
+        a.stride(0), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
+        ROW_DIV=row_div, MUL_ROUTE=route_weights is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+    )  # fmt: skip
+    return out
+
+
+def fused_experts(x, w13, w2, weights, ids, act, block_m: int = 16) -> torch.Tensor:
+    """Same contract as moe.experts_reference: x [T, hidden], w13 [E, 2I, hidden], w2 [E, hidden, I]."""
+    num_tokens, top_k = ids.shape
+    num_pairs = num_tokens * top_k
+    sorted_ids, tile_expert = sort_by_expert(ids, w13.shape[0], block_m)
+    gate_up = grouped_gemm(x, w13, sorted_ids, tile_expert, num_pairs, top_k, None, block_m)
+    gate, up = gate_up.chunk(2, dim=-1)
+    hidden = (act(gate) * up).contiguous()
+    route = weights.flatten().float().contiguous()
+    down = grouped_gemm(hidden, w2, sorted_ids, tile_expert, num_pairs, 1, route, block_m)
+    return down.view(num_tokens, top_k, -1).float().sum(dim=1).to(x.dtype)

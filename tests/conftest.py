@@ -1,0 +1,21 @@
+"""Test-session set-up: Triton kernels run on the CPU interpreter (CI has no GPU)."""
+
+import os
+
+# Before anything imports triton: it reads the variable once.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+try:
+    import triton.runtime.interpreter as _interpreter
+except ImportError:  # the kernel tests skip themselves
+    _interpreter = None
+
+if _interpreter is not None:
+    _patch_lang_tensor = _interpreter._patch_lang_tensor
+
+    def _patch_with_scalar_index(tensor, scope) -> None:
+        # The interpreter keeps scalars as 1-element arrays and int()s them for range(); NumPy >= 2.4 refuses.
+        _patch_lang_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    _interpreter._patch_lang_tensor = _patch_with_scalar_index

@@ -1,0 +1,117 @@
+"""Shared pieces of the server tests: a tiny Llama with a chat template, engines, a live uvicorn server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from mlaserve.config.engine_config import EngineConfig
+from mlaserve.engine.async_engine import AsyncEngine
+from mlaserve.engine.llm_engine import LLMEngine
+from mlaserve.server.app import build_app
+from mlaserve.server.settings import ServerSettings
+from tests.tiny_models import build_tiny
+
+# Word-level: "w10 <content> w11" per message, then "w12" to prompt the answer.
+CHAT_TEMPLATE = "{% for m in messages %}w10 {{ m['content'] }} w11 {% endfor %}{% if add_generation_prompt %}w12{% endif %}"
+ENGINE_OPTIONS = dict(dtype="float32", device="cpu", num_kv_blocks=256, max_model_len=256)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = build_tiny("llama", tmp_path_factory.mktemp("server_llama"))
+    config_file = path / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["chat_template"] = CHAT_TEMPLATE
+    config_file.write_text(json.dumps(config))
+    return path
+
+
+def make_engine(model: Path, step_delay_s: float = 0.0, **options: object) -> AsyncEngine:
+    """An AsyncEngine on the tiny model; `step_delay_s` slows each step so requests stay in flight."""
+    engine = LLMEngine(EngineConfig.from_kwargs(model=str(model), **{**ENGINE_OPTIONS, **options}))
+    if step_delay_s:
+        step = engine.step
+
+        def slow_step() -> list:
+            time.sleep(step_delay_s)
+            return step()
+
+        engine.step = slow_step
+    return AsyncEngine(engine)
+
+
+def fresh_stats(engine: AsyncEngine) -> dict:
+    """Stats read on the loop thread now (not the snapshot), after every queued abort was applied."""
+    return engine.call(lambda e: e.stats()).result(timeout=10)
+
+
+def wait_for(predicate: object, timeout: float = 10.0, interval: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
+
+
+class LiveServer:
+    """uvicorn serving `app` on 127.0.0.1 (a free port) in a background thread."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        config = uvicorn.Config(app, lifespan="off", log_level="warning", timeout_graceful_shutdown=2)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        if not wait_for(lambda: self.server.started, timeout=10):
+            raise RuntimeError("uvicorn did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+
+def live_server(engine: AsyncEngine, **settings: object) -> Iterator[tuple[LiveServer, FastAPI]]:
+    app = build_app(engine, ServerSettings(**settings), {"test": True})
+    with LiveServer(app) as server:
+        yield server, app
+
+
+def metric(text: str, name: str) -> float:
+    """The value of one sample of a Prometheus text page, e.g. 'mlaserve_requests_total{status="ok"}'."""
+    for line in text.splitlines():
+        if line.split(" ", 1)[0] == name:
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
+
+
+async def sse_events(response: httpx.Response) -> list[dict | str]:
+    """Parsed `data:` payloads of a streamed response ("[DONE]" stays a string)."""
+    events: list[dict | str] = []
+    async for line in response.aiter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def run(coro: object) -> object:
+    return asyncio.run(coro)
