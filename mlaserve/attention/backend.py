@@ -14,6 +14,8 @@ from mlaserve.attention.metadata import AttentionMetadata
 
 class AttentionBackend(ABC):
     name: str = ""
+    # True when decode has no data-dependent shapes or host syncs for latent (MLA) caches: CUDA-graph safe.
+    supports_cuda_graphs: bool = False
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:

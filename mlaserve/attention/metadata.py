@@ -56,12 +56,16 @@ def build_metadata(
     seq_lens: list[int],
     num_decodes: int,
     slot_mapping: torch.Tensor,
+    with_gather_index: bool = True,
 ) -> AttentionMetadata:
+    """with_gather_index=False skips the reference paths' gather indices (a graph-replayed decode needs none)."""
     device = block_tables.device
     seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=device)
     meta = AttentionMetadata(
         block_size, slot_mapping, seq_lens_t, block_tables, num_decodes, query_lens, seq_lens
     )
+    if not with_gather_index and num_decodes == len(query_lens):
+        return meta
     if num_decodes:
         max_len = max(seq_lens[:num_decodes])
         pos = torch.arange(max_len, device=device)

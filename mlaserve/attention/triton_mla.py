@@ -10,6 +10,7 @@ from mlaserve.attention.sdpa import SdpaBackend
 
 class TritonMLABackend(SdpaBackend):
     name = "triton_mla"
+    supports_cuda_graphs = True  # for latent caches; GQA decode goes through SDPA and is not captured
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:

@@ -68,6 +68,9 @@ class LLMEngine:
             self.kv_manager,
         )
         self.runner = ModelRunner(self.model, self.kv_caches, config.block_size, self.device)
+        graphable = self.backend.supports_cuda_graphs and self.kv_spec.is_mla
+        if self.device.type == "cuda" and not config.enforce_eager and graphable:
+            self.runner.enable_cuda_graphs(max_len, config.max_num_seqs)
         self._texts: dict[str, RequestText] = {}
         self._prompts: dict[str, str | None] = {}
         self._ids = itertools.count()

@@ -54,7 +54,10 @@ def sort_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[t
     flat = ids.flatten()
     num_pairs = flat.numel()
     order = flat.argsort(stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
+    # scatter_add, not bincount: CUDA bincount reads the max back to the host, which breaks graph capture.
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device).scatter_add_(
+        0, flat, torch.ones_like(flat)
+    )
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = padded.cumsum(0)
     rank = torch.arange(num_pairs, device=ids.device) - (counts.cumsum(0) - counts)[flat[order]]

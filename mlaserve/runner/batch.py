@@ -18,7 +18,9 @@ class ModelInput:
     sampled: list[ScheduledRequest]  # requests that get a new token this step
 
 
-def build_model_input(output: SchedulerOutput, block_size: int, device: torch.device) -> ModelInput:
+def build_model_input(
+    output: SchedulerOutput, block_size: int, device: torch.device, with_gather_index: bool = True
+) -> ModelInput:
     # Decodes first: the attention layers split the batch at num_decodes.
     order = sorted(output.scheduled, key=lambda s: s.num_new_tokens != 1)
     num_decodes = sum(1 for s in order if s.num_new_tokens == 1)
@@ -42,7 +44,13 @@ def build_model_input(output: SchedulerOutput, block_size: int, device: torch.de
             sampled.append(s)
     as_long = dict(dtype=torch.long, device=device)
     meta = build_metadata(
-        block_size, tables.to(device), query_lens, seq_lens, num_decodes, torch.tensor(slots, **as_long)
+        block_size,
+        tables.to(device),
+        query_lens,
+        seq_lens,
+        num_decodes,
+        torch.tensor(slots, **as_long),
+        with_gather_index,
     )
     return ModelInput(
         torch.tensor(ids, **as_long),

@@ -24,6 +24,15 @@ class ModelRunner:
         self.device = device
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}  # per-request RNG so a seed fixes the output
+        self.graphs = None  # DecodeGraphs, when enabled
+
+    def enable_cuda_graphs(self, max_model_len: int, max_num_seqs: int) -> None:
+        from mlaserve.runner.cuda_graphs import DecodeGraphs
+
+        self.graphs = DecodeGraphs(
+            self.model, self.kv_caches, self.block_size, max_model_len, max_num_seqs, self.device
+        )
+        self.graphs.capture()
 
     def add_generator(self, request_id: str, seed: int) -> None:
         self.generators[request_id] = torch.Generator(device=self.device).manual_seed(seed)
@@ -33,11 +42,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> StepResult:
-        batch = build_model_input(output, self.block_size, self.device)
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
-        if not batch.sampled:
-            return StepResult({}, {})
-        logits = self.model.compute_logits(hidden[batch.sample_rows]).float()
+        graphs = self.graphs
+        batch = build_model_input(output, self.block_size, self.device, with_gather_index=graphs is None)
+        if graphs is not None and graphs.can_run(batch):
+            logits = graphs.run(batch).float()  # every decode row samples, in row order
+        else:
+            hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
+            if not batch.sampled:
+                return StepResult({}, {})
+            logits = self.model.compute_logits(hidden[batch.sample_rows]).float()
         ids = [s.request.request_id for s in batch.sampled]
         params = [s.request.sampling_params for s in batch.sampled]
         result = self.sampler(logits, params, [self.generators.get(i) for i in ids])

@@ -1,0 +1,97 @@
+"""CUDA graphs of the decode step (embedding to logits), one per padded batch size.
+
+A decode step of a big MoE model is hundreds of small kernels; replaying a captured graph removes their launch
+and Python cost. Graphs need fixed shapes and addresses, so inputs are copied into static buffers, the batch is
+padded to the next captured size (padding rows write to slot 0 of the null block, which no table reads), and
+the attention kernel sizes its KV splits from max_model_len instead of the step's longest sequence.
+Only backends that declare `supports_cuda_graphs` (no data-dependent shapes in decode) are captured.
+"""
+
+import bisect
+import logging
+
+import torch
+
+from mlaserve.attention.metadata import AttentionMetadata
+from mlaserve.models.base import CausalLM
+from mlaserve.runner.batch import ModelInput
+
+logger = logging.getLogger(__name__)
+
+CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+class DecodeGraphs:
+    def __init__(
+        self,
+        model: CausalLM,
+        kv_caches: list[torch.Tensor],
+        block_size: int,
+        max_model_len: int,
+        max_num_seqs: int,
+        device: torch.device,
+    ) -> None:
+        self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
+        self.max_model_len = max_model_len
+        self.sizes = [s for s in CAPTURE_SIZES if s < max_num_seqs] + [min(max_num_seqs, CAPTURE_SIZES[-1])]
+        size, blocks = self.sizes[-1], -(-max_model_len // block_size)
+        self.input_ids = torch.zeros(size, dtype=torch.long, device=device)
+        self.positions = torch.zeros(size, dtype=torch.long, device=device)
+        self.slot_mapping = torch.zeros(size, dtype=torch.long, device=device)
+        self.seq_lens = torch.ones(size, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(size, blocks, dtype=torch.int32, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+
+    def _meta(self, size: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            self.block_size,
+            self.slot_mapping[:size],
+            self.seq_lens[:size],
+            self.block_tables[:size],
+            num_decodes=size,
+            query_lens=[1] * size,
+            host_seq_lens=[self.max_model_len] * size,  # fixed KV split sizes, whatever the step's lengths
+        )
+
+    def _forward(self, size: int) -> torch.Tensor:
+        hidden = self.model(self.input_ids[:size], self.positions[:size], self.kv_caches, self._meta(size))
+        return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up off the default stream, as torch's graph docs ask
+            for size in self.sizes:
+                self._forward(size)
+        torch.cuda.current_stream().wait_stream(stream)
+        for size in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory pool
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.logits[size] = self._forward(size)
+            self.graphs[size] = graph
+        torch.cuda.synchronize()
+        logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
+
+    def can_run(self, batch: ModelInput) -> bool:
+        meta = batch.meta
+        return meta.num_decodes == meta.num_seqs and meta.num_seqs <= self.sizes[-1]
+
+    def run(self, batch: ModelInput) -> torch.Tensor:
+        """Logits [num_seqs, vocab] of a decode-only batch."""
+        n = batch.meta.num_seqs
+        size = self.sizes[bisect.bisect_left(self.sizes, n)]
+        width = batch.meta.block_tables.shape[1]
+        self.input_ids[:n].copy_(batch.input_ids)
+        self.positions[:n].copy_(batch.positions)
+        self.slot_mapping[:n].copy_(batch.meta.slot_mapping)
+        self.seq_lens[:n].copy_(batch.meta.seq_lens)
+        self.block_tables[:n, :width].copy_(batch.meta.block_tables)
+        if size > n:  # padding rows: one token at slot 0 of the null block
+            self.slot_mapping[n:size].zero_()
+            self.seq_lens[n:size].fill_(1)
+            self.block_tables[n:size].zero_()
+        self.graphs[size].replay()
+        return self.logits[size][:n]
