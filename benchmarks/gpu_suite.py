@@ -183,23 +183,26 @@ def tiny(tmp: Path) -> dict:
     ]
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     outs = {}
-    for backend in ("torch", "triton_mla"):
-        llm = LLM(str(tmp / "tiny"), dtype="bfloat16", device="cuda", attention_backend=backend,
-                  skip_tokenizer_init=True, num_kv_blocks=512, block_size=64)  # fmt: skip
-        outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    for name, backend, eager in (("torch", "torch", True), ("triton_eager", "triton_mla", True),
+                                 ("triton_graphs", "triton_mla", False)):  # fmt: skip
+        llm = LLM(str(tmp / "tiny"), dtype="bfloat16", device="cuda", attention_backend=backend, enforce_eager=eager,
+                  skip_tokenizer_init=True, num_kv_blocks=512, block_size=64, max_model_len=2048)  # fmt: skip
+        outs[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         del llm
-    same = [a == b for a, b in zip(outs["torch"], outs["triton_mla"])]
-    first_diff = [
-        next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None) for a, b in zip(*outs.values())
-    ]
+
+    def compare(a: str, b: str) -> dict:
+        pairs = list(zip(outs[a], outs[b]))
+        first = [next((i for i, (x, y) in enumerate(zip(p, q)) if x != y), None) for p, q in pairs]
+        return {"rows_identical": [p == q for p, q in pairs], "first_difference": first}
+
     return {
-        "rows_identical": same,
-        "first_difference": first_diff,
-        "note": "bf16: near-ties may flip late tokens",
+        "torch_vs_triton_eager": compare("torch", "triton_eager"),
+        "triton_eager_vs_graphs": compare("triton_eager", "triton_graphs"),
+        "note": "bf16: kernels sum in different orders, so near-tied logits may flip late tokens",
     }
 
 
-def lite(tmp: Path, hf_peer: bool) -> dict:
+def lite(tmp: Path, hf_peer: bool, eager: bool = False, profile: bool = False) -> dict:
     from mlaserve import LLM, SamplingParams
 
     folder = tmp / "v2lite"
@@ -207,7 +210,7 @@ def lite(tmp: Path, hf_peer: bool) -> dict:
     (folder / "config.json").write_text(json.dumps(V2_LITE))
     t0 = time.perf_counter()
     llm = LLM(str(folder), dtype="bfloat16", device="cuda", load_format="dummy", skip_tokenizer_init=True,
-              block_size=64, max_model_len=4096, gpu_memory_utilization=0.85)  # fmt: skip
+              block_size=64, max_model_len=4096, gpu_memory_utilization=0.85, enforce_eager=eager)  # fmt: skip
     result = {"load_s": time.perf_counter() - t0, "stats": llm.stats()}
     gen = torch.Generator().manual_seed(0)
     for batch in (1, 32):
@@ -219,14 +222,31 @@ def lite(tmp: Path, hf_peer: bool) -> dict:
         llm.generate(
             prompts[:1], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False
         )
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - t
+        walls = []
+        for _ in range(3):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            torch.cuda.synchronize()
+            walls.append(time.perf_counter() - t)
+            llm.engine.kv_manager.reset_prefix_cache()  # every repeat prefills its prompts again
+        wall = sorted(walls)[1]
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         result[f"mlaserve_batch{batch}_tok_s"] = tokens / wall
-        print(f"lite batch {batch}: {tokens / wall:.1f} tok/s ({wall:.2f}s)", flush=True)
+        print(
+            f"lite batch {batch}: {tokens / wall:.1f} tok/s (median of {[round(w, 2) for w in walls]} s)",
+            flush=True,
+        )
+    if profile:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        prompts = [{"prompt_token_ids": torch.randint(0, 100000, (512,), generator=gen).tolist()}]
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            llm.generate(
+                prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False
+            )
+        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25), flush=True)
     del llm
     torch.cuda.empty_cache()
     if hf_peer:
@@ -265,6 +285,8 @@ def main() -> None:
     parser.add_argument(
         "--tune", action="store_true", help="sweep the decode kernel's tile sizes, report the best"
     )
+    parser.add_argument("--eager", action="store_true", help="lite: no CUDA graphs")
+    parser.add_argument("--profile", action="store_true", help="lite: print a torch profile of one request")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     sections = args.sections.split(",")
@@ -286,7 +308,7 @@ def main() -> None:
         report["ceilings"] = ceil
         print("ceilings", ceil, flush=True)
         for name, fn in [("kernels", kernels), ("decode", lambda: decode(ceil, args.tune)), ("moe", moe), ("tiny", lambda: tiny(Path(tmp))),
-                         ("lite", lambda: lite(Path(tmp), args.hf_peer))]:  # fmt: skip
+                         ("lite", lambda: lite(Path(tmp), args.hf_peer, args.eager, args.profile))]:  # fmt: skip
             if name in sections:
                 t = time.perf_counter()
                 try:
