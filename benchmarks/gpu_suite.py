@@ -246,7 +246,7 @@ def lite(tmp: Path, hf_peer: bool, eager: bool = False, profile: bool = False) -
             llm.generate(
                 prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False
             )
-        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25), flush=True)
+        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=20), flush=True)
     del llm
     torch.cuda.empty_cache()
     if hf_peer:
