@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from mlaserve.attention.metadata import AttentionMetadata
+from mlaserve.kvcache.quant import dequantize_rows, is_quantized
 
 
 class AttentionBackend(ABC):
@@ -45,11 +46,18 @@ class AttentionBackend(ABC):
         sequence's whole context concatenated, [sum of seq_lens, Hkv, D]. Query j of a sequence sits at absolute
         position seq_len - query_len + j (bottom-right causal alignment). Returns [prefill tokens, H, Dv]."""
 
-    def gather_prefill_context(self, cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """Every prefill sequence's cached context (after this step's writes), [sum of seq_lens, Hkv, D]."""
-        return cache.flatten(0, 1).index_select(0, meta.prefill_slot_index)
+    def gather_prefill_context(
+        self, cache: torch.Tensor, meta: AttentionMetadata, dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
+        """Every prefill sequence's cached context (after this step's writes), [sum of seq_lens, Hkv, D];
+        8-bit latent rows come back dequantized to `dtype`."""
+        rows = cache.flatten(0, 1).index_select(0, meta.prefill_slot_index)
+        return dequantize_rows(rows, dtype) if is_quantized(cache.dtype) else rows
 
 
 def write_to_cache(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
     """Store this step's KV rows ([num_tokens, Hkv, D]) at their slots."""
-    cache.view(-1, *cache.shape[2:]).index_copy_(0, slot_mapping, values.to(cache.dtype))
+    values = values.to(cache.dtype)
+    if cache.element_size() == 1:  # 8-bit rows: copy bytes (index_copy_ has no fp8 kernel on every device)
+        cache, values = cache.view(torch.uint8), values.view(torch.uint8)
+    cache.view(-1, *cache.shape[2:]).index_copy_(0, slot_mapping, values)

@@ -16,7 +16,7 @@ class SdpaBackend(TorchBackend):
         if need_lse:  # SDPA does not return the log-sum-exp
             return super().decode(q, k_cache, v_cache, meta, scale, v_dim, need_lse)
         b, h, dk = q.shape
-        k = gather_decode(k_cache, meta).transpose(1, 2)  # [B, Hkv, L, Dk]
+        k = gather_decode(k_cache, meta, q.dtype).transpose(1, 2)  # [B, Hkv, L, Dk]
         v = k[..., :v_dim] if v_cache is None else gather_decode(v_cache, meta).transpose(1, 2)
         mask = meta.decode_mask[:, None, None, :]
         out = F.scaled_dot_product_attention(

@@ -4,6 +4,7 @@ import torch
 
 from mlaserve.attention.backend import AttentionBackend
 from mlaserve.attention.metadata import AttentionMetadata
+from mlaserve.kvcache.quant import dequantize_rows, is_quantized
 
 
 def causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
@@ -12,13 +13,15 @@ def causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
     return torch.arange(kv_len, device=device)[None, :] <= q_pos
 
 
-def gather_decode(cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-    """Each decode sequence's context from the paged cache, padded: [num_decodes, max_len, Hkv, D]."""
+def gather_decode(
+    cache: torch.Tensor, meta: AttentionMetadata, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """Each decode sequence's context from the paged cache, padded: [num_decodes, max_len, Hkv, D]; 8-bit
+    latent rows come back dequantized to `dtype`."""
     index = meta.decode_slot_index
-    rows = cache.flatten(0, 1).index_select(
-        0, index.reshape(-1)
-    )  # index_select: far cheaper than advanced indexing
-    return rows.view(*index.shape, *cache.shape[2:])
+    rows = cache.flatten(0, 1).index_select(0, index.reshape(-1))  # far cheaper than advanced indexing
+    rows = rows.view(*index.shape, *cache.shape[2:])
+    return dequantize_rows(rows, dtype) if is_quantized(cache.dtype) else rows
 
 
 class TorchBackend(AttentionBackend):
@@ -27,7 +30,7 @@ class TorchBackend(AttentionBackend):
     def decode(
         self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, v_dim: int, need_lse: bool = False
     ):
-        k = gather_decode(k_cache, meta)  # [B, L, Hkv, Dk]
+        k = gather_decode(k_cache, meta, q.dtype)  # [B, L, Hkv, Dk]
         v = k[..., :v_dim] if v_cache is None else gather_decode(v_cache, meta)
         b, h, dk = q.shape
         hkv = k.shape[2]

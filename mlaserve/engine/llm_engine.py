@@ -15,6 +15,7 @@ from mlaserve.core.scheduler import Scheduler, SchedulerConfig
 from mlaserve.engine.detokenizer import RequestText
 from mlaserve.engine.kv_sizing import num_kv_blocks
 from mlaserve.kvcache.allocate import allocate_kv_caches
+from mlaserve.kvcache.quant import resolve_cache_dtype
 from mlaserve.loader.model_files import resolve_model
 from mlaserve.loader.model_loader import build_model
 from mlaserve.loader.tokenizer import load_tokenizer
@@ -77,8 +78,9 @@ class LLMEngine:
         self.num_generated_tokens = 0
 
     def _init_kv_cache(self) -> None:
-        cfg, dtype = self.config, self.model_config.dtype
+        cfg, model_dtype = self.config, self.model_config.dtype
         self.kv_spec = self.model.kv_cache_spec()
+        self.cache_dtype = dtype = resolve_cache_dtype(cfg.kv_cache_dtype, model_dtype, self.kv_spec.is_mla)
         num_blocks = num_kv_blocks(cfg, self.kv_spec, dtype, self.device)
         capacity = (num_blocks - 1) * cfg.block_size
         if capacity < self.model_config.max_model_len:
@@ -96,7 +98,7 @@ class LLMEngine:
             f"{self.bytes_per_token} bytes/token ({dtype})"
         )
         if self.kv_spec.is_mla:
-            mha = self.kv_spec.mha_bytes_per_token(dtype)
+            mha = self.kv_spec.mha_bytes_per_token(model_dtype)
             line += f"; per-head K/V would cost {mha} bytes/token ({mha / self.bytes_per_token:.1f}x)"
         logger.info(line)
 
@@ -248,6 +250,7 @@ class LLMEngine:
             "prefix_cache_hit_rate": cache["hits"] / cache["queries"] if cache["queries"] else 0.0,
             "num_generated_tokens": self.num_generated_tokens,
             "dtype": str(dtype).removeprefix("torch."),
+            "kv_cache_dtype": str(self.cache_dtype).removeprefix("torch."),
             "device": str(self.device),
         }
         if self.kv_spec.is_mla:

@@ -2,6 +2,7 @@
 
 import torch
 
+from mlaserve.kvcache.quant import row_width
 from mlaserve.kvcache.spec import KVCacheSpec, LayerCacheSpec
 
 
@@ -12,7 +13,7 @@ def num_blocks_for_budget(spec: KVCacheSpec, dtype: torch.dtype, block_size: int
 
 
 def allocate_layer(layer: LayerCacheSpec, num_blocks: int, block_size: int, dtype, device) -> torch.Tensor:
-    shape = (num_blocks, block_size, layer.num_kv_heads, layer.head_dim)
+    shape = (num_blocks, block_size, layer.num_kv_heads, row_width(layer.head_dim, dtype))
     if layer.separate_value:
         shape = (2, *shape)
     return torch.zeros(shape, dtype=dtype, device=device)

@@ -4,6 +4,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mlaserve.kvcache.quant import row_width
+
 
 @dataclass(frozen=True)
 class LayerCacheSpec:
@@ -13,7 +15,7 @@ class LayerCacheSpec:
 
     def bytes_per_token(self, dtype: torch.dtype) -> int:
         rows = 2 if self.separate_value else 1
-        return rows * self.num_kv_heads * self.head_dim * dtype.itemsize
+        return rows * self.num_kv_heads * row_width(self.head_dim, dtype) * dtype.itemsize
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from torch import nn
 
 from mlaserve.attention.backend import AttentionBackend, write_to_cache
 from mlaserve.attention.metadata import AttentionMetadata
+from mlaserve.kvcache.quant import is_quantized, quantize_rows
 from mlaserve.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from mlaserve.layers.norm import RMSNorm
 from mlaserve.layers.rotary import RotaryEmbedding, rope_frequencies
@@ -84,7 +85,10 @@ class MLAAttention(nn.Module):
         latent, k_pe = self.kv_a_proj_with_mqa(hidden).split([self.kv_lora_rank, self.rope_dim], dim=-1)
         latent = self.kv_a_layernorm(latent)
         q_pe, k_pe = self.rotary(positions, q_pe, k_pe.unsqueeze(1))
-        write_to_cache(kv_cache, meta.slot_mapping, torch.cat((latent.unsqueeze(1), k_pe), dim=-1))
+        rows = torch.cat((latent.unsqueeze(1), k_pe), dim=-1)
+        if is_quantized(kv_cache.dtype):
+            rows = quantize_rows(rows, kv_cache.dtype)
+        write_to_cache(kv_cache, meta.slot_mapping, rows)
 
         nd, parts = meta.num_decodes, []
         if nd:
@@ -101,7 +105,7 @@ class MLAAttention(nn.Module):
         return torch.einsum("thr,hvr->thv", out_latent, self.w_uv)
 
     def _prefill(self, q_nope, q_pe, kv_cache, meta) -> torch.Tensor:
-        context = self.backend.gather_prefill_context(kv_cache, meta)[:, 0]  # [S, R + P]
+        context = self.backend.gather_prefill_context(kv_cache, meta, q_nope.dtype)[:, 0]  # [S, R + P]
         latent, k_pe = context.split([self.kv_lora_rank, self.rope_dim], dim=-1)
         kv = self.kv_b_proj(latent).view(context.shape[0], self.num_heads, self.nope_dim + self.v_dim)
         k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)

@@ -63,3 +63,17 @@ def test_selector_refuses_triton_without_gpu_or_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="triton_mla.*CUDA GPU"):
         select_backend(torch.device("cpu"), "triton_mla")
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "int8"])
+def test_quantized_cache_matches_reference_on_the_same_rows(kv_dtype):
+    from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
+
+    dtype = QUANTIZED[kv_dtype]
+    seq_lens, heads, page = [9, 40, 3], 16, 16
+    q, cache, table, meta = random_case(seq_lens, heads, page, seed=7)
+    rows = quantize_rows(cache.view(-1, LAT + ROPE), dtype).view(*cache.shape[:3], LAT + ROPE + 4)
+    want, want_lse = TorchBackend().decode(q, rows, None, meta, 0.2, LAT, need_lse=True)
+    got, lse = mla_decode(q, rows, table, meta.seq_lens, max(seq_lens), LAT, 0.2, block_n=16, num_splits=2)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(lse, want_lse, atol=1e-4, rtol=1e-4)

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from mlaserve.kvcache.quant import is_quantized
+
 LOG2E = 1.4426950408889634
 
 
@@ -22,7 +24,7 @@ def _stage1(
     stride_qb, stride_qh, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
     num_heads, scale_log2, split_len,
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -47,6 +49,12 @@ def _stage1(
         row = KV + (page.to(tl.int64) * PAGE + pos % PAGE)[:, None] * stride_kv
         k = tl.load(row + d[None, :], mask=ok[:, None], other=0.0)
         k_pe = tl.load(row + D_LAT + r[None, :], mask=ok[:, None], other=0.0)
+        if QUANTIZED:  # 8-bit row: values, then the row's float32 scale in its last four bytes
+            scale = tl.load(
+                (row + D_LAT + D_ROPE).to(tl.pointer_type(tl.float32)), mask=ok[:, None], other=0.0
+            )
+            k = (k.to(tl.float32) * scale).to(q.dtype)
+            k_pe = (k_pe.to(tl.float32) * scale).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         s += tl.dot(q_pe, tl.trans(k_pe), input_precision=PRECISION)
         s = tl.where(ok[None, :], s * scale_log2, float("-inf"))
@@ -125,6 +133,7 @@ def mla_decode(
         num_stages = 3 if block_h <= 16 else 2
     page = kv_cache.shape[1]
     d_rope = width - kv_lora_rank
+    row = kv_cache.shape[-1]  # width, or width + 4 scale bytes for 8-bit rows
     head_groups = triton.cdiv(heads, block_h)
     if num_splits is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
@@ -132,7 +141,7 @@ def mla_decode(
     split_len = triton.cdiv(triton.cdiv(max(max_seq_len, 1), num_splits), block_n) * block_n
     mid_o = torch.empty(batch, heads, num_splits, kv_lora_rank, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
-    kv = kv_cache.view(-1, width)
+    kv = kv_cache.view(-1, row)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _stage1[(batch, head_groups, num_splits)](
         q, kv, block_table, seq_lens, mid_o, mid_lse,
@@ -140,7 +149,7 @@ def mla_decode(
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         heads, scale * LOG2E, split_len,
         PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=block_n, PRECISION=precision,
-        num_warps=num_warps, num_stages=num_stages,
+        QUANTIZED=is_quantized(kv_cache.dtype), num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, heads, dtype=torch.float32, device=q.device)
