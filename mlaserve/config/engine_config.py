@@ -24,6 +24,9 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     load_format: str = "auto"  # "auto" | "dummy" (random weights from config.json alone)
     kv_cache_dtype: str = "auto"  # "auto" (the model dtype), "fp8_e4m3" or "int8" (MLA latent caches)
+    mla_disable: bool = (
+        False  # MLA models cache expanded per-head K/V (vLLM's VLLM_MLA_DISABLE), for comparison
+    )
     enforce_eager: bool = False  # no CUDA graphs for decode
     skip_tokenizer_init: bool = False  # token ids in and out, no tokenizer files needed
     trust_remote_code: bool = False  # accepted for vLLM compatibility; mlaserve never runs remote code

@@ -57,7 +57,13 @@ class LLMEngine:
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(files)
         self.backend = select_backend(self.device, config.attention_backend)
         self.model, self.load_report = build_model(
-            self.model_config, files, self.backend, self.device, config.load_format, config.seed
+            self.model_config,
+            files,
+            self.backend,
+            self.device,
+            config.load_format,
+            config.seed,
+            config.mla_disable,
         )
         self._init_kv_cache()
         max_len = self.model_config.max_model_len

@@ -12,11 +12,15 @@ def num_blocks_for_budget(spec: KVCacheSpec, dtype: torch.dtype, block_size: int
     return budget_bytes // per_block
 
 
-def allocate_layer(layer: LayerCacheSpec, num_blocks: int, block_size: int, dtype, device) -> torch.Tensor:
+def allocate_layer(layer: LayerCacheSpec, num_blocks: int, block_size: int, dtype, device):
+    """One tensor per layer: the latent rows, or K and V stacked; (K, V) when their head sizes differ."""
     shape = (num_blocks, block_size, layer.num_kv_heads, row_width(layer.head_dim, dtype))
-    if layer.separate_value:
-        shape = (2, *shape)
-    return torch.zeros(shape, dtype=dtype, device=device)
+    if not layer.separate_value:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    if layer.value_dim in (None, layer.head_dim):
+        return torch.zeros((2, *shape), dtype=dtype, device=device)
+    v_shape = (*shape[:3], layer.value_dim)
+    return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(v_shape, dtype=dtype, device=device)
 
 
 def allocate_kv_caches(

@@ -12,10 +12,12 @@ class LayerCacheSpec:
     num_kv_heads: int  # 1 for the MLA latent
     head_dim: int  # kv_lora_rank + qk_rope_head_dim for MLA
     separate_value: bool  # GQA caches K and V; MLA reads its value out of the latent row
+    value_dim: int | None = None  # V's head size when it differs from K's (MLA with mla_disable: 192 vs 128)
 
     def bytes_per_token(self, dtype: torch.dtype) -> int:
-        rows = 2 if self.separate_value else 1
-        return rows * self.num_kv_heads * row_width(self.head_dim, dtype) * dtype.itemsize
+        if not self.separate_value:
+            return self.num_kv_heads * row_width(self.head_dim, dtype) * dtype.itemsize
+        return self.num_kv_heads * (self.head_dim + (self.value_dim or self.head_dim)) * dtype.itemsize
 
 
 @dataclass(frozen=True)

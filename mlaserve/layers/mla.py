@@ -15,6 +15,7 @@ from torch import nn
 from mlaserve.attention.backend import AttentionBackend, write_to_cache
 from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.kvcache.quant import is_quantized, quantize_rows
+from mlaserve.layers.attention import PagedAttention
 from mlaserve.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from mlaserve.layers.norm import RMSNorm
 from mlaserve.layers.rotary import RotaryEmbedding, rope_frequencies
@@ -36,9 +37,14 @@ def mla_softmax_scale(cfg: object) -> float:
 
 
 class MLAAttention(nn.Module):
-    def __init__(self, cfg: object, backend: AttentionBackend, ctx: ParallelContext) -> None:
+    def __init__(
+        self, cfg: object, backend: AttentionBackend, ctx: ParallelContext, mla_disable: bool = False
+    ):
         super().__init__()
         self.backend = backend
+        # mla_disable (vLLM's VLLM_MLA_DISABLE): cache expanded per-head K/V instead of the latent, so the
+        # memory and speed MLA saves are measured on the same model rather than computed.
+        self.mla_disable = mla_disable
         self.num_heads = ctx.shard(cfg.num_attention_heads, "num_attention_heads")
         self.kv_lora_rank, self.rope_dim = cfg.kv_lora_rank, cfg.qk_rope_head_dim
         self.nope_dim, self.v_dim = cfg.qk_nope_head_dim, cfg.v_head_dim
@@ -64,6 +70,7 @@ class MLAAttention(nn.Module):
         interleaved = getattr(cfg, "rope_interleave", True)  # DeepSeek-V2 always pairs adjacent features
         self.rotary = RotaryEmbedding(*rope_frequencies(cfg, self.rope_dim), interleaved=interleaved)
         self.scale = mla_softmax_scale(cfg)
+        self.expanded = PagedAttention(backend, self.scale) if mla_disable else None
         self.w_uk: torch.Tensor | None = None
         self.w_uv: torch.Tensor | None = None
 
@@ -85,6 +92,8 @@ class MLAAttention(nn.Module):
         latent, k_pe = self.kv_a_proj_with_mqa(hidden).split([self.kv_lora_rank, self.rope_dim], dim=-1)
         latent = self.kv_a_layernorm(latent)
         q_pe, k_pe = self.rotary(positions, q_pe, k_pe.unsqueeze(1))
+        if self.expanded is not None:
+            return self.o_proj(self._expanded(q_nope, q_pe, latent, k_pe, kv_cache, meta).flatten(1))
         rows = torch.cat((latent.unsqueeze(1), k_pe), dim=-1)
         if is_quantized(kv_cache.dtype):
             rows = quantize_rows(rows, kv_cache.dtype)
@@ -97,6 +106,13 @@ class MLAAttention(nn.Module):
             parts.append(self._prefill(q_nope[nd:], q_pe[nd:], kv_cache, meta))
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.v_dim))
+
+    def _expanded(self, q_nope, q_pe, latent, k_pe, kv_cache, meta) -> torch.Tensor:
+        """Per-head K/V for the new tokens, cached and attended like GQA with as many KV heads as query heads."""
+        kv = self.kv_b_proj(latent).view(latent.shape[0], self.num_heads, self.nope_dim + self.v_dim)
+        k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
+        k = torch.cat((k_nope, k_pe.expand(-1, self.num_heads, -1)), dim=-1)
+        return self.expanded(torch.cat((q_nope, q_pe), dim=-1), k, v.contiguous(), kv_cache, meta)
 
     def _decode(self, q_nope, q_pe, kv_cache, meta) -> torch.Tensor:
         q_latent = torch.einsum("thd,hdr->thr", q_nope, self.w_uk)

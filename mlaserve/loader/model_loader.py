@@ -31,13 +31,21 @@ def build_model(
     device: torch.device,
     load_format: str = "auto",
     seed: int = 0,
+    mla_disable: bool = False,
 ) -> tuple[CausalLM, LoadReport]:
     cls = get_model_class(model_config.architecture)  # before any allocation: unsupported is a cheap error
+    options = {}
+    if mla_disable:
+        if not cls.supports_mla_disable:
+            raise ValueError(
+                f"mla_disable applies to MLA models only; {model_config.architecture} has no latent cache"
+            )
+        options["mla_disable"] = True
     previous = torch.get_default_dtype()
     torch.set_default_dtype(model_config.dtype)
     try:
         with torch.device(device):
-            model = cls(model_config.hf_config, backend)
+            model = cls(model_config.hf_config, backend, **options)
     finally:
         torch.set_default_dtype(previous)
     model.to(device)  # rotary buffers built from CPU tensors

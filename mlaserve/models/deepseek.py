@@ -40,9 +40,17 @@ class DeepseekMoE(nn.Module):
 
 
 class DeepseekDecoderLayer(nn.Module):
-    def __init__(self, cfg: object, idx: int, backend: AttentionBackend, ctx: ParallelContext, sigmoid: bool):
+    def __init__(
+        self,
+        cfg: object,
+        idx: int,
+        backend: AttentionBackend,
+        ctx: ParallelContext,
+        sigmoid: bool,
+        mla_disable: bool,
+    ):
         super().__init__()
-        self.self_attn = MLAAttention(cfg, backend, ctx)
+        self.self_attn = MLAAttention(cfg, backend, ctx, mla_disable)
         dense = idx < (getattr(cfg, "first_k_dense_replace", 0) or 0) or not cfg.n_routed_experts
         self.mlp = (
             GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, ctx)
@@ -58,11 +66,14 @@ class DeepseekDecoderLayer(nn.Module):
 
 
 class DeepseekModel(nn.Module):
-    def __init__(self, cfg: object, backend: AttentionBackend, ctx: ParallelContext, sigmoid: bool) -> None:
+    def __init__(
+        self, cfg: object, backend: AttentionBackend, ctx: ParallelContext, sigmoid: bool, mla_disable: bool
+    ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
         self.layers = nn.ModuleList(
-            DeepseekDecoderLayer(cfg, i, backend, ctx, sigmoid) for i in range(cfg.num_hidden_layers)
+            DeepseekDecoderLayer(cfg, i, backend, ctx, sigmoid, mla_disable)
+            for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -80,10 +91,15 @@ class DeepseekV2ForCausalLM(CausalLM):
         StackedParam(".gate_up_proj.", ".up_proj.", 1),
     )
 
-    def __init__(self, cfg: object, backend: AttentionBackend, ctx: ParallelContext = SINGLE) -> None:
+    supports_mla_disable = True
+
+    def __init__(
+        self, cfg: object, backend: AttentionBackend, ctx: ParallelContext = SINGLE, mla_disable: bool = False
+    ) -> None:
         super().__init__()
         self.cfg = cfg
-        self.model = DeepseekModel(cfg, backend, ctx, self.sigmoid_routing)
+        self.mla_disable = mla_disable
+        self.model = DeepseekModel(cfg, backend, ctx, self.sigmoid_routing, mla_disable)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ctx)
         if getattr(cfg, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -97,8 +113,14 @@ class DeepseekV2ForCausalLM(CausalLM):
 
     def kv_cache_spec(self) -> KVCacheSpec:
         cfg = self.cfg
-        latent = LayerCacheSpec(1, cfg.kv_lora_rank + cfg.qk_rope_head_dim, separate_value=False)
         per_head = cfg.num_attention_heads * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim)
+        if self.mla_disable:
+            heads = self.model.layers[0].self_attn.num_heads
+            expanded = LayerCacheSpec(
+                heads, cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, True, cfg.v_head_dim
+            )
+            return KVCacheSpec(tuple(expanded for _ in range(cfg.num_hidden_layers)), False)
+        latent = LayerCacheSpec(1, cfg.kv_lora_rank + cfg.qk_rope_head_dim, separate_value=False)
         return KVCacheSpec(tuple(latent for _ in range(cfg.num_hidden_layers)), True, per_head)
 
     def map_checkpoint_name(self, name: str) -> tuple[str, object] | None:

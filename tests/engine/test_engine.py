@@ -184,3 +184,20 @@ def test_skip_tokenizer_init_takes_token_ids_only(deepseek):
     assert len(out[0].outputs[0].token_ids) == 3 and out[0].outputs[0].text == ""
     with pytest.raises(ValueError, match="tokenizer"):
         llm.generate(["w3 w4"], use_tqdm=False)
+
+
+def test_mla_disable_caches_per_head_kv_with_the_same_tokens(deepseek, llama):
+    cfg = config_dict(deepseek)
+    prompts = random_prompts(4, seed=11)
+    latent = LLM(str(deepseek), dtype="float32", device="cpu", num_kv_blocks=64)
+    expanded = LLM(str(deepseek), dtype="float32", device="cpu", num_kv_blocks=64, mla_disable=True)
+    assert tokens(expanded.generate(prompts, GREEDY, use_tqdm=False)) == tokens(
+        latent.generate(prompts, GREEDY, use_tqdm=False)
+    )
+    per_head = cfg["num_attention_heads"] * (
+        cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"] + cfg["v_head_dim"]
+    )
+    assert expanded.stats()["kv_bytes_per_token"] == cfg["num_hidden_layers"] * per_head * 4
+    assert expanded.stats()["kv_blocks_used"] == 0
+    with pytest.raises(ValueError, match="mla_disable applies to MLA models only"):
+        LLM(str(llama), device="cpu", num_kv_blocks=16, mla_disable=True)
