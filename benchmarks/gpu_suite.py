@@ -10,6 +10,9 @@ Sections:
   tiny      greedy tokens on a tiny random DeepSeek-V2 model: triton_mla backend vs torch backend, bf16
   lite      DeepSeek-V2-Lite shape with random bf16 weights (load_format="dummy"): prompt 512, 64 new tokens,
             batch 1 and 32, output tokens over total wall time; transformers generate as the peer (--hf-peer)
+  mla_vs_mha decode tok/s at batch 32 and the most sequences that fit in the same KV memory, contexts 512 / 2,048
+            / 8,192: latent bf16, latent fp8, mla_disable (per-head K/V)
+  throughput 256 requests of 1,000 prompt + 100 output tokens (random ids, ignore_eos): requests per second
 Timings are medians of triton.testing.do_bench (CUDA events) or of repeated wall-clock runs after a warm-up.
 """
 
@@ -29,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mlaserve.attention.metadata import build_metadata  # noqa: E402
 from mlaserve.attention.torch_ref import TorchBackend  # noqa: E402
+from mlaserve.kvcache.quant import QUANTIZED, quantize_rows  # noqa: E402
 
 LAT, ROPE = 512, 64
 V2_LITE = dict(
@@ -129,6 +133,15 @@ def decode(ceil: dict, tune: bool) -> dict:
         row["torch_GBps"] = bytes_read / t_torch / 1e6
         row["pct_of_copy"] = 100 * row["triton_GBps"] / ceil["copy_GBps"] if ceil else None
         row["pct_of_gemm"] = 100 * row["triton_TFLOPs"] / ceil["bf16_gemm_TFLOPs"] if ceil else None
+        if heads <= 16:  # memory-bound shapes: the 8-bit caches should take about half the time
+            for name, dtype in QUANTIZED.items():
+                rows8 = quantize_rows(cache.view(-1, LAT + ROPE), dtype).view(
+                    *cache.shape[:3], LAT + ROPE + 4
+                )
+                ms = bench(lambda r=rows8: mla_decode(q, r, table, meta.seq_lens, length, LAT, scale))
+                row[f"{name}_ms"] = ms
+                row[f"{name}_vs_bf16"] = ms / t_triton
+                del rows8
         return row
 
     rows = []
@@ -274,11 +287,80 @@ def lite(tmp: Path, hf_peer: bool, eager: bool = False, profile: bool = False) -
     return result
 
 
+def lite_llm(folder: Path, **options):
+    from mlaserve import LLM
+
+    (folder / "config.json").parent.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(V2_LITE))
+    return LLM(str(folder), dtype="bfloat16", device="cuda", load_format="dummy", skip_tokenizer_init=True,
+               block_size=64, max_model_len=10240, gpu_memory_utilization=0.85, **options)  # fmt: skip
+
+
+def mla_vs_mha(tmp: Path) -> dict:
+    """Decode tok/s at batch 32 and the most sequences that fit, same KV memory: latent bf16 / fp8 / mla_disable."""
+    from mlaserve import SamplingParams
+
+    rows = []
+    gen = torch.Generator().manual_seed(0)
+    for mode, options in (("latent_bf16", {}), ("latent_fp8", {"kv_cache_dtype": "fp8_e4m3"}),
+                          ("mla_disable", {"mla_disable": True})):  # fmt: skip
+        llm = lite_llm(tmp / "v2lite", **options)
+        stats = llm.stats()
+        for context in (512, 2048, 8192):
+            prompts = [
+                {"prompt_token_ids": torch.randint(0, 100000, (context,), generator=gen).tolist()}
+                for _ in range(32)
+            ]
+            walls = {}
+            for new in (1, 65):
+                llm.engine.kv_manager.reset_prefix_cache()
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                llm.generate(
+                    prompts, SamplingParams(temperature=0, max_tokens=new, ignore_eos=True), use_tqdm=False
+                )
+                torch.cuda.synchronize()
+                walls[new] = time.perf_counter() - t
+            blocks_per_seq = -(-(context + 64) // stats["block_size"])
+            row = dict(mode=mode, context=context, kv_bytes_per_token=stats["kv_bytes_per_token"],
+                       kv_blocks_total=stats["kv_blocks_total"],
+                       max_concurrent_seqs=stats["kv_blocks_total"] // blocks_per_seq,
+                       decode_tok_s_batch32=32 * 64 / (walls[65] - walls[1]))  # fmt: skip
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del llm
+        torch.cuda.empty_cache()
+    return {"rows": rows, "kv_memory": "gpu_memory_utilization 0.85 after weights, the same for every mode"}
+
+
+def throughput(tmp: Path) -> dict:
+    """256 requests of 1,000 random prompt tokens and 100 output tokens (ignore_eos), all submitted at once."""
+    from mlaserve import SamplingParams
+
+    llm = lite_llm(tmp / "v2lite", max_num_seqs=256)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [
+        {"prompt_token_ids": torch.randint(0, 100000, (1000,), generator=gen).tolist()} for _ in range(256)
+    ]
+    params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+    llm.generate(prompts[:8], params, use_tqdm=False)
+    llm.engine.kv_manager.reset_prefix_cache()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t
+    assert all(len(o.outputs[0].token_ids) == 100 for o in outs)
+    result = {"requests": 256, "wall_s": wall, "req_per_s": 256 / wall, "output_tok_per_s": 25600 / wall}
+    print(json.dumps(result), flush=True)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sections", default="ceilings,kernels,decode,moe,tiny,lite")
+    parser.add_argument("--sections", default="ceilings,kernels,decode,moe,tiny,lite,mla_vs_mha,throughput")
     parser.add_argument(
         "--hf-peer", action="store_true", help="also time transformers generate in the lite section"
     )
@@ -308,7 +390,8 @@ def main() -> None:
         report["ceilings"] = ceil
         print("ceilings", ceil, flush=True)
         for name, fn in [("kernels", kernels), ("decode", lambda: decode(ceil, args.tune)), ("moe", moe), ("tiny", lambda: tiny(Path(tmp))),
-                         ("lite", lambda: lite(Path(tmp), args.hf_peer, args.eager, args.profile))]:  # fmt: skip
+                         ("lite", lambda: lite(Path(tmp), args.hf_peer, args.eager, args.profile)),
+                         ("mla_vs_mha", lambda: mla_vs_mha(Path(tmp))), ("throughput", lambda: throughput(Path(tmp)))]:  # fmt: skip
             if name in sections:
                 t = time.perf_counter()
                 try:
