@@ -96,6 +96,12 @@ def kernels() -> dict:
         lse_err = (lse - ref_lse).abs().max().item()
         results.append(dict(batch=batch, heads=heads, page=page, max_abs_err=err, lse_max_abs_err=lse_err))
         assert err < 2e-2 and lse_err < 1e-2, results[-1]
+        for name, dtype in QUANTIZED.items():  # 8-bit rows: kernel vs reference reading the same rows
+            rows8 = quantize_rows(cache.view(-1, LAT + ROPE), dtype).view(*cache.shape[:3], LAT + ROPE + 16)
+            ref8, _ = TorchBackend().decode(q.float(), rows8, None, meta, 0.1, LAT, need_lse=True)
+            out8, _ = mla_decode(q, rows8, table, meta.seq_lens, max(lengths), LAT, 0.1)
+            results[-1][f"{name}_max_abs_err"] = (out8.float() - ref8).abs().max().item()
+            assert results[-1][f"{name}_max_abs_err"] < 2e-2, results[-1]
     return {"cases": results, "tolerance": "bf16 inputs, fp32 reference: |out| err < 2e-2, |lse| err < 1e-2"}
 
 

@@ -72,7 +72,7 @@ def test_quantized_cache_matches_reference_on_the_same_rows(kv_dtype):
     dtype = QUANTIZED[kv_dtype]
     seq_lens, heads, page = [9, 40, 3], 16, 16
     q, cache, table, meta = random_case(seq_lens, heads, page, seed=7)
-    rows = quantize_rows(cache.view(-1, LAT + ROPE), dtype).view(*cache.shape[:3], LAT + ROPE + 4)
+    rows = quantize_rows(cache.view(-1, LAT + ROPE), dtype).view(*cache.shape[:3], LAT + ROPE + 16)
     want, want_lse = TorchBackend().decode(q, rows, None, meta, 0.2, LAT, need_lse=True)
     got, lse = mla_decode(q, rows, table, meta.seq_lens, max(seq_lens), LAT, 0.2, block_n=16, num_splits=2)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

@@ -49,7 +49,7 @@ def _stage1(
         row = KV + (page.to(tl.int64) * PAGE + pos % PAGE)[:, None] * stride_kv
         k = tl.load(row + d[None, :], mask=ok[:, None], other=0.0)
         k_pe = tl.load(row + D_LAT + r[None, :], mask=ok[:, None], other=0.0)
-        if QUANTIZED:  # 8-bit row: values, then the row's float32 scale in its last four bytes
+        if QUANTIZED:  # 8-bit row: values, then the row's float32 scale (kvcache/quant.py)
             scale = tl.load(
                 (row + D_LAT + D_ROPE).to(tl.pointer_type(tl.float32)), mask=ok[:, None], other=0.0
             )
@@ -133,7 +133,7 @@ def mla_decode(
         num_stages = 3 if block_h <= 16 else 2
     page = kv_cache.shape[1]
     d_rope = width - kv_lora_rank
-    row = kv_cache.shape[-1]  # width, or width + 4 scale bytes for 8-bit rows
+    row = kv_cache.shape[-1]  # width, or width + a 16-byte scale tail for 8-bit rows
     head_groups = triton.cdiv(heads, block_h)
     if num_splits is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
