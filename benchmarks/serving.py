@@ -123,6 +123,16 @@ def make_prompts(count: int, words_per_prompt: int, seed: int) -> list[str]:
     ]
 
 
+def _carries_token(choice: dict) -> bool:
+    """A chunk with text, or an empty one that is not the final/role chunk (a token held back as a partial
+    character still arrived). Chunks that only announce the role or the finish reason carry no token."""
+    delta = choice.get("delta")
+    text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+    if not isinstance(text, str):
+        return False
+    return bool(text) or (choice.get("finish_reason") is None and not (delta or {}).get("role"))
+
+
 async def one_request(
     client: httpx.AsyncClient, args: argparse.Namespace, model: str, prompt: str, t0: float
 ):
@@ -133,6 +143,8 @@ async def one_request(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if args.ignore_eos:
+        body["ignore_eos"] = True  # vLLM's extension, accepted by mlaserve: every request runs max_tokens
     if args.endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -157,10 +169,8 @@ async def one_request(
                 if "error" in payload:
                     record.error = f"stream error: {payload['error']}"[:200]
                     return record
-                for choice in payload.get("choices") or []:
-                    text = (choice.get("delta") or {}).get("content") or choice.get("text")
-                    if text:
-                        chunks.append(time.perf_counter())
+                if any(_carries_token(choice) for choice in payload.get("choices") or []):
+                    chunks.append(time.perf_counter())
                 if payload.get("usage"):
                     usage_tokens = payload["usage"].get("completion_tokens")
                     record.prompt_tokens = payload["usage"].get("prompt_tokens")
@@ -306,6 +316,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--prompt-len", type=int, default=32, help="words per prompt (about one token each)")
     add("--max-tokens", type=int, default=32)
     add("--temperature", type=float, default=0.0)
+    add("--ignore-eos", action="store_true", help="send ignore_eos (vLLM extension): fixed-length outputs")
     add("--max-duration-s", type=float, default=600.0, help="stop sending and cancel what runs after this")
     add("--seed", type=int, default=0)
     add("--api-key-env", default="MLASERVE_API_KEY", help="env var holding a key to send (if set)")

@@ -113,6 +113,19 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from mlaserve.config.deploy import load_deploy_config
+    from mlaserve.config.deploy_overrides import overrides_from_flags
+    from mlaserve.server.run import serve
+
+    # One validation path with or without a file: flags are overrides of the (possibly empty) deploy config.
+    deploy = load_deploy_config(args.config, overrides_from_flags(vars(args)))
+    options = deploy.engine_options()
+    if args.num_kv_blocks is not None:
+        options["num_kv_blocks"] = args.num_kv_blocks
+    return serve(options, deploy.server_settings())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mlaserve", description="An MLA-first LLM inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -125,12 +138,17 @@ def main(argv: list[str] | None = None) -> int:
     chat = sub.add_parser("chat", help="interactive chat with streamed tokens")
     chat.add_argument("--system", default=None, help="system message")
     add_engine_args(chat)
+    from mlaserve.server.cli_args import add_serve_args
+
+    add_serve_args(sub.add_parser("serve", help="OpenAI-compatible HTTP server"))
     args = parser.parse_args(argv)
+    verbose = args.command == "serve" or args.verbose  # a server logs its start-up report
     logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s"
     )
+    commands = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve}
     try:
-        return cmd_generate(args) if args.command == "generate" else cmd_chat(args)
+        return commands[args.command](args)
     except (ValueError, TypeError, FileNotFoundError) as e:
         print(f"mlaserve: error: {e}", file=sys.stderr)
         return 2

@@ -38,11 +38,12 @@ def keys(err: DeployConfigError) -> list[str]:
     return [key for key, _ in err.problems]
 
 
-def hf_folder(tmp_path: Path, heads: int) -> Path:
+def hf_folder(tmp_path: Path, heads: int, **config: object) -> Path:
     """Just enough of an HF folder for resolve_model: config.json and a (never read) safetensors file."""
     folder = tmp_path / "model"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "num_attention_heads": heads}))
+    config = {"model_type": "llama", "num_attention_heads": heads, **config}
+    (folder / "config.json").write_text(json.dumps(config))
     (folder / "model.safetensors").write_bytes(b"")
     return folder
 
@@ -97,7 +98,7 @@ scheduler: {max_batch_size: 8, max_num_batched_tokens: 1024, enable_chunked_pref
         ("cache: {gpu_memory_utilization: 0}", "cache.gpu_memory_utilization", "(0, 1]"),
         ("cache: {gpu_memory_utilization: 1.5}", "cache.gpu_memory_utilization", "(0, 1]"),
         ("cache: {strategy: contiguous}", "cache.strategy", "'paged'"),
-        ("cache: {kv_cache_dtype: fp8}", "cache.kv_cache_dtype", "not supported yet"),
+        ("cache: {kv_cache_dtype: fp8}", "cache.kv_cache_dtype", "fp8_e4m3"),
         ("cache: {kv_cache_memory_bytes: lots}", "cache.kv_cache_memory_bytes", "'4GiB'"),
         ("model: {dtype: fp64}", "model.dtype", "'bfloat16'"),
         ("model: {device: tpu}", "model.device", "'cuda:N'"),
@@ -149,6 +150,13 @@ def test_tensor_parallel_must_divide_heads(tmp_path: Path) -> None:
 def test_tensor_parallel_not_supported_even_without_model_check(tmp_path: Path) -> None:
     err = error(tmp_path, "parallel: {tensor_parallel_size: 2}")
     assert keys(err) == ["parallel.tensor_parallel_size"] and "not supported yet" in str(err)
+
+
+def test_max_model_len_beyond_the_model_names_the_key(tmp_path: Path) -> None:
+    folder = hf_folder(tmp_path, heads=4, max_position_embeddings=2048)
+    err = error(tmp_path, f"model: {{path: {folder}, max_model_len: 4096}}", check_model_files=True)
+    assert keys(err) == ["model.max_model_len"] and "max_position_embeddings (2048)" in str(err)
+    assert load(tmp_path, f"model: {{path: {folder}, max_model_len: 2048}}", check_model_files=True)
 
 
 def test_missing_model_path_names_model_path(tmp_path: Path) -> None:

@@ -184,6 +184,14 @@ BAD_BODIES = [
         400,
         "top_logprobs",
     ),
+    ("seed past int64", "/v1/completions", json.dumps({"prompt": "w1", "seed": 2**64}).encode(), 400, "seed"),
+    (
+        "seed + n past int64",
+        "/v1/completions",
+        json.dumps({"prompt": "w1", "seed": 2**63 - 1, "n": 2}).encode(),
+        400,
+        "seed",
+    ),
     ("echo", "/v1/completions", json.dumps({"prompt": "w1", "echo": True}).encode(), 400, "echo"),
     (
         "image content",

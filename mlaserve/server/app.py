@@ -1,0 +1,92 @@
+"""The FastAPI apps: the OpenAI API (with /health and /metrics), and an ops-only app for a separate port."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from mlaserve.engine.async_engine import AsyncEngine
+from mlaserve.server.auth import api_key_dependency
+from mlaserve.server.chat import create_chat_completion
+from mlaserve.server.completions import create_completion
+from mlaserve.server.errors import install_error_handlers
+from mlaserve.server.settings import ServerSettings
+from mlaserve.server.sse import EventStreamResponse
+from mlaserve.server.state import ServerState
+
+Handler = Callable[[ServerState, Request, float], Awaitable[Response]]
+
+
+def build_app(engine: AsyncEngine, settings: ServerSettings, startup_report: dict) -> FastAPI:
+    state = ServerState(engine, settings, startup_report)
+    app = FastAPI(title="mlaserve", version="0.1.0", docs_url=None, redoc_url=None)
+    app.state.server = state
+    app.state.count_request = state.count_request
+    install_error_handlers(app)
+    _add_ops_routes(app, state)
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(api_key_dependency(settings.api_keys))])
+
+    @v1.get("/models")
+    async def list_models() -> dict:
+        state.check_accepting()
+        card = {
+            "id": settings.served_model_name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "mlaserve",
+            "max_model_len": engine.engine.model_config.max_model_len,
+            "mlaserve": startup_report,
+        }
+        return {"object": "list", "data": [card]}
+
+    @v1.post("/completions")
+    async def completions(request: Request) -> Response:
+        return await _generate(state, request, create_completion)
+
+    @v1.post("/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(state, request, create_chat_completion)
+
+    app.include_router(v1)
+    return app
+
+
+def build_ops_app(app: FastAPI) -> FastAPI:
+    """/health and /metrics of `app`'s server, for a port that stays inside the cluster (no auth, no /v1)."""
+    ops = FastAPI(title="mlaserve-ops", docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(ops)
+    _add_ops_routes(ops, app.state.server)
+    return ops
+
+
+async def _generate(state: ServerState, request: Request, handler: Handler) -> Response:
+    arrival = time.monotonic()
+    release = state.admit()
+    try:
+        response = await handler(state, request, arrival)
+    except BaseException:
+        release()
+        raise
+    if isinstance(response, EventStreamResponse):  # a stream holds its slot until it ends
+        response.on_close(release)
+    else:
+        release()
+    return response
+
+
+def _add_ops_routes(app: FastAPI, state: ServerState) -> None:
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if state.healthy:
+            return JSONResponse({"status": "ok"})
+        reason = "draining" if state.draining else "engine loop not running"
+        return JSONResponse({"status": reason}, status_code=503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,110 @@
+"""POST /v1/chat/completions: the model's chat template, then the same generation path as completions."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from mlaserve.server.body import parse_json_object, read_body, validate
+from mlaserve.server.completions import SHUTDOWN_ABORT
+from mlaserve.server.errors import OpenAIError, bad_request
+from mlaserve.server.generation import Generation
+from mlaserve.server.logprobs import chat_logprobs
+from mlaserve.server.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    Delta,
+)
+from mlaserve.server.sampling import build_params, chat_max_tokens, prepare_choices
+from mlaserve.server.sampling import chat_logprobs as requested_logprobs
+from mlaserve.server.sse import DONE, EventStreamResponse, sse
+from mlaserve.server.state import ServerState
+
+
+async def create_chat_completion(state: ServerState, request: Request, arrival: float) -> Response:
+    body = parse_json_object(await read_body(request, state.settings.max_body_bytes))
+    req = validate(ChatCompletionRequest, body)
+    state.check_model(req.model)
+    if not req.messages:
+        raise bad_request("messages must be a non-empty list of chat messages", "messages")
+    max_tokens, field = chat_max_tokens(req)
+    top = requested_logprobs(req)
+    params = build_params(req, max_tokens, top, field)
+    prepared, prompt_tokens = await prepare_choices(state.engine, req, params, field)
+    table = await state.token_texts.table() if top is not None else []
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    gen = Generation(
+        state.engine,
+        state.metrics,
+        prepared,
+        request_id,
+        prompt_tokens,
+        state.settings.request_timeout_s,
+        arrival,
+    )
+    model = state.settings.served_model_name
+    if req.stream:
+        events = _events(gen, len(prepared), request_id, state.created, model, table, top or 0)
+        return EventStreamResponse(events, gen.close)
+    try:
+        results = await gen.collect(request)
+    finally:
+        gen.close()
+    if any(r.finish_reason == "abort" for r in results):
+        raise OpenAIError(503, SHUTDOWN_ABORT, code="aborted", status=None)
+    choices = [
+        ChatChoice(
+            index=index,
+            message=AssistantMessage(content=r.text),
+            logprobs=None if r.logprobs is None else chat_logprobs(r.token_ids, r.logprobs, table, top or 0),
+            finish_reason=r.finish_reason,
+        )
+        for index, r in enumerate(results)
+    ]
+    usage = gen.usage()
+    response = ChatCompletionResponse(
+        id=request_id, created=state.created, model=model, choices=choices, usage=usage
+    )
+    return JSONResponse(response.model_dump())
+
+
+async def _events(
+    gen: Generation, num_choices: int, request_id: str, created: int, model: str, table: list[str], top: int
+) -> AsyncIterator[str]:
+    def chunk(choice: ChatChunkChoice) -> str:
+        return sse(
+            ChatCompletionChunk(id=request_id, created=created, model=model, choices=[choice]).model_dump()
+        )
+
+    try:
+        for index in range(num_choices):  # OpenAI opens each choice with the role, before any token
+            yield chunk(ChatChunkChoice(index=index, delta=Delta(role="assistant", content="")))
+        async for batch in gen.updates():
+            for u in batch:
+                if u.finish_reason == "abort":
+                    raise OpenAIError(503, SHUTDOWN_ABORT, code="aborted", status=None)
+                if u.text or (u.logprobs and u.token_ids):
+                    logprobs = (
+                        None if u.logprobs is None else chat_logprobs(u.token_ids, u.logprobs, table, top)
+                    )
+                    yield chunk(
+                        ChatChunkChoice(index=u.index, delta=Delta(content=u.text), logprobs=logprobs)
+                    )
+                if u.finish_reason is not None:
+                    yield chunk(ChatChunkChoice(index=u.index, delta=Delta(), finish_reason=u.finish_reason))
+        usage = gen.usage()
+        yield sse(
+            ChatCompletionChunk(
+                id=request_id, created=created, model=model, choices=[], usage=usage
+            ).model_dump()
+        )
+    except OpenAIError as error:
+        yield sse(error.body())
+    yield DONE

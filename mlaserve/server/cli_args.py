@@ -1,0 +1,109 @@
+"""Flags of `mlaserve serve`, and how they become ServerSettings + engine options when no YAML file is given.
+
+`--config deploy.yaml` is only accepted and passed through here: the deploy-config loader merges the file
+with these flags (flags win). Every flag defaults to None so that loader can tell "not given" from a value,
+and flag names (argparse dests) are the ones `mlaserve.config.deploy_overrides.FLAG_KEYS` maps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from mlaserve.server.settings import ServerSettings
+
+# (flag, type, help); every default is None
+_MODEL_FLAGS = [
+    ("--model", str, "HF model folder or .gguf file (default: SmolLM2-135M-Instruct)"),
+    ("--dtype", str, "auto, float32, bfloat16, float16 (default auto)"),
+    ("--device", str, "auto, cpu, cuda (default auto)"),
+    ("--max-model-len", int, "longest prompt + output (default: the model's)"),
+    ("--served-model-name", str, "the model name clients send (default mlaserve)"),
+]
+_ENGINE_FLAGS = [
+    ("--max-num-seqs", int, "requests stepped together (default 256)"),
+    ("--block-size", int, "KV block size in tokens (default 16)"),
+    ("--kv-cache-dtype", str, "auto, fp8_e4m3, int8 (MLA latent caches)"),
+    ("--kv-cache-memory-bytes", int, "KV cache budget (CPU default 1 GiB)"),
+    ("--num-kv-blocks", int, "exact KV block count (overrides the budget)"),
+]
+_SERVER_FLAGS = [
+    ("--host", str, "address to listen on (default 127.0.0.1)"),
+    ("--port", int, "default 8000; 0 picks a free port"),
+    ("--metrics-port", int, "also serve /health and /metrics on this port"),
+    ("--api-keys-env", str, "environment variable holding comma-separated API keys"),
+    ("--api-keys-file", str, "file with one API key per line"),
+    ("--max-concurrent-requests", int, "past this many requests in flight: 429 (default 64)"),
+    ("--request-timeout-s", float, "abort a request running longer (default 600)"),
+    ("--shutdown-grace-s", float, "on SIGTERM, time running requests get to finish (default 30)"),
+    ("--max-body-bytes", int, "larger request bodies get 413 (default 4 MiB)"),
+]
+_METAVARS = {"--api-keys-env": "NAME", "--api-keys-file": "PATH"}
+_ENGINE_OPTIONS = (
+    "model",
+    "dtype",
+    "device",
+    "max_model_len",
+    "max_num_seqs",
+    "block_size",
+    "kv_cache_dtype",
+)
+_ENGINE_OPTIONS += ("kv_cache_memory_bytes", "num_kv_blocks")
+_SETTINGS = ("host", "port", "metrics_port", "served_model_name", "max_concurrent_requests")
+_SETTINGS += ("request_timeout_s", "shutdown_grace_s", "max_body_bytes")
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=None, help="deployment YAML file; flags override its values")
+    for title, flags in (("model", _MODEL_FLAGS), ("engine", _ENGINE_FLAGS), ("server", _SERVER_FLAGS)):
+        group = parser.add_argument_group(title)
+        for flag, kind, text in flags:
+            metavar = _METAVARS.get(flag)
+            group.add_argument(flag, type=kind, default=None, help=text, metavar=metavar)
+
+
+def api_keys_from_env(name: str) -> tuple[str, ...]:
+    value = os.environ.get(name)
+    if value is None:
+        raise ValueError(f"--api-keys-env {name}: the environment variable {name} is not set")
+    keys = tuple(k.strip() for k in value.split(",") if k.strip())
+    if not keys:
+        raise ValueError(f"--api-keys-env {name}: the environment variable {name} holds no key")
+    return keys
+
+
+def api_keys_from_file(path: str) -> tuple[str, ...]:
+    """One key per line; blank lines and '#' comments are skipped."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            keys = tuple(line.strip() for line in f if line.strip() and not line.lstrip().startswith("#"))
+    except OSError as e:
+        raise ValueError(f"--api-keys-file {path}: cannot read it ({e.strerror})") from None
+    if not keys:
+        raise ValueError(f"--api-keys-file {path}: the file holds no key")
+    return keys
+
+
+def settings_and_options_from_args(args: argparse.Namespace) -> tuple[ServerSettings, dict]:
+    """ServerSettings and LLMEngine options from the flags alone (the no-YAML case)."""
+    options = {name: getattr(args, name) for name in _ENGINE_OPTIONS if getattr(args, name, None) is not None}
+    fields = {name: getattr(args, name) for name in _SETTINGS if getattr(args, name, None) is not None}
+    checks = [
+        ("port", lambda v: 0 <= v <= 65535, "in 0..65535"),
+        ("metrics_port", lambda v: 0 <= v <= 65535, "in 0..65535"),
+        ("max_concurrent_requests", lambda v: v >= 1, ">= 1"),
+        ("max_body_bytes", lambda v: v >= 1, ">= 1"),
+        ("request_timeout_s", lambda v: v > 0, "> 0"),
+        ("shutdown_grace_s", lambda v: v > 0, "> 0"),
+    ]
+    for name, ok, allowed in checks:
+        if name in fields and not ok(fields[name]):
+            raise ValueError(f"--{name.replace('_', '-')} must be {allowed}, got {fields[name]}")
+    keys: tuple[str, ...] = ()
+    if getattr(args, "api_keys_env", None):
+        keys += api_keys_from_env(args.api_keys_env)
+    if getattr(args, "api_keys_file", None):
+        keys += api_keys_from_file(args.api_keys_file)
+    if keys:
+        fields["api_keys"] = keys
+    return ServerSettings(**fields), options

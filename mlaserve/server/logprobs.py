@@ -1,0 +1,88 @@
+"""Engine logprobs (one {token_id: logprob} dict per token) in the two OpenAI shapes.
+
+Token strings come from a table of the whole vocabulary decoded once, on the engine thread (the tokenizer
+belongs to it), the first time a request asks for logprobs; after that formatting never touches the tokenizer.
+"""
+
+from __future__ import annotations
+
+import math
+
+from mlaserve.engine.async_engine import AsyncEngine
+from mlaserve.engine.llm_engine import LLMEngine
+from mlaserve.server.protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
+
+
+def _decode_vocabulary(engine: LLMEngine) -> list[str]:
+    tokenizer = engine.tokenizer
+    if tokenizer is None:  # skip_tokenizer_init: name tokens by id, as vLLM does
+        return [f"token_id:{i}" for i in range(engine.model_config.vocab_size)]
+    size = max(len(tokenizer), engine.model_config.vocab_size)
+    texts = []
+    for token_id in range(size):
+        try:
+            texts.append(tokenizer.decode([token_id]))
+        except Exception:  # noqa: BLE001 - padded embedding rows have no token
+            texts.append("")
+    return texts
+
+
+class TokenTexts:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._table: list[str] | None = None
+
+    async def table(self) -> list[str]:
+        if self._table is None:  # two first callers may both build it; same result, no harm
+            self._table = await self._engine.run(_decode_vocabulary)
+        return self._table
+
+
+def _text(table: list[str], token_id: int) -> str:
+    return table[token_id] if 0 <= token_id < len(table) else ""
+
+
+def _finite(value: float) -> float:
+    # JSON has no -inf; a token with zero probability under top-p/top-k still needs a number.
+    return value if math.isfinite(value) else -9999.0
+
+
+def _ranked(entry: dict[int, float]) -> list[tuple[int, float]]:
+    return sorted(entry.items(), key=lambda item: -item[1])
+
+
+def completion_logprobs(
+    token_ids: list[int], logprobs: list[dict[int, float]], table: list[str], text_offset: int
+) -> CompletionLogprobs:
+    """Legacy completions shape; `text_offset` is where these tokens start in the choice's text."""
+    out = CompletionLogprobs()
+    offset = text_offset
+    for token_id, entry in zip(token_ids, logprobs):
+        text = _text(table, token_id)
+        out.tokens.append(text)
+        out.token_logprobs.append(_finite(entry.get(token_id, -math.inf)))
+        out.top_logprobs.append({_text(table, t): _finite(lp) for t, lp in _ranked(entry)})
+        out.text_offset.append(offset)
+        offset += len(text)
+    return out
+
+
+def chat_logprobs(
+    token_ids: list[int], logprobs: list[dict[int, float]], table: list[str], top_logprobs: int
+) -> ChatLogprobs:
+    out = ChatLogprobs()
+    for token_id, entry in zip(token_ids, logprobs):
+        text = _text(table, token_id)
+        top = [
+            TopLogprob(token=_text(table, t), logprob=_finite(lp), bytes=list(_text(table, t).encode()))
+            for t, lp in _ranked(entry)[:top_logprobs]
+        ]
+        out.content.append(
+            TokenLogprob(
+                token=text,
+                logprob=_finite(entry.get(token_id, -math.inf)),
+                bytes=list(text.encode()),
+                top_logprobs=top,
+            )
+        )
+    return out

@@ -1,0 +1,75 @@
+"""The start-up report: what an operator checks first (weights, layout, backend, KV capacity, address).
+
+Logged at start and served under `mlaserve` on /v1/models, so a deployment can be verified over HTTP.
+"""
+
+from __future__ import annotations
+
+from mlaserve.engine.llm_engine import LLMEngine
+from mlaserve.server.settings import ServerSettings
+
+
+def startup_report(engine: LLMEngine, settings: ServerSettings) -> dict:
+    load = engine.load_report
+    stats = engine.stats()
+    kv = {
+        "blocks": stats["kv_blocks_total"],
+        "block_size": stats["block_size"],
+        "capacity_tokens": stats["kv_capacity_tokens"],
+        "bytes_per_token": stats["kv_bytes_per_token"],
+        "dtype": stats.get("kv_cache_dtype", stats["dtype"]),
+    }
+    if "mha_kv_bytes_per_token" in stats:  # MLA: what per-head K/V would have cost
+        mha = stats["mha_kv_bytes_per_token"]
+        kv["mha_bytes_per_token"] = mha
+        kv["saving_ratio"] = round(mha / stats["kv_bytes_per_token"], 2)
+    report = {
+        "model": engine.config.model or "default (SmolLM2-135M-Instruct)",
+        "served_model_name": settings.served_model_name,
+        "weights": {
+            "num_tensors": load.num_tensors,
+            "num_parameters": load.num_parameters,
+            "missing": list(load.missing[:10]),
+            "unexpected": list(load.unexpected[:10]),
+            "shape_mismatches": list(load.shape_mismatches[:10]),
+        },
+        "parallel": {"tensor_parallel_size": engine.config.tensor_parallel_size, "pipeline_parallel_size": 1},
+        "attention_backend": stats["attention_backend"],
+        "device": stats["device"],
+        "max_model_len": engine.model_config.max_model_len,
+        "kv_cache": kv,
+        "address": f"http://{settings.host}:{settings.port}",
+    }
+    if settings.metrics_port is not None:
+        report["ops_address"] = f"http://{settings.host}:{settings.metrics_port}"
+    return report
+
+
+def format_report(report: dict) -> list[str]:
+    """Log lines, one per concern, in the order an operator reads them."""
+    w, kv, par = report["weights"], report["kv_cache"], report["parallel"]
+
+    def names(items: list[str]) -> str:
+        return ", ".join(items) if items else "none"
+
+    lines = [
+        f"model {report['model']} served as '{report['served_model_name']}' on {report['device']}, "
+        f"max_model_len {report['max_model_len']}",
+        f"weights: {w['num_tensors']} tensors ({w['num_parameters'] / 1e6:.1f}M parameters) loaded; "
+        f"missing: {names(w['missing'])}; unexpected: {names(w['unexpected'])}; "
+        f"shape mismatches: {names(w['shape_mismatches'])}",
+        f"parallel layout: tensor parallel {par['tensor_parallel_size']}, "
+        f"pipeline parallel {par['pipeline_parallel_size']}",
+        f"attention backend: {report['attention_backend']}",
+        f"KV cache: {kv['blocks']} blocks x {kv['block_size']} tokens = {kv['capacity_tokens']} tokens, "
+        f"{kv['bytes_per_token']} bytes/token ({kv['dtype']})",
+    ]
+    if "mha_bytes_per_token" in kv:
+        lines.append(
+            f"MLA latent cache: per-head K/V would take {kv['mha_bytes_per_token']} bytes/token; "
+            f"the latent takes {kv['bytes_per_token']} ({kv['saving_ratio']}x smaller)"
+        )
+    lines.append(f"listening on {report['address']}")
+    if "ops_address" in report:
+        lines.append(f"/health and /metrics also on {report['ops_address']}")
+    return lines

@@ -1,0 +1,154 @@
+"""`serve()`: build the engine, log the start-up report, run uvicorn in-process, drain on SIGTERM/SIGINT.
+
+Drain: health and new /v1 calls answer 503 at once, running requests get `shutdown_grace_s` to finish, the
+rest are aborted (their clients get an error event or a 503), then the servers stop and serve() returns 0.
+A second signal skips the wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import time
+from collections.abc import Iterator
+
+import uvicorn
+from fastapi import FastAPI
+
+from mlaserve.config.engine_config import EngineConfig
+from mlaserve.engine.async_engine import AsyncEngine
+from mlaserve.engine.llm_engine import LLMEngine
+from mlaserve.server.app import build_app, build_ops_app
+from mlaserve.server.report import format_report, startup_report
+from mlaserve.server.settings import ServerSettings
+from mlaserve.server.state import ServerState
+
+logger = logging.getLogger("mlaserve.server")
+
+# After the drain, uvicorn gets this long to flush the last responses and close connections.
+_CLOSE_TIMEOUT_S = 5
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: serve() owns SIGTERM/SIGINT (uvicorn would re-raise them
+    after shutting down, which turns a clean drain into exit status -15)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def serve(engine_options: dict, settings: ServerSettings) -> int:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        sockets = [_bind(settings.host, settings.port)]
+        if settings.metrics_port is not None:
+            sockets.append(_bind(settings.host, settings.metrics_port))
+    except OSError as e:
+        logger.error("cannot listen: %s", e)
+        return 1
+    # Port 0 (tests) asks the OS for a free port: report the one we got.
+    settings = _with_bound_ports(settings, sockets)
+    engine = LLMEngine(EngineConfig.from_kwargs(**engine_options))
+    report = startup_report(engine, settings)
+    for line in format_report(report):
+        logger.info(line)
+    async_engine = AsyncEngine(engine)
+    app = build_app(async_engine, settings, report)
+    try:
+        return asyncio.run(_serve(app, async_engine, settings, sockets))
+    finally:
+        async_engine.shutdown()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"{host}:{port} is not available ({e.strerror}); pick another --port") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _with_bound_ports(settings: ServerSettings, sockets: list[socket.socket]) -> ServerSettings:
+    from dataclasses import replace
+
+    port = sockets[0].getsockname()[1]
+    metrics_port = sockets[1].getsockname()[1] if len(sockets) > 1 else None
+    return replace(settings, port=port, metrics_port=metrics_port)
+
+
+async def _serve(
+    app: FastAPI, engine: AsyncEngine, settings: ServerSettings, sockets: list[socket.socket]
+) -> int:
+    apps = [app] + ([build_ops_app(app)] if len(sockets) > 1 else [])
+    servers = [
+        _Server(
+            uvicorn.Config(a, lifespan="off", timeout_graceful_shutdown=_CLOSE_TIMEOUT_S, log_config=None)
+        )
+        for a in apps
+    ]
+    drain = _Drain(app.state.server, engine, servers, settings.shutdown_grace_s)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, drain.begin, sig)
+    try:
+        await asyncio.gather(*(s.serve(sockets=[sock]) for s, sock in zip(servers, sockets)))
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    if not all(s.started for s in servers):
+        logger.error("the HTTP server did not start")
+        return 1
+    logger.info("server stopped")
+    return 0
+
+
+class _Drain:
+    def __init__(
+        self, state: ServerState, engine: AsyncEngine, servers: list[_Server], grace_s: float
+    ) -> None:
+        self.state, self.engine, self.servers, self.grace_s = state, engine, servers, grace_s
+        self.task: asyncio.Task | None = None
+
+    def begin(self, sig: int) -> None:
+        if self.task is not None:  # a second signal: stop waiting
+            logger.warning(
+                "%s again: aborting %d request(s) now", signal.Signals(sig).name, self.state.in_flight
+            )
+            self.engine.abort_all()
+            self._stop_servers()
+            return
+        logger.info(
+            "%s: draining; %d request(s) in flight get up to %gs to finish",
+            signal.Signals(sig).name,
+            self.state.in_flight,
+            self.grace_s,
+        )
+        self.state.draining = True
+        self.task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + self.grace_s
+        while self.state.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.state.in_flight:
+            logger.warning("grace period over: aborting %d request(s)", self.state.in_flight)
+            self.engine.abort_all()
+            # Let the aborted handlers send their error and close (bounded: a stuck client cannot hold us).
+            until = time.monotonic() + 2.0
+            while self.state.in_flight and time.monotonic() < until:
+                await asyncio.sleep(0.02)
+        self._stop_servers()
+
+    def _stop_servers(self) -> None:
+        for server in self.servers:
+            server.should_exit = True

@@ -1,0 +1,162 @@
+"""From a validated OpenAI request to the engine's prepared requests: prompts, SamplingParams, n, limits.
+
+Everything here raises a 400 naming the field, before any engine request is queued.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mlaserve.engine.async_engine import AsyncEngine, EngineDeadError
+from mlaserve.engine.llm_engine import LLMEngine, PreparedRequest
+from mlaserve.sampling_params import SamplingParams
+from mlaserve.server.errors import OpenAIError, bad_request
+from mlaserve.server.protocol import ChatCompletionRequest, CompletionRequest
+
+# One HTTP request may not fan out into more engine requests than this (prompts x n).
+MAX_CHOICES = 128
+MAX_LOGPROBS = 20
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # what a torch.Generator seed can hold
+_PARAM_FIELDS = (
+    "n",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "seed",
+    "logprobs",
+)
+
+
+def build_params(
+    req: CompletionRequest | ChatCompletionRequest,
+    max_tokens: int | None,
+    logprobs: int | None,
+    max_tokens_field: str = "max_tokens",
+) -> list[SamplingParams]:
+    """One SamplingParams per choice (n of them): seeds seed+i, so choices differ but runs repeat."""
+    if not 1 <= req.n <= MAX_CHOICES:
+        raise bad_request(f"n must be between 1 and {MAX_CHOICES}, got {req.n}", "n")
+    if req.seed is not None and not _INT64_MIN <= req.seed <= _INT64_MAX - (req.n - 1):
+        raise bad_request(
+            f"seed must be a 64-bit signed integer (seed + n - 1 included), got {req.seed}", "seed"
+        )
+    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+        raise bad_request(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {logprobs}", "logprobs")
+    params = []
+    for i in range(req.n):
+        try:
+            params.append(
+                SamplingParams(
+                    temperature=1.0 if req.temperature is None else req.temperature,
+                    top_p=1.0 if req.top_p is None else req.top_p,
+                    top_k=0 if req.top_k is None else req.top_k,
+                    max_tokens=max_tokens,
+                    stop=req.stop,
+                    seed=None if req.seed is None else req.seed + i,
+                    logprobs=logprobs,
+                    ignore_eos=req.ignore_eos,
+                )
+            )
+        except (ValueError, TypeError) as e:
+            message = str(e)
+            param = message.split(" ", 1)[0]
+            if param == "max_tokens" and max_tokens_field != param:  # chat's max_completion_tokens
+                message, param = message.replace("max_tokens", max_tokens_field, 1), max_tokens_field
+            raise bad_request(message, param if param in _PARAM_FIELDS else None) from None
+    return params
+
+
+def completion_prompts(req: CompletionRequest) -> list[str | dict]:
+    prompt = req.prompt
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise bad_request("prompt must not be an empty list", "prompt")
+    if isinstance(prompt[0], int):
+        return [{"prompt_token_ids": list(prompt)}]
+    return [p if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompt]
+
+
+def chat_max_tokens(req: ChatCompletionRequest) -> tuple[int | None, str]:
+    if req.max_completion_tokens is not None:
+        return req.max_completion_tokens, "max_completion_tokens"
+    return req.max_tokens, "max_tokens"
+
+
+def chat_logprobs(req: ChatCompletionRequest) -> int | None:
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
+    if not req.logprobs:
+        return None
+    top = req.top_logprobs or 0
+    if not 0 <= top <= MAX_LOGPROBS:
+        raise bad_request(f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got {top}", "top_logprobs")
+    return top
+
+
+def render_chat(engine: LLMEngine, req: ChatCompletionRequest) -> dict:
+    """The chat template applied to the messages (runs on the engine thread: it uses the tokenizer)."""
+    tokenizer = engine.tokenizer
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "this model's tokenizer has no chat template; use /v1/completions with a plain prompt"
+        )
+    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    except Exception as e:  # noqa: BLE001 - a template that rejects these messages (raise_exception, ...)
+        raise ValueError(f"the chat template could not render these messages: {e}") from None
+    return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+
+
+async def prepare_choices(
+    engine: AsyncEngine,
+    prompts: Sequence[str | dict] | ChatCompletionRequest,
+    params: list[SamplingParams],
+    max_tokens_field: str | None,
+) -> tuple[list[PreparedRequest], int]:
+    """Tokenize and validate every prompt once on the engine thread; returns (choices, usage prompt tokens).
+
+    `max_tokens_field` names the field the client set, or is None when max_tokens is a default: a default
+    is quietly cut to the context left, an explicit value that does not fit is an error."""
+    n_prompts = 1 if isinstance(prompts, ChatCompletionRequest) else len(prompts)
+    if n_prompts * len(params) > MAX_CHOICES:
+        raise bad_request(
+            f"{n_prompts} prompt(s) x n={len(params)} is more than {MAX_CHOICES} choices in one request", "n"
+        )
+
+    def prepare(engine: LLMEngine) -> list[PreparedRequest]:
+        if isinstance(prompts, ChatCompletionRequest):
+            return [engine.prepare(render_chat(engine, prompts), params[0])]
+        return [engine.prepare(p, params[0]) for p in prompts]
+
+    try:
+        bases = await engine.run(prepare)
+    except EngineDeadError as e:
+        raise OpenAIError(503, str(e), code="engine_dead", status="error") from None
+    except (ValueError, TypeError) as e:
+        param = "messages" if isinstance(prompts, ChatCompletionRequest) else "prompt"
+        code = "context_length_exceeded" if "max_model_len" in str(e) else None
+        raise OpenAIError(400, str(e), param, code) from None
+    limit = engine.engine.model_config.max_model_len
+    choices = []
+    for base in bases:
+        if max_tokens_field is not None:
+            _check_room(len(base.prompt_token_ids), params[0].max_tokens, limit, max_tokens_field)
+        choices += [PreparedRequest(base.prompt, base.prompt_token_ids, p) for p in params]
+    return choices, sum(len(b.prompt_token_ids) for b in bases)
+
+
+def _check_room(prompt_len: int, max_tokens: int | None, max_model_len: int, field: str) -> None:
+    room = max_model_len - prompt_len
+    if max_tokens is not None and max_tokens > room:
+        raise OpenAIError(
+            400,
+            f"{field}={max_tokens} is more than this request can generate: max_model_len is {max_model_len} "
+            f"and the prompt has {prompt_len} tokens, so at most {room} tokens are left",
+            field,
+            "context_length_exceeded",
+        )

@@ -1,0 +1,79 @@
+"""What the routes of one server share: engine, settings, metrics, admission (draining, concurrency limit)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from mlaserve.engine.async_engine import AsyncEngine
+from mlaserve.server.errors import OpenAIError
+from mlaserve.server.logprobs import TokenTexts
+from mlaserve.server.metrics import ServerMetrics
+from mlaserve.server.settings import ServerSettings
+
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+
+
+class ServerState:
+    def __init__(self, engine: AsyncEngine, settings: ServerSettings, startup_report: dict) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.startup_report = startup_report
+        self.created = int(time.time())
+        self.draining = False  # set once shutdown begins: health 503, new /v1 calls 503
+        self.in_flight = 0  # generation requests admitted and not yet answered (event-loop side only)
+        self.metrics = ServerMetrics(engine.stats, lambda: engine.is_alive, lambda: self.in_flight)
+        self.token_texts = TokenTexts(engine)
+
+    @property
+    def healthy(self) -> bool:
+        return self.engine.is_alive and not self.draining
+
+    def count_request(self, path: str, status: str) -> None:
+        if path in GENERATION_PATHS:
+            self.metrics.count(status)
+
+    def check_accepting(self) -> None:
+        if self.draining:
+            raise OpenAIError(
+                503,
+                "the server is shutting down and takes no new requests",
+                code="server_shutting_down",
+                headers={"Retry-After": "5", "Connection": "close"},
+                status="unavailable",
+            )
+        if not self.engine.is_alive:
+            raise OpenAIError(503, "the engine loop is not running", code="engine_dead", status="error")
+
+    def admit(self) -> Callable[[], None]:
+        """Take a concurrency slot or raise 429; returns the (idempotent) release."""
+        self.check_accepting()
+        limit = self.settings.max_concurrent_requests
+        if self.in_flight >= limit:
+            raise OpenAIError(
+                429,
+                f"too many requests in flight (max_concurrent_requests={limit}); retry shortly",
+                code="too_many_requests",
+                headers={"Retry-After": "1"},
+                status="throttled",
+            )
+        self.in_flight += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.in_flight -= 1
+
+        return release
+
+    def check_model(self, name: str | None) -> None:
+        served = self.settings.served_model_name
+        if name is not None and name != served:
+            raise OpenAIError(
+                404,
+                f"the model '{name}' does not exist; this server serves '{served}'",
+                "model",
+                "model_not_found",
+            )

@@ -1,0 +1,117 @@
+"""`mlaserve serve` flags -> ServerSettings + engine options; the start-up report (MLA saving included)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from mlaserve.config.engine_config import EngineConfig
+from mlaserve.engine.llm_engine import LLMEngine
+from mlaserve.server.auth import check_bearer
+from mlaserve.server.cli_args import add_serve_args, settings_and_options_from_args
+from mlaserve.server.report import format_report, startup_report
+from mlaserve.server.settings import ServerSettings
+from tests.tiny_models import build_tiny, config_dict
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_flags_become_settings_and_engine_options(monkeypatch):
+    monkeypatch.setenv("MY_KEYS", "k1, k2,")
+    args = parse(
+        "--model", "/m", "--dtype", "float32", "--device", "cpu", "--max-model-len", "512",
+        "--host", "0.0.0.0", "--port", "9000", "--served-model-name", "smol", "--api-keys-env", "MY_KEYS",
+        "--max-concurrent-requests", "8", "--request-timeout-s", "30", "--shutdown-grace-s", "5",
+        "--kv-cache-memory-bytes", "1000000", "--num-kv-blocks", "64", "--config", "deploy.yaml",
+    )  # fmt: skip
+    settings, options = settings_and_options_from_args(args)
+    assert settings == ServerSettings(
+        host="0.0.0.0",
+        port=9000,
+        served_model_name="smol",
+        api_keys=("k1", "k2"),
+        max_concurrent_requests=8,
+        request_timeout_s=30.0,
+        shutdown_grace_s=5.0,
+    )
+    assert options == dict(
+        model="/m",
+        dtype="float32",
+        device="cpu",
+        max_model_len=512,
+        kv_cache_memory_bytes=1000000,
+        num_kv_blocks=64,
+    )
+    assert args.config == "deploy.yaml"  # passed through for the YAML loader
+    EngineConfig.from_kwargs(**options)  # every option is one the engine knows
+
+
+def test_api_keys_file_and_body_limit(tmp_path):
+    keys = tmp_path / "keys.txt"
+    keys.write_text("# ops team\nsk-one\n\n  sk-two  \n")
+    settings, _ = settings_and_options_from_args(
+        parse("--api-keys-file", str(keys), "--max-body-bytes", "1024")
+    )
+    assert settings.api_keys == ("sk-one", "sk-two") and settings.max_body_bytes == 1024
+    with pytest.raises(ValueError, match="--api-keys-file"):
+        settings_and_options_from_args(parse("--api-keys-file", str(tmp_path / "missing.txt")))
+
+
+def test_flag_names_are_the_ones_the_deploy_overrides_know():
+    flag_keys = pytest.importorskip("mlaserve.config.deploy_overrides").FLAG_KEYS
+
+    given = {k for k in vars(parse()) if k not in ("config", "num_kv_blocks")}
+    assert given <= set(flag_keys), given - set(flag_keys)
+
+
+def test_defaults_leave_everything_to_the_engine_and_settings():
+    settings, options = settings_and_options_from_args(parse())
+    assert settings == ServerSettings() and options == {}
+
+
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (("--api-keys-env", "NOT_SET_ANYWHERE"), "NOT_SET_ANYWHERE"),
+        (("--port", "70000"), "--port"),
+        (("--max-concurrent-requests", "0"), "--max-concurrent-requests"),
+        (("--request-timeout-s", "0"), "--request-timeout-s"),
+    ],
+)
+def test_bad_flags_name_the_flag(argv, match):
+    with pytest.raises(ValueError, match=match):
+        settings_and_options_from_args(parse(*argv))
+
+
+def test_bearer_check_is_exact():
+    keys = ("alpha", "beta")
+    assert check_bearer("Bearer beta", keys) and check_bearer("bearer alpha", keys)
+    assert not check_bearer("Bearer alph", keys) and not check_bearer("alpha", keys)
+    assert not check_bearer(None, keys) and not check_bearer("Bearer ", keys)
+    assert check_bearer(None, ())
+
+
+def test_startup_report_of_an_mla_model_shows_the_kv_saving(tmp_path):
+    path = build_tiny("deepseek_v2", tmp_path / "ds2")
+    engine = LLMEngine(
+        EngineConfig.from_kwargs(model=str(path), dtype="float32", device="cpu", num_kv_blocks=32)
+    )
+    report = startup_report(engine, ServerSettings(port=8123, metrics_port=9123))
+    cfg = config_dict(path)
+    kv = report["kv_cache"]
+    assert (
+        kv["bytes_per_token"]
+        == cfg["num_hidden_layers"] * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * 4
+    )
+    assert kv["saving_ratio"] == round(kv["mha_bytes_per_token"] / kv["bytes_per_token"], 2) > 1
+    assert report["weights"]["missing"] == [] and report["weights"]["num_tensors"] > 0
+    assert report["parallel"]["tensor_parallel_size"] == 1
+    lines = "\n".join(format_report(report))
+    for needle in ("missing: none", "unexpected: none", "tensor parallel 1", "attention backend",
+                   "per-head K/V", "http://127.0.0.1:8123", "http://127.0.0.1:9123"):  # fmt: skip
+        assert needle in lines
