@@ -50,3 +50,21 @@ class CausalLM(nn.Module):
 
     def process_weights_after_loading(self) -> None:
         """Derived tensors (absorbed MLA weights, fused experts) are built here, once."""
+
+
+class PreNormDecoderLayer(nn.Module):
+    """The residual pattern every model here shares; subclasses build self_attn, mlp and the two norms."""
+
+    def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class DecoderStack(nn.Module):
+    """Embedding, the layers (each with its own cache), final norm; subclasses build the three."""
+
+    def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden = layer(positions, hidden, kv_cache, meta)
+        return self.norm(hidden)

@@ -11,7 +11,7 @@ from mlaserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from mlaserve.layers.mla import MLAAttention
 from mlaserve.layers.moe import FusedExperts, MoEGate
 from mlaserve.layers.norm import RMSNorm
-from mlaserve.models.base import CausalLM, StackedParam
+from mlaserve.models.base import CausalLM, DecoderStack, PreNormDecoderLayer, StackedParam
 from mlaserve.models.llama import GatedMLP
 from mlaserve.parallel import SINGLE, ParallelContext
 
@@ -39,7 +39,7 @@ class DeepseekMoE(nn.Module):
         return out if self.shared_experts is None else out + self.shared_experts(x)
 
 
-class DeepseekDecoderLayer(nn.Module):
+class DeepseekDecoderLayer(PreNormDecoderLayer):
     def __init__(
         self,
         cfg: object,
@@ -60,12 +60,8 @@ class DeepseekDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, positions, hidden, kv_cache, meta) -> torch.Tensor:
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
-
-class DeepseekModel(nn.Module):
+class DeepseekModel(DecoderStack):
     def __init__(
         self, cfg: object, backend: AttentionBackend, ctx: ParallelContext, sigmoid: bool, mla_disable: bool
     ) -> None:
@@ -76,12 +72,6 @@ class DeepseekModel(nn.Module):
             for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(positions, hidden, kv_cache, meta)
-        return self.norm(hidden)
 
 
 class DeepseekV2ForCausalLM(CausalLM):

@@ -14,7 +14,7 @@ from mlaserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from mlaserve.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from mlaserve.layers.norm import RMSNorm
 from mlaserve.layers.rotary import RotaryEmbedding, rope_frequencies
-from mlaserve.models.base import CausalLM, StackedParam
+from mlaserve.models.base import CausalLM, DecoderStack, PreNormDecoderLayer, StackedParam
 from mlaserve.parallel import SINGLE, ParallelContext
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class LlamaAttention(nn.Module):
         return self.o_proj(out.reshape(out.shape[0], -1))
 
 
-class LlamaDecoderLayer(nn.Module):
+class LlamaDecoderLayer(PreNormDecoderLayer):
     def __init__(
         self, cfg: object, backend: AttentionBackend, ctx: ParallelContext, biases: tuple[bool, bool]
     ):
@@ -73,12 +73,8 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, positions, hidden, kv_cache, meta) -> torch.Tensor:
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
-
-class LlamaModel(nn.Module):
+class LlamaModel(DecoderStack):
     def __init__(
         self, cfg: object, backend: AttentionBackend, ctx: ParallelContext, biases: tuple[bool, bool]
     ):
@@ -88,12 +84,6 @@ class LlamaModel(nn.Module):
             LlamaDecoderLayer(cfg, backend, ctx, biases) for _ in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(positions, hidden, kv_cache, meta)
-        return self.norm(hidden)
 
 
 class LlamaForCausalLM(CausalLM):

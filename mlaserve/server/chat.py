@@ -40,15 +40,7 @@ async def create_chat_completion(state: ServerState, request: Request, arrival: 
     prepared, prompt_tokens = await prepare_choices(state.engine, req, params, field)
     table = await state.token_texts.table() if top is not None else []
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    gen = Generation(
-        state.engine,
-        state.metrics,
-        prepared,
-        request_id,
-        prompt_tokens,
-        state.settings.request_timeout_s,
-        arrival,
-    )
+    gen = Generation.for_request(state, prepared, request_id, prompt_tokens, arrival)
     model = state.settings.served_model_name
     if req.stream:
         events = _events(gen, len(prepared), request_id, state.created, model, table, top or 0)

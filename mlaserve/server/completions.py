@@ -37,15 +37,7 @@ async def create_completion(state: ServerState, request: Request, arrival: float
     prepared, prompt_tokens = await prepare_choices(state.engine, completion_prompts(req), params, explicit)
     table = await state.token_texts.table() if req.logprobs is not None else []
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    gen = Generation(
-        state.engine,
-        state.metrics,
-        prepared,
-        request_id,
-        prompt_tokens,
-        state.settings.request_timeout_s,
-        arrival,
-    )
+    gen = Generation.for_request(state, prepared, request_id, prompt_tokens, arrival)
     model = state.settings.served_model_name
     if req.stream:
         return EventStreamResponse(_events(gen, request_id, state.created, model, table), gen.close)

@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
@@ -52,8 +53,32 @@ class _ChoiceState:
     last_token_at: float | None = None
 
 
+if TYPE_CHECKING:
+    from mlaserve.server.state import ServerState
+
+
 class Generation:
     """Counts itself in the request metrics when closed, so errors it raises carry status=None."""
+
+    @classmethod
+    def for_request(
+        cls,
+        state: ServerState,
+        prepared: list[PreparedRequest],
+        request_id: str,
+        prompt_tokens: int,
+        arrival: float,
+    ) -> Generation:
+        """The one way both endpoints start a generation: the server's engine, metrics and timeout."""
+        return cls(
+            state.engine,
+            state.metrics,
+            prepared,
+            request_id,
+            prompt_tokens,
+            state.settings.request_timeout_s,
+            arrival,
+        )
 
     def __init__(
         self,
