@@ -46,23 +46,29 @@ def _stage1(
         pos = n0 + tl.arange(0, BLOCK_N)
         ok = pos < end
         page = tl.load(BlockTable + b * stride_bt + pos // PAGE, mask=ok, other=0)
-        row = KV + (page.to(tl.int64) * PAGE + pos % PAGE)[:, None] * stride_kv
+        base = KV + (page.to(tl.int64) * PAGE + pos % PAGE) * stride_kv
+        row = base[:, None]
         k = tl.load(row + d[None, :], mask=ok[:, None], other=0.0)
         k_pe = tl.load(row + D_LAT + r[None, :], mask=ok[:, None], other=0.0)
         if QUANTIZED:  # 8-bit row: values, then the row's float32 scale (kvcache/quant.py)
-            scale = tl.load(
-                (row + D_LAT + D_ROPE).to(tl.pointer_type(tl.float32)), mask=ok[:, None], other=0.0
-            )
-            k = (k.to(tl.float32) * scale).to(q.dtype)
-            k_pe = (k_pe.to(tl.float32) * scale).to(q.dtype)
+            # The scale is per token, i.e. per score column: apply it to the scores and to p, not to the tile.
+            scale = tl.load((base + D_LAT + D_ROPE).to(tl.pointer_type(tl.float32)), mask=ok, other=0.0)
+            k = k.to(q.dtype)
+            k_pe = k_pe.to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         s += tl.dot(q_pe, tl.trans(k_pe), input_precision=PRECISION)
+        if QUANTIZED:
+            s = s * scale[None, :]
         s = tl.where(ok[None, :], s * scale_log2, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_sum = l_sum * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(k.dtype), k, input_precision=PRECISION)
+        if QUANTIZED:
+            pv = p * scale[None, :]
+        else:
+            pv = p
+        acc = acc * alpha[:, None] + tl.dot(pv.to(k.dtype), k, input_precision=PRECISION)
         m = m_new
 
     has = l_sum > 0
