@@ -157,13 +157,13 @@ class LLMEngine:
             ignore_eos=params.ignore_eos,
             sampling_params=params,
         )
+        self.scheduler.add_request(request)  # first: it rejects a duplicate id before any state is replaced
         self._texts[request_id] = RequestText(
             params.stop, params.include_stop_str_in_output, params.skip_special_tokens
         )
         self._prompts[request_id] = prepared.prompt
         if params.seed is not None:
             self.runner.add_generator(request_id, params.seed)
-        self.scheduler.add_request(request)
         return request_id
 
     def add_request(self, prompt: str | dict, params: SamplingParams, request_id: str | None = None) -> str:

@@ -115,3 +115,16 @@ def test_sliding_window_caps_max_model_len(tmp_path):
     assert llm.engine.model_config.max_model_len == 32
     with pytest.raises(ValueError, match="sliding_window"):
         LLM(str(path), device="cpu", max_model_len=64, num_kv_blocks=16)
+
+
+def test_duplicate_request_id_is_rejected_and_the_first_request_is_untouched(llm):
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    engine.add_request({"prompt_token_ids": [5, 6, 7]}, params, request_id="same")
+    with pytest.raises(ValueError, match="same"):
+        engine.add_request({"prompt_token_ids": [8, 9]}, params, request_id="same")
+    done = []
+    while engine.has_unfinished_requests():
+        done += [o for o in engine.step() if o.finished]
+    assert [o.request_id for o in done] == ["same"] and done[0].prompt_token_ids == [5, 6, 7]
+    assert len(done[0].outputs[0].token_ids) == 3 and llm.stats()["kv_blocks_used"] == 0
