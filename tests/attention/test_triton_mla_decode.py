@@ -43,18 +43,24 @@ def test_matches_reference(seq_lens, heads, page, splits):
     torch.testing.assert_close(lse, want_lse, atol=2e-5, rtol=2e-5)
 
 
-def test_backend_runs_a_tiny_deepseek_like_the_reference(tmp_path):
+@pytest.mark.parametrize("name", ["deepseek_v2", "deepseek_v3"])
+def test_backend_runs_a_tiny_deepseek_like_the_reference(tmp_path, name):
     from mlaserve import LLM, SamplingParams
     from tests.tiny_models import build_tiny
 
-    path = build_tiny("deepseek_v2", tmp_path)
-    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    path = build_tiny(name, tmp_path)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0)
     prompts = [{"prompt_token_ids": [5, 9, 11, 40, 7]}, {"prompt_token_ids": [3] * 19}]
     outs = {}
     for backend in ("torch", "triton_mla"):
         llm = LLM(str(path), dtype="float32", device="cpu", num_kv_blocks=32, attention_backend=backend)
-        outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    assert outs["triton_mla"] == outs["torch"]
+        outs[backend] = llm.generate(prompts, params, use_tqdm=False)
+    for ref, got in zip(outs["torch"], outs["triton_mla"]):
+        assert got.outputs[0].token_ids == ref.outputs[0].token_ids
+        for want, have, tok in zip(
+            ref.outputs[0].logprobs, got.outputs[0].logprobs, ref.outputs[0].token_ids
+        ):
+            assert abs(want[tok] - have[tok]) < 1e-4
 
 
 def test_selector_refuses_triton_without_gpu_or_interpreter(monkeypatch):
