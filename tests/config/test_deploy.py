@@ -138,13 +138,16 @@ def test_unreadable_files_are_deploy_errors(tmp_path: Path) -> None:
 
 def test_tensor_parallel_must_divide_heads(tmp_path: Path) -> None:
     folder = hf_folder(tmp_path, heads=4)
-    text = f"model: {{path: {folder}}}\nparallel: {{tensor_parallel_size: 3}}"
-    err = error(tmp_path, text, check_model_files=True)
+
+    def text(tp: int) -> str:  # built per size: the tmp path itself may contain digits
+        return f"model: {{path: {folder}}}\nparallel: {{tensor_parallel_size: {tp}}}"
+
+    err = error(tmp_path, text(3), check_model_files=True)
     assert keys(err) == ["parallel.tensor_parallel_size"]
     assert "4 attention heads" in str(err) and "allowed: 1, 2, 4" in str(err)
-    err = error(tmp_path, text.replace("3", "2"), check_model_files=True)  # divides, but not built yet
+    err = error(tmp_path, text(2), check_model_files=True)  # divides, but not built yet
     assert keys(err) == ["parallel.tensor_parallel_size"] and "not supported yet" in str(err)
-    assert load(tmp_path, text.replace("3", "1"), check_model_files=True).parallel.tensor_parallel_size == 1
+    assert load(tmp_path, text(1), check_model_files=True).parallel.tensor_parallel_size == 1
 
 
 def test_tensor_parallel_not_supported_even_without_model_check(tmp_path: Path) -> None:
