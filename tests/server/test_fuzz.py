@@ -115,8 +115,11 @@ def check(client: TestClient, counter: dict, path: str, body: bytes) -> None:
         assert r.json()["choices"], r.text
 
 
+# derandomize: CI explores the same examples every run, so a red CI is a regression, not a new draw; run with
+# `--hypothesis-seed=N` after removing it locally to explore further.
 FUZZ_SETTINGS = settings(
     max_examples=EXAMPLES_PER_ENDPOINT,
+    derandomize=True,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
