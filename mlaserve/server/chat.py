@@ -9,7 +9,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from mlaserve.server.body import parse_json_object, read_body, validate
-from mlaserve.server.completions import SHUTDOWN_ABORT
 from mlaserve.server.errors import OpenAIError, bad_request
 from mlaserve.server.generation import Generation
 from mlaserve.server.logprobs import chat_logprobs
@@ -49,8 +48,6 @@ async def create_chat_completion(state: ServerState, request: Request, arrival: 
         results = await gen.collect(request)
     finally:
         gen.close()
-    if any(r.finish_reason == "abort" for r in results):
-        raise OpenAIError(503, SHUTDOWN_ABORT, code="aborted", status=None)
     choices = [
         ChatChoice(
             index=index,
@@ -80,8 +77,6 @@ async def _events(
             yield chunk(ChatChunkChoice(index=index, delta=Delta(role="assistant", content="")))
         async for batch in gen.updates():
             for u in batch:
-                if u.finish_reason == "abort":
-                    raise OpenAIError(503, SHUTDOWN_ABORT, code="aborted", status=None)
                 if u.text or (u.logprobs and u.token_ids):
                     logprobs = (
                         None if u.logprobs is None else chat_logprobs(u.token_ids, u.logprobs, table, top)

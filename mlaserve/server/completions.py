@@ -21,8 +21,6 @@ from mlaserve.server.sampling import build_params, completion_prompts, prepare_c
 from mlaserve.server.sse import DONE, EventStreamResponse, sse
 from mlaserve.server.state import ServerState
 
-SHUTDOWN_ABORT = "the server shut down before this request finished; it was aborted"
-
 
 async def create_completion(state: ServerState, request: Request, arrival: float) -> Response:
     """Admission is done by the caller; on return or raise the response owns `Generation.close`."""
@@ -45,8 +43,6 @@ async def create_completion(state: ServerState, request: Request, arrival: float
         results = await gen.collect(request)
     finally:
         gen.close()
-    if any(r.finish_reason == "abort" for r in results):
-        raise OpenAIError(503, SHUTDOWN_ABORT, code="aborted", status=None)
     choices = []
     for index, r in enumerate(results):
         logprobs = None if r.logprobs is None else completion_logprobs(r.token_ids, r.logprobs, table, 0)
@@ -70,8 +66,6 @@ async def _events(
     try:
         async for batch in gen.updates():
             for u in batch:
-                if u.finish_reason == "abort":
-                    raise OpenAIError(503, SHUTDOWN_ABORT, code="aborted", status=None)
                 if u.text or (u.logprobs and u.token_ids):  # logprobs keep their tokens even if text is held
                     logprobs = None
                     if u.logprobs is not None:

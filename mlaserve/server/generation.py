@@ -24,6 +24,8 @@ from mlaserve.server.protocol import Usage
 
 logger = logging.getLogger(__name__)
 
+SHUTDOWN_ABORT = "the server shut down before this request finished; it was aborted"
+
 
 @dataclass(slots=True)
 class ChoiceUpdate:
@@ -116,7 +118,8 @@ class Generation:
         )
 
     async def updates(self) -> AsyncIterator[list[ChoiceUpdate]]:
-        """Batches of choice updates until every choice finished. Raises OpenAIError on timeout/engine failure."""
+        """Batches of choice updates until every choice finished. Raises OpenAIError on timeout, engine failure,
+        or a choice the server aborted."""
         while True:
             try:
                 outputs = await self._stream.next_outputs(max(0.0, self._deadline - time.monotonic()))
@@ -138,7 +141,15 @@ class Generation:
             if not outputs:
                 self.outcome = self.outcome or "ok"
                 return
-            yield [self._update(out) for out in outputs]
+            batch = [self._update(out) for out in outputs]
+            aborted = next((i for i, u in enumerate(batch) if u.finish_reason == "abort"), None)
+            if aborted is None:
+                yield batch
+                continue
+            # The server aborted a choice (shutdown grace over): what came before it is still delivered.
+            if aborted:
+                yield batch[:aborted]
+            raise OpenAIError(503, SHUTDOWN_ABORT, code="aborted", status=None)
 
     def _update(self, out: RequestOutput) -> ChoiceUpdate:
         index = self._index[out.request_id]
