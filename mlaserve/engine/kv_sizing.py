@@ -5,6 +5,7 @@ import logging
 import torch
 
 from mlaserve.config.engine_config import EngineConfig
+from mlaserve.kvcache.allocate import num_blocks_for_budget
 from mlaserve.kvcache.spec import KVCacheSpec
 
 logger = logging.getLogger(__name__)
@@ -26,5 +27,4 @@ def num_kv_blocks(config: EngineConfig, spec: KVCacheSpec, dtype: torch.dtype, d
     """Usable blocks plus the reserved null block."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks + 1
-    per_block = spec.bytes_per_token(dtype) * config.block_size
-    return kv_budget_bytes(config, device) // per_block + 1
+    return num_blocks_for_budget(spec, dtype, config.block_size, kv_budget_bytes(config, device)) + 1

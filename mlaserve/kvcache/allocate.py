@@ -7,7 +7,7 @@ from mlaserve.kvcache.spec import KVCacheSpec, LayerCacheSpec
 
 
 def num_blocks_for_budget(spec: KVCacheSpec, dtype: torch.dtype, block_size: int, budget_bytes: int) -> int:
-    """Blocks that fit in budget_bytes; one extra block is the reserved null block."""
+    """Blocks that fit in budget_bytes (the caller adds the reserved null block)."""
     per_block = spec.bytes_per_token(dtype) * block_size
     return budget_bytes // per_block
 
