@@ -31,10 +31,6 @@ class AttentionMetadata:
         return len(self.query_lens)
 
     @property
-    def num_decode_tokens(self) -> int:
-        return self.num_decodes
-
-    @property
     def prefill_query_lens(self) -> list[int]:
         return self.query_lens[self.num_decodes :]
 
