@@ -84,6 +84,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--output", default=str(REPO_ROOT / "benchmarks" / "results" / f"offline_throughput-{today}.json")
     )
     parser.add_argument("--skip-hf", action="store_true", help="time mlaserve only")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after timing, profile one call of each system (torch.profiler)",
+    )
     args = parser.parse_args(argv)
     for name in ("batch_size", "new_tokens", "prompt_len", "repeats"):
         if getattr(args, name) < 1:
@@ -214,6 +219,23 @@ def summarize(times: list[float], num_tokens: int) -> dict:
     }
 
 
+def profile_call(generate, prompts: list[list[int]]) -> dict:
+    """Where one generate call spends its CPU time: the matrix-multiply share and the top operators."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        generate(prompts)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    gemm = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "aten::addmm", "aten::bmm"))
+    top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:8]
+    return {
+        "gemm_share_of_self_cpu": gemm / total,
+        "self_cpu_s": total / 1e6,
+        "top_ops": [{"op": e.key, "self_cpu_s": e.self_cpu_time_total / 1e6, "calls": e.count} for e in top],
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.threads is not None:
@@ -292,6 +314,12 @@ def main(argv: list[str] | None = None) -> dict:
         result["greedy_agreement"] = greedy_agreement(
             ours_tokens, hf_tokens, args.new_tokens, getattr(tokenizer, "eos_token_id", None)
         )
+
+    if args.profile:
+        print("profiling ...", flush=True)
+        result["mlaserve"]["profile"] = profile_call(ours.generate, prompts)
+        if hf is not None:
+            result["transformers"]["profile"] = profile_call(hf.generate, prompts)
 
     print_table(result)
     out_path = Path(args.output)
