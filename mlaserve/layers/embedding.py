@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mlaserve.layers import cpu_gemm
 from mlaserve.layers.linear import default_weight_loader, make_param
 from mlaserve.parallel import SINGLE, ParallelContext
 
@@ -41,8 +42,16 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to logits; with tied embeddings it shares the embedding's weight."""
 
+    packed: torch.Tensor | None = None
+
+    def pack_weights(self) -> None:
+        self.packed = cpu_gemm.pack(self.weight)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight)
+        if self.packed is not None:
+            logits = cpu_gemm.packed_linear(hidden, self.packed)
+        else:
+            logits = F.linear(hidden, self.weight)
         if self.ctx.tp_size > 1:
             import torch.distributed as dist
 

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mlaserve.layers import cpu_gemm
 from mlaserve.parallel import SINGLE, ParallelContext
 
 
@@ -50,12 +51,22 @@ class LinearBase(nn.Module):
         self.in_features, self.out_features = in_local, out_local
         self.weight = make_param(out_local, in_local, loader=self.weight_loader, shards=shards)
         self.bias = make_param(out_local, loader=self.weight_loader, shards=shards) if bias else None
+        self.packed: torch.Tensor | None = None  # cpu_gemm's copy of the weight, set once weights are final
+
+    def pack_weights(self) -> None:
+        """Called after loading: later changes to self.weight would not reach the packed copy."""
+        self.packed = cpu_gemm.pack(self.weight)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.packed is not None:
+            return cpu_gemm.packed_linear(x, self.packed, bias)
+        return F.linear(x, self.weight, bias)
 
     def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable = None) -> None:
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -145,5 +156,5 @@ class RowParallelLinear(LinearBase):
         default_weight_loader(param, loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.ctx.all_reduce(F.linear(x, self.weight))
+        y = self.ctx.all_reduce(self.matmul(x, None))
         return y if self.bias is None else y + self.bias

@@ -24,6 +24,13 @@ def checkpoint_tensors(files: ModelFiles):
     return iter_safetensors(files.path)
 
 
+def pack_cpu_weights(model: torch.nn.Module) -> None:
+    """Reorder final weights for cpu_gemm where it applies (float32 on CPU); a no-op elsewhere."""
+    for module in model.modules():
+        if hasattr(module, "pack_weights"):
+            module.pack_weights()
+
+
 def build_model(
     model_config: ModelConfig,
     files: ModelFiles,
@@ -55,6 +62,7 @@ def build_model(
         report = load_weights(model, checkpoint_tensors(files))
         report.raise_if_bad(files.path)
     model.process_weights_after_loading()
+    pack_cpu_weights(model)
     model.eval()
     logger.info("model %s: %s", model_config.architecture, report.summary())
     return model, report

@@ -53,11 +53,13 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
-        out = self.attn(q, k, v.view(-1, self.num_kv_heads, self.head_dim), kv_cache, meta)
+        qkv = self.qkv_proj(hidden)
+        # q and k sit side by side in the fused output: one rotation over their heads costs half of two
+        qk = qkv[:, : q_size + kv_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
+        qk = self.rotary.rotate(qk, *self.rotary.cos_sin(positions))
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, q_size + kv_size :].view(-1, self.num_kv_heads, self.head_dim)
+        out = self.attn(q, k, v, kv_cache, meta)
         return self.o_proj(out.reshape(out.shape[0], -1))
 
 

@@ -1,0 +1,37 @@
+"""Weights packed once for oneDNN, the fast path for linear layers on CPU.
+
+F.linear on CPU goes to MKL's sgemm, which re-packs the weight matrix on every call. At decode's row counts
+(one row per running sequence) that packing costs about as much as the multiply: on SmolLM2's shapes at 16 rows
+the packed oneDNN call is 1.3x to 3x faster (the 49,152-row LM head the most). The weights do not change after
+loading, so they are reordered into oneDNN's blocked layout once and F.linear stays as the reference.
+
+Only float32 is packed: bf16 on CPUs without AVX-512 BF16 is emulated and slower than the plain path.
+"""
+
+import torch
+
+ROWS_HINT = 16  # oneDNN picks its blocking for this many rows; any row count works with the result
+
+
+def can_pack(weight: torch.Tensor) -> bool:
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and weight.dim() == 2
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor | None:
+    """The weight reordered for packed_linear, or None where this build or device cannot."""
+    if not can_pack(weight):
+        return None
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) for the weight that `pack` reordered; x may have any leading dims."""
+    lead = x.shape[:-1]
+    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
+    return y.reshape(*lead, y.shape[-1])
