@@ -56,8 +56,10 @@ class PreNormDecoderLayer(nn.Module):
     """The residual pattern every model here shares; subclasses build self_attn, mlp and the two norms."""
 
     def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        attn_out = self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta)
+        # The residual add and the second norm are one kernel on CUDA; elsewhere the same add, then the norm.
+        normed, hidden = self.post_attention_layernorm.forward_with_residual(attn_out, hidden)
+        return hidden + self.mlp(normed)
 
 
 class DecoderStack(nn.Module):
