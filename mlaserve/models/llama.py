@@ -56,7 +56,7 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(hidden)
         # q and k sit side by side in the fused output: one rotation over their heads costs half of two
         qk = qkv[:, : q_size + kv_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
-        qk = self.rotary.rotate(qk, *self.rotary.cos_sin(positions))
+        qk = self.rotary.rotate_heads(positions, qk)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, q_size + kv_size :].view(-1, self.num_kv_heads, self.head_dim)
         out = self.attn(q, k, v, kv_cache, meta)
