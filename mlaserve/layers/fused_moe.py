@@ -49,8 +49,72 @@ def _grouped_gemm(
     )
 
 
+@triton.jit
+def _sort_by_expert_kernel(
+    Ids, SortedIds, TileExpert, num_pairs, num_experts, capacity, num_tiles,
+    BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    # One program does the whole routing table (a decode step has at most a few thousand pairs): what the torch
+    # version spends ~15 kernel launches on is one launch here, which matters inside a captured decode step.
+    i = tl.arange(0, BLOCK_P)
+    valid = i < num_pairs
+    expert = tl.load(Ids + i, mask=valid, other=num_experts).to(tl.int32)  # padding sorts after every expert
+    # Sorting expert * BLOCK_P + pair keeps pairs of one expert in pair order, as the stable argsort does.
+    key = tl.sort(expert * BLOCK_P + i)
+    sorted_expert = key // BLOCK_P
+    sorted_pair = key % BLOCK_P
+    e = tl.arange(0, BLOCK_E)
+    counts = tl.histogram(expert, BLOCK_E).to(tl.int32)  # the padding's bin (num_experts) is never read below
+    counts = tl.where(e < num_experts, counts, 0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    padded_end = tl.cumsum(padded, 0)
+    first = tl.cumsum(counts, 0) - counts  # where each expert's pairs start in the sorted order
+    safe_expert = tl.minimum(sorted_expert, BLOCK_E - 1)
+    rank = i - tl.gather(first, safe_expert, 0)
+    dest = tl.gather(padded_end - padded, safe_expert, 0) + rank
+    c = tl.arange(0, BLOCK_C)
+    tl.store(SortedIds + c, tl.full([BLOCK_C], 0, tl.int64) + num_pairs, mask=c < capacity)
+    tl.debug_barrier()  # the sentinel fill must land before the scatter overwrites part of it
+    tl.store(SortedIds + dest, sorted_pair.to(tl.int64), mask=valid)
+    t = tl.arange(0, BLOCK_T)
+    # a tile's expert: how many experts' padded runs end at or before the tile's first slot
+    done = (padded_end[None, :] <= (t * BLOCK_M)[:, None]) & (e < num_experts)[None, :]
+    ended = tl.sum(done.to(tl.int32), 1)
+    tl.store(TileExpert + t, tl.where(ended < num_experts, ended, -1).to(tl.int32), mask=t < num_tiles)
+
+
+FUSED_SORT_MAX_PAIRS = 4096  # above this (long prefills) the torch version's parallel sort wins
+
+
 def sort_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sorted pair ids padded per expert to block_m with the sentinel T*k, the expert of every tile or -1)."""
+    """(sorted pair ids padded per expert to block_m with the sentinel T*k, the expert of every tile or -1).
+
+    One Triton launch for decode-sized batches, the torch version (sort_by_expert_reference) otherwise."""
+    num_pairs = ids.numel()
+    if num_pairs == 0 or num_pairs > FUSED_SORT_MAX_PAIRS:
+        return sort_by_expert_reference(ids, num_experts, block_m)
+    capacity = _capacity(num_pairs, num_experts, block_m)
+    sorted_ids = torch.empty(capacity, dtype=torch.int64, device=ids.device)
+    tile_expert = torch.empty(capacity // block_m, dtype=torch.int32, device=ids.device)
+    _sort_by_expert_kernel[(1,)](
+        ids.flatten(), sorted_ids, tile_expert, num_pairs, num_experts, capacity, capacity // block_m,
+        BLOCK_P=triton.next_power_of_2(num_pairs), BLOCK_E=triton.next_power_of_2(num_experts + 1),
+        BLOCK_C=triton.next_power_of_2(capacity), BLOCK_T=triton.next_power_of_2(capacity // block_m),
+        BLOCK_M=block_m, num_warps=4 if num_pairs <= 1024 else 8,
+    )  # fmt: skip
+    return sorted_ids, tile_expert
+
+
+def _capacity(num_pairs: int, num_experts: int, block_m: int) -> int:
+    capacity = num_pairs + num_experts * (block_m - 1)  # the worst case, so no host sync sizes the buffers
+    return (capacity + block_m - 1) // block_m * block_m
+
+
+def sort_by_expert_reference(
+    ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch definition of sort_by_expert (any size; about 15 kernel launches)."""
     flat = ids.flatten()
     num_pairs = flat.numel()
     order = flat.argsort(stable=True)
@@ -61,8 +125,7 @@ def sort_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[t
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = padded.cumsum(0)
     rank = torch.arange(num_pairs, device=ids.device) - (counts.cumsum(0) - counts)[flat[order]]
-    capacity = num_pairs + num_experts * (block_m - 1)  # the worst case, so no host sync sizes the buffers
-    capacity = (capacity + block_m - 1) // block_m * block_m
+    capacity = _capacity(num_pairs, num_experts, block_m)
     sorted_ids = torch.full((capacity,), num_pairs, dtype=torch.int64, device=ids.device)
     sorted_ids[(padded_end - padded)[flat[order]] + rank] = order
     tile_start = torch.arange(0, capacity, block_m, device=ids.device)

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from mlaserve.layers.fused_moe import fused_experts, sort_by_expert  # noqa: E402
+from mlaserve.layers.fused_moe import fused_experts, sort_by_expert, sort_by_expert_reference  # noqa: E402
 from mlaserve.layers.moe import experts_reference  # noqa: E402
 
 
@@ -34,3 +34,14 @@ def test_sort_by_expert_pads_each_expert_to_whole_tiles():
     assert sorted(t for t in tiles[0] if t != sentinel) == [1, 4]  # expert 0: pairs (0,1) and (2,0)
     assert [t for t in tiles[1] if t != sentinel] == [3]
     assert sorted(t for t in tiles[2] if t != sentinel) == [0, 2, 5]
+
+
+@pytest.mark.parametrize(
+    "tokens, experts, top_k, block_m", [(1, 64, 6, 16), (7, 8, 2, 4), (33, 6, 3, 16), (5, 160, 8, 16)]
+)
+def test_one_launch_sort_equals_the_torch_version(tokens, experts, top_k, block_m):
+    gen = torch.Generator().manual_seed(tokens + experts)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
+    got = sort_by_expert(ids, experts, block_m)
+    want = sort_by_expert_reference(ids, experts, block_m)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
