@@ -219,6 +219,10 @@ def summarize(times: list[float], num_tokens: int) -> dict:
     }
 
 
+# The weight GEMMs under each system's CPU path: MKL through aten (transformers), oneDNN packed (mlaserve).
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise")
+
+
 def profile_call(generate, prompts: list[list[int]]) -> dict:
     """Where one generate call spends its CPU time: the matrix-multiply share and the top operators."""
     from torch.profiler import ProfilerActivity, profile
@@ -227,7 +231,7 @@ def profile_call(generate, prompts: list[list[int]]) -> dict:
         generate(prompts)
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
-    gemm = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "aten::addmm", "aten::bmm"))
+    gemm = sum(e.self_cpu_time_total for e in events if e.key in GEMM_OPS)
     top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:8]
     return {
         "gemm_share_of_self_cpu": gemm / total,
