@@ -160,10 +160,14 @@ def grouped_gemm(
     return out
 
 
-def fused_experts(x, w13, w2, weights, ids, act, block_m: int = 16) -> torch.Tensor:
+def fused_experts(x, w13, w2, weights, ids, act, block_m: int | None = None) -> torch.Tensor:
     """Same contract as moe.experts_reference: x [T, hidden], w13 [E, 2I, hidden], w2 [E, hidden, I]."""
     num_tokens, top_k = ids.shape
     num_pairs = num_tokens * top_k
+    if block_m is None:
+        # Tensor-core tiles are 64 rows tall, so 16-row tiles waste most of each multiply once experts get
+        # more than a handful of rows (prefill, large decode batches); small decode batches keep 16 (less padding).
+        block_m = 64 if num_pairs >= 16 * w13.shape[0] else 16
     sorted_ids, tile_expert = sort_by_expert(ids, w13.shape[0], block_m)
     gate_up = grouped_gemm(x, w13, sorted_ids, tile_expert, num_pairs, top_k, None, block_m)
     gate, up = gate_up.chunk(2, dim=-1)

@@ -11,7 +11,8 @@ from mlaserve.layers.moe import experts_reference  # noqa: E402
 
 
 @pytest.mark.parametrize(
-    "tokens, experts, top_k, hidden, inter", [(5, 8, 2, 32, 16), (19, 6, 3, 48, 40), (1, 4, 1, 16, 16)]
+    "tokens, experts, top_k, hidden, inter",
+    [(5, 8, 2, 32, 16), (19, 6, 3, 48, 40), (1, 4, 1, 16, 16), (40, 4, 2, 32, 16)],  # the last: 64-row tiles
 )
 def test_fused_matches_reference(tokens, experts, top_k, hidden, inter):
     gen = torch.Generator().manual_seed(tokens * experts)

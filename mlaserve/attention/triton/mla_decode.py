@@ -19,21 +19,13 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _fp8_split(x):
-    """x (already scaled into fp8 range) as hi + lo / 16, both fp8 e4m3: about 8 mantissa bits, like bf16."""
-    hi = x.to(tl.float8e4nv)
-    lo = ((x - hi.to(tl.float32)) * 16.0).to(tl.float8e4nv)
-    return hi, lo
-
-
-@triton.jit
 def _stage1(
     Q, KV, BlockTable, SeqLens, MidO, MidLse,
     stride_qb, stride_qh, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
     num_heads, scale_log2, split_len,
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
-    TILE_IN_PAGE: tl.constexpr, FP8_SPLIT: tl.constexpr,
+    TILE_IN_PAGE: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -47,10 +39,6 @@ def _stage1(
     q_row = Q + b * stride_qb + heads[:, None] * stride_qh
     q = tl.load(q_row + d[None, :], mask=head_ok[:, None], other=0.0)
     q_pe = tl.load(q_row + D_LAT + r[None, :], mask=head_ok[:, None], other=0.0)
-    if FP8_SPLIT:  # q as hi + lo/16 in fp8: both dots run on fp8 tensor cores, no per-tile dequantization
-        q_scale = tl.maximum(tl.maximum(tl.max(tl.abs(q), 1), tl.max(tl.abs(q_pe), 1)), 1e-30) / 448.0
-        q_hi, q_lo = _fp8_split(q.to(tl.float32) / q_scale[:, None])
-        qpe_hi, qpe_lo = _fp8_split(q_pe.to(tl.float32) / q_scale[:, None])
 
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_H], tl.float32)
@@ -70,16 +58,10 @@ def _stage1(
         if QUANTIZED:  # 8-bit row: values, then the row's float32 scale (kvcache/quant.py)
             # The scale is per token, i.e. per score column: apply it to the scores and to p, not to the tile.
             scale = tl.load((base + D_LAT + D_ROPE).to(tl.pointer_type(tl.float32)), mask=ok, other=0.0)
-        if FP8_SPLIT:
-            s = tl.dot(q_hi, tl.trans(k)) + tl.dot(qpe_hi, tl.trans(k_pe))
-            s += (tl.dot(q_lo, tl.trans(k)) + tl.dot(qpe_lo, tl.trans(k_pe))) * 0.0625
-            s = s * q_scale[:, None]
-        else:
-            if QUANTIZED:
-                k = k.to(q.dtype)
-                k_pe = k_pe.to(q.dtype)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-            s += tl.dot(q_pe, tl.trans(k_pe), input_precision=PRECISION)
+            k = k.to(q.dtype)
+            k_pe = k_pe.to(q.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        s += tl.dot(q_pe, tl.trans(k_pe), input_precision=PRECISION)
         if QUANTIZED:
             s = s * scale[None, :]
         s = tl.where(ok[None, :], s * scale_log2, float("-inf"))
@@ -87,15 +69,11 @@ def _stage1(
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_sum = l_sum * alpha + tl.sum(p, 1)
-        if FP8_SPLIT:  # p * row scale, brought to fp8 range by the tile's largest value, as hi + lo/16
+        if QUANTIZED:
             pv = p * scale[None, :]
-            top = tl.maximum(tl.max(tl.max(pv, 1), 0), 1e-30) / 448.0
-            p_hi, p_lo = _fp8_split(pv / top)
-            pv_acc = tl.dot(p_hi, k) + tl.dot(p_lo, k) * 0.0625
-            acc = acc * alpha[:, None] + pv_acc * top
         else:
-            pv = p * scale[None, :] if QUANTIZED else p
-            acc = acc * alpha[:, None] + tl.dot(pv.to(k.dtype), k, input_precision=PRECISION)
+            pv = p
+        acc = acc * alpha[:, None] + tl.dot(pv.to(k.dtype), k, input_precision=PRECISION)
         m = m_new
 
     has = l_sum > 0
@@ -134,11 +112,18 @@ def _stage2(
     tl.store(Lse + b * stride_lb + h, (top + tl.log2(total)) / 1.4426950408889634)
 
 
-def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms: int) -> int:
-    """The split count whose programs fill the last wave best (a wave = one program per SM: the tiles take most
-    of an SM's shared memory), the fewest within 5% of the best; no split shorter than a few KV tiles."""
+def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms: int, block_h: int) -> int:
+    """How many slices of the context each (sequence, head group) is split into; no slice under 4 KV tiles.
+
+    Measured on an H200 (benchmarks/gpu_suite.py, B sequences of L tokens, 16 heads, block 64): the memory-bound
+    kernel (16 heads per program) wants about four programs per SM, e.g. (B, L) = (64, 4,096) took 0.228 / 0.130 /
+    0.106 ms at 1 / 2 / 8 splits and (128, 8,192) 0.473 / 0.324-0.329 ms at 1 / 2-4; the compute-bound one (64 heads
+    per program) is fastest when one wave holds every program without splitting, so it takes the fewest splits
+    whose last wave is within 5% of the best fill."""
     most = max(1, min(math.ceil(max_len / (4 * block_n)), 64))
     work = max(batch * head_groups, 1)
+    if block_h <= 16:
+        return max(1, min(most, round(4 * sms / work)))
 
     def fill(splits: int) -> float:
         programs = work * splits
@@ -161,13 +146,9 @@ def mla_decode(
     num_splits: int | None = None,
     num_warps: int = 8,
     num_stages: int | None = None,
-    fp8_split: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, H, kv_lora_rank + rope]; kv_cache: [blocks, page, 1, kv_lora_rank + rope]; block_table [B, max_blocks];
     seq_lens [B]. Returns (out [B, H, kv_lora_rank] in q's dtype, lse [B, H] float32, natural log).
-
-    fp8_split (fp8_e4m3 caches only): run the dots on fp8 tensor cores with q and p as hi + lo fp8 pairs instead
-    of dequantizing each cache tile to q's dtype; the pair keeps about bf16's precision.
 
     Defaults come from the H200 sweep in benchmarks/gpu_suite.py --tune: 16 heads per program when there are few
     (memory-bound: one latent read per 16 heads), 64 with many (each latent tile then feeds 64 heads' dots)."""
@@ -182,7 +163,7 @@ def mla_decode(
     head_groups = triton.cdiv(heads, block_h)
     if num_splits is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
-        num_splits = num_splits_for(batch, head_groups, max_seq_len, block_n, sms)
+        num_splits = num_splits_for(batch, head_groups, max_seq_len, block_n, sms, block_h)
     split_len = triton.cdiv(triton.cdiv(max(max_seq_len, 1), num_splits), block_n) * block_n
     mid_o = torch.empty(batch, heads, num_splits, kv_lora_rank, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
@@ -195,7 +176,7 @@ def mla_decode(
         heads, scale * LOG2E, split_len,
         PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=block_n, PRECISION=precision,
         QUANTIZED=is_quantized(kv_cache.dtype), TILE_IN_PAGE=page % block_n == 0,
-        FP8_SPLIT=fp8_split and kv_cache.dtype == torch.float8_e4m3fn, num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, heads, dtype=torch.float32, device=q.device)
