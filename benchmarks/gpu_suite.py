@@ -390,7 +390,8 @@ def main() -> None:
     report = {
         "date": dt.date.today().isoformat(),
         "gpu": torch.cuda.get_device_name(),
-        "commit": commit or os.environ.get("MLASERVE_COMMIT", "unknown"),
+        # A device copy of the tree may carry a stale .git: an explicit MLASERVE_COMMIT wins.
+        "commit": os.environ.get("MLASERVE_COMMIT") or commit or "unknown",
         "command": " ".join(["python", *sys.argv]),
         "torch": torch.__version__,
     }
