@@ -147,7 +147,7 @@ def grouped_gemm(
     """out[pair] = a[pair // row_div] @ w[expert(pair)].T (times the pair's routing weight)."""
     n, k = w.shape[1], w.shape[2]
     out = torch.empty(num_pairs, n, dtype=a.dtype, device=a.device)
-    block_n, block_k = 64, 64 if k >= 64 else triton.next_power_of_2(max(k, 16))
+    block_n, block_k, warps, stages = tile_config(block_m, k)
     grid = (tile_expert.numel(), triton.cdiv(n, block_n))
     _grouped_gemm[grid](
         a, w, out, sorted_ids, tile_expert, route_weights if route_weights is not None else out,
@@ -155,9 +155,21 @@ def grouped_gemm(
         a.stride(0), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
         ROW_DIV=row_div, MUL_ROUTE=route_weights is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if a.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
+
+
+def tile_config(block_m: int, k: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps, stages), from the H200 sweep at V2-Lite's w13 shape (benchmarks/
+    grouped_gemm_sweep.py, results/grouped-gemm-sweep-h200-2026-11-30.json): decode-sized 16-row tiles stream
+    weights best with long K steps (1 token: 29.7 us vs 35.6 us for 64x64 tiles), 64-row tiles with wide N
+    (4,096 tokens: 0.78 ms vs 0.94 ms)."""
+    if block_m >= 64:
+        block_n, block_k, warps, stages = 128, 64, 4, 3
+    else:
+        block_n, block_k, warps, stages = 64, 128, 4, 4
+    return block_n, min(block_k, triton.next_power_of_2(max(k, 16))), warps, stages
 
 
 def fused_experts(x, w13, w2, weights, ids, act, block_m: int | None = None) -> torch.Tensor:
