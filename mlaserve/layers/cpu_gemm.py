@@ -1,9 +1,10 @@
 """Weights packed once for oneDNN, the fast path for linear layers on CPU.
 
 F.linear on CPU goes to MKL's sgemm, which re-packs the weight matrix on every call. At decode's row counts
-(one row per running sequence) that packing costs about as much as the multiply: on SmolLM2's shapes at 16 rows
-the packed oneDNN call is 1.3x to 3x faster (the 49,152-row LM head the most). The weights do not change after
-loading, so they are reordered into oneDNN's blocked layout once and F.linear stays as the reference.
+(one row per running sequence) that packing can cost as much as the multiply: on SmolLM2's shapes at 16 rows the
+packed oneDNN call takes 0.96x (576x576) to 2.4x (the 49,152-row LM head) less time (benchmarks/cpu_linear.py). The
+weights do not change after loading, so they are reordered into oneDNN's blocked layout once; F.linear stays as the
+reference. The packed copy sits beside the original weight, so fp32 weights take twice their memory on CPU.
 
 Only float32 is packed: bf16 on CPUs without AVX-512 BF16 is emulated and slower than the plain path.
 """
