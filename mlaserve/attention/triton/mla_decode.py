@@ -115,11 +115,11 @@ def _stage2(
 def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms: int, block_h: int) -> int:
     """How many slices of the context each (sequence, head group) is split into; no slice under 4 KV tiles.
 
-    Measured on an H200 (benchmarks/gpu_suite.py, B sequences of L tokens, 16 heads, block 64): the memory-bound
-    kernel (16 heads per program) wants about four programs per SM, e.g. (B, L) = (64, 4,096) took 0.228 / 0.130 /
-    0.106 ms at 1 / 2 / 8 splits and (128, 8,192) 0.473 / 0.324-0.329 ms at 1 / 2-4; the compute-bound one (64 heads
-    per program) is fastest when one wave holds every program without splitting, so it takes the fewest splits
-    whose last wave is within 5% of the best fill."""
+    The memory-bound kernel (16 heads per program) gets about four programs per SM: on an H200, block 64, 16 heads,
+    (B, L) = (64, 4,096) took 0.106 ms at 8 splits and (128, 8,192) 0.329 ms at 4 (benchmarks/results/
+    h200-2026-11-30.json), against 0.142 and 0.419 ms with two programs per SM (the same file at commit
+    bb839f6). The compute-bound kernel (64 heads per program) was fastest unsplit when one wave holds every
+    program, so it takes the fewest splits whose last wave is within 5% of the best fill."""
     most = max(1, min(math.ceil(max_len / (4 * block_n)), 64))
     work = max(batch * head_groups, 1)
     if block_h <= 16:
