@@ -19,13 +19,63 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _load_tile(
+    KV, BlockTable, b, n0, end, stride_kv, stride_bt,
+    PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr, BLOCK_N: tl.constexpr,
+    QUANTIZED: tl.constexpr, TILE_IN_PAGE: tl.constexpr,
+):  # fmt: skip
+    """Rows n0 .. n0 + BLOCK_N of sequence b (masked past `end`): latent part, rope part, the 8-bit row scales."""
+    pos = n0 + tl.arange(0, BLOCK_N)
+    ok = pos < end
+    if TILE_IN_PAGE:  # the tile is one run of rows inside a page: one table lookup, contiguous rows
+        page = tl.load(BlockTable + b * stride_bt + n0 // PAGE, mask=n0 < end, other=0).to(tl.int64)
+        base = KV + (page * PAGE + n0 % PAGE + tl.arange(0, BLOCK_N)) * stride_kv
+    else:
+        page = tl.load(BlockTable + b * stride_bt + pos // PAGE, mask=ok, other=0)
+        base = KV + (page.to(tl.int64) * PAGE + pos % PAGE) * stride_kv
+    row = base[:, None]
+    k = tl.load(row + tl.arange(0, D_LAT)[None, :], mask=ok[:, None], other=0.0)
+    k_pe = tl.load(row + D_LAT + tl.arange(0, D_ROPE)[None, :], mask=ok[:, None], other=0.0)
+    if QUANTIZED:  # 8-bit row: values, then the row's float32 scale (kvcache/quant.py)
+        scale = tl.load((base + D_LAT + D_ROPE).to(tl.pointer_type(tl.float32)), mask=ok, other=0.0)
+    else:
+        scale = tl.full([BLOCK_N], 1.0, tl.float32)
+    return k, k_pe, scale, ok
+
+
+@triton.jit
+def _attend_tile(
+    q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2,
+    PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
+):  # fmt: skip
+    """One online-softmax step over a tile; returns the updated (max, sum, accumulator)."""
+    if QUANTIZED:
+        # The scale is per token, i.e. per score column: apply it to the scores and to p, not to the tile.
+        k = k.to(q.dtype)
+        k_pe = k_pe.to(q.dtype)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    s += tl.dot(q_pe, tl.trans(k_pe), input_precision=PRECISION)
+    if QUANTIZED:
+        s = s * scale[None, :]
+    s = tl.where(ok[None, :], s * scale_log2, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_sum = l_sum * alpha + tl.sum(p, 1)
+    if QUANTIZED:
+        p = p * scale[None, :]
+    acc = acc * alpha[:, None] + tl.dot(p.to(k.dtype), k, input_precision=PRECISION)
+    return m_new, l_sum, acc
+
+
+@triton.jit
 def _stage1(
     Q, KV, BlockTable, SeqLens, MidO, MidLse,
     stride_qb, stride_qh, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
     num_heads, scale_log2, split_len,
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
-    TILE_IN_PAGE: tl.constexpr,
+    TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -43,38 +93,31 @@ def _stage1(
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, D_LAT], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        ok = pos < end
-        if TILE_IN_PAGE:  # the tile is one run of rows inside a page: one table lookup, contiguous rows
-            page = tl.load(BlockTable + b * stride_bt + n0 // PAGE).to(tl.int64)
-            base = KV + (page * PAGE + n0 % PAGE + tl.arange(0, BLOCK_N)) * stride_kv
-        else:
-            page = tl.load(BlockTable + b * stride_bt + pos // PAGE, mask=ok, other=0)
-            base = KV + (page.to(tl.int64) * PAGE + pos % PAGE) * stride_kv
-        row = base[:, None]
-        k = tl.load(row + d[None, :], mask=ok[:, None], other=0.0)
-        k_pe = tl.load(row + D_LAT + r[None, :], mask=ok[:, None], other=0.0)
-        if QUANTIZED:  # 8-bit row: values, then the row's float32 scale (kvcache/quant.py)
-            # The scale is per token, i.e. per score column: apply it to the scores and to p, not to the tile.
-            scale = tl.load((base + D_LAT + D_ROPE).to(tl.pointer_type(tl.float32)), mask=ok, other=0.0)
-            k = k.to(q.dtype)
-            k_pe = k_pe.to(q.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        s += tl.dot(q_pe, tl.trans(k_pe), input_precision=PRECISION)
-        if QUANTIZED:
-            s = s * scale[None, :]
-        s = tl.where(ok[None, :], s * scale_log2, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_sum = l_sum * alpha + tl.sum(p, 1)
-        if QUANTIZED:
-            pv = p * scale[None, :]
-        else:
-            pv = p
-        acc = acc * alpha[:, None] + tl.dot(pv.to(k.dtype), k, input_precision=PRECISION)
-        m = m_new
+    if PREFETCH:
+        # 8-bit tiles are converted in registers before the dots, which keeps Triton's pipeliner from streaming
+        # them into shared memory ahead of use; loading tile i + 1 before working on tile i hides the latency.
+        k, k_pe, scale, ok = _load_tile(
+            KV, BlockTable, b, start, end, stride_kv, stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N, QUANTIZED,
+            TILE_IN_PAGE,
+        )  # fmt: skip
+        for n0 in range(start, end, BLOCK_N):
+            k_next, kpe_next, scale_next, ok_next = _load_tile(
+                KV, BlockTable, b, n0 + BLOCK_N, end, stride_kv, stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N,
+                QUANTIZED, TILE_IN_PAGE,
+            )  # fmt: skip
+            m, l_sum, acc = _attend_tile(
+                q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED
+            )
+            k, k_pe, scale, ok = k_next, kpe_next, scale_next, ok_next
+    else:
+        for n0 in range(start, end, BLOCK_N):
+            k, k_pe, scale, ok = _load_tile(
+                KV, BlockTable, b, n0, end, stride_kv, stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N, QUANTIZED,
+                TILE_IN_PAGE,
+            )  # fmt: skip
+            m, l_sum, acc = _attend_tile(
+                q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED
+            )
 
     has = l_sum > 0
     out = acc / tl.where(has, l_sum, 1.0)[:, None]
@@ -146,9 +189,13 @@ def mla_decode(
     num_splits: int | None = None,
     num_warps: int = 8,
     num_stages: int | None = None,
+    prefetch: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, H, kv_lora_rank + rope]; kv_cache: [blocks, page, 1, kv_lora_rank + rope]; block_table [B, max_blocks];
     seq_lens [B]. Returns (out [B, H, kv_lora_rank] in q's dtype, lse [B, H] float32, natural log).
+
+    prefetch: load the next KV tile into registers before attending to the current one (default: on for 8-bit
+    caches, whose tiles are converted in registers; bf16 tiles are streamed by Triton's own pipeliner).
 
     Defaults come from the H200 sweep in benchmarks/gpu_suite.py --tune: 16 heads per program when there are few
     (memory-bound: one latent read per 16 heads), 64 with many (each latent tile then feeds 64 heads' dots)."""
@@ -176,6 +223,7 @@ def mla_decode(
         heads, scale * LOG2E, split_len,
         PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=block_n, PRECISION=precision,
         QUANTIZED=is_quantized(kv_cache.dtype), TILE_IN_PAGE=page % block_n == 0,
+        PREFETCH=is_quantized(kv_cache.dtype) if prefetch is None else prefetch,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
