@@ -52,8 +52,7 @@ def _grouped_gemm(
 @triton.jit
 def _sort_by_expert_kernel(
     Ids, SortedIds, TileExpert, num_pairs, num_experts, capacity, num_tiles,
-    BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_M: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, LOG_E: tl.constexpr,
 ):  # fmt: skip
     # One program does the whole routing table (a decode step has at most a few thousand pairs): what the torch
     # version spends ~15 kernel launches on is one launch here, which matters inside a captured decode step.
@@ -73,15 +72,25 @@ def _sort_by_expert_kernel(
     safe_expert = tl.minimum(sorted_expert, BLOCK_E - 1)
     rank = i - tl.gather(first, safe_expert, 0)
     dest = tl.gather(padded_end - padded, safe_expert, 0) + rank
-    c = tl.arange(0, BLOCK_C)
-    tl.store(SortedIds + c, tl.full([BLOCK_C], 0, tl.int64) + num_pairs, mask=c < capacity)
+    # Chunks of 1,024 keep the register footprint flat whatever the capacity (256 experts x 63 rows of padding).
+    for c0 in range(0, capacity, 1024):
+        c = c0 + tl.arange(0, 1024)
+        tl.store(SortedIds + c, tl.full([1024], 0, tl.int64) + num_pairs, mask=c < capacity)
     tl.debug_barrier()  # the sentinel fill must land before the scatter overwrites part of it
     tl.store(SortedIds + dest, sorted_pair.to(tl.int64), mask=valid)
-    t = tl.arange(0, BLOCK_T)
-    # a tile's expert: how many experts' padded runs end at or before the tile's first slot
-    done = (padded_end[None, :] <= (t * BLOCK_M)[:, None]) & (e < num_experts)[None, :]
-    ended = tl.sum(done.to(tl.int32), 1)
-    tl.store(TileExpert + t, tl.where(ended < num_experts, ended, -1).to(tl.int32), mask=t < num_tiles)
+    # A tile's expert is how many experts' padded runs end at or before its first slot: a binary search of the
+    # (non-decreasing) run ends, LOG_E gathers per tile instead of a tiles x experts comparison.
+    ends = tl.where(e < num_experts, padded_end, 2147483647)
+    for t0 in range(0, num_tiles, 1024):
+        t = t0 + tl.arange(0, 1024)
+        lo = tl.zeros([1024], tl.int32)  # experts [0, lo) have ended at the tile's slot
+        hi = tl.zeros([1024], tl.int32) + BLOCK_E
+        for _ in tl.static_range(LOG_E):
+            active = lo < hi
+            mid = (lo + hi) // 2
+            ended = tl.gather(ends, tl.minimum(mid, BLOCK_E - 1), 0) <= t * BLOCK_M
+            lo, hi = tl.where(active & ended, mid + 1, lo), tl.where(active & ~ended, mid, hi)
+        tl.store(TileExpert + t, tl.where(lo < num_experts, lo, -1).to(tl.int32), mask=t < num_tiles)
 
 
 # The one program sorts in registers, so it stays for decode-sized batches; past a few thousand pairs (long
@@ -100,11 +109,11 @@ def sort_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[t
     capacity = _capacity(num_pairs, num_experts, block_m)
     sorted_ids = torch.empty(capacity, dtype=torch.int64, device=ids.device)
     tile_expert = torch.empty(capacity // block_m, dtype=torch.int32, device=ids.device)
+    block_e = triton.next_power_of_2(num_experts + 1)
     _sort_by_expert_kernel[(1,)](
         ids.flatten(), sorted_ids, tile_expert, num_pairs, num_experts, capacity, capacity // block_m,
-        BLOCK_P=triton.next_power_of_2(num_pairs), BLOCK_E=triton.next_power_of_2(num_experts + 1),
-        BLOCK_C=triton.next_power_of_2(capacity), BLOCK_T=triton.next_power_of_2(capacity // block_m),
-        BLOCK_M=block_m, num_warps=4 if num_pairs <= 1024 else 8,
+        BLOCK_P=triton.next_power_of_2(num_pairs), BLOCK_E=block_e, BLOCK_M=block_m,
+        LOG_E=block_e.bit_length(), num_warps=4 if num_pairs <= 1024 else 8,
     )  # fmt: skip
     return sorted_ids, tile_expert
 
