@@ -4,7 +4,8 @@ F.linear on CPU goes to MKL's sgemm, which re-packs the weight matrix on every c
 (one row per running sequence) that packing can cost as much as the multiply: on SmolLM2's shapes at 16 rows the
 packed oneDNN call takes 0.96x (576x576) to 2.4x (the 49,152-row LM head) less time (benchmarks/cpu_linear.py). The
 weights do not change after loading, so they are reordered into oneDNN's blocked layout once; F.linear stays as the
-reference. The packed copy sits beside the original weight, so fp32 weights take twice their memory on CPU.
+reference. Linear layers drop their original weight once packed (memory holds each weight once); the LM head
+keeps its own, which is usually the tied embedding table.
 
 Only float32 is packed: bf16 on CPUs without AVX-512 BF16 is emulated and slower than the plain path.
 """

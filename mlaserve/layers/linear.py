@@ -54,8 +54,11 @@ class LinearBase(nn.Module):
         self.packed: torch.Tensor | None = None  # cpu_gemm's copy of the weight, set once weights are final
 
     def pack_weights(self) -> None:
-        """Called after loading: later changes to self.weight would not reach the packed copy."""
+        """Called once weights are final (after loading and process_weights_after_loading)."""
         self.packed = cpu_gemm.pack(self.weight)
+        if self.packed is not None:
+            # The packed copy is the weight from now on; keeping the original would hold every weight twice.
+            self.weight.data = self.weight.data.new_empty(0)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.packed is not None:

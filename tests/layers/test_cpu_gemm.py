@@ -69,4 +69,5 @@ def test_loading_a_float32_model_packs_its_linears(tmp_path) -> None:
     model = LLM(str(path), dtype="float32", device="cpu", num_kv_blocks=64).engine.runner.model
     attn = model.model.layers[0].self_attn
     assert attn.qkv_proj.packed is not None and attn.o_proj.packed is not None
+    assert attn.qkv_proj.weight.numel() == 0  # packed layers hold their weight once
     assert model.lm_head.packed is not None
