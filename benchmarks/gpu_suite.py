@@ -11,8 +11,9 @@ Sections:
   lite      DeepSeek-V2-Lite shape with random bf16 weights (load_format="dummy"): prompt 512, 64 new tokens,
             batch 1 and 32, output tokens over the median of 5 wall times (all kept); transformers generate as the
             peer (--hf-peer)
-  mla_vs_mha decode tok/s at batch 32 and the most sequences that fit in the same KV memory, contexts 512 / 2,048
-            / 8,192: latent bf16, latent fp8, mla_disable (per-head K/V)
+  mla_vs_mha decode tok/s at batch 32 (decode-only engine steps, each timed: benchmarks/step_timer.py) and the most
+            sequences that fit in the same KV memory, contexts 512 / 2,048 / 8,192: latent bf16, latent fp8,
+            mla_disable (per-head K/V)
   throughput 256 requests of 1,000 prompt + 100 output tokens (random ids, ignore_eos): requests per second
 Timings are medians of triton.testing.do_bench (CUDA events) or of repeated wall-clock runs after a warm-up.
 """
@@ -31,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.step_timer import DecodeStepTimer  # noqa: E402
 from mlaserve.attention.metadata import build_metadata  # noqa: E402
 from mlaserve.attention.torch_ref import TorchBackend  # noqa: E402
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows  # noqa: E402
@@ -325,21 +327,16 @@ def mla_vs_mha(tmp: Path) -> dict:
                 {"prompt_token_ids": torch.randint(0, 100000, (context,), generator=gen).tolist()}
                 for _ in range(32)
             ]
-            walls = {}
-            for new in (1, 65):
-                llm.engine.kv_manager.reset_prefix_cache()
-                torch.cuda.synchronize()
-                t = time.perf_counter()
+            llm.engine.kv_manager.reset_prefix_cache()
+            with DecodeStepTimer(llm.engine, torch.cuda.synchronize) as timer:
                 llm.generate(
-                    prompts, SamplingParams(temperature=0, max_tokens=new, ignore_eos=True), use_tqdm=False
+                    prompts, SamplingParams(temperature=0, max_tokens=65, ignore_eos=True), use_tqdm=False
                 )
-                torch.cuda.synchronize()
-                walls[new] = time.perf_counter() - t
             blocks_per_seq = -(-(context + 64) // stats["block_size"])
             row = dict(mode=mode, context=context, kv_bytes_per_token=stats["kv_bytes_per_token"],
                        kv_blocks_total=stats["kv_blocks_total"],
                        max_concurrent_seqs=stats["kv_blocks_total"] // blocks_per_seq,
-                       decode_tok_s_batch32=32 * 64 / (walls[65] - walls[1]))  # fmt: skip
+                       decode_tok_s_batch32=timer.tokens_per_s, decode_steps_timed=timer.steps)  # fmt: skip
             rows.append(row)
             print(json.dumps(row), flush=True)
         del llm
