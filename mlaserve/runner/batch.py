@@ -26,35 +26,37 @@ def build_model_input(
     num_decodes = sum(1 for s in order if s.num_new_tokens == 1)
     ids: list[int] = []
     positions: list[int] = []
-    slots: list[int] = []
     query_lens, seq_lens, sample_rows, sampled = [], [], [], []
-    max_blocks = max(len(s.block_ids[0]) for s in order)
-    tables = torch.zeros(len(order), max_blocks, dtype=torch.int32)
-    for row, s in enumerate(order):
+    block_lists = [s.block_ids[0] for s in order]
+    max_blocks = max(len(blocks) for blocks in block_lists)
+    for s in order:
         start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
-        blocks = s.block_ids[0]
         ids.extend(s.request.all_token_ids[start:end])
         positions.extend(range(start, end))
-        slots.extend(blocks[p // block_size] * block_size + p % block_size for p in range(start, end))
-        tables[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
         query_lens.append(s.num_new_tokens)
         seq_lens.append(end)
         if s.needs_sample:
             sample_rows.append(len(ids) - 1)
             sampled.append(s)
-    as_long = dict(dtype=torch.long, device=device)
+    # One tensor per field, whatever the batch: a step of 256 sequences used to cost 256 small tensors and a
+    # Python loop over every token (the slots), which showed at high concurrency.
+    tables = torch.tensor([b + [0] * (max_blocks - len(b)) for b in block_lists], dtype=torch.int32)
+    positions_t = torch.tensor(positions, dtype=torch.long)
+    rows = torch.repeat_interleave(torch.arange(len(order)), torch.tensor(query_lens))
+    slots = tables[rows, positions_t // block_size].long() * block_size + positions_t % block_size
     meta = build_metadata(
         block_size,
         tables.to(device),
         query_lens,
         seq_lens,
         num_decodes,
-        torch.tensor(slots, **as_long),
+        slots.to(device),
         with_gather_index,
     )
+    as_long = dict(dtype=torch.long, device=device)
     return ModelInput(
         torch.tensor(ids, **as_long),
-        torch.tensor(positions, **as_long),
+        positions_t.to(device),
         meta,
         order,
         torch.tensor(sample_rows, **as_long),
