@@ -54,7 +54,9 @@ class LinearBase(nn.Module):
         self.packed: torch.Tensor | None = None  # cpu_gemm's copy of the weight, set once weights are final
 
     def pack_weights(self) -> None:
-        """Called once weights are final (after loading and process_weights_after_loading)."""
+        """Called once weights are final (after loading and process_weights_after_loading); idempotent."""
+        if self.packed is not None:  # already packed: the original weight is gone
+            return
         self.packed = cpu_gemm.pack(self.weight)
         if self.packed is not None:
             # The packed copy is the weight from now on; keeping the original would hold every weight twice.

@@ -50,6 +50,7 @@ def test_layers_give_the_same_output_packed_and_plain() -> None:
         x = torch.randn(7, layer.in_features)
         plain = layer(x)
         layer.pack_weights()
+        layer.pack_weights()  # a second call keeps the packed weight (the original is gone by then)
         assert layer.packed is not None
         torch.testing.assert_close(layer(x), plain, rtol=1e-5, atol=1e-5)
     head = ParallelLMHead(100, 32)
