@@ -1,7 +1,10 @@
 """Output text and stop strings for one request.
 
-Text is re-decoded from all output ids (simple, and exact at token boundaries that split a UTF-8 character);
-only the tail that the new token could have changed is searched for stop strings.
+Text grows incrementally, as in vLLM: each step decodes only a short window (the ids already read since the
+last emitted text, plus the new ones) and appends what the window adds beyond its already-read part, once that
+is no longer an incomplete UTF-8 character. Re-decoding every output id each step was quadratic in the output
+length. Tokenizers that clean up spaces across tokens (" ." -> ".") can rewrite text behind the window, so they
+keep the full re-decode. Only the tail that the new token could have changed is searched for stop strings.
 """
 
 from dataclasses import dataclass, field
@@ -15,6 +18,8 @@ class RequestText:
     text: str = ""
     stop_reason: str | None = None
     logprobs: list[dict[int, float]] = field(default_factory=list)
+    prefix_offset: int = 0  # the window starts here: ids whose text is already in `text`, kept for context
+    read_offset: int = 0  # ids before this have their text in `text`
 
     def visible_text(self, finished: bool) -> str:
         """While running, hold back what could still become the start of a stop string (as vLLM does)."""
@@ -26,7 +31,10 @@ class RequestText:
     def update(self, tokenizer: object, output_ids: list[int]) -> bool:
         """Refresh the text after a new token; True if a stop string now ends the output."""
         previous = len(self.text)
-        self.text = tokenizer.decode(output_ids, skip_special_tokens=self.skip_special_tokens)
+        if getattr(tokenizer, "clean_up_tokenization_spaces", False):
+            self.text = tokenizer.decode(output_ids, skip_special_tokens=self.skip_special_tokens)
+        else:
+            self._append_new_text(tokenizer, output_ids)
         if not self.stop:
             return False
         longest = max(len(s) for s in self.stop)
@@ -39,3 +47,24 @@ class RequestText:
         self.text = self.text[: index + len(stop)] if self.include_stop else self.text[:index]
         self.stop_reason = stop
         return True
+
+    def _append_new_text(self, tokenizer: object, output_ids: list[int], force: bool = False) -> None:
+        # Both decodes start at prefix_offset, so a first token's dropped leading space or a merge across the
+        # boundary affects them alike and cancels out in the difference.
+        # The Rust tokenizer directly when there is one: two short decodes a step, and the Python wrapper's own
+        # overhead would otherwise outweigh the window's saving on short outputs.
+        decode = getattr(tokenizer, "backend_tokenizer", tokenizer).decode
+        skip = self.skip_special_tokens
+        read = decode(output_ids[self.prefix_offset : self.read_offset], skip_special_tokens=skip)
+        window = decode(output_ids[self.prefix_offset :], skip_special_tokens=skip)
+        # A window ending in U+FFFD may be a character cut in two: wait for its next byte (unless forced).
+        if force or (len(window) > len(read) and not window.endswith("\ufffd")):
+            self.text += window[len(read) :]
+            self.prefix_offset, self.read_offset = self.read_offset, len(output_ids)
+
+    def flush(self, tokenizer: object, output_ids: list[int]) -> None:
+        """At the end, the held-back tail too (a character cut by max_tokens shows as U+FFFD, as in a full
+        decode), unless a stop string already ended the text."""
+        clean_up = getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        if self.stop_reason is None and self.read_offset < len(output_ids) and not clean_up:
+            self._append_new_text(tokenizer, output_ids, force=True)

@@ -209,6 +209,8 @@ class LLMEngine:
         return progressed + [self._finish(r) for r in finished]
 
     def _finish(self, request: Request) -> RequestOutput:
+        if self.tokenizer is not None:
+            self._texts[request.request_id].flush(self.tokenizer, request.output_token_ids)
         out = self._output(request, finished=True)
         self.runner.drop_request(request.request_id)
         del self._texts[request.request_id], self._prompts[request.request_id]
