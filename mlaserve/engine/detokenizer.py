@@ -7,7 +7,29 @@ length. Tokenizers that clean up spaces across tokens (" ." -> ".") can rewrite 
 keep the full re-decode. Only the tail that the new token could have changed is searched for stop strings.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+# transformers' own decode for fast tokenizers: the Rust decode plus an optional space clean-up (handled apart).
+_PLAIN_DECODES = {
+    "PreTrainedTokenizerBase.decode",
+    "PreTrainedTokenizerFast.decode",
+    "TokenizersBackend.decode",
+}
+_PLAIN_INNER = {"PreTrainedTokenizerFast._decode", "TokenizersBackend._decode"}
+
+
+def _window_decoder(tokenizer: object) -> Callable[..., str]:
+    """The Rust tokenizer's decode where transformers' would only wrap it: two short decodes run each step, and
+    the Python wrapper's overhead would otherwise outweigh the window's saving on short outputs. A tokenizer
+    class that overrides decode (CodeGen, Whisper, ...) keeps its own."""
+    cls = type(tokenizer)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    plain = (
+        getattr(cls.decode, "__qualname__", "") in _PLAIN_DECODES
+        and getattr(getattr(cls, "_decode", None), "__qualname__", "") in _PLAIN_INNER
+    )
+    return backend.decode if backend is not None and plain else tokenizer.decode
 
 
 @dataclass(slots=True)
@@ -51,9 +73,7 @@ class RequestText:
     def _append_new_text(self, tokenizer: object, output_ids: list[int], force: bool = False) -> None:
         # Both decodes start at prefix_offset, so a first token's dropped leading space or a merge across the
         # boundary affects them alike and cancels out in the difference.
-        # The Rust tokenizer directly when there is one: two short decodes a step, and the Python wrapper's own
-        # overhead would otherwise outweigh the window's saving on short outputs.
-        decode = getattr(tokenizer, "backend_tokenizer", tokenizer).decode
+        decode = _window_decoder(tokenizer)
         skip = self.skip_special_tokens
         read = decode(output_ids[self.prefix_offset : self.read_offset], skip_special_tokens=skip)
         window = decode(output_ids[self.prefix_offset :], skip_special_tokens=skip)

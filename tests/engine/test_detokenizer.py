@@ -56,3 +56,14 @@ def test_stop_string_still_ends_the_text(smol_tokenizer):
     ids = smol_tokenizer.encode("one two three four", add_special_tokens=False)
     text, _ = stream(smol_tokenizer, ids, skip=True, stop=[" three"])
     assert text.text == "one two" and text.stop_reason == " three"
+
+
+def test_a_tokenizer_with_its_own_decode_keeps_it():
+    class Custom:  # a backend is there, but this class decodes its own way
+        backend_tokenizer = object()
+
+        def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+            return "".join(chr(97 + i % 26) for i in ids)
+
+    text, seen = stream(Custom(), [0, 1, 2, 25], skip=True)
+    assert text.text == "abcz" and seen == ["a", "ab", "abc", "abcz"]
