@@ -7,24 +7,12 @@ On CUDA a fused Triton kernel (triton_rotary.py) replaces the dozen eager kernel
 `rotate` are the torch definition it is tested against and the CPU path.
 """
 
-import functools
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
-# The kernel rotates in fp32; fp64 inputs keep the torch path.
-_TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+from mlaserve.layers.cuda_kernels import kernel_for
 
-
-@functools.cache
-def _triton_rotary() -> Callable | None:
-    # Imported on first CUDA use only: CPU runs never pay for (or need) triton.
-    try:
-        from mlaserve.layers.triton_rotary import rotary
-    except ImportError:
-        return None
-    return rotary
+_KERNEL = ("mlaserve.layers.triton_rotary", "rotary")
 
 
 def rope_frequencies(hf_config: object, rotary_dim: int) -> tuple[torch.Tensor, float]:
@@ -82,25 +70,21 @@ class RotaryEmbedding(nn.Module):
         out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
         return out if rest.shape[-1] == 0 else torch.cat((out, rest), dim=-1)
 
-    def _use_triton(self, *xs: torch.Tensor) -> bool:
-        return all(x.is_cuda and x.dtype in _TRITON_DTYPES for x in xs) and _triton_rotary() is not None
-
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, Hq, D], k: [T, Hk, D] (strided views allowed); returns new rotated tensors."""
-        if self._use_triton(q, k):
-            return _triton_rotary()(
-                positions, q, k, self.inv_freq, self.scaling, self.rotary_dim, self.interleaved
-            )
+        kernel = kernel_for(*_KERNEL, q, k)
+        if kernel is not None:
+            return kernel(positions, q, k, self.inv_freq, self.scaling, self.rotary_dim, self.interleaved)
         cos, sin = self.cos_sin(positions)
         return self.rotate(q, cos, sin), self.rotate(k, cos, sin)
 
     def rotate_heads(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Rotates one [T, H, D] tensor, e.g. q and k side by side in a fused projection's output."""
-        if self._use_triton(x):
-            # k with no heads: the kernel's k programs vanish from the grid.
-            return _triton_rotary()(
+        kernel = kernel_for(*_KERNEL, x)
+        if kernel is not None:  # k with no heads: the kernel's k programs vanish from the grid
+            return kernel(
                 positions, x, x[:, :0], self.inv_freq, self.scaling, self.rotary_dim, self.interleaved
             )[0]
         return self.rotate(x, *self.cos_sin(positions))
