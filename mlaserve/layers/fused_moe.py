@@ -7,39 +7,50 @@ The routing is built with tensor ops only (no host sync), so a decode step stays
 """
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 
-@triton.jit
+# The pair count changes every step; specializing on it (1, multiples of 16) would compile mid-serving.
+@triton.jit(do_not_specialize=["num_valid"])
 def _grouped_gemm(
-    A, W, C, SortedIds, BlockExpert, RouteW,
+    A, W, C, SortedIds, TileExpert, RouteW,
     num_valid, N, K,
     stride_am, stride_we, stride_wn, stride_wk, stride_cm,
-    ROW_DIV: tl.constexpr, MUL_ROUTE: tl.constexpr,
+    ROW_DIV: tl.constexpr, MUL_ROUTE: tl.constexpr, GATED: tl.constexpr, PAIR_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    expert = tl.load(BlockExpert + pid_m)
+    expert = tl.load(TileExpert + pid_m).to(tl.int64)  # int64: expert * stride passes 2**31 for big models
     if expert < 0:  # a tile past the padded end of the sorted list
         return
-    ids = tl.load(SortedIds + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    ok = ids < num_valid
+    m = tl.arange(0, BLOCK_M)
+    if PAIR_TILES:  # tile i is pair i alone (row 0); TileExpert is the routing itself, no sort was needed
+        ids = tl.zeros([BLOCK_M], tl.int64) + pid_m
+        ok = m == 0
+    else:
+        ids = tl.load(SortedIds + pid_m * BLOCK_M + m)
+        ok = ids < num_valid
     rows = ids // ROW_DIV  # stage 1 reads the token's hidden state, stage 2 the pair's own row
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    w_rows = W + expert * stride_we + n[None, :] * stride_wn
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         k_ok = kk < K
         a = tl.load(A + rows[:, None] * stride_am + kk[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(
-            W + expert * stride_we + n[None, :] * stride_wn + kk[:, None] * stride_wk,
-            mask=n_ok[None, :] & k_ok[:, None],
-            other=0.0,
-        )
+        w_mask = n_ok[None, :] & k_ok[:, None]
+        w = tl.load(w_rows + kk[:, None] * stride_wk, mask=w_mask, other=0.0)
         acc += tl.dot(a, w, input_precision=PRECISION)
+        if GATED:  # the up rows sit N rows below the gate rows: both halves of one output column in a program
+            up = tl.load(w_rows + N * stride_wn + kk[:, None] * stride_wk, mask=w_mask, other=0.0)
+            acc_up += tl.dot(a, up, input_precision=PRECISION)
+    if GATED:  # SiLU(gate) * up in the epilogue: the [pairs, 2I] gate_up tensor is never written
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_up
     if MUL_ROUTE:
         acc *= tl.load(RouteW + ids, mask=ok, other=0.0)[:, None]
     tl.store(
@@ -49,7 +60,7 @@ def _grouped_gemm(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "capacity", "num_tiles"])
 def _sort_by_expert_kernel(
     Ids, SortedIds, TileExpert, num_pairs, num_experts, capacity, num_tiles,
     BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, LOG_E: tl.constexpr,
@@ -149,23 +160,28 @@ def sort_by_expert_reference(
 def grouped_gemm(
     a: torch.Tensor,
     w: torch.Tensor,
-    sorted_ids: torch.Tensor,
+    sorted_ids: torch.Tensor | None,
     tile_expert: torch.Tensor,
     num_pairs: int,
     row_div: int,
     route_weights: torch.Tensor | None,
     block_m: int,
+    gated: bool = False,
 ) -> torch.Tensor:
-    """out[pair] = a[pair // row_div] @ w[expert(pair)].T (times the pair's routing weight)."""
-    n, k = w.shape[1], w.shape[2]
+    """out[pair] = a[pair // row_div] @ w[expert(pair)].T (times the pair's routing weight).
+
+    gated: w holds gate rows then up rows and out[pair] = silu(gate) * up, half of w's rows wide.
+    sorted_ids None: pair tiles, one pair per tile and tile_expert the flat routing (see tile_plan)."""
+    n, k = w.shape[1] // (2 if gated else 1), w.shape[2]
     out = torch.empty(num_pairs, n, dtype=a.dtype, device=a.device)
     block_n, block_k, warps, stages = tile_config(block_m, k)
     grid = (tile_expert.numel(), triton.cdiv(n, block_n))
     _grouped_gemm[grid](
-        a, w, out, sorted_ids, tile_expert, route_weights if route_weights is not None else out,
+        a, w, out, tile_expert if sorted_ids is None else sorted_ids, tile_expert,
+        route_weights if route_weights is not None else out,
         num_pairs, n, k,
         a.stride(0), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
-        ROW_DIV=row_div, MUL_ROUTE=route_weights is not None,
+        ROW_DIV=row_div, MUL_ROUTE=route_weights is not None, GATED=gated, PAIR_TILES=sorted_ids is None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,
     )  # fmt: skip
@@ -177,25 +193,49 @@ def tile_config(block_m: int, k: int) -> tuple[int, int, int, int]:
     grouped_gemm_sweep.py, results/grouped-gemm-sweep-h200-2026-11-30.json): decode-sized 16-row tiles stream
     weights best with long K steps (1 token: 29.7 us vs 35.6 us for 64x64 tiles), 64-row tiles with wide N
     (4,096 tokens: 0.78 ms vs 0.94 ms)."""
-    if block_m >= 64:
+    if block_m >= 128:
+        block_n, block_k, warps, stages = 128, 64, 8, 3
+    elif block_m >= 64:
         block_n, block_k, warps, stages = 128, 64, 4, 3
     else:
         block_n, block_k, warps, stages = 64, 128, 4, 4
     return block_n, min(block_k, triton.next_power_of_2(max(k, 16))), warps, stages
 
 
+def tile_plan(num_pairs: int, num_experts: int) -> tuple[int, bool]:
+    """(rows per tile, pair tiles?) for a batch of (token, expert) pairs.
+
+    A handful of pairs spread over many experts (small decode batches) rarely share an expert, so each pair gets
+    its own tile and no sort runs at all. Tensor-core tiles are 64 rows tall, so 16-row tiles waste most of each
+    multiply once experts get more than a few rows; 128-row tiles once they average 128 (long prefills)."""
+    if num_pairs * 4 <= num_experts:
+        return 16, True
+    if num_pairs >= 128 * num_experts:
+        return 128, False
+    return (64 if num_pairs >= 16 * num_experts else 16), False
+
+
 def fused_experts(x, w13, w2, weights, ids, act, block_m: int | None = None) -> torch.Tensor:
-    """Same contract as moe.experts_reference: x [T, hidden], w13 [E, 2I, hidden], w2 [E, hidden, I]."""
+    """Same contract as moe.experts_reference: x [T, hidden], w13 [E, 2I, hidden], w2 [E, hidden, I].
+
+    block_m forces sorted tiles of that height (tests, sweeps); None lets tile_plan choose."""
     num_tokens, top_k = ids.shape
     num_pairs = num_tokens * top_k
+    pair_tiles = False
     if block_m is None:
-        # Tensor-core tiles are 64 rows tall, so 16-row tiles waste most of each multiply once experts get
-        # more than a handful of rows (prefill, large decode batches); small decode batches keep 16 (less padding).
-        block_m = 64 if num_pairs >= 16 * w13.shape[0] else 16
-    sorted_ids, tile_expert = sort_by_expert(ids, w13.shape[0], block_m)
-    gate_up = grouped_gemm(x, w13, sorted_ids, tile_expert, num_pairs, top_k, None, block_m)
-    gate, up = gate_up.chunk(2, dim=-1)
-    hidden = (act(gate) * up).contiguous()
+        block_m, pair_tiles = tile_plan(num_pairs, w13.shape[0])
+    if pair_tiles:
+        sorted_ids, tile_expert = None, ids.flatten()
+    else:
+        sorted_ids, tile_expert = sort_by_expert(ids, w13.shape[0], block_m)
+    if act is F.silu:
+        hidden = grouped_gemm(x, w13, sorted_ids, tile_expert, num_pairs, top_k, None, block_m, gated=True)
+    else:
+        gate, up = grouped_gemm(x, w13, sorted_ids, tile_expert, num_pairs, top_k, None, block_m).chunk(
+            2, dim=-1
+        )
+        hidden = (act(gate) * up).contiguous()
     route = weights.flatten().float().contiguous()
     down = grouped_gemm(hidden, w2, sorted_ids, tile_expert, num_pairs, 1, route, block_m)
-    return down.view(num_tokens, top_k, -1).float().sum(dim=1).to(x.dtype)
+    # A reduced-precision sum still accumulates in float32; one kernel instead of upcast, sum and downcast.
+    return down.view(num_tokens, top_k, -1).sum(dim=1)

@@ -6,24 +6,43 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from mlaserve.layers.fused_moe import fused_experts, sort_by_expert, sort_by_expert_reference  # noqa: E402
+from mlaserve.layers.fused_moe import (  # noqa: E402
+    fused_experts,
+    sort_by_expert,
+    sort_by_expert_reference,
+    tile_plan,
+)
 from mlaserve.layers.moe import experts_reference  # noqa: E402
 
 
 @pytest.mark.parametrize(
-    "tokens, experts, top_k, hidden, inter",
-    [(5, 8, 2, 32, 16), (19, 6, 3, 48, 40), (1, 4, 1, 16, 16), (40, 4, 2, 32, 16)],  # the last: 64-row tiles
+    "tokens, experts, top_k, hidden, inter, act",
+    [
+        (5, 8, 2, 32, 16, F.silu),
+        (19, 6, 3, 48, 40, F.silu),
+        (1, 4, 1, 16, 16, F.silu),  # one pair per tile, no sort
+        (3, 24, 2, 32, 24, F.silu),  # pair tiles over several tokens
+        (40, 4, 2, 32, 16, F.silu),  # 64-row tiles
+        (300, 2, 1, 32, 16, F.silu),  # 128-row tiles
+        (7, 8, 2, 32, 16, F.gelu),  # an activation the GEMM epilogue does not fuse
+    ],
 )
-def test_fused_matches_reference(tokens, experts, top_k, hidden, inter):
+def test_fused_matches_reference(tokens, experts, top_k, hidden, inter, act):
     gen = torch.Generator().manual_seed(tokens * experts)
     x = torch.randn(tokens, hidden, generator=gen)
     w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.1
     w2 = torch.randn(experts, hidden, inter, generator=gen) * 0.1
     ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
     weights = torch.rand(tokens, top_k, generator=gen)
-    want = experts_reference(x, w13, w2, weights, ids, F.silu)
-    got = fused_experts(x, w13, w2, weights, ids, F.silu)
+    want = experts_reference(x, w13, w2, weights, ids, act)
+    got = fused_experts(x, w13, w2, weights, ids, act)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("pairs, experts, plan", [(6, 64, (16, True)), (96, 64, (16, False)),
+                                                  (1024, 64, (64, False)), (8192, 64, (128, False))])  # fmt: skip
+def test_tile_plan(pairs, experts, plan):
+    assert tile_plan(pairs, experts) == plan
 
 
 def test_sort_by_expert_pads_each_expert_to_whole_tiles():

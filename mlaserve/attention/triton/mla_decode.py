@@ -68,11 +68,13 @@ def _attend_tile(
     return m_new, l_sum, acc
 
 
-@triton.jit
+# Ints that change from step to step are not specialized on (Triton would compile a variant for 1 and for
+# multiples of 16): a compile in the middle of serving costs about a second.
+@triton.jit(do_not_specialize=["stride_bt", "num_splits"])
 def _stage1(
     Q, KV, BlockTable, SeqLens, MidO, MidLse,
     stride_qb, stride_qh, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
-    num_heads, scale_log2, split_len,
+    num_heads, scale_log2, num_splits,
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
     TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr,
@@ -82,6 +84,9 @@ def _stage1(
     split = tl.program_id(2)
     head_ok = heads < num_heads
     seq_len = tl.load(SeqLens + b)
+    # Each sequence spreads its own length over the splits: a CUDA graph sizes the split count for max_model_len,
+    # and slicing by that length would leave a short sequence's whole context to one or two programs.
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
     d = tl.arange(0, D_LAT)
@@ -129,7 +134,7 @@ def _stage1(
     tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse2, mask=head_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _stage2(
     MidO, MidLse, Out, Lse,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, stride_lb,
@@ -211,7 +216,6 @@ def mla_decode(
     if num_splits is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
         num_splits = num_splits_for(batch, head_groups, max_seq_len, block_n, sms, block_h)
-    split_len = triton.cdiv(triton.cdiv(max(max_seq_len, 1), num_splits), block_n) * block_n
     mid_o = torch.empty(batch, heads, num_splits, kv_lora_rank, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
     kv = kv_cache.view(-1, row)
@@ -220,7 +224,7 @@ def mla_decode(
         q, kv, block_table, seq_lens, mid_o, mid_lse,
         q.stride(0), q.stride(1), kv.stride(0), block_table.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        heads, scale * LOG2E, split_len,
+        heads, scale * LOG2E, num_splits,
         PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=block_n, PRECISION=precision,
         QUANTIZED=is_quantized(kv_cache.dtype), TILE_IN_PAGE=page % block_n == 0,
         PREFETCH=is_quantized(kv_cache.dtype) if prefetch is None else prefetch,

@@ -1,0 +1,295 @@
+"""Where the end-to-end GPU time goes: a diagnosis run on one GPU, not the figures of record (gpu_suite.py).
+
+  python benchmarks/h200_diagnose.py OUT.json [--sections moe,prefill_attn,steps]
+
+moe           fused MoE at V2-Lite expert shapes, 1 to 16,384 tokens: today's tile plan against forced tile
+              heights and the unfused activation, each checked against the per-expert loop; plus 128-row tiles
+prefill_attn  prefill attention of one throughput step (10 prompts of 1,000 tokens, V2-Lite heads): the
+              per-sequence SDPA loop on shapes it has not seen and on warm shapes, and torch's varlen_attn
+steps         the V2-Lite engine (random bf16 weights): every engine step timed (batch 1 and 32 of the lite
+              workload, five repeats each, then the 256-request throughput workload), with the Triton
+              compiles that happened inside each repeat
+"""
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.gpu_suite import bench, lite_llm  # noqa: E402
+
+HID, INTER, E, TOPK = 2048, 1408, 64, 6
+
+
+def moe() -> dict:
+    from mlaserve.layers.fused_moe import _grouped_gemm, fused_experts, sort_by_expert, tile_plan
+    from mlaserve.layers.moe import experts_reference
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w13 = torch.randn(E, 2 * INTER, HID, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    w2 = torch.randn(E, HID, INTER, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    unfused = lambda t: F.silu(t)  # noqa: E731  (not F.silu itself: takes the unfused activation path)
+    rows = []
+    for tokens in (1, 2, 8, 32, 256, 1024, 4096, 16384):
+        x = torch.randn(tokens, HID, device="cuda", dtype=torch.bfloat16, generator=g)
+        ids = torch.rand(tokens, E, device="cuda", generator=g).topk(TOPK, dim=-1)[1]
+        weights = torch.rand(tokens, TOPK, device="cuda", generator=g)
+        ref = experts_reference(x, w13, w2, weights, ids, F.silu).float() if tokens <= 4096 else None
+        row = {"tokens": tokens, "plan": list(tile_plan(tokens * TOPK, E))}
+        variants = {"plan": (None, F.silu), "plan_unfused_act": (None, unfused)}
+        for bm in (16, 64, 128):
+            variants[f"sorted{bm}"] = (bm, F.silu)
+        for name, (bm, act) in variants.items():
+            out = fused_experts(x, w13, w2, weights, ids, act, block_m=bm)
+            if ref is not None:
+                row[f"{name}_rel_err"] = ((out.float() - ref).norm() / ref.norm()).item()
+            row[f"{name}_ms"] = bench(
+                lambda bm=bm, act=act, x=x, w=weights, i=ids: fused_experts(x, w13, w2, w, i, act, block_m=bm)
+            )
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    # 128-row tile shapes for the long-prefill w13 GEMM (gated), against the 64-row default
+    sweep = []
+    for tokens in (4096, 16384):
+        x = torch.randn(tokens, HID, device="cuda", dtype=torch.bfloat16, generator=g)
+        ids = torch.rand(tokens, E, device="cuda", generator=g).topk(TOPK, dim=-1)[1]
+        pairs = tokens * TOPK
+        for bm, bn, bk, warps, stages in [(64, 128, 64, 4, 3), (64, 256, 64, 8, 3), (128, 128, 64, 8, 3),
+                                          (128, 256, 64, 8, 3), (128, 128, 64, 4, 3), (128, 64, 64, 4, 4),
+                                          (128, 128, 32, 8, 4), (128, 256, 32, 8, 4)]:  # fmt: skip
+            sorted_ids, tile_expert = sort_by_expert(ids, E, bm)
+            c = torch.empty(pairs, INTER, dtype=x.dtype, device="cuda")
+            grid = (tile_expert.numel(), -(-INTER // bn))
+
+            def run(
+                x=x,
+                pairs=pairs,
+                bm=bm,
+                bn=bn,
+                bk=bk,
+                warps=warps,
+                stages=stages,
+                s=sorted_ids,
+                t=tile_expert,
+                c=c,
+                grid=grid,
+            ):
+                _grouped_gemm[grid](
+                    x, w13, c, s, t, c, pairs, INTER, HID,
+                    x.stride(0), w13.stride(0), w13.stride(1), w13.stride(2), c.stride(0),
+                    ROW_DIV=TOPK, MUL_ROUTE=False, GATED=True, PAIR_TILES=False, BLOCK_M=bm, BLOCK_N=bn,
+                    BLOCK_K=bk, PRECISION="tf32", num_warps=warps, num_stages=stages,
+                )  # fmt: skip
+
+            try:
+                ms = bench(run)
+                flops = 2 * pairs * 2 * INTER * HID
+                entry = dict(tokens=tokens, bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, ms=ms,
+                             tflops=flops / ms / 1e9)  # fmt: skip
+            except Exception as err:  # a shape that does not fit shared memory
+                entry = dict(
+                    tokens=tokens, bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, error=str(err)[:200]
+                )
+            sweep.append(entry)
+            print(json.dumps(entry), flush=True)
+    return {"rows": rows, "w13_gated_sweep": sweep}
+
+
+def prefill_attn() -> dict:
+    heads, dqk, dv, n_seq = 16, 192, 128, 10
+    g = torch.Generator(device="cuda").manual_seed(1)
+    result = {}
+
+    def loop(lens):
+        total = sum(lens)
+        q = torch.randn(total, heads, dqk, device="cuda", dtype=torch.bfloat16, generator=g)
+        k = torch.randn(total, heads, dqk, device="cuda", dtype=torch.bfloat16, generator=g)
+        v = torch.randn(total, heads, dv, device="cuda", dtype=torch.bfloat16, generator=g)
+        outs, s = [], 0
+        for n in lens:
+            qi, ki, vi = (t[s : s + n].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+            outs.append(F.scaled_dot_product_attention(qi, ki, vi, is_causal=True).squeeze(0).transpose(0, 1))
+            s += n
+        return torch.cat(outs)
+
+    for label, lens in (
+        ("new_shapes", [1000 + i for i in range(n_seq)]),
+        ("warm_shapes", [1000 + i for i in range(n_seq)]),
+    ):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        loop(lens)
+        torch.cuda.synchronize()
+        result[f"sdpa_loop_{label}_ms"] = (time.perf_counter() - t) * 1e3
+    lens = [1000 + 11 + i for i in range(n_seq)]
+    loop(lens)
+    result["sdpa_loop_warm_bench_ms"] = bench(lambda: loop(lens))
+    try:
+        import inspect
+
+        from torch.nn.attention.varlen import varlen_attn
+
+        result["varlen_signature"] = str(inspect.signature(varlen_attn))
+        total = sum(lens)
+        q = torch.randn(total, heads, dqk, device="cuda", dtype=torch.bfloat16, generator=g)
+        k = torch.randn(total, heads, dqk, device="cuda", dtype=torch.bfloat16, generator=g)
+        v = torch.randn(total, heads, dqk, device="cuda", dtype=torch.bfloat16, generator=g)  # padded to dqk
+        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
+        params = inspect.signature(varlen_attn).parameters
+        kw = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+        out = varlen_attn(q, k, v, cu, cu, max(lens), max(lens), **kw)
+        s0, n0 = 0, lens[0]
+        ref = (
+            F.scaled_dot_product_attention(
+                *(t[s0 : s0 + n0].transpose(0, 1).unsqueeze(0) for t in (q, k, v)), is_causal=True
+            )
+            .squeeze(0)
+            .transpose(0, 1)
+        )
+        result["varlen_max_err_seq0"] = (out[:n0].float() - ref.float()).abs().max().item()
+        result["varlen_ms"] = bench(lambda: varlen_attn(q, k, v, cu, cu, max(lens), max(lens), **kw))
+    except Exception as err:
+        result["varlen_error"] = repr(err)[:300]
+    print(json.dumps(result), flush=True)
+    return result
+
+
+class StepLog:
+    """Times every engine step (synchronized) and counts Triton compiles while active."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.steps, self.compiles = engine, [], []
+
+    def __enter__(self):
+        import triton.runtime.jit as jit
+
+        schedule, step = self.engine.scheduler.schedule, self.engine.step
+        self._jit, self._orig = jit.JITFunction, jit.JITFunction._do_compile
+        info = {}
+
+        def schedule_and_note():
+            out = schedule()
+            info.update(tokens=out.num_batched_tokens, seqs=len(out.scheduled))
+            return out
+
+        def timed_step():
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            outs = step()
+            torch.cuda.synchronize()
+            self.steps.append(dict(info, ms=(time.perf_counter() - t) * 1e3))
+            return outs
+
+        log, orig = self.compiles, self._orig
+
+        def counted(fn, *args, **kwargs):
+            t = time.perf_counter()
+            kernel = orig(fn, *args, **kwargs)
+            log.append(
+                dict(kernel=getattr(fn, "__name__", str(fn)), s=time.perf_counter() - t, step=len(self.steps))
+            )
+            return kernel
+
+        self.engine.scheduler.schedule, self.engine.step = schedule_and_note, timed_step
+        self._jit._do_compile = counted
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.engine.scheduler.schedule, self.engine.step
+        self._jit._do_compile = self._orig
+
+    def summary(self) -> dict:
+        decode = [s for s in self.steps if s["tokens"] == s["seqs"]]
+        mixed = [s for s in self.steps if s["tokens"] != s["seqs"]]
+        slow = sorted(self.steps, key=lambda s: -s["ms"])[:8]
+        return dict(
+            steps=len(self.steps), total_ms=sum(s["ms"] for s in self.steps),
+            decode_steps=len(decode), decode_ms=sum(s["ms"] for s in decode),
+            prefill_steps=len(mixed), prefill_ms=sum(s["ms"] for s in mixed),
+            prefill_tokens=sum(s["tokens"] - 0 for s in mixed), slowest=slow,
+            compiles=len(self.compiles), compile_s=sum(c["s"] for c in self.compiles),
+            compiled=[f"{c['kernel']}@{c['step']}:{c['s']:.2f}s" for c in self.compiles][:20],
+        )  # fmt: skip
+
+
+def steps(tmp: Path) -> dict:
+    from mlaserve import SamplingParams
+
+    result = {}
+    llm = lite_llm(tmp / "v2lite", max_num_seqs=256)
+    gen = torch.Generator().manual_seed(0)
+    for batch in (1, 32):
+        prompts = [
+            {"prompt_token_ids": torch.randint(0, 100000, (512,), generator=gen).tolist()}
+            for _ in range(batch)
+        ]
+        params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+        llm.generate(
+            prompts[:1], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False
+        )
+        reps = []
+        for _ in range(5):
+            with StepLog(llm.engine) as log:
+                t = time.perf_counter()
+                llm.generate(prompts, params, use_tqdm=False)
+                wall = time.perf_counter() - t
+            llm.engine.kv_manager.reset_prefix_cache()
+            reps.append(dict(wall_s=wall, tok_s=batch * 64 / wall, **log.summary()))
+            print(json.dumps({f"batch{batch}": reps[-1]}), flush=True)
+        result[f"lite_batch{batch}"] = reps
+    prompts = [
+        {
+            "prompt_token_ids": torch.randint(
+                0, 100000, (1000,), generator=torch.Generator().manual_seed(1)
+            ).tolist()
+        }
+        for _ in range(256)
+    ]
+    params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+    llm.generate(prompts[:8], params, use_tqdm=False)
+    llm.engine.kv_manager.reset_prefix_cache()
+    for rep in range(2):
+        with StepLog(llm.engine) as log:
+            t = time.perf_counter()
+            llm.generate(prompts, params, use_tqdm=False)
+            wall = time.perf_counter() - t
+        llm.engine.kv_manager.reset_prefix_cache()
+        summary = dict(wall_s=wall, req_s=256 / wall, **log.summary())
+        summary["step_list"] = [(s["tokens"], s["seqs"], round(s["ms"], 2)) for s in log.steps]
+        result[f"throughput_{rep}"] = summary
+        print(json.dumps({k: v for k, v in summary.items() if k != "step_list"}), flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("out")
+    parser.add_argument("--sections", default="moe,prefill_attn,steps")
+    args = parser.parse_args()
+    out = {"gpu": torch.cuda.get_device_name(), "command": " ".join(sys.argv)}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.sections.split(","):
+            fn = {"moe": moe, "prefill_attn": prefill_attn, "steps": lambda: steps(Path(tmp))}[name]
+            t = time.perf_counter()
+            try:
+                out[name] = fn()
+            except Exception as err:  # keep the other sections' figures
+                import traceback
+
+                traceback.print_exc()
+                out[name] = {"error": repr(err)[:500]}
+            out[f"{name}_seconds"] = time.perf_counter() - t
+            Path(args.out).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
