@@ -219,6 +219,44 @@ class StepLog:
         )  # fmt: skip
 
 
+def graph_replay_ms(llm, batch: int) -> float | None:
+    """GPU time of one captured decode step (the step's host work excluded)."""
+    graphs = llm.engine.runner.graphs
+    return None if graphs is None or batch not in graphs.graphs else bench(graphs.graphs[batch].replay)
+
+
+def eager_kernels(llm, prompts: list, new_tokens: int) -> list:
+    """The decode kernels of an eager run (graphs off), summed by name: [name, launches per step, us per step]."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from mlaserve import SamplingParams
+
+    runner = llm.engine.runner
+    graphs, runner.graphs = runner.graphs, None
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    try:
+        llm.generate(
+            prompts, SamplingParams(temperature=0, max_tokens=1), use_tqdm=False
+        )  # cache the prompts
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        runner.graphs = graphs
+        llm.engine.kv_manager.reset_prefix_cache()
+    steps = new_tokens - 1  # the first step re-prefills the last prompt token
+    rows = [(e.key, e.count / steps, e.self_device_time_total / steps) for e in prof.key_averages()]
+    rows = [r for r in rows if r[2] > 0]
+    rows.sort(key=lambda r: -r[2])
+    total = sum(r[2] for r in rows)
+    print(
+        f"eager kernels: {total:.0f} us per step (incl. one prefill of 1 token spread over the steps)",
+        flush=True,
+    )
+    for name, count, us in rows[:40]:
+        print(f"  {us:8.1f} us {count:6.1f}x  {name[:100]}", flush=True)
+    return [[name[:120], round(count, 2), round(us, 2)] for name, count, us in rows]
+
+
 def steps(tmp: Path) -> dict:
     from mlaserve import SamplingParams
 
@@ -244,6 +282,12 @@ def steps(tmp: Path) -> dict:
             reps.append(dict(wall_s=wall, tok_s=batch * 64 / wall, **log.summary()))
             print(json.dumps({f"batch{batch}": reps[-1]}), flush=True)
         result[f"lite_batch{batch}"] = reps
+        result[f"lite_batch{batch}_graph_replay_ms"] = graph_replay_ms(llm, batch)
+        result[f"lite_batch{batch}_eager_kernels"] = eager_kernels(llm, prompts, 12)
+        print(
+            json.dumps({f"batch{batch}_graph_replay_ms": result[f"lite_batch{batch}_graph_replay_ms"]}),
+            flush=True,
+        )
     prompts = [
         {
             "prompt_token_ids": torch.randint(

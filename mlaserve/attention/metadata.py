@@ -25,6 +25,9 @@ class AttentionMetadata:
     prefill_slot_index: torch.Tensor | None = (
         None  # [sum of prefill seq_lens] slots of every prefill's context
     )
+    # int32 offsets of each prefill's queries and context in the concatenated tensors (varlen kernels)
+    prefill_cu_query_lens: torch.Tensor | None = None  # [num_prefills + 1]
+    prefill_cu_seq_lens: torch.Tensor | None = None  # [num_prefills + 1]
 
     @property
     def num_seqs(self) -> int:
@@ -76,4 +79,9 @@ def build_metadata(
             for i in range(num_decodes, len(query_lens))
         ]
         meta.prefill_slot_index = torch.cat(parts)
+        offsets = [0] * 2 * (len(query_lens) - num_decodes + 1)
+        for i, (q_len, kv_len) in enumerate(zip(meta.prefill_query_lens, meta.prefill_seq_lens)):
+            offsets[2 * i + 2], offsets[2 * i + 3] = offsets[2 * i] + q_len, offsets[2 * i + 1] + kv_len
+        cu = torch.tensor(offsets, dtype=torch.int32, device=device).view(-1, 2)  # one host-to-device copy
+        meta.prefill_cu_query_lens, meta.prefill_cu_seq_lens = cu[:, 0], cu[:, 1]
     return meta

@@ -1,10 +1,52 @@
-"""Prefill through torch's scaled_dot_product_attention (fused kernels on CPU and GPU); decode as the reference."""
+"""Prefill through torch's fused attention kernels (flash varlen on CUDA, scaled_dot_product_attention
+elsewhere); decode as the reference, or SDPA when no LSE is needed.
+
+cuDNN's attention, which SDPA prefers on Hopper, builds an execution plan for every new shape: about 100 ms
+each on an H200 (benchmarks/results/h200-diagnose-2026-11-30.json), and chunked prefill makes new shapes all the
+time. So on CUDA one varlen flash call covers every prefill sequence, and SDPA calls exclude cuDNN.
+"""
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.attention.torch_ref import TorchBackend, causal_mask, gather_decode
+
+_NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def _kernels(device: torch.device) -> contextlib.AbstractContextManager:
+    return sdpa_kernel(_NO_CUDNN) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def varlen_prefill(q, k, v, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Every prefill sequence in one flash-attention call (torch.nn.attention.varlen), bottom-right causal."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    heads, dk, dv = q.shape[1], q.shape[-1], v.shape[-1]
+    if k.shape[1] != heads:  # GQA: the varlen entry point of every supported torch takes equal head counts
+        k, v = k.repeat_interleave(heads // k.shape[1], 1), v.repeat_interleave(heads // v.shape[1], 1)
+    if dv != dk:  # flash needs one head size for K and V (MLA: 192 vs 128); zero columns change nothing
+        v = F.pad(v, (0, dk - dv))
+    cu_q, cu_k = meta.prefill_cu_query_lens, meta.prefill_cu_seq_lens
+    out = varlen_attn(
+        q, k.contiguous(), v.contiguous(), cu_q, cu_k, max(meta.prefill_query_lens),
+        max(meta.prefill_seq_lens), scale=scale, window_size=(-1, 0),
+    )  # fmt: skip
+    return out[..., :dv]
+
+
+def can_use_varlen(q: torch.Tensor) -> bool:
+    if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] > 256:
+        return False
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:  # torch before 2.9
+        return False
+    return True
 
 
 class SdpaBackend(TorchBackend):
@@ -19,22 +61,30 @@ class SdpaBackend(TorchBackend):
         k = gather_decode(k_cache, meta, q.dtype).transpose(1, 2)  # [B, Hkv, L, Dk]
         v = k[..., :v_dim] if v_cache is None else gather_decode(v_cache, meta).transpose(1, 2)
         mask = meta.decode_mask[:, None, None, :]
-        out = F.scaled_dot_product_attention(
-            q.view(b, h, 1, dk), k, v, attn_mask=mask, scale=scale, enable_gqa=True
-        )
+        with _kernels(q.device):
+            out = F.scaled_dot_product_attention(
+                q.view(b, h, 1, dk), k, v, attn_mask=mask, scale=scale, enable_gqa=True
+            )
         return out.view(b, h, v_dim), None
 
     def prefill(self, q, k, v, meta: AttentionMetadata, scale: float):
+        if can_use_varlen(q):
+            return varlen_prefill(q, k, v, meta, scale)
         outs, q_start, k_start = [], 0, 0
         for q_len, kv_len in zip(meta.prefill_query_lens, meta.prefill_seq_lens):
             qi = q[q_start : q_start + q_len].transpose(0, 1).unsqueeze(0)
             ki = k[k_start : k_start + kv_len].transpose(0, 1).unsqueeze(0)
             vi = v[k_start : k_start + kv_len].transpose(0, 1).unsqueeze(0)
-            if q_len == kv_len:
-                out = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, enable_gqa=True)
-            else:
-                mask = causal_mask(q_len, kv_len, q.device)
-                out = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=True)
+            with _kernels(q.device):
+                if q_len == kv_len:
+                    out = F.scaled_dot_product_attention(
+                        qi, ki, vi, is_causal=True, scale=scale, enable_gqa=True
+                    )
+                else:
+                    mask = causal_mask(q_len, kv_len, q.device)
+                    out = F.scaled_dot_product_attention(
+                        qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=True
+                    )
             outs.append(out.squeeze(0).transpose(0, 1))
             q_start, k_start = q_start + q_len, k_start + kv_len
         return torch.cat(outs)
