@@ -79,9 +79,10 @@ def build_metadata(
             for i in range(num_decodes, len(query_lens))
         ]
         meta.prefill_slot_index = torch.cat(parts)
-        offsets = [0] * 2 * (len(query_lens) - num_decodes + 1)
-        for i, (q_len, kv_len) in enumerate(zip(meta.prefill_query_lens, meta.prefill_seq_lens)):
-            offsets[2 * i + 2], offsets[2 * i + 3] = offsets[2 * i] + q_len, offsets[2 * i + 1] + kv_len
-        cu = torch.tensor(offsets, dtype=torch.int32, device=device).view(-1, 2)  # one host-to-device copy
-        meta.prefill_cu_query_lens, meta.prefill_cu_seq_lens = cu[:, 0], cu[:, 1]
+        cu = [[0], [0]]
+        for q_len, kv_len in zip(meta.prefill_query_lens, meta.prefill_seq_lens):
+            cu[0].append(cu[0][-1] + q_len)
+            cu[1].append(cu[1][-1] + kv_len)
+        cu_t = torch.tensor(cu, dtype=torch.int32, device=device)  # one host-to-device copy; rows contiguous
+        meta.prefill_cu_query_lens, meta.prefill_cu_seq_lens = cu_t[0], cu_t[1]
     return meta
