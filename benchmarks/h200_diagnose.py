@@ -288,13 +288,9 @@ def steps(tmp: Path) -> dict:
             json.dumps({f"batch{batch}_graph_replay_ms": result[f"lite_batch{batch}_graph_replay_ms"]}),
             flush=True,
         )
+    gen = torch.Generator().manual_seed(1)
     prompts = [
-        {
-            "prompt_token_ids": torch.randint(
-                0, 100000, (1000,), generator=torch.Generator().manual_seed(1)
-            ).tolist()
-        }
-        for _ in range(256)
+        {"prompt_token_ids": torch.randint(0, 100000, (1000,), generator=gen).tolist()} for _ in range(256)
     ]
     params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
     llm.generate(prompts[:8], params, use_tqdm=False)

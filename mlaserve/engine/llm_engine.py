@@ -75,6 +75,8 @@ class LLMEngine:
             self.kv_manager,
         )
         self.runner = ModelRunner(self.model, self.kv_caches, config.block_size, self.device)
+        if self.device.type == "cuda":
+            self.runner.warm_up(batched, max_len)
         graphable = self.backend.supports_cuda_graphs and self.kv_spec.is_mla
         if self.device.type == "cuda" and not config.enforce_eager and graphable:
             self.runner.enable_cuda_graphs(max_len, config.max_num_seqs)

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mlaserve.attention.metadata import build_metadata
 from mlaserve.core.scheduler import SchedulerOutput
 from mlaserve.layers.sampler import Sampler
 from mlaserve.models.base import CausalLM
@@ -33,6 +34,24 @@ class ModelRunner:
             self.model, self.kv_caches, self.block_size, max_model_len, max_num_seqs, self.device
         )
         self.graphs.capture()
+
+    @torch.inference_mode()
+    def warm_up(self, num_tokens: int, max_model_len: int) -> None:
+        """One dummy prefill step of num_tokens (as prompts of at most max_model_len) through the whole model.
+
+        Long prefills pick kernel variants that no decode graph uses (taller MoE tiles); without this the first
+        long prompt a server sees would wait about a second per variant for Triton to compile it. Every dummy
+        token writes to slot 0 of the null block, which no block table reads."""
+        lens = [min(max_model_len, num_tokens - i) for i in range(0, num_tokens, max_model_len)]
+        table = torch.zeros(
+            len(lens), -(-max(lens) // self.block_size), dtype=torch.int32, device=self.device
+        )
+        slots = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+        meta = build_metadata(self.block_size, table, lens, lens, 0, slots)
+        positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
+        self.model(
+            torch.zeros(num_tokens, dtype=torch.long, device=self.device), positions, self.kv_caches, meta
+        )
 
     def add_generator(self, request_id: str, seed: int) -> None:
         self.generators[request_id] = torch.Generator(device=self.device).manual_seed(seed)

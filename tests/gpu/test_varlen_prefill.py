@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def test_varlen_prefill_matches_reference(heads, kv_heads, dk, dv):
     gen = torch.Generator(device="cuda").manual_seed(heads + dk)
     query_lens, seq_lens = [1, 7, 37, 200, 64], [1, 7, 100, 200, 300]  # the last three are later chunks
-    table = torch.arange(64, dtype=torch.int32, device="cuda").view(8, 8)[: len(seq_lens)]
+    table = torch.arange(100, dtype=torch.int32, device="cuda").view(5, 20)  # 20 blocks of 16 hold 300
     meta = build_metadata(16, table, query_lens, seq_lens, 0, torch.zeros(1, dtype=torch.long, device="cuda"))
     q = torch.randn(sum(query_lens), heads, dk, device="cuda", generator=gen, dtype=torch.bfloat16)
     k = torch.randn(sum(seq_lens), kv_heads, dk, device="cuda", generator=gen, dtype=torch.bfloat16)
