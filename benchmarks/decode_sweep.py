@@ -1,6 +1,6 @@
 """Decode-kernel variants at the memory-bound shapes (16 heads, block 64) on one GPU, side by side in one run:
-bf16 tiles of 64 or 128 rows at several split counts, and the 8-bit caches with and without the register
-prefetch. Each variant's output is compared with the default kernel's on the same inputs first.
+bf16 tiles of 64 or 32 rows at several split counts and partial-output dtypes, and the 8-bit caches with fp16
+or bf16 dots. Each variant's output is compared with the default kernel's on the same inputs first.
 
     python benchmarks/decode_sweep.py OUT_DIR        # writes OUT_DIR/decode_sweep.json
 
@@ -19,12 +19,23 @@ from benchmarks.gpu_suite import LAT, ROPE, bench, ceilings, paged_case  # noqa:
 from mlaserve.attention.triton.mla_decode import mla_decode  # noqa: E402
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows  # noqa: E402
 
-BF16_VARIANTS = [dict(), dict(num_splits=4), dict(num_splits=8), dict(num_splits=16)] + [
-    dict(block_n=128, num_warps=w, num_stages=st, **extra)
-    for w, st in ((8, 2), (4, 2), (8, 3))
-    for extra in (dict(), dict(num_splits=4), dict(num_splits=8))
+BF16 = torch.bfloat16
+BF16_VARIANTS = [
+    dict(),
+    dict(num_splits=4),
+    dict(partial_dtype=BF16),
+    dict(num_splits=4, partial_dtype=BF16),
+] + [
+    dict(block_n=32, num_warps=w, num_stages=st, **extra)
+    for w, st in ((4, 3), (4, 4), (8, 4))
+    for extra in (dict(), dict(num_splits=4), dict(partial_dtype=BF16))
 ]
-Q8_VARIANTS = [dict(prefetch=False), dict(), dict(num_warps=4), dict(num_stages=1), dict(block_n=32)]
+Q8_VARIANTS = [dict(), dict(q_f16=True), dict(q_f16=True, prefetch=False), dict(partial_dtype=BF16, q_f16=True),
+               dict(block_n=32, q_f16=True), dict(block_n=32, num_warps=4, q_f16=True)]  # fmt: skip
+
+
+def _plain(kw: dict) -> dict:
+    return {k: str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v for k, v in kw.items()}
 
 
 def main() -> None:
@@ -42,21 +53,21 @@ def main() -> None:
             ms = bench(functools.partial(run, **kw))
             if not kw:
                 default_ms = ms
-            row = dict(B=batch, L=length, cache="bf16", **kw, ms=ms, err_vs_default=err)
+            row = dict(B=batch, L=length, cache="bf16", **_plain(kw), ms=ms, err_vs_default=err)
             row["pct_of_copy"] = 100 * nbytes / ms / 1e6 / ceil["copy_GBps"]
             rows.append(row)
             print(json.dumps(row), flush=True)
         for name, dtype in QUANTIZED.items():
             rows8 = quantize_rows(cache.view(-1, LAT + ROPE), dtype).view(*cache.shape[:3], LAT + ROPE + 16)
             run8 = functools.partial(mla_decode, q, rows8, table, meta.seq_lens, length, LAT, 1 / 192**0.5)
-            want8 = run8(prefetch=False)[0].float()
+            want8 = run8()[0].float()
             for kw in Q8_VARIANTS:
                 try:
                     err = (run8(**kw)[0].float() - want8).abs().max().item()
                     ms = bench(functools.partial(run8, **kw))
                 except Exception as e:  # a tile that does not fit this GPU
                     err, ms = None, f"{type(e).__name__}"
-                row = dict(B=batch, L=length, cache=name, **kw, ms=ms, err_vs_no_prefetch=err)
+                row = dict(B=batch, L=length, cache=name, **_plain(kw), ms=ms, err_vs_default_8bit=err)
                 if isinstance(ms, float):
                     row["vs_default_bf16"] = ms / default_ms
                 rows.append(row)

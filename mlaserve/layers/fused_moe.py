@@ -215,8 +215,38 @@ def tile_plan(num_pairs: int, num_experts: int) -> tuple[int, bool]:
     return (64 if num_pairs >= 16 * num_experts else 16), False
 
 
-def fused_experts(x, w13, w2, weights, ids, act, block_m: int | None = None) -> torch.Tensor:
-    """Same contract as moe.experts_reference: x [T, hidden], w13 [E, 2I, hidden], w2 [E, hidden, I].
+@triton.jit
+def _combine_kernel(Down, Add, Out, hidden, TOP_K: tl.constexpr, HAS_ADD: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < hidden
+    acc = tl.zeros([BLOCK], tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(Down + (t * TOP_K + j) * hidden + cols, mask=ok, other=0.0).to(tl.float32)
+    if HAS_ADD:
+        acc += tl.load(Add + t * hidden + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(Out + t * hidden + cols, acc.to(Out.dtype.element_ty), mask=ok)
+
+
+def combine(down: torch.Tensor, top_k: int, add: torch.Tensor | None) -> torch.Tensor:
+    """out[t] = sum of down[t * top_k + j] over j (+ add[t]), summed in float32 and rounded once.
+
+    One launch: torch's sum over the middle axis of [T, k, hidden] took 5 us at one token on an H200, and the
+    shared experts' add was another kernel."""
+    num_tokens, hidden = down.shape[0] // top_k, down.shape[1]
+    out = torch.empty(num_tokens, hidden, dtype=down.dtype, device=down.device)
+    block = min(1024, triton.next_power_of_2(hidden))
+    _combine_kernel[(num_tokens, triton.cdiv(hidden, block))](
+        down, add if add is not None else down, out, hidden, TOP_K=top_k, HAS_ADD=add is not None, BLOCK=block
+    )
+    return out
+
+
+def fused_experts(
+    x, w13, w2, weights, ids, act, block_m: int | None = None, add: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Same contract as moe.experts_reference: x [T, hidden], w13 [E, 2I, hidden], w2 [E, hidden, I]; plus
+    `add` ([T, hidden], e.g. the shared experts' output) added to the result in the same kernel.
 
     block_m forces sorted tiles of that height (tests, sweeps); None lets tile_plan choose."""
     num_tokens, top_k = ids.shape
@@ -237,5 +267,4 @@ def fused_experts(x, w13, w2, weights, ids, act, block_m: int | None = None) -> 
         hidden = (act(gate) * up).contiguous()
     route = weights.flatten().float().contiguous()
     down = grouped_gemm(hidden, w2, sorted_ids, tile_expert, num_pairs, 1, route, block_m)
-    # A reduced-precision sum still accumulates in float32; one kernel instead of upcast, sum and downcast.
-    return down.view(num_tokens, top_k, -1).sum(dim=1)
+    return combine(down, top_k, add)

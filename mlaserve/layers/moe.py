@@ -59,6 +59,11 @@ class MoEGate(nn.Module):
             self.e_score_correction_bias = make_param(self.num_experts, dtype=torch.float32)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._one_launch(x):
+            from mlaserve.layers.triton_router import route_greedy
+
+            bias = self.e_score_correction_bias if self.sigmoid else None
+            return route_greedy(x, self.weight, bias, self.top_k, self.normalize, self.scaling)
         logits = F.linear(x.float(), self.weight)
         if self.sigmoid:
             weights, ids = route_sigmoid(
@@ -69,6 +74,14 @@ class MoEGate(nn.Module):
         if self.normalize and self.top_k > 1:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return weights * self.scaling, ids
+
+    # Past this many tokens the GEMM is better done by cuBLAS (each program reads the whole gate weight).
+    ONE_LAUNCH_MAX_TOKENS = 64
+
+    def _one_launch(self, x: torch.Tensor) -> bool:
+        """Greedy routing of a decode-sized CUDA batch: the one-launch Triton router."""
+        greedy = self.n_group == 1 if self.sigmoid else self.method == "greedy"
+        return x.is_cuda and greedy and x.shape[0] <= self.ONE_LAUNCH_MAX_TOKENS and x.stride(-1) == 1
 
 
 class FusedExperts(nn.Module):
@@ -98,14 +111,21 @@ class FusedExperts(nn.Module):
             loaded = loaded.narrow(1, self.ctx.tp_rank * self.inter, self.inter)
         default_weight_loader(param.data[shard_id], loaded)
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, add: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The routed experts' output, plus `add` (a full, already reduced [T, hidden] tensor) if given."""
         if x.is_cuda:  # sorted tokens + one grouped Triton GEMM per projection, no host sync
             from mlaserve.layers.fused_moe import fused_experts
 
-            out = fused_experts(x, self.w13, self.w2, weights, ids, self.act)
+            fuse_add = add is not None and self.ctx.tp_size == 1  # with TP, `add` joins after the all-reduce
+            out = fused_experts(x, self.w13, self.w2, weights, ids, self.act, add=add if fuse_add else None)
+            if fuse_add:
+                return out
         else:
             out = experts_reference(x, self.w13, self.w2, weights, ids, self.act)
-        return self.ctx.all_reduce(out)
+        out = self.ctx.all_reduce(out)
+        return out if add is None else out + add
 
 
 def experts_reference(x, w13, w2, weights, ids, act) -> torch.Tensor:

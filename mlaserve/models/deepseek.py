@@ -35,8 +35,8 @@ class DeepseekMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
-        out = self.experts(x, weights, ids)
-        return out if self.shared_experts is None else out + self.shared_experts(x)
+        shared = None if self.shared_experts is None else self.shared_experts(x)
+        return self.experts(x, weights, ids, add=shared)
 
 
 class DeepseekDecoderLayer(PreNormDecoderLayer):

@@ -109,3 +109,23 @@ def test_tiles_inside_or_across_pages(page, block_n, prefetch):
     )
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(lse, want_lse, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "int8"])
+def test_fp16_dots_and_bf16_partials_stay_close(kv_dtype):
+    """The speed options: 8-bit tiles widened to fp16 for the dots, partial outputs stored in bf16."""
+    from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
+
+    seq_lens, heads, page = [9, 70, 3], 16, 16
+    q, cache, table, meta = random_case(seq_lens, heads, page, seed=11)
+    q = q.bfloat16()
+    rows = quantize_rows(cache.view(-1, LAT + ROPE), QUANTIZED[kv_dtype]).view(
+        *cache.shape[:3], LAT + ROPE + 16
+    )
+    want, want_lse = TorchBackend().decode(q, rows, None, meta, 0.2, LAT, need_lse=True)
+    got, lse = mla_decode(
+        q, rows, table, meta.seq_lens, max(seq_lens), LAT, 0.2, block_n=16, num_splits=3,
+        partial_dtype=torch.bfloat16, q_f16=True,
+    )  # fmt: skip
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-2)

@@ -39,6 +39,17 @@ def test_fused_matches_reference(tokens, experts, top_k, hidden, inter, act):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("tokens", [1, 9])
+def test_fused_adds_the_shared_output_in_its_combine(tokens):
+    gen = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, 32, generator=gen)
+    w13, w2 = torch.randn(8, 32, 32, generator=gen) * 0.1, torch.randn(8, 32, 16, generator=gen) * 0.1
+    ids = torch.stack([torch.randperm(8, generator=gen)[:2] for _ in range(tokens)])
+    weights, shared = torch.rand(tokens, 2, generator=gen), torch.randn(tokens, 32, generator=gen)
+    want = experts_reference(x, w13, w2, weights, ids, F.silu) + shared
+    torch.testing.assert_close(fused_experts(x, w13, w2, weights, ids, F.silu, add=shared), want)
+
+
 @pytest.mark.parametrize("pairs, experts, plan", [(6, 64, (16, True)), (96, 64, (16, False)),
                                                   (1024, 64, (64, False)), (8192, 64, (128, False))])  # fmt: skip
 def test_tile_plan(pairs, experts, plan):

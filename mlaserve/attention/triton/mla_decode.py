@@ -77,7 +77,7 @@ def _stage1(
     num_heads, scale_log2, num_splits,
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
-    TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr,
+    TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -94,6 +94,8 @@ def _stage1(
     q_row = Q + b * stride_qb + heads[:, None] * stride_qh
     q = tl.load(q_row + d[None, :], mask=head_ok[:, None], other=0.0)
     q_pe = tl.load(q_row + D_LAT + r[None, :], mask=head_ok[:, None], other=0.0)
+    if Q_F16:  # 8-bit tiles then widen to fp16 (one instruction per pair on Hopper) rather than bf16
+        q, q_pe = q.to(tl.float16), q_pe.to(tl.float16)
 
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_H], tl.float32)
@@ -130,7 +132,7 @@ def _stage1(
         has, m + tl.log2(tl.where(has, l_sum, 1.0)), float("-inf")
     )  # base-2 LSE; -inf for an empty split
     mo = MidO + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + d[None, :]
-    tl.store(mo, out, mask=head_ok[:, None])
+    tl.store(mo, out.to(MidO.dtype.element_ty), mask=head_ok[:, None])
     tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse2, mask=head_ok)
 
 
@@ -154,7 +156,7 @@ def _stage2(
         MidO + b * stride_mob + h * stride_moh + s[:, None] * stride_mos + d[None, :],
         mask=s_ok[:, None],
         other=0.0,
-    )
+    ).to(tl.float32)
     out = tl.sum(parts * (w / total)[:, None], 0)
     tl.store(Out + b * stride_ob + h * stride_oh + d, out.to(Out.dtype.element_ty))
     tl.store(Lse + b * stride_lb + h, (top + tl.log2(total)) / 1.4426950408889634)
@@ -195,12 +197,16 @@ def mla_decode(
     num_warps: int = 8,
     num_stages: int | None = None,
     prefetch: bool | None = None,
+    partial_dtype: torch.dtype = torch.float32,
+    q_f16: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, H, kv_lora_rank + rope]; kv_cache: [blocks, page, 1, kv_lora_rank + rope]; block_table [B, max_blocks];
     seq_lens [B]. Returns (out [B, H, kv_lora_rank] in q's dtype, lse [B, H] float32, natural log).
 
     prefetch: load the next KV tile into registers before attending to the current one (default: on for 8-bit
     caches, whose tiles are converted in registers; bf16 tiles are streamed by Triton's own pipeliner).
+    partial_dtype: how the per-split partial outputs are stored for the merge (their traffic is ~10% of the
+    cache's at 8 splits of a 4,096 context). q_f16: 8-bit caches only, run the dots in fp16 instead of bf16.
 
     Defaults come from the H200 sweep in benchmarks/gpu_suite.py --tune: 16 heads per program when there are few
     (memory-bound: one latent read per 16 heads), 64 with many (each latent tile then feeds 64 heads' dots)."""
@@ -216,7 +222,7 @@ def mla_decode(
     if num_splits is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
         num_splits = num_splits_for(batch, head_groups, max_seq_len, block_n, sms, block_h)
-    mid_o = torch.empty(batch, heads, num_splits, kv_lora_rank, dtype=torch.float32, device=q.device)
+    mid_o = torch.empty(batch, heads, num_splits, kv_lora_rank, dtype=partial_dtype, device=q.device)
     mid_lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
     kv = kv_cache.view(-1, row)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
@@ -228,6 +234,7 @@ def mla_decode(
         PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=block_n, PRECISION=precision,
         QUANTIZED=is_quantized(kv_cache.dtype), TILE_IN_PAGE=page % block_n == 0,
         PREFETCH=is_quantized(kv_cache.dtype) if prefetch is None else prefetch,
+        Q_F16=q_f16 and is_quantized(kv_cache.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
