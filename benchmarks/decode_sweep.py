@@ -1,6 +1,5 @@
 """Decode-kernel variants at the memory-bound shapes (16 heads, block 64) on one GPU, side by side in one run:
-bf16 tiles of 64 or 32 rows at several split counts and partial-output dtypes, and the 8-bit caches with fp16
-or bf16 dots. Each variant's output is compared with the default kernel's on the same inputs first.
+bf16 at several split counts, and the 8-bit caches at several tile sizes, warp counts and pipeline depths. Each variant's output is compared with the default kernel's on the same inputs first.
 
     python benchmarks/decode_sweep.py OUT_DIR        # writes OUT_DIR/decode_sweep.json
 
@@ -19,19 +18,10 @@ from benchmarks.gpu_suite import LAT, ROPE, bench, ceilings, paged_case  # noqa:
 from mlaserve.attention.triton.mla_decode import mla_decode  # noqa: E402
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows  # noqa: E402
 
-BF16 = torch.bfloat16
-BF16_VARIANTS = [
-    dict(),
-    dict(num_splits=4),
-    dict(partial_dtype=BF16),
-    dict(num_splits=4, partial_dtype=BF16),
-] + [
-    dict(block_n=32, num_warps=w, num_stages=st, **extra)
-    for w, st in ((4, 3), (4, 4), (8, 4))
-    for extra in (dict(), dict(num_splits=4), dict(partial_dtype=BF16))
-]
-Q8_VARIANTS = [dict(), dict(q_f16=True), dict(q_f16=True, prefetch=False), dict(partial_dtype=BF16, q_f16=True),
-               dict(block_n=32, q_f16=True), dict(block_n=32, num_warps=4, q_f16=True)]  # fmt: skip
+BF16_VARIANTS = [dict(), dict(num_splits=2), dict(num_splits=8)]
+# 8-bit caches: the default (32-row tiles, 4 warps, fp16 dots at 16 heads) against neighbours and the old default
+Q8_VARIANTS = [dict(), dict(block_n=16), dict(block_n=16, num_warps=2), dict(num_warps=2), dict(num_stages=2),
+               dict(num_stages=4), dict(block_n=64, num_warps=8, q_f16=False)]  # fmt: skip
 
 
 def _plain(kw: dict) -> dict:

@@ -59,12 +59,12 @@ class MoEGate(nn.Module):
             self.e_score_correction_bias = make_param(self.num_experts, dtype=torch.float32)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._one_launch(x):
+        logits = F.linear(x.float(), self.weight)
+        if self._one_launch(logits):
             from mlaserve.layers.triton_router import route_greedy
 
             bias = self.e_score_correction_bias if self.sigmoid else None
-            return route_greedy(x, self.weight, bias, self.top_k, self.normalize, self.scaling)
-        logits = F.linear(x.float(), self.weight)
+            return route_greedy(logits, bias, self.top_k, self.normalize, self.scaling)
         if self.sigmoid:
             weights, ids = route_sigmoid(
                 logits, self.e_score_correction_bias, self.top_k, self.n_group, self.topk_group
@@ -75,13 +75,10 @@ class MoEGate(nn.Module):
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return weights * self.scaling, ids
 
-    # Past this many tokens the GEMM is better done by cuBLAS (each program reads the whole gate weight).
-    ONE_LAUNCH_MAX_TOKENS = 64
-
-    def _one_launch(self, x: torch.Tensor) -> bool:
-        """Greedy routing of a decode-sized CUDA batch: the one-launch Triton router."""
+    def _one_launch(self, logits: torch.Tensor) -> bool:
+        """Greedy routing on CUDA: the one-launch Triton scores + top-k (moe.py's functions otherwise)."""
         greedy = self.n_group == 1 if self.sigmoid else self.method == "greedy"
-        return x.is_cuda and greedy and x.shape[0] <= self.ONE_LAUNCH_MAX_TOKENS and x.stride(-1) == 1
+        return logits.is_cuda and greedy
 
 
 class FusedExperts(nn.Module):

@@ -129,3 +129,13 @@ def test_fp16_dots_and_bf16_partials_stay_close(kv_dtype):
     )  # fmt: skip
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize(
+    "batch, max_len, want",
+    [(64, 4096, 4), (128, 8192, 4), (1, 576, 3), (1, 10240, 40), (32, 4096, 16)],
+)
+def test_split_rule(batch, max_len, want):
+    from mlaserve.attention.triton.mla_decode import num_splits_for
+
+    assert num_splits_for(batch, 1, max_len, 64, 132, 16) == want

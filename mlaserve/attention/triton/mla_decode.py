@@ -165,15 +165,19 @@ def _stage2(
 def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms: int, block_h: int) -> int:
     """How many slices of the context each (sequence, head group) is split into; no slice under 4 KV tiles.
 
-    The memory-bound kernel (16 heads per program) gets about four programs per SM: on an H200, block 64, 16 heads,
-    (B, L) = (64, 4,096) took 0.106 ms at 8 splits and (128, 8,192) 0.329 ms at 4 (benchmarks/results/
-    h200-2026-11-30.json), against 0.142 and 0.419 ms with two programs per SM (the same file at commit
-    bb839f6). The compute-bound kernel (64 heads per program) was fastest unsplit when one wave holds every
-    program, so it takes the fewest splits whose last wave is within 5% of the best fill."""
+    The memory-bound kernel (16 heads per program) gets about four programs per SM, but once the batch has 64 or
+    more (sequence, head group) units no slice is shorter than 16 tiles: on an H200, block 64, 16 heads, (B, L) =
+    (64, 4,096) took 0.0986 ms at 4 splits against 0.1054 ms at 8, and (128, 8,192) 0.328 ms at 4 (benchmarks/
+    results/decode-sweep-h200-2026-11-30b.json). The compute-bound kernel (64 heads per program) was fastest
+    unsplit when one wave holds every program, so it takes the fewest splits whose last wave is within 5% of the
+    best fill."""
     most = max(1, min(math.ceil(max_len / (4 * block_n)), 64))
     work = max(batch * head_groups, 1)
     if block_h <= 16:
-        return max(1, min(most, round(4 * sms / work)))
+        splits = round(4 * sms / work)
+        if work >= 64:  # the batch alone spreads over the SMs: keep slices long (>= 16 tiles), fewer partials
+            splits = min(splits, math.ceil(max_len / (16 * block_n)))
+        return max(1, min(most, splits))
 
     def fill(splits: int) -> float:
         programs = work * splits
@@ -192,13 +196,13 @@ def mla_decode(
     kv_lora_rank: int,
     scale: float,
     block_h: int | None = None,
-    block_n: int = 64,
+    block_n: int | None = None,
     num_splits: int | None = None,
-    num_warps: int = 8,
+    num_warps: int | None = None,
     num_stages: int | None = None,
     prefetch: bool | None = None,
     partial_dtype: torch.dtype = torch.float32,
-    q_f16: bool = False,
+    q_f16: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, H, kv_lora_rank + rope]; kv_cache: [blocks, page, 1, kv_lora_rank + rope]; block_table [B, max_blocks];
     seq_lens [B]. Returns (out [B, H, kv_lora_rank] in q's dtype, lse [B, H] float32, natural log).
@@ -213,6 +217,14 @@ def mla_decode(
     batch, heads, width = q.shape
     if block_h is None:
         block_h = 16 if heads <= 16 else 32 if heads < 64 else 64
+    # 8-bit tiles are widened in registers; at 16 heads per program that conversion, not HBM, bounds the
+    # kernel, and smaller tiles with fewer warps and fp16 dots (a cheaper widening) were fastest: fp8 at (B, L)
+    # = (64, 4,096) took 0.140 ms against 0.181 ms with the bf16-cache defaults (benchmarks/results/
+    # decode-sweep-h200-2026-11-30b.json). The 64-head kernel keeps the measured defaults of bf16 caches.
+    light = is_quantized(kv_cache.dtype) and block_h <= 16
+    block_n = block_n or (32 if light else 64)
+    num_warps = num_warps or (4 if light else 8)
+    q_f16 = light and q.dtype != torch.float32 if q_f16 is None else q_f16  # fp32 models keep fp32 dots
     if num_stages is None:
         num_stages = 3 if block_h <= 16 else 2
     page = kv_cache.shape[1]
