@@ -50,3 +50,6 @@ class DecodeStepTimer:
 
     def __exit__(self, *exc: object) -> None:
         del self.engine.scheduler.schedule, self.engine.step  # the class methods show through again
+        # The figures outlive the engine: holding it would keep its KV cache allocated (the suite's MLA-vs-MHA
+        # table ran out of GPU memory building its next engine that way).
+        self.engine = None

@@ -30,3 +30,4 @@ def test_counts_decode_only_steps(tmp_path):
     # the engine's own methods are back: a plain run still works and is not counted
     llm.generate(prompts[:1], SamplingParams(max_tokens=3), use_tqdm=False)
     assert timer.tokens == 28 and "step" not in vars(llm.engine)
+    assert timer.engine is None  # no reference that would keep the engine (and its KV cache) alive

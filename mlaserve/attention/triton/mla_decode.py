@@ -69,9 +69,9 @@ def _attend_tile(
 
 
 # Ints that change from step to step are not specialized on (Triton would compile a variant for 1 and for
-# multiples of 16): a compile in the middle of serving costs about a second. The LSE strides follow the split
+# multiples of 16): a compile in the middle of serving costs about a second. The per-head LSE stride is the split
 # count, which an eager mixed step picks from its own batch.
-@triton.jit(do_not_specialize=["stride_bt", "stride_mlb", "stride_mlh", "num_splits"])
+@triton.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits"])
 def _stage1(
     Q, KV, BlockTable, SeqLens, MidO, MidLse,
     stride_qb, stride_qh, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
@@ -137,7 +137,7 @@ def _stage1(
     tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse2, mask=head_ok)
 
 
-@triton.jit(do_not_specialize=["stride_mlb", "stride_mlh", "num_splits"])
+@triton.jit(do_not_specialize=["stride_mlh", "num_splits"])
 def _stage2(
     MidO, MidLse, Out, Lse,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, stride_lb,
