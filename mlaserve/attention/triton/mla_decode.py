@@ -166,19 +166,16 @@ def _stage2(
 def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms: int, block_h: int) -> int:
     """How many slices of the context each (sequence, head group) is split into; no slice under 4 KV tiles.
 
-    The memory-bound kernel (16 heads per program) gets about four programs per SM, but once the batch has 64 or
-    more (sequence, head group) units no slice is shorter than 16 tiles: on an H200, block 64, 16 heads, (B, L) =
-    (64, 4,096) took 0.0986 ms at 4 splits against 0.1054 ms at 8, and (128, 8,192) 0.328 ms at 4 (benchmarks/
-    results/decode-sweep-h200-2026-11-30b.json). The compute-bound kernel (64 heads per program) was fastest
+    The memory-bound kernel (16 heads per program) gets about four programs per SM: on an H200, block 64, 16 heads,
+    (B, L) = (64, 4,096) takes 0.106 ms at 8 splits in every run; 4 splits (two programs per SM, one resident
+    at a time) ran anywhere from 0.099 to 0.126 ms between runs of the same code (benchmarks/results/
+    decode-sweep-h200-2026-11-30*.json, h200-2026-11-30.json). (128, 8,192) takes 0.328 ms at 4. The compute-bound kernel (64 heads per program) was fastest
     unsplit when one wave holds every program, so it takes the fewest splits whose last wave is within 5% of the
     best fill."""
     most = max(1, min(math.ceil(max_len / (4 * block_n)), 64))
     work = max(batch * head_groups, 1)
     if block_h <= 16:
-        splits = round(4 * sms / work)
-        if work >= 64:  # the batch alone spreads over the SMs: keep slices long (>= 16 tiles), fewer partials
-            splits = min(splits, math.ceil(max_len / (16 * block_n)))
-        return max(1, min(most, splits))
+        return max(1, min(most, round(4 * sms / work)))
 
     def fill(splits: int) -> float:
         programs = work * splits
