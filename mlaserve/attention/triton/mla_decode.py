@@ -166,12 +166,12 @@ def _stage2(
 def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms: int, block_h: int) -> int:
     """How many slices of the context each (sequence, head group) is split into; no slice under 4 KV tiles.
 
-    The memory-bound kernel (16 heads per program) gets about four programs per SM: on an H200, block 64, 16 heads,
-    (B, L) = (64, 4,096) takes 0.106 ms at 8 splits in every run; 4 splits (two programs per SM, one resident
-    at a time) ran anywhere from 0.099 to 0.126 ms between runs of the same code (benchmarks/results/
-    decode-sweep-h200-2026-11-30*.json, h200-2026-11-30.json). (128, 8,192) takes 0.328 ms at 4. The compute-bound kernel (64 heads per program) was fastest
-    unsplit when one wave holds every program, so it takes the fewest splits whose last wave is within 5% of the
-    best fill."""
+    The memory-bound kernel (16 heads per program) gets about four programs per SM. On an H200, block 64, 16 heads,
+    (B, L) = (64, 4,096): 8 splits took 0.105-0.106 ms in four sweeps and 0.120 ms in the suite's record run;
+    4 splits (two programs per SM) took 0.099-0.126 ms between runs of the same code (benchmarks/results/
+    decode-sweep-h200-2026-11-30*.json, h200-2026-11-30*.json). (128, 8,192) takes 0.328-0.331 ms at 4.
+    The compute-bound kernel (64 heads per program) was fastest unsplit when one wave holds every program, so it
+    takes the fewest splits whose last wave is within 5% of the best fill."""
     most = max(1, min(math.ceil(max_len / (4 * block_n)), 64))
     work = max(batch * head_groups, 1)
     if block_h <= 16:
