@@ -12,16 +12,14 @@ time a decode step's GEMMs can take, and the offline benchmark's floor for prefi
 import argparse
 import datetime as dt
 import json
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.cpu_linear import SHAPES  # noqa: E402
+from benchmarks.cpu_linear import SHAPES, median_us  # noqa: E402
+from benchmarks.offline_throughput import git_state  # noqa: E402
 from mlaserve.layers import cpu_gemm  # noqa: E402
 
 LAYERS, PARAMS = (
@@ -31,13 +29,7 @@ LAYERS, PARAMS = (
 
 
 def median_s(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return median_us(fn, repeats) / 1e6
 
 
 def main() -> None:
@@ -87,9 +79,7 @@ def main() -> None:
         "benchmark": "cpu_ceilings",
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "command": " ".join(["python", *sys.argv]),
-        "git_commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip(),
+        "git_commit": git_state()[0],
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "read_GBps": read_gbps,

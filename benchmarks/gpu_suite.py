@@ -51,6 +51,14 @@ V2_LITE = dict(
 )  # fmt: skip
 
 
+def random_prompts(gen: torch.Generator, count: int, length: int) -> list[dict]:
+    """count prompts of `length` random token ids (V2-Lite's vocabulary), as LLM.generate takes them."""
+    return [
+        {"prompt_token_ids": torch.randint(0, 100000, (length,), generator=gen).tolist()}
+        for _ in range(count)
+    ]
+
+
 def bench(fn) -> float:
     """Median milliseconds (CUDA events, cache flushed between runs)."""
     import triton.testing
@@ -238,16 +246,13 @@ def lite(tmp: Path, hf_peer: bool, eager: bool = False, profile: bool = False) -
     result = {"load_s": time.perf_counter() - t0, "stats": llm.stats()}
     gen = torch.Generator().manual_seed(0)
     for batch in (1, 32):
-        prompts = [
-            {"prompt_token_ids": torch.randint(0, 100000, (512,), generator=gen).tolist()}
-            for _ in range(batch)
-        ]
+        prompts = random_prompts(gen, batch, 512)
         params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
         llm.generate(
             prompts[:1], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False
         )
         walls = []
-        for _ in range(5):  # repeats have spread 2-3x at batch 32 (not understood yet): keep every wall time
+        for _ in range(5):  # repeats once spread 2-3x (cuDNN plans per prefill shape, mid-run compiles): keep all
             torch.cuda.synchronize()
             t = time.perf_counter()
             outs = llm.generate(prompts, params, use_tqdm=False)
@@ -266,7 +271,7 @@ def lite(tmp: Path, hf_peer: bool, eager: bool = False, profile: bool = False) -
         from torch.profiler import ProfilerActivity
         from torch.profiler import profile as torch_profile
 
-        prompts = [{"prompt_token_ids": torch.randint(0, 100000, (512,), generator=gen).tolist()}]
+        prompts = random_prompts(gen, 1, 512)
         with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             llm.generate(
                 prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False
@@ -323,10 +328,7 @@ def mla_vs_mha(tmp: Path) -> dict:
         llm = lite_llm(tmp / "v2lite", kv_cache_memory_bytes=KV_BYTES, **options)
         stats = llm.stats()
         for context in (512, 2048, 8192):
-            prompts = [
-                {"prompt_token_ids": torch.randint(0, 100000, (context,), generator=gen).tolist()}
-                for _ in range(32)
-            ]
+            prompts = random_prompts(gen, 32, context)
             llm.engine.kv_manager.reset_prefix_cache()
             with DecodeStepTimer(llm.engine, torch.cuda.synchronize) as timer:
                 llm.generate(
@@ -350,9 +352,7 @@ def throughput(tmp: Path) -> dict:
 
     llm = lite_llm(tmp / "v2lite", max_num_seqs=256)
     gen = torch.Generator().manual_seed(1)
-    prompts = [
-        {"prompt_token_ids": torch.randint(0, 100000, (1000,), generator=gen).tolist()} for _ in range(256)
-    ]
+    prompts = random_prompts(gen, 256, 1000)
     params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
     llm.generate(prompts[:8], params, use_tqdm=False)
     llm.engine.kv_manager.reset_prefix_cache()

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.gpu_suite import bench, lite_llm  # noqa: E402
+from benchmarks.gpu_suite import bench, lite_llm, random_prompts  # noqa: E402
 
 HID, INTER, E, TOPK = 2048, 1408, 64, 6
 
@@ -257,6 +257,16 @@ def eager_kernels(llm, prompts: list, new_tokens: int) -> list:
     return [[name[:120], round(count, 2), round(us, 2)] for name, count, us in rows]
 
 
+def logged_generate(llm, prompts: list, params) -> tuple[float, StepLog]:
+    """(wall seconds, the step log) of one generate call; the prefix cache is emptied after, so repeats prefill."""
+    with StepLog(llm.engine) as log:
+        t = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - t
+    llm.engine.kv_manager.reset_prefix_cache()
+    return wall, log
+
+
 def steps(tmp: Path) -> dict:
     from mlaserve import SamplingParams
 
@@ -264,21 +274,14 @@ def steps(tmp: Path) -> dict:
     llm = lite_llm(tmp / "v2lite", max_num_seqs=256)
     gen = torch.Generator().manual_seed(0)
     for batch in (1, 32):
-        prompts = [
-            {"prompt_token_ids": torch.randint(0, 100000, (512,), generator=gen).tolist()}
-            for _ in range(batch)
-        ]
+        prompts = random_prompts(gen, batch, 512)
         params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
         llm.generate(
             prompts[:1], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False
         )
         reps = []
         for _ in range(5):
-            with StepLog(llm.engine) as log:
-                t = time.perf_counter()
-                llm.generate(prompts, params, use_tqdm=False)
-                wall = time.perf_counter() - t
-            llm.engine.kv_manager.reset_prefix_cache()
+            wall, log = logged_generate(llm, prompts, params)
             reps.append(dict(wall_s=wall, tok_s=batch * 64 / wall, **log.summary()))
             print(json.dumps({f"batch{batch}": reps[-1]}), flush=True)
         result[f"lite_batch{batch}"] = reps
@@ -288,19 +291,12 @@ def steps(tmp: Path) -> dict:
             json.dumps({f"batch{batch}_graph_replay_ms": result[f"lite_batch{batch}_graph_replay_ms"]}),
             flush=True,
         )
-    gen = torch.Generator().manual_seed(1)
-    prompts = [
-        {"prompt_token_ids": torch.randint(0, 100000, (1000,), generator=gen).tolist()} for _ in range(256)
-    ]
+    prompts = random_prompts(torch.Generator().manual_seed(1), 256, 1000)
     params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
     llm.generate(prompts[:8], params, use_tqdm=False)
     llm.engine.kv_manager.reset_prefix_cache()
     for rep in range(2):
-        with StepLog(llm.engine) as log:
-            t = time.perf_counter()
-            llm.generate(prompts, params, use_tqdm=False)
-            wall = time.perf_counter() - t
-        llm.engine.kv_manager.reset_prefix_cache()
+        wall, log = logged_generate(llm, prompts, params)
         summary = dict(wall_s=wall, req_s=256 / wall, **log.summary())
         summary["step_list"] = [(s["tokens"], s["seqs"], round(s["ms"], 2)) for s in log.steps]
         result[f"throughput_{rep}"] = summary
