@@ -252,7 +252,9 @@ def lite(tmp: Path, hf_peer: bool, eager: bool = False, profile: bool = False) -
             prompts[:1], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False
         )
         walls = []
-        for _ in range(5):  # repeats once spread 2-3x (cuDNN plans per prefill shape, mid-run compiles): keep all
+        for _ in range(
+            5
+        ):  # repeats once spread 2-3x (cuDNN plans per prefill shape, mid-run compiles): keep all
             torch.cuda.synchronize()
             t = time.perf_counter()
             outs = llm.generate(prompts, params, use_tqdm=False)
