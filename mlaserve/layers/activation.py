@@ -3,6 +3,8 @@
 import torch
 import torch.nn.functional as F
 
+from mlaserve.layers.cuda_kernels import kernel_for
+
 _ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
@@ -13,5 +15,9 @@ def get_act_fn(name: str):
 
 
 def gated_act(gate_up: torch.Tensor, act_name: str = "silu") -> torch.Tensor:
+    if act_name == "silu":
+        kernel = kernel_for("mlaserve.layers.triton_act", "silu_and_mul", gate_up)
+        if kernel is not None:  # CUDA: one launch
+            return kernel(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return get_act_fn(act_name)(gate) * up

@@ -53,20 +53,31 @@ class CausalLM(nn.Module):
 
 
 class PreNormDecoderLayer(nn.Module):
-    """The residual pattern every model here shares; subclasses build self_attn, mlp and the two norms."""
+    """The residual pattern every model here shares; subclasses build self_attn, mlp and the two norms.
 
-    def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
-        attn_out = self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta)
-        # The residual add and the second norm are one kernel on CUDA; elsewhere the same add, then the norm.
-        normed, hidden = self.post_attention_layernorm.forward_with_residual(attn_out, hidden)
-        return hidden + self.mlp(normed)
+    The residual stream is carried beside the layer's output rather than added at its end: each residual add then
+    happens inside the next norm's call (one kernel on CUDA, the add then the norm elsewhere), the last one in the
+    final norm. forward returns (mlp output, residual stream before adding it)."""
+
+    def forward(
+        self, positions, hidden, residual: torch.Tensor | None, kv_cache, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:  # the first layer: hidden is the embedding itself
+            normed, residual = self.input_layernorm(hidden), hidden
+        else:
+            normed, residual = self.input_layernorm.forward_with_residual(hidden, residual)
+        attn_out = self.self_attn(positions, normed, kv_cache, meta)
+        normed, residual = self.post_attention_layernorm.forward_with_residual(attn_out, residual)
+        return self.mlp(normed), residual
 
 
 class DecoderStack(nn.Module):
     """Embedding, the layers (each with its own cache), final norm; subclasses build the three."""
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
+        hidden, residual = self.embed_tokens(input_ids), None
         for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(positions, hidden, kv_cache, meta)
-        return self.norm(hidden)
+            hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
+        if residual is None:  # no layers
+            return self.norm(hidden)
+        return self.norm.forward_with_residual(hidden, residual)[0]
