@@ -208,7 +208,9 @@ def mla_decode(
     prefetch: load the next KV tile into registers before attending to the current one (default: on for 8-bit
     caches, whose tiles are converted in registers; bf16 tiles are streamed by Triton's own pipeliner).
     partial_dtype: how the per-split partial outputs are stored for the merge (their traffic is ~10% of the
-    cache's at 8 splits of a 4,096 context). q_f16: 8-bit caches only, run the dots in fp16 instead of bf16.
+    cache's at 8 splits of a 4,096 context; bf16 was no faster in the sweep, so float32 stays the default).
+    q_f16: 8-bit caches only, run the dots in fp16 instead of bf16 (default: on at 16 heads per program when q is
+    16-bit). block_n and num_warps default by cache type (see below).
 
     Defaults come from the H200 sweep in benchmarks/gpu_suite.py --tune: 16 heads per program when there are few
     (memory-bound: one latent read per 16 heads), 64 with many (each latent tile then feeds 64 heads' dots)."""
