@@ -71,7 +71,7 @@ class LLM:
         bar = tqdm(total=len(request_ids), desc="Processed prompts", disable=not use_tqdm)
         try:
             while len(results) < len(request_ids) and self.engine.has_unfinished_requests():
-                for out in self.engine.step():
+                for out in self.engine.step(stream=False):
                     if out.finished and out.request_id in wanted:
                         results[out.request_id] = out
                         bar.update(1)

@@ -200,7 +200,9 @@ class KVCacheManager:
         """
         if num_new_tokens <= 0:
             raise ValueError(f"num_new_tokens must be positive, got {num_new_tokens}")
-        hits = new_computed_blocks or [[] for _ in self.managers]
+        if not new_computed_blocks:  # a running request's next tokens: the path every decode step takes
+            return self._extend(request, num_new_tokens)
+        hits = new_computed_blocks
         if len(hits) != len(self.managers):
             raise ValueError(
                 f"new_computed_blocks needs one list per cache group ({len(self.managers)}), got {len(hits)}"
@@ -224,6 +226,23 @@ class KVCacheManager:
             if group_hits:
                 self.block_pool.touch(group_hits)
                 manager.add_computed_blocks(request_id, group_hits)
+        return self._allocate_and_cache(request, num_tokens)
+
+    def _extend(self, request: Request, num_new_tokens: int) -> list[list[int]] | None:
+        """allocate_slots without prefix hits: the same steps, minus everything that only hits need."""
+        request_id = request.request_id
+        num_computed = request.num_computed_tokens
+        num_tokens = num_computed + num_new_tokens
+        needed = 0
+        for manager in self.managers:
+            manager.remove_skipped_blocks(request_id, num_computed)
+            needed += manager.num_blocks_to_allocate(request_id, num_tokens, ())
+        if needed > self.block_pool.num_free_blocks:
+            return None
+        return self._allocate_and_cache(request, num_tokens)
+
+    def _allocate_and_cache(self, request: Request, num_tokens: int) -> list[list[int]]:
+        request_id = request.request_id
         for manager in self.managers:
             manager.allocate_new_blocks(request_id, num_tokens)
         if self.enable_caching:

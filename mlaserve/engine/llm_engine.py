@@ -179,11 +179,12 @@ class LLMEngine:
         return self.scheduler.has_unfinished_requests()
 
     # ---- the step loop ----------------------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self, stream: bool = True) -> list[RequestOutput]:
         """Schedule, run the model once, apply the sampled tokens.
 
         Returns one cumulative RequestOutput for every request that got a token this step (finished or not,
-        as vLLM's engine does), so a server can stream; LLM.generate keeps only the finished ones."""
+        as vLLM's engine does), so a server can stream. stream=False returns the finished ones only (what
+        LLM.generate keeps), skipping a copy of every running request's prompt and output ids per step."""
         output = self.scheduler.schedule()
         if output.is_empty:
             return []
@@ -206,7 +207,7 @@ class LLMEngine:
                 if stopped is not None:
                     finished.append(stopped)
                     finished_ids.add(rid)
-            if rid not in finished_ids:
+            if stream and rid not in finished_ids:
                 progressed.append(self._output(request, finished=False))
         return progressed + [self._finish(r) for r in finished]
 

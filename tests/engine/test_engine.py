@@ -164,6 +164,24 @@ def test_step_streams_cumulative_outputs_and_holds_back_stop_prefixes(llama):
     assert all(len(a) <= len(b) for a, b in zip(texts, texts[1:]))
 
 
+def test_step_without_stream_returns_finished_requests_only(llama):
+    llm = LLM(str(llama), dtype="float32", device="cpu", num_kv_blocks=128)
+    prompts = random_prompts(2, seed=11)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (3, 9)]
+    want = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    engine = llm.engine
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+    finished_at = {}
+    for step in range(1, 20):
+        for out in engine.step(stream=False):
+            assert out.finished
+            finished_at[out.request_id] = (step, out.outputs[0].token_ids)
+        if not engine.has_unfinished_requests():
+            break
+    assert finished_at[ids[0]] == (3, want[0]) and finished_at[ids[1]] == (9, want[1])
+    assert llm.stats()["kv_blocks_used"] == 0
+
+
 def test_abort_frees_blocks_and_reports(llama):
     llm = LLM(str(llama), dtype="float32", device="cpu", num_kv_blocks=128)
     engine = llm.engine
