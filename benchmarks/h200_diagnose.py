@@ -179,10 +179,10 @@ class StepLog:
             info.update(tokens=out.num_batched_tokens, seqs=len(out.scheduled))
             return out
 
-        def timed_step():
+        def timed_step(**kwargs):
             torch.cuda.synchronize()
             t = time.perf_counter()
-            outs = step()
+            outs = step(**kwargs)
             torch.cuda.synchronize()
             self.steps.append(dict(info, ms=(time.perf_counter() - t) * 1e3))
             return outs

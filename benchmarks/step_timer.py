@@ -34,10 +34,10 @@ class DecodeStepTimer:
             self._rows = len(output.scheduled)
             return output
 
-        def timed_step():
+        def timed_step(**kwargs):
             self.sync()
             start = time.perf_counter()
-            outputs = step()
+            outputs = step(**kwargs)
             self.sync()
             if self._decode_only:
                 self.seconds += time.perf_counter() - start
