@@ -200,49 +200,34 @@ class KVCacheManager:
         """
         if num_new_tokens <= 0:
             raise ValueError(f"num_new_tokens must be positive, got {num_new_tokens}")
-        if not new_computed_blocks:  # a running request's next tokens: the path every decode step takes
-            return self._extend(request, num_new_tokens)
-        hits = new_computed_blocks
-        if len(hits) != len(self.managers):
-            raise ValueError(
-                f"new_computed_blocks needs one list per cache group ({len(self.managers)}), got {len(hits)}"
-            )
         request_id = request.request_id
-        if any(hits) and any(m.req_to_blocks.get(request_id) for m in self.managers):
-            raise ValueError(f"request {request_id!r} already has blocks; prefix hits can only start a table")
-        num_computed = request.num_computed_tokens + len(hits[0]) * self.managers[0].block_size
+        hits = new_computed_blocks  # None / empty for a running request's next tokens, every decode step
+        num_computed = request.num_computed_tokens
+        if hits:
+            if len(hits) != len(self.managers):
+                raise ValueError(
+                    f"new_computed_blocks needs one list per cache group ({len(self.managers)}), got {len(hits)}"
+                )
+            if any(hits) and any(m.req_to_blocks.get(request_id) for m in self.managers):
+                raise ValueError(
+                    f"request {request_id!r} already has blocks; prefix hits can only start a table"
+                )
+            num_computed += len(hits[0]) * self.managers[0].block_size
         num_tokens = num_computed + num_new_tokens
         # Giving back out-of-window blocks first is safe even if we then fail: nobody needs them.
         for manager in self.managers:
             manager.remove_skipped_blocks(request_id, num_computed)
-        needed = sum(
-            m.num_blocks_to_allocate(request_id, num_tokens, h)
-            for m, h in zip(self.managers, hits, strict=True)
-        )
-        if needed > self.block_pool.num_free_blocks:
-            return None
-        # Touch every group's hits before allocating anything, or an allocation could evict a hit.
-        for manager, group_hits in zip(self.managers, hits, strict=True):
-            if group_hits:
-                self.block_pool.touch(group_hits)
-                manager.add_computed_blocks(request_id, group_hits)
-        return self._allocate_and_cache(request, num_tokens)
-
-    def _extend(self, request: Request, num_new_tokens: int) -> list[list[int]] | None:
-        """allocate_slots without prefix hits: the same steps, minus everything that only hits need."""
-        request_id = request.request_id
-        num_computed = request.num_computed_tokens
-        num_tokens = num_computed + num_new_tokens
         needed = 0
-        for manager in self.managers:
-            manager.remove_skipped_blocks(request_id, num_computed)
-            needed += manager.num_blocks_to_allocate(request_id, num_tokens, ())
+        for i, manager in enumerate(self.managers):
+            needed += manager.num_blocks_to_allocate(request_id, num_tokens, hits[i] if hits else ())
         if needed > self.block_pool.num_free_blocks:
             return None
-        return self._allocate_and_cache(request, num_tokens)
-
-    def _allocate_and_cache(self, request: Request, num_tokens: int) -> list[list[int]]:
-        request_id = request.request_id
+        if hits:
+            # Touch every group's hits before allocating anything, or an allocation could evict a hit.
+            for manager, group_hits in zip(self.managers, hits, strict=True):
+                if group_hits:
+                    self.block_pool.touch(group_hits)
+                    manager.add_computed_blocks(request_id, group_hits)
         for manager in self.managers:
             manager.allocate_new_blocks(request_id, num_tokens)
         if self.enable_caching:
