@@ -7,6 +7,7 @@ time. So on CUDA one varlen flash call covers every prefill sequence, and SDPA c
 """
 
 import contextlib
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -39,14 +40,22 @@ def varlen_prefill(q, k, v, meta: AttentionMetadata, scale: float) -> torch.Tens
     return out[..., :dv]
 
 
-def can_use_varlen(q: torch.Tensor) -> bool:
-    if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] > 256:
-        return False
+@functools.cache
+def _varlen_available() -> bool:
     try:
         from torch.nn.attention.varlen import varlen_attn  # noqa: F401
     except ImportError:  # torch before 2.9
         return False
     return True
+
+
+def can_use_varlen(q: torch.Tensor) -> bool:
+    return (
+        q.is_cuda
+        and q.dtype in (torch.float16, torch.bfloat16)
+        and q.shape[-1] <= 256
+        and _varlen_available()
+    )
 
 
 class SdpaBackend(TorchBackend):

@@ -7,6 +7,7 @@ length. Tokenizers that clean up spaces across tokens (" ." -> ".") can rewrite 
 keep the full re-decode. Only the tail that the new token could have changed is searched for stop strings.
 """
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,17 +20,21 @@ _PLAIN_DECODES = {
 _PLAIN_INNER = {"PreTrainedTokenizerFast._decode", "TokenizersBackend._decode"}
 
 
+@functools.cache
+def _plain_decode(cls: type) -> bool:
+    """Whether the class's decode is transformers' plain wrapper of the Rust decode (asked once per class)."""
+    return (
+        getattr(cls.decode, "__qualname__", "") in _PLAIN_DECODES
+        and getattr(getattr(cls, "_decode", None), "__qualname__", "") in _PLAIN_INNER
+    )
+
+
 def _window_decoder(tokenizer: object) -> Callable[..., str]:
     """The Rust tokenizer's decode where transformers' would only wrap it: two short decodes run each step, and
     the Python wrapper's overhead would otherwise outweigh the window's saving on short outputs. A tokenizer
     class that overrides decode (CodeGen, Whisper, ...) keeps its own."""
-    cls = type(tokenizer)
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    plain = (
-        getattr(cls.decode, "__qualname__", "") in _PLAIN_DECODES
-        and getattr(getattr(cls, "_decode", None), "__qualname__", "") in _PLAIN_INNER
-    )
-    return backend.decode if backend is not None and plain else tokenizer.decode
+    return backend.decode if backend is not None and _plain_decode(type(tokenizer)) else tokenizer.decode
 
 
 @dataclass(slots=True)
