@@ -59,6 +59,15 @@ def random_prompts(gen: torch.Generator, count: int, length: int) -> list[dict]:
     ]
 
 
+def lite_workload(llm, gen: torch.Generator, batch: int) -> tuple[list[dict], object]:
+    """The lite section's prompts (512 random ids each) and greedy 64-token params, after one short warm-up call."""
+    from mlaserve import SamplingParams
+
+    prompts = random_prompts(gen, batch, 512)
+    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    return prompts, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+
+
 def bench(fn) -> float:
     """Median milliseconds (CUDA events, cache flushed between runs)."""
     import triton.testing
@@ -246,15 +255,10 @@ def lite(tmp: Path, hf_peer: bool, eager: bool = False, profile: bool = False) -
     result = {"load_s": time.perf_counter() - t0, "stats": llm.stats()}
     gen = torch.Generator().manual_seed(0)
     for batch in (1, 32):
-        prompts = random_prompts(gen, batch, 512)
-        params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
-        llm.generate(
-            prompts[:1], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False
-        )
+        prompts, params = lite_workload(llm, gen, batch)
         walls = []
-        for _ in range(
-            5
-        ):  # repeats once spread 2-3x (cuDNN plans per prefill shape, mid-run compiles): keep all
+        # Repeats once spread 2-3x (cuDNN plans per prefill shape, mid-run compiles): every wall time is kept.
+        for _ in range(5):
             torch.cuda.synchronize()
             t = time.perf_counter()
             outs = llm.generate(prompts, params, use_tqdm=False)

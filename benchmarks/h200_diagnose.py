@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.gpu_suite import bench, lite_llm, random_prompts  # noqa: E402
+from benchmarks.gpu_suite import bench, lite_llm, lite_workload, random_prompts  # noqa: E402
 
 HID, INTER, E, TOPK = 2048, 1408, 64, 6
 
@@ -274,11 +274,7 @@ def steps(tmp: Path) -> dict:
     llm = lite_llm(tmp / "v2lite", max_num_seqs=256)
     gen = torch.Generator().manual_seed(0)
     for batch in (1, 32):
-        prompts = random_prompts(gen, batch, 512)
-        params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
-        llm.generate(
-            prompts[:1], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False
-        )
+        prompts, params = lite_workload(llm, gen, batch)
         reps = []
         for _ in range(5):
             wall, log = logged_generate(llm, prompts, params)
