@@ -9,6 +9,9 @@ prefill_attn  prefill attention of one throughput step (10 prompts of 1,000 toke
 steps         the V2-Lite engine (random bf16 weights): every engine step timed (batch 1 and 32 of the lite
               workload, five repeats each, then the 256-request throughput workload), with the Triton
               compiles that happened inside each repeat
+host          where host time goes: torch.profiler over one batch-1 prefill of 512 tokens (CPU ops by self
+              time, syncs, GPU busy time), and cProfile over the lite workload at batch 1 and 32 (functions by
+              own time)
 """
 
 import argparse
@@ -300,6 +303,98 @@ def steps(tmp: Path) -> dict:
     return result
 
 
+def host(tmp: Path) -> dict:
+    import cProfile
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from mlaserve import SamplingParams
+
+    result = {}
+    llm = lite_llm(tmp / "v2lite", max_num_seqs=256)
+    gen = torch.Generator().manual_seed(0)
+    prompts, _ = lite_workload(llm, gen, 1)
+    one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    walls = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        llm.generate(prompts, one, use_tqdm=False)
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - t) * 1e3)
+        llm.engine.kv_manager.reset_prefix_cache()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        llm.generate(prompts, one, use_tqdm=False)
+        torch.cuda.synchronize()
+    llm.engine.kv_manager.reset_prefix_cache()
+    events = prof.key_averages()
+    cpu = sorted(events, key=lambda e: -e.self_cpu_time_total)
+    gpu_us = sum(e.self_device_time_total for e in events)
+    syncs = {
+        e.key: e.count for e in events if "Synchronize" in e.key or "Memcpy" in e.key or "Malloc" in e.key
+    }
+    result["prefill512_batch1"] = dict(
+        walls_ms=walls,
+        gpu_busy_ms=gpu_us / 1e3,
+        cpu_self_ms=sum(e.self_cpu_time_total for e in events) / 1e3,
+        runtime_calls=syncs,
+        top_cpu_ops=[[e.key[:80], e.count, round(e.self_cpu_time_total / 1e3, 3)] for e in cpu[:40]],
+    )
+    print(json.dumps(result["prefill512_batch1"]), flush=True)
+    for batch in (1, 32):
+        prompts, params = lite_workload(llm, gen, batch)
+        llm.generate(prompts, params, use_tqdm=False)
+        llm.engine.kv_manager.reset_prefix_cache()
+        prof = cProfile.Profile()
+        t = time.perf_counter()
+        prof.enable()
+        llm.generate(prompts, params, use_tqdm=False)
+        prof.disable()
+        wall = time.perf_counter() - t
+        llm.engine.kv_manager.reset_prefix_cache()
+        stats = pstats.Stats(prof).stats
+        rows = [(f"{fn[0].split('/')[-1]}:{fn[1]}:{fn[2]}", s[1], s[2], s[3]) for fn, s in stats.items()]
+        by_own = sorted(rows, key=lambda r: -r[2])[:40]
+        by_cum = sorted(rows, key=lambda r: -r[3])[:40]
+        result[f"cprofile_batch{batch}"] = dict(
+            wall_s=wall,
+            by_own_s=[[n, c, round(o, 4), round(cu, 4)] for n, c, o, cu in by_own],
+            by_cumulative_s=[[n, c, round(o, 4), round(cu, 4)] for n, c, o, cu in by_cum],
+        )
+        print(
+            json.dumps({f"cprofile_batch{batch}": result[f"cprofile_batch{batch}"]["by_own_s"][:25]}),
+            flush=True,
+        )
+        result[f"graph_kernels_batch{batch}"] = graph_kernels(llm, batch)
+    return result
+
+
+def graph_kernels(llm, batch: int, replays: int = 20) -> list | None:
+    """The kernels of one captured decode step, summed by name: [name, launches per step, us per step]. The
+    graph replays with the inputs of the last decode step it ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graphs = llm.engine.runner.graphs
+    if graphs is None or batch not in graphs.graphs:
+        return None
+    graph = graphs.graphs[batch]
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.count / replays, e.self_device_time_total / replays) for e in prof.key_averages()]
+    rows = sorted((r for r in rows if r[2] > 0), key=lambda r: -r[2])
+    print(
+        f"graph kernels, batch {batch}: {sum(r[2] for r in rows):.0f} us, {sum(r[1] for r in rows):.0f} launches"
+    )
+    for name, count, us in rows[:30]:
+        print(f"  {us:8.1f} us {count:6.1f}x  {name[:100]}", flush=True)
+    return [[name[:120], round(count, 2), round(us, 2)] for name, count, us in rows]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -310,7 +405,12 @@ def main() -> None:
     out = {"gpu": torch.cuda.get_device_name(), "command": " ".join(sys.argv)}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.sections.split(","):
-            fn = {"moe": moe, "prefill_attn": prefill_attn, "steps": lambda: steps(Path(tmp))}[name]
+            fn = {
+                "moe": moe,
+                "prefill_attn": prefill_attn,
+                "steps": lambda: steps(Path(tmp)),
+                "host": lambda: host(Path(tmp)),
+            }[name]
             t = time.perf_counter()
             try:
                 out[name] = fn()
