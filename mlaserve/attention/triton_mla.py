@@ -23,12 +23,22 @@ class TritonMLABackend(SdpaBackend):
         return None
 
     def decode(
-        self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, v_dim: int, need_lse: bool = False
+        self,
+        q,
+        k_cache,
+        v_cache,
+        meta: AttentionMetadata,
+        scale: float,
+        v_dim: int,
+        need_lse: bool = False,
+        q_pe=None,
     ):
         if v_cache is not None:  # per-head K/V (GQA models): the SDPA path
-            return super().decode(q, k_cache, v_cache, meta, scale, v_dim, need_lse)
+            return super().decode(q, k_cache, v_cache, meta, scale, v_dim, need_lse, q_pe)
         from mlaserve.attention.triton.mla_decode import mla_decode
 
         nd = meta.num_decodes
         max_len = max(meta.host_seq_lens[:nd])
-        return mla_decode(q, k_cache, meta.block_tables[:nd], meta.seq_lens[:nd], max_len, v_dim, scale)
+        return mla_decode(
+            q, k_cache, meta.block_tables[:nd], meta.seq_lens[:nd], max_len, v_dim, scale, q_pe=q_pe
+        )

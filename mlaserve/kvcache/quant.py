@@ -18,6 +18,11 @@ def is_quantized(dtype: torch.dtype) -> bool:
     return dtype in _MAX
 
 
+def quant_max(dtype: torch.dtype) -> float:
+    """The largest magnitude an 8-bit row stores: a row's max |x| maps to it."""
+    return _MAX[dtype]
+
+
 def row_width(head_dim: int, dtype: torch.dtype) -> int:
     """Elements per cached row: the values, plus the scale's bytes for 8-bit rows."""
     return head_dim + TAIL_BYTES if is_quantized(dtype) else head_dim

@@ -16,10 +16,13 @@ from mlaserve.attention.backend import AttentionBackend, write_to_cache
 from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.kvcache.quant import is_quantized, quantize_rows
 from mlaserve.layers.attention import PagedAttention
+from mlaserve.layers.cuda_kernels import kernel_for
 from mlaserve.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from mlaserve.layers.norm import RMSNorm
 from mlaserve.layers.rotary import RotaryEmbedding, rope_frequencies
 from mlaserve.parallel import ParallelContext
+
+_PREP_KERNEL = ("mlaserve.layers.triton_mla_prep", "mla_prep")
 
 
 def yarn_mscale(factor: float, mscale: float) -> float:
@@ -87,25 +90,49 @@ class MLAAttention(nn.Module):
             self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden)))
             if self.q_lora_rank
             else self.q_proj(hidden)
-        )
-        q_nope, q_pe = q.view(num_tokens, self.num_heads, -1).split([self.nope_dim, self.rope_dim], dim=-1)
-        latent, k_pe = self.kv_a_proj_with_mqa(hidden).split([self.kv_lora_rank, self.rope_dim], dim=-1)
-        latent = self.kv_a_layernorm(latent)
-        q_pe, k_pe = self.rotary(positions, q_pe, k_pe.unsqueeze(1))
+        ).view(num_tokens, self.num_heads, -1)
+        kv = self.kv_a_proj_with_mqa(hidden)
         if self.expanded is not None:
-            return self.o_proj(self._expanded(q_nope, q_pe, latent, k_pe, kv_cache, meta).flatten(1))
-        rows = torch.cat((latent.unsqueeze(1), k_pe), dim=-1)
-        if is_quantized(kv_cache.dtype):
-            rows = quantize_rows(rows, kv_cache.dtype)
-        write_to_cache(kv_cache, meta.slot_mapping, rows)
+            latent, k_pe = kv.split([self.kv_lora_rank, self.rope_dim], dim=-1)
+            q_pe, k_pe = self.rotary(positions, q[..., self.nope_dim :], k_pe.unsqueeze(1))
+            out = self._expanded(
+                q[..., : self.nope_dim], q_pe, self.kv_a_layernorm(latent), k_pe, kv_cache, meta
+            )
+            return self.o_proj(out.flatten(1))
+        self.rope_and_cache(positions, q, kv, kv_cache, meta.slot_mapping)
 
         nd, parts = meta.num_decodes, []
         if nd:
-            parts.append(self._decode(q_nope[:nd], q_pe[:nd], kv_cache, meta))
+            parts.append(self._decode(q[:nd], kv_cache, meta))
         if nd < meta.num_seqs:
-            parts.append(self._prefill(q_nope[nd:], q_pe[nd:], kv_cache, meta))
+            parts.append(self._prefill(q[nd:], kv_cache, meta))
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.v_dim))
+
+    def rope_and_cache(
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        kv: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        """Rotates q's rope part in place and writes each token's cache row (normed latent, roped shared key) at
+        its slot. kv is the kv_a projection's output. On CUDA one kernel (triton_mla_prep.py); this torch code is
+        its CPU path and reference."""
+        kernel = kernel_for(*_PREP_KERNEL, q, kv)
+        if kernel is not None:
+            norm, rotary = self.kv_a_layernorm, self.rotary
+            kernel(positions, q, kv, norm.weight, norm.eps, rotary.inv_freq, rotary.scaling, rotary.interleaved,
+                   kv_cache, slot_mapping)  # fmt: skip
+            return
+        latent, k_pe = kv.split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        q_pe, k_pe = self.rotary(positions, q[..., self.nope_dim :], k_pe.unsqueeze(1))
+        q[..., self.nope_dim :] = q_pe
+        rows = torch.cat((self.kv_a_layernorm(latent).unsqueeze(1), k_pe), dim=-1)
+        if is_quantized(kv_cache.dtype):
+            rows = quantize_rows(rows, kv_cache.dtype)
+        write_to_cache(kv_cache, slot_mapping, rows)
 
     def _expanded(self, q_nope, q_pe, latent, k_pe, kv_cache, meta) -> torch.Tensor:
         """Per-head K/V for the new tokens, cached and attended like GQA with as many KV heads as query heads."""
@@ -114,16 +141,18 @@ class MLAAttention(nn.Module):
         k = torch.cat((k_nope, k_pe.expand(-1, self.num_heads, -1)), dim=-1)
         return self.expanded(torch.cat((q_nope, q_pe), dim=-1), k, v.contiguous(), kv_cache, meta)
 
-    def _decode(self, q_nope, q_pe, kv_cache, meta) -> torch.Tensor:
-        q_latent = torch.einsum("thd,hdr->thr", q_nope, self.w_uk)
-        q = torch.cat((q_latent, q_pe), dim=-1)
-        out_latent, _ = self.backend.decode(q, kv_cache, None, meta, self.scale, self.kv_lora_rank)
+    def _decode(self, q, kv_cache, meta) -> torch.Tensor:
+        q_latent = torch.einsum("thd,hdr->thr", q[..., : self.nope_dim], self.w_uk)
+        out_latent, _ = self.backend.decode(
+            q_latent, kv_cache, None, meta, self.scale, self.kv_lora_rank, q_pe=q[..., self.nope_dim :]
+        )
         return torch.einsum("thr,hvr->thv", out_latent, self.w_uv)
 
-    def _prefill(self, q_nope, q_pe, kv_cache, meta) -> torch.Tensor:
-        context = self.backend.gather_prefill_context(kv_cache, meta, q_nope.dtype)[:, 0]  # [S, R + P]
+    def _prefill(self, q, kv_cache, meta) -> torch.Tensor:
+        """q: the prefill tokens' queries, rope part already rotated (rope_and_cache)."""
+        context = self.backend.gather_prefill_context(kv_cache, meta, q.dtype)[:, 0]  # [S, R + P]
         latent, k_pe = context.split([self.kv_lora_rank, self.rope_dim], dim=-1)
         kv = self.kv_b_proj(latent).view(context.shape[0], self.num_heads, self.nope_dim + self.v_dim)
         k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
         k = torch.cat((k_nope, k_pe.unsqueeze(1).expand(-1, self.num_heads, -1)), dim=-1)
-        return self.backend.prefill(torch.cat((q_nope, q_pe), dim=-1), k, v, meta, self.scale)
+        return self.backend.prefill(q, k, v, meta, self.scale)

@@ -22,6 +22,38 @@ import triton.language as tl
 
 
 @triton.jit
+def cos_sin(Pos, InvFreq, t, stride_pos, scaling, HALF: tl.constexpr, HALF_P2: tl.constexpr):
+    """Token t's scaled cos and sin, [HALF_P2] in fp32 (zero past HALF)."""
+    j = tl.arange(0, HALF_P2)
+    # int -> fp32 first, then the fp32 product: the same two roundings as positions.float() * inv_freq.
+    pos = tl.load(Pos + t * stride_pos).to(tl.float32)
+    angle = pos * tl.load(InvFreq + j, mask=j < HALF, other=0.0)
+    return tl.cos(angle) * scaling, tl.sin(angle) * scaling
+
+
+@triton.jit
+def rotated_halves(
+    x_row, rows_ok, stride_d, cos, sin,
+    HALF: tl.constexpr, HALF_P2: tl.constexpr, ROWS: tl.constexpr, INTERLEAVED: tl.constexpr,
+):  # fmt: skip
+    """x_row: [ROWS, 1] pointers to rows (heads) of one token. Returns the rotated first and second halves in
+    fp32, [ROWS, HALF_P2] each: x1*cos - x2*sin and x2*cos + x1*sin."""
+    j = tl.arange(0, HALF_P2)
+    mask = rows_ok[:, None] & (j < HALF)[None, :]
+    if INTERLEAVED:
+        # One contiguous [rows, 2 * pairs] load, split into even/odd features in registers: stride-2 loads
+        # (or a [rows, pairs, 2] pointer tile) only vectorise to one or two elements.
+        f = tl.arange(0, 2 * HALF_P2)
+        tile_mask = rows_ok[:, None] & (f < 2 * HALF)[None, :]
+        xy = tl.load(x_row + f[None, :] * stride_d, mask=tile_mask, other=0.0).to(tl.float32)
+        x1, x2 = tl.split(tl.reshape(xy, (ROWS, HALF_P2, 2)))
+    else:
+        x1 = tl.load(x_row + j[None, :] * stride_d, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(x_row + (j + HALF)[None, :] * stride_d, mask=mask, other=0.0).to(tl.float32)
+    return x1 * cos[None, :] - x2 * sin[None, :], x2 * cos[None, :] + x1 * sin[None, :]
+
+
+@triton.jit
 def _rotate_block(
     X, Out, head0, num_heads, stride_h, stride_d, cos, sin,
     HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HALF_P2: tl.constexpr, REST_P2: tl.constexpr,
@@ -30,25 +62,17 @@ def _rotate_block(
     # X and Out already point at this token's row; Out's rows are contiguous [num_heads, HEAD_DIM].
     heads = head0 + tl.arange(0, BLOCK_H)
     j = tl.arange(0, HALF_P2)
-    mask = (heads < num_heads)[:, None] & (j < HALF)[None, :]
+    heads_ok = heads < num_heads
+    mask = heads_ok[:, None] & (j < HALF)[None, :]
     x_row = X + heads[:, None] * stride_h
-    if INTERLEAVED:
-        # One contiguous [heads, 2 * pairs] load, split into even/odd features in registers: stride-2 loads
-        # (or a [heads, pairs, 2] pointer tile) only vectorise to one or two elements.
-        f = tl.arange(0, 2 * HALF_P2)
-        tile_mask = (heads < num_heads)[:, None] & (f < 2 * HALF)[None, :]
-        xy = tl.load(x_row + f[None, :] * stride_d, mask=tile_mask, other=0.0).to(tl.float32)
-        x1, x2 = tl.split(tl.reshape(xy, (BLOCK_H, HALF_P2, 2)))
-    else:
-        x1 = tl.load(x_row + j[None, :] * stride_d, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(x_row + (j + HALF)[None, :] * stride_d, mask=mask, other=0.0).to(tl.float32)
+    o1, o2 = rotated_halves(x_row, heads_ok, stride_d, cos, sin, HALF, HALF_P2, BLOCK_H, INTERLEAVED)
     out_row = Out + heads[:, None] * HEAD_DIM
     dtype = Out.dtype.element_ty
-    tl.store(out_row + j[None, :], (x1 * cos[None, :] - x2 * sin[None, :]).to(dtype), mask=mask)
-    tl.store(out_row + HALF + j[None, :], (x2 * cos[None, :] + x1 * sin[None, :]).to(dtype), mask=mask)
+    tl.store(out_row + j[None, :], o1.to(dtype), mask=mask)
+    tl.store(out_row + HALF + j[None, :], o2.to(dtype), mask=mask)
     if REST_P2 > 0:  # partial rotary: the features past rotary_dim are copied as they are
         r = 2 * HALF + tl.arange(0, REST_P2)
-        rest_mask = (heads < num_heads)[:, None] & (r < HEAD_DIM)[None, :]
+        rest_mask = heads_ok[:, None] & (r < HEAD_DIM)[None, :]
         rest = tl.load(x_row + r[None, :] * stride_d, mask=rest_mask, other=0.0)
         tl.store(out_row + r[None, :], rest.to(dtype), mask=rest_mask)
 
@@ -63,12 +87,7 @@ def _rotary_kernel(
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)  # int64: t * row stride can pass 2**31 in a long prefill
     block = tl.program_id(1)
-    j = tl.arange(0, HALF_P2)
-    # int -> fp32 first, then the fp32 product: the same two roundings as positions.float() * inv_freq.
-    pos = tl.load(Pos + t * stride_pos).to(tl.float32)
-    angle = pos * tl.load(InvFreq + j, mask=j < HALF, other=0.0)
-    cos = tl.cos(angle) * scaling
-    sin = tl.sin(angle) * scaling
+    cos, sin = cos_sin(Pos, InvFreq, t, stride_pos, scaling, HALF, HALF_P2)
     q_blocks = tl.cdiv(num_q_heads, BLOCK_HQ)
     # q and k share the launch (and the cos/sin): the first q_blocks programs of a token take q's heads.
     if block < q_blocks:

@@ -73,8 +73,8 @@ def _attend_tile(
 # count, which an eager mixed step picks from its own batch.
 @triton.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits"])
 def _stage1(
-    Q, KV, BlockTable, SeqLens, MidO, MidLse,
-    stride_qb, stride_qh, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
+    Q, QPe, KV, BlockTable, SeqLens, MidO, MidLse,
+    stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
     num_heads, scale_log2, num_splits,
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
@@ -92,9 +92,10 @@ def _stage1(
     end = tl.minimum(start + split_len, seq_len)
     d = tl.arange(0, D_LAT)
     r = tl.arange(0, D_ROPE)
-    q_row = Q + b * stride_qb + heads[:, None] * stride_qh
-    q = tl.load(q_row + d[None, :], mask=head_ok[:, None], other=0.0)
-    q_pe = tl.load(q_row + D_LAT + r[None, :], mask=head_ok[:, None], other=0.0)
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=head_ok[:, None], other=0.0)
+    q_pe = tl.load(
+        QPe + b * stride_pb + heads[:, None] * stride_ph + r[None, :], mask=head_ok[:, None], other=0.0
+    )
     if Q_F16:  # 8-bit tiles then widen to fp16 (one instruction per pair on Hopper) rather than bf16
         q, q_pe = q.to(tl.float16), q_pe.to(tl.float16)
 
@@ -201,8 +202,10 @@ def mla_decode(
     prefetch: bool | None = None,
     partial_dtype: torch.dtype = torch.float32,
     q_f16: bool | None = None,
+    q_pe: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: [B, H, kv_lora_rank + rope]; kv_cache: [blocks, page, 1, kv_lora_rank + rope]; block_table [B, max_blocks];
+    """q: [B, H, kv_lora_rank + rope], or [B, H, kv_lora_rank] with the rope part in q_pe [B, H, rope] (views
+    of other tensors are fine, only the last dimension must be contiguous); kv_cache: [blocks, page, 1, kv_lora_rank + rope]; block_table [B, max_blocks];
     seq_lens [B]. Returns (out [B, H, kv_lora_rank] in q's dtype, lse [B, H] float32, natural log).
 
     prefetch: load the next KV tile into registers before attending to the current one (default: on for 8-bit
@@ -214,7 +217,10 @@ def mla_decode(
 
     Defaults come from the H200 sweep in benchmarks/gpu_suite.py --tune: 16 heads per program when there are few
     (memory-bound: one latent read per 16 heads), 64 with many (each latent tile then feeds 64 heads' dots)."""
-    batch, heads, width = q.shape
+    if q_pe is None:
+        q, q_pe = q[..., :kv_lora_rank], q[..., kv_lora_rank:]
+    q, q_pe = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, q_pe))
+    batch, heads, _ = q.shape
     if block_h is None:
         block_h = 16 if heads <= 16 else 32 if heads < 64 else 64
     # 8-bit tiles are widened in registers; at 16 heads per program that conversion, not HBM, bounds the
@@ -228,7 +234,7 @@ def mla_decode(
     if num_stages is None:
         num_stages = 3 if block_h <= 16 else 2
     page = kv_cache.shape[1]
-    d_rope = width - kv_lora_rank
+    d_rope = q_pe.shape[-1]
     row = kv_cache.shape[-1]  # width, or width + a 16-byte scale tail for 8-bit rows
     head_groups = triton.cdiv(heads, block_h)
     if num_splits is None:
@@ -239,8 +245,8 @@ def mla_decode(
     kv = kv_cache.view(-1, row)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _stage1[(batch, head_groups, num_splits)](
-        q, kv, block_table, seq_lens, mid_o, mid_lse,
-        q.stride(0), q.stride(1), kv.stride(0), block_table.stride(0),
+        q, q_pe, kv, block_table, seq_lens, mid_o, mid_lse,
+        q.stride(0), q.stride(1), q_pe.stride(0), q_pe.stride(1), kv.stride(0), block_table.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         heads, scale * LOG2E, num_splits,
         PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=block_n, PRECISION=precision,
