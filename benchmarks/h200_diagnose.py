@@ -9,6 +9,8 @@ prefill_attn  prefill attention of one throughput step (10 prompts of 1,000 toke
 steps         the V2-Lite engine (random bf16 weights): every engine step timed (batch 1 and 32 of the lite
               workload, five repeats each, then the 256-request throughput workload), with the Triton
               compiles that happened inside each repeat
+skinny        the skinny-GEMM kernel against cuBLAS at V2-Lite's decode projections (1, 4, 16 rows), each tile
+              variant timed inside a CUDA graph over enough weight copies to stream from HBM
 host          where host time goes: torch.profiler over one batch-1 prefill of 512 tokens (CPU ops by self
               time, syncs, GPU busy time), and cProfile over the lite workload at batch 1 and 32 (functions by
               own time)
@@ -260,6 +262,64 @@ def eager_kernels(llm, prompts: list, new_tokens: int) -> list:
     return [[name[:120], round(count, 2), round(us, 2)] for name, count, us in rows]
 
 
+def graph_us_per_call(fn, weights: list) -> float:
+    """Microseconds per fn(w), timed inside one CUDA graph that calls it on every weight copy in turn."""
+    fn(weights[0])  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for w in weights:
+            fn(w)
+    return bench(graph.replay) * 1e3 / len(weights)
+
+
+def skinny() -> dict:
+    from mlaserve.layers.triton_skinny import skinny_linear, tile_for
+
+    shapes = {
+        "q_proj": (3072, 2048), "kv_a": (576, 2048), "o_proj": (2048, 2048), "shared_gate_up": (2816, 2048),
+        "shared_down": (2048, 1408), "lm_head": (102400, 2048), "gate_fp32": (64, 2048),
+    }  # fmt: skip
+    tiles = [
+        (16, 128, 4, 4),
+        (32, 256, 4, 4),
+        (64, 128, 4, 4),
+        (16, 512, 4, 3),
+        (16, 256, 2, 4),
+        (32, 128, 4, 4),
+    ]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows_out = []
+    for name, (n, k) in shapes.items():
+        wdtype = torch.float32 if name.endswith("fp32") else torch.bfloat16
+        out_dtype = torch.float32 if wdtype == torch.float32 else None
+        copies = max(1, -(-256_000_000 // (n * k * wdtype.itemsize)))  # 256 MB of weights: beyond L2
+        ws = [torch.randn(n, k, device="cuda", generator=g).to(wdtype) / k**0.5 for _ in range(copies)]
+        for rows in (1, 4, 16):
+            x = torch.randn(rows, k, device="cuda", generator=g, dtype=torch.bfloat16)
+            want = F.linear(x.to(wdtype), ws[0]).float()
+            row = {"shape": name, "n": n, "k": k, "rows": rows, "default_tile": list(tile_for(n, k, wdtype))}
+            row["cublas_us"] = graph_us_per_call(lambda w, x=x: F.linear(x.to(w.dtype), w), ws)
+            row["default_us"] = graph_us_per_call(
+                lambda w, x=x, o=out_dtype: skinny_linear(x, w, out_dtype=o), ws
+            )
+            got = skinny_linear(x, ws[0], out_dtype=out_dtype).float()
+            row["max_err"] = (got - want).abs().max().item()
+            for tile in tiles:
+                row[f"tile_{'_'.join(map(str, tile))}_us"] = graph_us_per_call(
+                    lambda w, x=x, t=tile, o=out_dtype: skinny_linear(x, w, out_dtype=o, tile=t), ws
+                )
+            row["weight_GBps_default"] = n * k * wdtype.itemsize / row["default_us"] / 1e3
+            rows_out.append(row)
+            print(
+                json.dumps({key: (round(v, 2) if isinstance(v, float) else v) for key, v in row.items()}),
+                flush=True,
+            )
+        ws.clear()
+        torch.cuda.empty_cache()
+    return {"rows": rows_out}
+
+
 def logged_generate(llm, prompts: list, params) -> tuple[float, StepLog]:
     """(wall seconds, the step log) of one generate call; the prefix cache is emptied after, so repeats prefill."""
     with StepLog(llm.engine) as log:
@@ -410,6 +470,7 @@ def main() -> None:
                 "prefill_attn": prefill_attn,
                 "steps": lambda: steps(Path(tmp)),
                 "host": lambda: host(Path(tmp)),
+                "skinny": skinny,
             }[name]
             t = time.perf_counter()
             try:

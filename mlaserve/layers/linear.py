@@ -11,7 +11,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from mlaserve.layers import cpu_gemm
+from mlaserve.layers.cuda_kernels import kernel_for
 from mlaserve.parallel import SINGLE, ParallelContext
+
+_SKINNY = ("mlaserve.layers.triton_skinny", "skinny_linear")
+SKINNY_MAX_ROWS = 16  # triton_skinny.MAX_ROWS, without importing triton on CPU
+
+
+def skinny_kernel_for(x: torch.Tensor, weight: torch.Tensor):
+    """triton_skinny.skinny_linear for a decode-sized batch of 16-bit rows on CUDA (None otherwise): cuBLAS
+    streamed these weights at about half the bandwidth of a copy."""
+    if x.dim() != 2 or x.shape[0] > SKINNY_MAX_ROWS or x.dtype == torch.float32:
+        return None
+    return kernel_for(*_SKINNY, x, weight)
 
 
 class ShapeMismatch(ValueError):
@@ -65,6 +77,9 @@ class LinearBase(nn.Module):
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.packed is not None:
             return cpu_gemm.packed_linear(x, self.packed, bias)
+        kernel = skinny_kernel_for(x, self.weight)
+        if kernel is not None:
+            return kernel(x, self.weight, bias)
         return F.linear(x, self.weight, bias)
 
     def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable = None) -> None:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mlaserve.layers.activation import get_act_fn
-from mlaserve.layers.linear import default_weight_loader, make_param
+from mlaserve.layers.linear import default_weight_loader, make_param, skinny_kernel_for
 from mlaserve.parallel import ParallelContext
 
 
@@ -59,7 +59,10 @@ class MoEGate(nn.Module):
             self.e_score_correction_bias = make_param(self.num_experts, dtype=torch.float32)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = F.linear(x.float(), self.weight)
+        skinny = skinny_kernel_for(x, self.weight)  # one launch, not a cast plus cuBLAS's dot and reduce
+        logits = (
+            skinny(x, self.weight, out_dtype=torch.float32) if skinny else F.linear(x.float(), self.weight)
+        )
         if self._one_launch(logits):
             from mlaserve.layers.triton_router import route_greedy
 
