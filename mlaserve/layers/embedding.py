@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mlaserve.layers import cpu_gemm
-from mlaserve.layers.linear import default_weight_loader, make_param
+from mlaserve.layers.linear import default_weight_loader, make_param, skinny_kernel_for
 from mlaserve.parallel import SINGLE, ParallelContext
 
 
@@ -48,8 +48,11 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.packed = cpu_gemm.pack(self.weight)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        skinny = skinny_kernel_for(hidden, self.weight) if self.packed is None else None
         if self.packed is not None:
             logits = cpu_gemm.packed_linear(hidden, self.packed)
+        elif skinny is not None:  # a decode step's few rows on CUDA
+            logits = skinny(hidden, self.weight)
         else:
             logits = F.linear(hidden, self.weight)
         if self.ctx.tp_size > 1:

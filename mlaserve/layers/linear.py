@@ -19,11 +19,13 @@ SKINNY_MAX_ROWS = 16  # triton_skinny.MAX_ROWS, without importing triton on CPU
 
 
 def skinny_kernel_for(x: torch.Tensor, weight: torch.Tensor):
-    """triton_skinny.skinny_linear for a decode-sized batch of 16-bit rows on CUDA (None otherwise): cuBLAS
-    streamed these weights at about half the bandwidth of a copy."""
-    if x.dim() != 2 or x.shape[0] > SKINNY_MAX_ROWS or x.dtype == torch.float32:
+    """triton_skinny.skinny_linear for a decode-sized batch of 16-bit rows on CUDA, for the output widths where it
+    beat cuBLAS (narrow ones, which cuBLAS splits over K into two kernels, and LM heads; see triton_skinny.py);
+    None otherwise."""
+    n = weight.shape[0]
+    if x.dim() != 2 or x.shape[0] > SKINNY_MAX_ROWS or x.dtype != weight.dtype or x.dtype == torch.float32:
         return None
-    return kernel_for(*_SKINNY, x, weight)
+    return kernel_for(*_SKINNY, x, weight) if n <= 1024 or n >= 32768 else None
 
 
 class ShapeMismatch(ValueError):

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mlaserve.layers.activation import get_act_fn
-from mlaserve.layers.linear import default_weight_loader, make_param, skinny_kernel_for
+from mlaserve.layers.cuda_kernels import kernel_for
+from mlaserve.layers.linear import default_weight_loader, make_param
 from mlaserve.parallel import ParallelContext
 
 
@@ -40,6 +41,10 @@ def route_sigmoid(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group:
     return scores.gather(1, ids), ids
 
 
+# One launch for a decode-sized batch's float32 gate GEMM (triton_router.GATE_MAX_TOKENS = 16 tokens)
+_GATE_KERNEL = ("mlaserve.layers.triton_router", "gate_logits")
+
+
 class MoEGate(nn.Module):
     def __init__(self, cfg: object, sigmoid: bool) -> None:
         super().__init__()
@@ -59,10 +64,8 @@ class MoEGate(nn.Module):
             self.e_score_correction_bias = make_param(self.num_experts, dtype=torch.float32)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        skinny = skinny_kernel_for(x, self.weight)  # one launch, not a cast plus cuBLAS's dot and reduce
-        logits = (
-            skinny(x, self.weight, out_dtype=torch.float32) if skinny else F.linear(x.float(), self.weight)
-        )
+        gate = kernel_for(*_GATE_KERNEL, x, self.weight) if x.dim() == 2 and x.shape[0] <= 16 else None
+        logits = gate(x, self.weight) if gate else F.linear(x.float(), self.weight)
         if self._one_launch(logits):
             from mlaserve.layers.triton_router import route_greedy
 

@@ -1,15 +1,64 @@
-"""MoE routing after the gate GEMM in one Triton launch: scores, top-k, normalization and scaling.
+"""MoE routing on CUDA: the float32 gate GEMM for decode-sized batches, then scores, top-k, normalization and
+scaling in one launch.
 
-torch spends three kernels on it (softmax, top-k, scaling), about 7 us per MoE layer at one token on an H200;
-here one program per token does all of it. The gate GEMM itself stays with cuBLAS: a first version that also
-did it here, one program per token, streamed the float32 gate weight through a single SM and took 45 us.
-Greedy routing only (softmax, or sigmoid with its correction bias and a single group); the torch functions in
-moe.py are the reference and the path for group-limited routing.
+torch spends three kernels on the routing (softmax, top-k, scaling), about 7 us per MoE layer at one token on an
+H200; here one program per token does all of it. The gate itself cannot join that program: a first version that
+did it there streamed the float32 gate weight through a single SM and took 45 us. For a few tokens `gate_logits`
+spreads it over programs of a few experts each instead, one launch where cuBLAS took three (the cast of the
+activations to float32, a dot and a reduce kernel: 6 us per layer at one token); tl.dot's float32 mode was no
+option, it ran 42 us (benchmarks/h200_diagnose.py, skinny section). Greedy routing only (softmax, or sigmoid with
+its correction bias and a single group); the torch functions in moe.py are the reference and the path for
+group-limited routing.
 """
 
 import torch
 import triton
 import triton.language as tl
+
+GATE_MAX_TOKENS = 16  # past this cuBLAS's GEMM shares each weight tile between tokens
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def _gate_kernel(
+    X, W, Logits, num_tokens, num_experts, hidden, stride_x,
+    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, TOKENS_P2: tl.constexpr,
+):  # fmt: skip
+    # Program = BLOCK_E experts for every token: each weight row is read once, the tokens' rows come from L2.
+    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+    e_ok = e < num_experts
+    t = tl.arange(0, TOKENS_P2)
+    t_ok = t < num_tokens
+    acc = tl.zeros([TOKENS_P2, BLOCK_E], tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < hidden
+        w = tl.load(W + e[:, None] * hidden + k[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(X + t[:, None] * stride_x + k[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], 2)
+    tl.store(Logits + t[:, None] * num_experts + e[None, :], acc, mask=t_ok[:, None] & e_ok[None, :])
+
+
+def gate_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [T <= GATE_MAX_TOKENS, hidden] (any float dtype) @ weight [E, hidden]^T in float32 -> [T, E] float32,
+    as F.linear(x.float(), weight.float()) but one launch."""
+    num_tokens, hidden = x.shape
+    num_experts = weight.shape[0]
+    if num_tokens > GATE_MAX_TOKENS or weight.shape[1] != hidden:
+        raise ValueError(f"gate_logits: x {tuple(x.shape)} with weight {tuple(weight.shape)}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    logits = torch.empty(num_tokens, num_experts, dtype=torch.float32, device=x.device)
+    if num_tokens == 0:
+        return logits
+    tokens_p2 = triton.next_power_of_2(num_tokens)
+    block_k = max(
+        16, min(triton.next_power_of_2(hidden), 2048 // tokens_p2)
+    )  # [T, 4, K] product in registers
+    _gate_kernel[(triton.cdiv(num_experts, 4),)](
+        x, weight.contiguous(), logits, num_tokens, num_experts, hidden, x.stride(0),
+        BLOCK_E=4, BLOCK_K=block_k, TOKENS_P2=tokens_p2, num_warps=4,
+    )  # fmt: skip
+    return logits
 
 
 @triton.jit

@@ -1,13 +1,14 @@
 """Skinny GEMMs, a few rows times a large weight (decode steps of small batches), as one Triton kernel for CUDA.
 
-With one to sixteen rows a linear layer is a weight stream. On an H200 cuBLAS ran V2-Lite's decode projections at
-one token near half the copy bandwidth (6.6 us per q / o / shared-expert projection) and split the kv_a projection
-(576 outputs) into a GEMM plus a reduce kernel; the router's float32 gate took a copy, a dot and a reduce kernel
-(benchmarks/h200_diagnose.py, host section). Here every program takes all rows as one 16-row tensor-core tile and
-a narrow block of output columns, so the grid covers the GPU even for a few hundred outputs and each weight row
-is read once. float32 weights (the router gate) take 16-bit rows widened in registers and float32 dots.
+With one to sixteen rows a linear layer is a weight stream. Every program here takes all rows as one 16-row
+tensor-core tile and a narrow block of output columns, so the grid covers the GPU even for a few hundred outputs
+and each weight row is read once. Against cuBLAS on an H200, inside CUDA graphs over weights beyond L2
+(benchmarks/h200_diagnose.py, skinny section; results/h200-diagnose-2026-11-30-skinny.json), it won where cuBLAS
+is weakest: narrow outputs, which cuBLAS splits over K into a GEMM plus a reduce kernel (V2-Lite's 576-wide kv_a
+projection: 5.1 vs 6.0 us), and LM-head-wide ones (102,400 x 2,048: 106 vs 115 us). For the widths in between
+cuBLAS was as fast or faster (q_proj 6.5 vs 6.8 us), so linear.py sends only the first two kinds here.
 
-`skinny_linear_reference` is the torch definition it is tested against and the path for everything else.
+`skinny_linear_reference` is the torch definition it is tested against.
 """
 
 import torch
@@ -22,7 +23,7 @@ MAX_ROWS = 16  # one tensor-core tile of rows; larger batches keep cuBLAS
 @triton.jit(do_not_specialize=["M"])
 def _skinny_kernel(
     X, W, Bias, Out, M, N, K, stride_xm, stride_wn, stride_om,
-    HAS_BIAS: tl.constexpr, WIDEN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
@@ -35,9 +36,7 @@ def _skinny_kernel(
         k_ok = kk < K
         a = tl.load(X + m[:, None] * stride_xm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_cols + kk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-        if WIDEN:  # 16-bit rows against a float32 weight
-            a = a.to(tl.float32)
-        acc += tl.dot(a, w, input_precision=PRECISION)
+        acc += tl.dot(a, w)
     if HAS_BIAS:
         acc += tl.load(Bias + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(
@@ -47,41 +46,42 @@ def _skinny_kernel(
     )
 
 
-def tile_for(n: int, k: int, weight_dtype: torch.dtype) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_K, warps, stages): narrow column blocks so even a few hundred outputs spread over the SMs;
-    wider ones for an LM head's tens of thousands. float32 weights take shorter K steps (twice the bytes)."""
-    block_n = 16 if n <= 8192 else 64
-    block_k = 256 if weight_dtype != torch.float32 else 128
-    return block_n, min(block_k, triton.next_power_of_2(max(k, 16))), 4, 4
+def tile_for(n: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps, stages), the sweep's best: long K steps and 16 columns for narrow outputs, 64
+    columns for LM-head widths, 2 warps on 16 columns for the widths between."""
+    if n <= 1024:
+        return 16, 512, 4, 3
+    if n >= 32768:
+        return 64, 128, 4, 4
+    return 16, 256, 2, 4
 
 
 def skinny_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
-    out_dtype: torch.dtype | None = None,
     tile: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
-    """x [M <= 16, K] @ weight [N, K]^T (+ bias) -> [M, N] in out_dtype (default x's dtype).
-
-    16-bit weights take x in their dtype; a float32 weight widens x and computes in float32 (tl.dot's ieee mode,
-    no tf32), as F.linear(x.float(), weight) does. tile overrides tile_for (sweeps)."""
+    """x [M <= 16, K] @ weight [N, K]^T (+ bias) -> [M, N], 16-bit x and weight of one dtype. tile overrides
+    tile_for (sweeps)."""
     rows, k = x.shape
     n = weight.shape[0]
-    if rows > MAX_ROWS or weight.shape[1] != k:
-        raise ValueError(f"skinny_linear: x {tuple(x.shape)} with weight {tuple(weight.shape)}")
+    if rows > MAX_ROWS or weight.shape[1] != k or x.dtype != weight.dtype or x.dtype == torch.float32:
+        raise ValueError(
+            f"skinny_linear: x {tuple(x.shape)} {x.dtype} with weight {tuple(weight.shape)} {weight.dtype}"
+        )
     if x.stride(-1) != 1:
         x = x.contiguous()
     if weight.stride(-1) != 1:
         weight = weight.contiguous()
-    out = torch.empty(rows, n, dtype=out_dtype or x.dtype, device=x.device)
+    out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if rows == 0:  # a zero-size grid is not a valid launch
         return out
-    block_n, block_k, warps, stages = tile or tile_for(n, k, weight.dtype)
+    block_n, block_k, warps, stages = tile or tile_for(n)
+    block_k = min(block_k, triton.next_power_of_2(max(k, 16)))
     _skinny_kernel[(triton.cdiv(n, block_n),)](
         x, weight, bias if bias is not None else out, out, rows, n, k, x.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, WIDEN=weight.dtype != x.dtype, BLOCK_N=block_n, BLOCK_K=block_k,
-        PRECISION="ieee" if weight.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,
+        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
 

@@ -8,7 +8,7 @@ import torch
 pytest.importorskip("triton")
 
 from mlaserve.layers.moe import MoEGate  # noqa: E402
-from mlaserve.layers.triton_router import route_greedy  # noqa: E402
+from mlaserve.layers.triton_router import gate_logits, route_greedy  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -39,3 +39,19 @@ def test_matches_torch_routing(tokens, experts, top_k, hidden, sigmoid, normaliz
     order_want, order_got = want_i.argsort(dim=1), got_i.argsort(dim=1)
     assert torch.equal(want_i.gather(1, order_want), got_i.gather(1, order_got))
     torch.testing.assert_close(got_w.gather(1, order_got), want_w.gather(1, order_want), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("tokens, experts, hidden, dtype", [(1, 64, 96, torch.bfloat16), (5, 10, 300, torch.float16),
+                                                            (16, 7, 40, torch.float32)])  # fmt: skip
+def test_gate_logits_match_float32_linear(tokens, experts, hidden, dtype):
+    gen = torch.Generator().manual_seed(tokens + experts)
+    x = torch.randn(tokens, hidden + 2, generator=gen)[:, 1 : 1 + hidden].to(dtype)  # a strided row slice
+    w = torch.randn(experts, hidden, generator=gen) / hidden**0.5
+    torch.testing.assert_close(
+        gate_logits(x, w), torch.nn.functional.linear(x.float(), w), atol=1e-5, rtol=1e-5
+    )
+
+
+def test_gate_logits_rejects_large_batches():
+    with pytest.raises(ValueError, match="gate_logits"):
+        gate_logits(torch.zeros(17, 8), torch.zeros(4, 8))
