@@ -23,8 +23,6 @@ from mlaserve.layers.rotary import RotaryEmbedding, rope_frequencies
 from mlaserve.parallel import ParallelContext
 
 _PREP_KERNEL = ("mlaserve.layers.triton_mla_prep", "mla_prep")
-_HEADS_KERNEL = ("mlaserve.layers.triton_heads", "per_head_matmul")
-_HEADS_MAX_TOKENS = 16  # triton_heads.MAX_TOKENS, without importing triton on CPU
 
 
 def yarn_mscale(factor: float, mscale: float) -> float:
@@ -83,9 +81,6 @@ class MLAAttention(nn.Module):
         w = self.kv_b_proj.weight.detach().view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         self.w_uk = w[:, : self.nope_dim].contiguous()  # [H, nope, R]: folded into the decode query
         self.w_uv = w[:, self.nope_dim :].contiguous()  # [H, v, R]: applied to the attended latent
-        # (token, head) pair i belongs to head i % H: the per-head GEMM's routing, built once (graph capture)
-        heads = self.num_heads
-        self.head_ids = (torch.arange(_HEADS_MAX_TOKENS * heads, device=w.device) % heads).int()
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
@@ -147,19 +142,11 @@ class MLAAttention(nn.Module):
         return self.expanded(torch.cat((q_nope, q_pe), dim=-1), k, v.contiguous(), kv_cache, meta)
 
     def _decode(self, q, kv_cache, meta) -> torch.Tensor:
-        q_latent = self._per_head(q[..., : self.nope_dim], self.w_uk.transpose(1, 2))
+        q_latent = torch.einsum("thd,hdr->thr", q[..., : self.nope_dim], self.w_uk)
         out_latent, _ = self.backend.decode(
             q_latent, kv_cache, None, meta, self.scale, self.kv_lora_rank, q_pe=q[..., self.nope_dim :]
         )
-        return self._per_head(out_latent, self.w_uv)
-
-    def _per_head(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """x [T, H, K] times each head's w [H, N, K] -> [T, H, N]: one grouped-GEMM launch on CUDA for a
-        decode-sized batch (triton_heads.py), einsum otherwise."""
-        kernel = kernel_for(*_HEADS_KERNEL, x, w)
-        if kernel is not None and x.shape[0] <= _HEADS_MAX_TOKENS and x.dtype != torch.float32:
-            return kernel(x, w, self.head_ids)
-        return torch.einsum("thk,hnk->thn", x, w)
+        return torch.einsum("thr,hvr->thv", out_latent, self.w_uv)
 
     def _prefill(self, q, kv_cache, meta) -> torch.Tensor:
         """q: the prefill tokens' queries, rope part already rotated (rope_and_cache)."""
