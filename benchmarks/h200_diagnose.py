@@ -11,6 +11,9 @@ steps         the V2-Lite engine (random bf16 weights): every engine step timed 
               compiles that happened inside each repeat
 skinny        the skinny-GEMM kernel against cuBLAS at V2-Lite's decode projections (1, 4, 16 rows), each tile
               variant timed inside a CUDA graph over enough weight copies to stream from HBM
+decode_timing the memory-bound decode shapes timed eagerly (as the suite does) and as CUDA-graph replays (no host
+              launch work in the timed span), three rounds each, bf16 and fp8 caches, to tell kernel time from
+              launch overhead in the suite's run-to-run spread
 host          where host time goes: torch.profiler over one batch-1 prefill of 512 tokens (CPU ops by self
               time, syncs, GPU busy time), and cProfile over the lite workload at batch 1 and 32 (functions by
               own time)
@@ -320,6 +323,38 @@ def skinny() -> dict:
     return {"rows": rows_out}
 
 
+def decode_timing() -> dict:
+    from benchmarks.gpu_suite import LAT, paged_case
+    from mlaserve.attention.triton.mla_decode import mla_decode
+    from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
+
+    rows = []
+    for rnd in range(3):
+        for batch, length in ((64, 4096), (128, 8192)):
+            q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, rnd)
+            caches = {
+                "bf16": cache,
+                "fp8_e4m3": quantize_rows(cache.view(-1, LAT + 64), QUANTIZED["fp8_e4m3"]),
+            }
+            caches["fp8_e4m3"] = caches["fp8_e4m3"].view(*cache.shape[:3], LAT + 64 + 16)
+            for name, kv in caches.items():
+                args = (q, kv, table, meta.seq_lens, length, LAT, 0.07)
+                call = lambda args=args: mla_decode(*args)  # noqa: E731
+                eager = bench(call)
+                call()
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    call()
+                replay = bench(graph.replay)
+                row = dict(round=rnd, B=batch, L=length, cache=name, eager_ms=eager, graph_ms=replay)
+                row["latent_GBps_graph"] = batch * length * (LAT + 64) * 2 / replay / 1e6
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            del caches, cache
+    return {"rows": rows}
+
+
 def logged_generate(llm, prompts: list, params) -> tuple[float, StepLog]:
     """(wall seconds, the step log) of one generate call; the prefix cache is emptied after, so repeats prefill."""
     with StepLog(llm.engine) as log:
@@ -471,6 +506,7 @@ def main() -> None:
                 "steps": lambda: steps(Path(tmp)),
                 "host": lambda: host(Path(tmp)),
                 "skinny": skinny,
+                "decode_timing": decode_timing,
             }[name]
             t = time.perf_counter()
             try:

@@ -26,13 +26,15 @@ def build_model_input(
     num_decodes = sum(1 for s in order if s.num_new_tokens == 1)
     ids: list[int] = []
     positions: list[int] = []
+    rows: list[int] = []  # each token's row of the block table
     query_lens, seq_lens, sample_rows, sampled = [], [], [], []
     block_lists = [s.block_ids[0] for s in order]
     max_blocks = max(len(blocks) for blocks in block_lists)
-    for s in order:
+    for row, s in enumerate(order):
         start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
         ids.extend(s.request.all_token_ids[start:end])
         positions.extend(range(start, end))
+        rows.extend([row] * s.num_new_tokens)
         query_lens.append(s.num_new_tokens)
         seq_lens.append(end)
         if s.needs_sample:
@@ -42,8 +44,11 @@ def build_model_input(
     # Python loop over every token (the slots), which showed at high concurrency.
     tables = torch.tensor([b + [0] * (max_blocks - len(b)) for b in block_lists], dtype=torch.int32)
     positions_t = torch.tensor(positions, dtype=torch.long)
-    rows = torch.repeat_interleave(torch.arange(len(order)), torch.tensor(query_lens))
-    slots = tables[rows, positions_t // block_size].long() * block_size + positions_t % block_size
+    # Rows built in Python with the positions, not by torch.repeat_interleave: the diagnosis's cProfile had that
+    # at 1.2 ms per call at batch 32 on the GPU host (30 us here), for a 32-element result.
+    slots = (
+        tables[torch.tensor(rows), positions_t // block_size].long() * block_size + positions_t % block_size
+    )
     meta = build_metadata(
         block_size,
         tables.to(device),
