@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.gpu_suite import bench, lite_llm, lite_workload, random_prompts  # noqa: E402
+from benchmarks.gpu_suite import bench, bench_graph, lite_llm, lite_workload, random_prompts  # noqa: E402
 
 HID, INTER, E, TOPK = 2048, 1408, 64, 6
 
@@ -323,16 +323,6 @@ def skinny() -> dict:
     return {"rows": rows_out}
 
 
-def graph_ms(call) -> float:
-    """Median ms of one call replayed from a CUDA graph: no host launch work inside the timed span."""
-    call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    return bench(graph.replay)
-
-
 def decode_timing() -> dict:
     from benchmarks.gpu_suite import LAT, paged_case
     from mlaserve.attention.triton.mla_decode import mla_decode
@@ -351,15 +341,15 @@ def decode_timing() -> dict:
                 args = (q, kv, table, meta.seq_lens, length, LAT, 0.07)
                 call = lambda args=args: mla_decode(*args)  # noqa: E731
                 eager = bench(call)
-                replay = graph_ms(call)
+                replay = bench_graph(call)
                 row = dict(round=rnd, B=batch, L=length, cache=name, eager_ms=eager, graph_ms=replay)
                 row["latent_GBps_graph"] = batch * length * (LAT + 64) * 2 / replay / 1e6
                 if name == "bf16" and rnd < 2:  # split counts and pipeline depths, graph-timed
                     for kw in ({"num_splits": n} for n in (2, 3, 4, 6, 8)):
-                        row[f"graph_ms_{kw}"] = graph_ms(lambda kw=kw, args=args: mla_decode(*args, **kw))
+                        row[f"graph_ms_{kw}"] = bench_graph(lambda kw=kw, args=args: mla_decode(*args, **kw))
                     for stages in (2, 4):
                         kw = dict(num_splits=4, num_stages=stages)
-                        row[f"graph_ms_{kw}"] = graph_ms(lambda kw=kw, args=args: mla_decode(*args, **kw))
+                        row[f"graph_ms_{kw}"] = bench_graph(lambda kw=kw, args=args: mla_decode(*args, **kw))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             del caches, cache

@@ -167,16 +167,17 @@ def _stage2(
 def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms: int, block_h: int) -> int:
     """How many slices of the context each (sequence, head group) is split into; no slice under 4 KV tiles.
 
-    The memory-bound kernel (16 heads per program) gets about four programs per SM. On an H200, block 64, 16 heads,
-    (B, L) = (64, 4,096): 8 splits took 0.105-0.106 ms in four sweeps and 0.120 ms in the suite's record run;
-    4 splits (two programs per SM) took 0.099-0.126 ms between runs of the same code (benchmarks/results/
-    decode-sweep-h200-2026-11-30*.json, h200-2026-11-30*.json). (128, 8,192) takes 0.328-0.331 ms at 4.
+    The memory-bound kernel (16 heads per program) gets about two programs per SM, which is what fits at once. On
+    an H200, block 64, 16 heads, timed as CUDA-graph replays (benchmarks/h200_diagnose.py decode_timing,
+    results/h200-diagnose-2026-11-30-splits.json, two rounds within 1%): (B, L) = (64, 4,096) took 0.098 ms at 4
+    splits, 0.104 at 8, 0.115 at 3, 0.119 at 6 and 0.130 at 2; (128, 8,192) took 0.322 ms at 2, 0.326 at 4 and
+    0.399 at 3. (Eager timings of the same kernel had spread 0.099-0.174 ms between runs: host launch time.)
     The compute-bound kernel (64 heads per program) was fastest unsplit when one wave holds every program, so it
     takes the fewest splits whose last wave is within 5% of the best fill."""
     most = max(1, min(math.ceil(max_len / (4 * block_n)), 64))
     work = max(batch * head_groups, 1)
     if block_h <= 16:
-        return max(1, min(most, round(4 * sms / work)))
+        return max(1, min(most, round(2 * sms / work)))
 
     def fill(splits: int) -> float:
         programs = work * splits
