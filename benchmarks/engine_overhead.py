@@ -52,7 +52,9 @@ def main() -> None:
     engine.scheduler.schedule = timed("schedule", engine.scheduler.schedule)
     engine.step = timed("step", engine.step)
     engine.runner.model.forward = timed("forward", engine.runner.model.forward)
-    model_runner.build_model_input = timed("build_model_input", model_runner.build_model_input)
+    # the runner's two halves of building a batch (host lists and tensors, then the device copies)
+    model_runner.plan_batch = timed("build_model_input", model_runner.plan_batch)
+    model_runner.to_device = timed("build_model_input", model_runner.to_device)
     gen = torch.Generator().manual_seed(0)
     prompts = [
         {"prompt_token_ids": torch.randint(3, 100, (args.prompt_len,), generator=gen).tolist()}

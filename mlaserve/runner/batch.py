@@ -18,9 +18,24 @@ class ModelInput:
     sampled: list[ScheduledRequest]  # requests that get a new token this step
 
 
-def build_model_input(
-    output: SchedulerOutput, block_size: int, device: torch.device, with_gather_index: bool = True
-) -> ModelInput:
+@dataclass(slots=True)
+class HostBatch:
+    """A step's batch on the host, before any device copy: a captured decode graph copies it straight into its
+    static buffers, everything else goes through to_device."""
+
+    ids: list[int]
+    positions: torch.Tensor  # [num_tokens] int64
+    slots: torch.Tensor  # [num_tokens] int64: each token's row in the flattened cache
+    tables: torch.Tensor  # [num_seqs, max_blocks] int32, zero-padded
+    query_lens: list[int]
+    seq_lens: list[int]
+    num_decodes: int
+    order: list[ScheduledRequest]  # decodes first, then prefills: the row order of the batch
+    sample_rows: list[int]  # index of each sampled request's last token
+    sampled: list[ScheduledRequest]  # requests that get a new token this step
+
+
+def plan_batch(output: SchedulerOutput, block_size: int) -> HostBatch:
     # Decodes first: the attention layers split the batch at num_decodes.
     order = sorted(output.scheduled, key=lambda s: s.num_new_tokens != 1)
     num_decodes = sum(1 for s in order if s.num_new_tokens == 1)
@@ -49,21 +64,35 @@ def build_model_input(
     slots = (
         tables[torch.tensor(rows), positions_t // block_size].long() * block_size + positions_t % block_size
     )
+    return HostBatch(
+        ids, positions_t, slots, tables, query_lens, seq_lens, num_decodes, order, sample_rows, sampled
+    )
+
+
+def to_device(
+    batch: HostBatch, block_size: int, device: torch.device, with_gather_index: bool = True
+) -> ModelInput:
     meta = build_metadata(
         block_size,
-        tables.to(device),
-        query_lens,
-        seq_lens,
-        num_decodes,
-        slots.to(device),
+        batch.tables.to(device),
+        batch.query_lens,
+        batch.seq_lens,
+        batch.num_decodes,
+        batch.slots.to(device),
         with_gather_index,
     )
     as_long = dict(dtype=torch.long, device=device)
     return ModelInput(
-        torch.tensor(ids, **as_long),
-        positions_t.to(device),
+        torch.tensor(batch.ids, **as_long),
+        batch.positions.to(device),
         meta,
-        order,
-        torch.tensor(sample_rows, **as_long),
-        sampled,
+        batch.order,
+        torch.tensor(batch.sample_rows, **as_long),
+        batch.sampled,
     )
+
+
+def build_model_input(
+    output: SchedulerOutput, block_size: int, device: torch.device, with_gather_index: bool = True
+) -> ModelInput:
+    return to_device(plan_batch(output, block_size), block_size, device, with_gather_index)

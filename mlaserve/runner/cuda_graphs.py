@@ -14,7 +14,7 @@ import torch
 
 from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.models.base import CausalLM
-from mlaserve.runner.batch import ModelInput
+from mlaserve.runner.batch import HostBatch
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,14 @@ class DecodeGraphs:
         self.slot_mapping = torch.zeros(size, dtype=torch.long, device=device)
         self.seq_lens = torch.ones(size, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(size, blocks, dtype=torch.int32, device=device)
+        # Pinned staging rows (input ids, positions, slots; sequence lengths; block tables): a step's inputs go
+        # from here into the static buffers as three asynchronous copies. Going through pageable device tensors
+        # cost six blocking host-to-device copies plus five device copies per step. Each step ends by reading
+        # its sampled tokens back, so a copy has finished before the next step refills its staging rows.
+        pinned = dict(device="cpu", pin_memory=True)
+        self.host_i64 = torch.zeros(3, size, dtype=torch.long, **pinned)
+        self.host_seq_lens = torch.ones(size, dtype=torch.int32, **pinned)
+        self.host_tables = torch.zeros(size, blocks, dtype=torch.int32, **pinned)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
 
@@ -75,23 +83,29 @@ class DecodeGraphs:
         torch.cuda.synchronize()
         logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
 
-    def can_run(self, batch: ModelInput) -> bool:
-        meta = batch.meta
-        return meta.num_decodes == meta.num_seqs and meta.num_seqs <= self.sizes[-1]
+    def can_run(self, batch: HostBatch) -> bool:
+        num_seqs = len(batch.query_lens)
+        return batch.num_decodes == num_seqs and num_seqs <= self.sizes[-1]
 
-    def run(self, batch: ModelInput) -> torch.Tensor:
+    def run(self, batch: HostBatch) -> torch.Tensor:
         """Logits [num_seqs, vocab] of a decode-only batch."""
-        n = batch.meta.num_seqs
+        n = len(batch.query_lens)
         size = self.sizes[bisect.bisect_left(self.sizes, n)]
-        width = batch.meta.block_tables.shape[1]
-        self.input_ids[:n].copy_(batch.input_ids)
-        self.positions[:n].copy_(batch.positions)
-        self.slot_mapping[:n].copy_(batch.meta.slot_mapping)
-        self.seq_lens[:n].copy_(batch.meta.seq_lens)
-        self.block_tables[:n, :width].copy_(batch.meta.block_tables)
+        width = batch.tables.shape[1]
+        host, seq_lens, tables = self.host_i64, self.host_seq_lens, self.host_tables
+        host[0, :n] = torch.tensor(batch.ids)
+        host[1, :n] = batch.positions
+        host[2, :n] = batch.slots
+        seq_lens[:n] = torch.tensor(batch.seq_lens, dtype=torch.int32)
+        tables[:n, :width] = batch.tables
         if size > n:  # padding rows: one token at slot 0 of the null block
-            self.slot_mapping[n:size].zero_()
-            self.seq_lens[n:size].fill_(1)
-            self.block_tables[n:size].zero_()
+            host[:, n:size] = 0
+            seq_lens[n:size] = 1
+            tables[n:size, :width] = 0
+        self.input_ids[:size].copy_(host[0, :size], non_blocking=True)
+        self.positions[:size].copy_(host[1, :size], non_blocking=True)
+        self.slot_mapping[:size].copy_(host[2, :size], non_blocking=True)
+        self.seq_lens[:size].copy_(seq_lens[:size], non_blocking=True)
+        self.block_tables[:size, :width].copy_(tables[:size, :width], non_blocking=True)
         self.graphs[size].replay()
         return self.logits[size][:n]

@@ -8,7 +8,7 @@ from mlaserve.attention.metadata import build_metadata
 from mlaserve.core.scheduler import SchedulerOutput
 from mlaserve.layers.sampler import Sampler
 from mlaserve.models.base import CausalLM
-from mlaserve.runner.batch import build_model_input
+from mlaserve.runner.batch import plan_batch, to_device
 
 
 @dataclass(slots=True)
@@ -62,16 +62,17 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> StepResult:
         graphs = self.graphs
-        batch = build_model_input(output, self.block_size, self.device, with_gather_index=graphs is None)
-        if graphs is not None and graphs.can_run(batch):
-            logits = graphs.run(batch).float()  # every decode row samples, in row order
+        host = plan_batch(output, self.block_size)
+        if graphs is not None and graphs.can_run(host):
+            logits = graphs.run(host).float()  # every decode row samples, in row order
         else:
+            batch = to_device(host, self.block_size, self.device, with_gather_index=graphs is None)
             hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
-            if not batch.sampled:
+            if not host.sampled:
                 return StepResult({}, {})
             logits = self.model.compute_logits(hidden[batch.sample_rows]).float()
-        ids = [s.request.request_id for s in batch.sampled]
-        params = [s.request.sampling_params for s in batch.sampled]
+        ids = [s.request.request_id for s in host.sampled]
+        params = [s.request.sampling_params for s in host.sampled]
         result = self.sampler(logits, params, [self.generators.get(i) for i in ids])
         logprobs = {i: lp for i, lp in zip(ids, result.logprobs) if lp is not None}
         return StepResult(dict(zip(ids, result.token_ids)), logprobs)
