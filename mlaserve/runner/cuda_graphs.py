@@ -35,15 +35,15 @@ class DecodeGraphs:
         self.max_model_len = max_model_len
         self.sizes = [s for s in CAPTURE_SIZES if s < max_num_seqs] + [min(max_num_seqs, CAPTURE_SIZES[-1])]
         size, blocks = self.sizes[-1], -(-max_model_len // block_size)
-        self.input_ids = torch.zeros(size, dtype=torch.long, device=device)
-        self.positions = torch.zeros(size, dtype=torch.long, device=device)
-        self.slot_mapping = torch.zeros(size, dtype=torch.long, device=device)
+        # input ids, positions and slots as rows of one buffer: one copy a step fills all three
+        self.dev_i64 = torch.zeros(3, size, dtype=torch.long, device=device)
+        self.input_ids, self.positions, self.slot_mapping = self.dev_i64
         self.seq_lens = torch.ones(size, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(size, blocks, dtype=torch.int32, device=device)
         # Pinned staging rows (input ids, positions, slots; sequence lengths; block tables): a step's inputs go
         # from here into the static buffers as three asynchronous copies. Going through pageable device tensors
         # cost six blocking host-to-device copies plus five device copies per step. Each step ends by reading
-        # its sampled tokens back, so a copy has finished before the next step refills its staging rows.
+        # its sampled tokens back, so the copies have finished before the next step refills the staging rows.
         pinned = dict(device="cpu", pin_memory=True)
         self.host_i64 = torch.zeros(3, size, dtype=torch.long, **pinned)
         self.host_seq_lens = torch.ones(size, dtype=torch.int32, **pinned)
@@ -102,9 +102,7 @@ class DecodeGraphs:
             host[:, n:size] = 0
             seq_lens[n:size] = 1
             tables[n:size, :width] = 0
-        self.input_ids[:size].copy_(host[0, :size], non_blocking=True)
-        self.positions[:size].copy_(host[1, :size], non_blocking=True)
-        self.slot_mapping[:size].copy_(host[2, :size], non_blocking=True)
+        self.dev_i64[:, :size].copy_(host[:, :size], non_blocking=True)
         self.seq_lens[:size].copy_(seq_lens[:size], non_blocking=True)
         self.block_tables[:size, :width].copy_(tables[:size, :width], non_blocking=True)
         self.graphs[size].replay()
