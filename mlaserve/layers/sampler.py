@@ -37,10 +37,11 @@ class Sampler:
                 f"params and generators need one entry per logits row ({num_rows}), "
                 f"got {len(params)} and {len(generators)}"
             )
-        # bf16/fp16 logits have too few mantissa bits for a faithful softmax tail and cumulative top-p mass.
-        logits = logits.float()
-
         sample_rows = [i for i, p in enumerate(params) if not p.is_greedy]
+        if sample_rows or any(p.logprobs is not None for p in params):
+            # bf16/fp16 logits have too few mantissa bits for a faithful softmax tail and cumulative top-p mass.
+            # Greedy rows alone need no copy: widening is exact, so argmax picks the same token either way.
+            logits = logits.float()
         if not sample_rows:
             token_ids = logits.argmax(dim=-1)
         elif len(sample_rows) == num_rows:

@@ -64,13 +64,13 @@ class ModelRunner:
         graphs = self.graphs
         host = plan_batch(output, self.block_size)
         if graphs is not None and graphs.can_run(host):
-            logits = graphs.run(host).float()  # every decode row samples, in row order
+            logits = graphs.run(host)  # every decode row samples, in row order
         else:
             batch = to_device(host, self.block_size, self.device, with_gather_index=graphs is None)
             hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
             if not host.sampled:
                 return StepResult({}, {})
-            logits = self.model.compute_logits(hidden[batch.sample_rows]).float()
+            logits = self.model.compute_logits(hidden[batch.sample_rows])
         ids = [s.request.request_id for s in host.sampled]
         params = [s.request.sampling_params for s in host.sampled]
         result = self.sampler(logits, params, [self.generators.get(i) for i in ids])
