@@ -14,8 +14,6 @@ skinny        the skinny-GEMM kernel against cuBLAS at V2-Lite's decode projecti
 decode_timing the memory-bound decode shapes timed eagerly (as the suite does) and as CUDA-graph replays (no host
               launch work in the timed span), three rounds each, bf16 and fp8 caches, to tell kernel time from
               launch overhead in the suite's run-to-run spread
-fp8_dots      the experimental fp8-tensor-core decode (mla_decode(fp8_dots=True)) against today's fp8 path and the
-              bf16 kernel at the memory-bound shapes, graph-timed, with its error against the torch reference
 host          where host time goes: torch.profiler over one batch-1 prefill of 512 tokens (CPU ops by self
               time, syncs, GPU busy time), and cProfile over the lite workload at batch 1 and 32 (functions by
               own time)
@@ -358,50 +356,6 @@ def decode_timing() -> dict:
     return {"rows": rows}
 
 
-def fp8_dots() -> dict:
-    from benchmarks.gpu_suite import LAT, paged_case
-    from mlaserve.attention.torch_ref import TorchBackend
-    from mlaserve.attention.triton.mla_decode import mla_decode
-    from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
-
-    rows = []
-    variants = [dict(block_n=32, num_warps=4), dict(block_n=64, num_warps=4), dict(block_n=64, num_warps=8),
-                dict(block_n=32, num_warps=4, prefetch=True), dict(block_n=64, num_warps=4, num_stages=4)]  # fmt: skip
-    for batch, length in ((64, 4096), (128, 8192), (5, 700)):
-        q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, 3)
-        rows8 = quantize_rows(cache.view(-1, LAT + 64), QUANTIZED["fp8_e4m3"]).view(
-            *cache.shape[:3], LAT + 80
-        )
-        args = (q, table, meta.seq_lens, length, LAT, 0.07)
-        ref = (
-            TorchBackend().decode(q.float(), rows8, None, meta, 0.07, LAT)[0]
-            if batch * length < 300_000
-            else None
-        )
-        row = dict(B=batch, L=length)
-        row["bf16_ms"] = bench_graph(lambda a=args, c=cache: mla_decode(a[0], c, *a[1:]))
-        row["fp8_default_ms"] = bench_graph(lambda a=args, r=rows8: mla_decode(a[0], r, *a[1:]))
-        base = mla_decode(q, rows8, *args[1:])[0].float()
-        for kw in variants:
-            name = "fp8_dots_" + "_".join(f"{k}{v}" for k, v in kw.items())
-            try:
-                out = mla_decode(q, rows8, *args[1:], fp8_dots=True, **kw)[0].float()
-                row[name + "_ms"] = bench_graph(
-                    lambda kw=kw, a=args, r=rows8: mla_decode(a[0], r, *a[1:], fp8_dots=True, **kw)
-                )
-                row[name + "_err_vs_fp8_default"] = (out - base).abs().max().item()
-                if ref is not None:
-                    row[name + "_err_vs_reference"] = (out - ref).abs().max().item()
-                    row[name + "_rel_err_vs_reference"] = ((out - ref).norm() / ref.norm()).item()
-            except Exception as err:  # a variant Triton cannot build on this GPU
-                row[name + "_error"] = repr(err)[:300]
-        if ref is not None:
-            row["fp8_default_err_vs_reference"] = (base - ref).abs().max().item()
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    return {"rows": rows}
-
-
 def logged_generate(llm, prompts: list, params) -> tuple[float, StepLog]:
     """(wall seconds, the step log) of one generate call; the prefix cache is emptied after, so repeats prefill."""
     with StepLog(llm.engine) as log:
@@ -554,7 +508,6 @@ def main() -> None:
                 "host": lambda: host(Path(tmp)),
                 "skinny": skinny,
                 "decode_timing": decode_timing,
-                "fp8_dots": fp8_dots,
             }[name]
             t = time.perf_counter()
             try:

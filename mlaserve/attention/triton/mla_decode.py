@@ -46,10 +46,10 @@ def _load_tile(
 @triton.jit
 def _attend_tile(
     q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2,
-    PRECISION: tl.constexpr, QUANTIZED: tl.constexpr, FP8_DOTS: tl.constexpr,
+    PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
 ):  # fmt: skip
     """One online-softmax step over a tile; returns the updated (max, sum, accumulator)."""
-    if QUANTIZED and not FP8_DOTS:
+    if QUANTIZED:
         # The scale is per token, i.e. per score column: apply it to the scores and to p, not to the tile.
         k = k.to(q.dtype)
         k_pe = k_pe.to(q.dtype)
@@ -62,17 +62,9 @@ def _attend_tile(
     alpha = tl.exp2(m - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_sum = l_sum * alpha + tl.sum(p, 1)
-    if FP8_DOTS:
-        # The value is the fp8 row times its scale: fold each column's scale into p, relative to the tile's
-        # largest so p stays in [0, 1] for its own fp8 cast, and put that largest back on the product.
-        top = tl.max(scale, 0)
-        top = tl.where(top > 0, top, 1.0)
-        p8 = (p * (scale / top)[None, :]).to(k.dtype)
-        acc = acc * alpha[:, None] + top * tl.dot(p8, k)
-    else:
-        if QUANTIZED:
-            p = p * scale[None, :]
-        acc = acc * alpha[:, None] + tl.dot(p.to(k.dtype), k, input_precision=PRECISION)
+    if QUANTIZED:
+        p = p * scale[None, :]
+    acc = acc * alpha[:, None] + tl.dot(p.to(k.dtype), k, input_precision=PRECISION)
     return m_new, l_sum, acc
 
 
@@ -86,7 +78,7 @@ def _stage1(
     num_heads, scale_log2, num_splits,
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
-    TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr, FP8_DOTS: tl.constexpr,
+    TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -106,13 +98,6 @@ def _stage1(
     )
     if Q_F16:  # 8-bit tiles then widen to fp16 (one instruction per pair on Hopper) rather than bf16
         q, q_pe = q.to(tl.float16), q_pe.to(tl.float16)
-    if FP8_DOTS:  # the query in fp8 too, one scale for the program's heads, folded into the softmax scale
-        q32, qpe32 = q.to(tl.float32), q_pe.to(tl.float32)
-        amax = tl.maximum(tl.max(tl.max(tl.abs(q32), 1), 0), tl.max(tl.max(tl.abs(qpe32), 1), 0))
-        q_scale = tl.maximum(amax, 1e-30) / 448.0
-        q = (q32 / q_scale).to(KV.dtype.element_ty)
-        q_pe = (qpe32 / q_scale).to(KV.dtype.element_ty)
-        scale_log2 = scale_log2 * q_scale
 
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_H], tl.float32)
@@ -130,7 +115,7 @@ def _stage1(
                 QUANTIZED, TILE_IN_PAGE,
             )  # fmt: skip
             m, l_sum, acc = _attend_tile(
-                q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED, FP8_DOTS
+                q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED
             )
             k, k_pe, scale, ok = k_next, kpe_next, scale_next, ok_next
     else:
@@ -140,7 +125,7 @@ def _stage1(
                 TILE_IN_PAGE,
             )  # fmt: skip
             m, l_sum, acc = _attend_tile(
-                q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED, FP8_DOTS
+                q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED
             )
 
     has = l_sum > 0
@@ -219,7 +204,6 @@ def mla_decode(
     partial_dtype: torch.dtype = torch.float32,
     q_f16: bool | None = None,
     q_pe: torch.Tensor | None = None,
-    fp8_dots: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, H, kv_lora_rank + rope], or [B, H, kv_lora_rank] with the rope part in q_pe [B, H, rope] (views
     of other tensors are fine, only the last dimension must be contiguous); kv_cache: [blocks, page, 1, kv_lora_rank + rope]; block_table [B, max_blocks];
@@ -229,8 +213,6 @@ def mla_decode(
     caches, whose tiles are converted in registers; bf16 tiles are streamed by Triton's own pipeliner).
     partial_dtype: how the per-split partial outputs are stored for the merge (their traffic is ~10% of the
     cache's at 8 splits of a 4,096 context; bf16 was no faster in the sweep, so float32 stays the default).
-    fp8_dots (experimental, fp8_e4m3 caches and 16-bit queries): both dots on fp8 tensor cores, the tiles used
-    as stored; the query is quantized per program and p per tile. Off by default until its accuracy is tested.
     q_f16: 8-bit caches only, run the dots in fp16 instead of bf16 (default: on at 16 heads per program when q is
     16-bit). block_n and num_warps default by cache type (see below).
 
@@ -246,10 +228,6 @@ def mla_decode(
     # kernel, and smaller tiles with fewer warps and fp16 dots (a cheaper widening) were fastest: fp8 at (B, L)
     # = (64, 4,096) took 0.140 ms against 0.181 ms with the bf16-cache defaults (benchmarks/results/
     # decode-sweep-h200-2026-11-30b.json). The 64-head kernel keeps the measured defaults of bf16 caches.
-    if fp8_dots and (kv_cache.dtype != torch.float8_e4m3fn or q.dtype == torch.float32):
-        raise ValueError(
-            f"fp8_dots needs an fp8_e4m3 cache and a 16-bit query, got {kv_cache.dtype} / {q.dtype}"
-        )
     light = is_quantized(kv_cache.dtype) and block_h <= 16
     block_n = block_n or (32 if light else 64)
     num_warps = num_warps or (4 if light else 8)
@@ -274,8 +252,8 @@ def mla_decode(
         heads, scale * LOG2E, num_splits,
         PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=block_n, PRECISION=precision,
         QUANTIZED=is_quantized(kv_cache.dtype), TILE_IN_PAGE=page % block_n == 0,
-        PREFETCH=is_quantized(kv_cache.dtype) and not fp8_dots if prefetch is None else prefetch,
-        Q_F16=q_f16 and is_quantized(kv_cache.dtype) and not fp8_dots, FP8_DOTS=fp8_dots,
+        PREFETCH=is_quantized(kv_cache.dtype) if prefetch is None else prefetch,
+        Q_F16=q_f16 and is_quantized(kv_cache.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
