@@ -101,9 +101,12 @@ class DecodeGraphs:
         if size > n:  # padding rows: one token at slot 0 of the null block
             host[:, n:size] = 0
             seq_lens[n:size] = 1
-            tables[n:size, :width] = 0
-        self.dev_i64[:, :size].copy_(host[:, :size], non_blocking=True)
-        self.seq_lens[:size].copy_(seq_lens[:size], non_blocking=True)
-        self.block_tables[:size, :width].copy_(tables[:size, :width], non_blocking=True)
+            tables[n:size] = 0
+        # Each copy is one contiguous block (a strided one would be staged through pageable memory): the small
+        # buffers whole, the tables' first `size` rows whole. What lies past the batch is older entries that this
+        # graph never reads (rows past `size`, table columns past each sequence's length).
+        self.dev_i64.copy_(host, non_blocking=True)
+        self.seq_lens.copy_(seq_lens, non_blocking=True)
+        self.block_tables[:size].copy_(tables[:size], non_blocking=True)
         self.graphs[size].replay()
         return self.logits[size][:n]

@@ -206,8 +206,9 @@ def mla_decode(
     q_pe: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, H, kv_lora_rank + rope], or [B, H, kv_lora_rank] with the rope part in q_pe [B, H, rope] (views
-    of other tensors are fine, only the last dimension must be contiguous); kv_cache: [blocks, page, 1, kv_lora_rank + rope]; block_table [B, max_blocks];
-    seq_lens [B]. Returns (out [B, H, kv_lora_rank] in q's dtype, lse [B, H] float32, natural log).
+    of other tensors are fine, only the last dimension must be contiguous); kv_cache: [blocks, page, 1,
+    kv_lora_rank + rope]; block_table [B, max_blocks]; seq_lens [B]. Returns (out [B, H, kv_lora_rank] in q's
+    dtype, lse [B, H] float32, natural log).
 
     prefetch: load the next KV tile into registers before attending to the current one (default: on for 8-bit
     caches, whose tiles are converted in registers; bf16 tiles are streamed by Triton's own pipeliner).
