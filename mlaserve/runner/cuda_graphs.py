@@ -91,22 +91,31 @@ class DecodeGraphs:
         """Logits [num_seqs, vocab] of a decode-only batch."""
         n = len(batch.query_lens)
         size = self.sizes[bisect.bisect_left(self.sizes, n)]
-        width = batch.tables.shape[1]
-        host, seq_lens, tables = self.host_i64, self.host_seq_lens, self.host_tables
-        host[0, :n] = torch.tensor(batch.ids)
-        host[1, :n] = batch.positions
-        host[2, :n] = batch.slots
-        seq_lens[:n] = torch.tensor(batch.seq_lens, dtype=torch.int32)
-        tables[:n, :width] = batch.tables
-        if size > n:  # padding rows: one token at slot 0 of the null block
-            host[:, n:size] = 0
-            seq_lens[n:size] = 1
-            tables[n:size] = 0
+        stage_decode_inputs(batch, size, self.host_i64, self.host_seq_lens, self.host_tables)
         # Each copy is one contiguous block (a strided one would be staged through pageable memory): the small
         # buffers whole, the tables' first `size` rows whole. What lies past the batch is older entries that this
         # graph never reads (rows past `size`, table columns past each sequence's length).
-        self.dev_i64.copy_(host, non_blocking=True)
-        self.seq_lens.copy_(seq_lens, non_blocking=True)
-        self.block_tables[:size].copy_(tables[:size], non_blocking=True)
+        self.dev_i64.copy_(self.host_i64, non_blocking=True)
+        self.seq_lens.copy_(self.host_seq_lens, non_blocking=True)
+        self.block_tables[:size].copy_(self.host_tables[:size], non_blocking=True)
         self.graphs[size].replay()
         return self.logits[size][:n]
+
+
+def stage_decode_inputs(
+    batch: HostBatch, size: int, host_i64: torch.Tensor, seq_lens: torch.Tensor, tables: torch.Tensor
+) -> None:
+    """Writes a decode batch padded to `size` rows into the staging tensors: host_i64 [3, >= size] (input ids,
+    positions, slots), seq_lens [>= size], tables [>= size, blocks]. Padding rows are one token at slot 0 of the
+    null block; table columns past the batch's widest table keep older entries, which no kernel reads."""
+    n = len(batch.query_lens)
+    width = batch.tables.shape[1]
+    host_i64[0, :n] = torch.tensor(batch.ids)
+    host_i64[1, :n] = batch.positions
+    host_i64[2, :n] = batch.slots
+    seq_lens[:n] = torch.tensor(batch.seq_lens, dtype=torch.int32)
+    tables[:n, :width] = batch.tables
+    if size > n:
+        host_i64[:, n:size] = 0
+        seq_lens[n:size] = 1
+        tables[n:size] = 0
