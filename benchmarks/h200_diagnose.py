@@ -10,7 +10,8 @@ steps         the V2-Lite engine (random bf16 weights): every engine step timed 
               workload, five repeats each, then the 256-request throughput workload), with the Triton
               compiles that happened inside each repeat
 skinny        the skinny-GEMM kernel against cuBLAS at V2-Lite's decode projections (1, 4, 16 rows), each tile
-              variant timed inside a CUDA graph over enough weight copies to stream from HBM
+              variant timed inside a CUDA graph over enough weight copies to stream from HBM; and the float32
+              router gate (triton_router.gate_logits) against its cuBLAS linear
 decode_timing the memory-bound decode shapes timed eagerly (as the suite does) and as CUDA-graph replays (no host
               launch work in the timed span), three rounds each, bf16 and fp8 caches, to tell kernel time from
               launch overhead in the suite's run-to-run spread
@@ -277,6 +278,7 @@ def graph_us_per_call(fn, weights: list) -> float:
 
 
 def skinny() -> dict:
+    from mlaserve.layers.triton_router import gate_logits
     from mlaserve.layers.triton_skinny import skinny_linear, tile_for
 
     shapes = {
@@ -294,23 +296,27 @@ def skinny() -> dict:
     g = torch.Generator(device="cuda").manual_seed(0)
     rows_out = []
     for name, (n, k) in shapes.items():
-        wdtype = torch.float32 if name.endswith("fp32") else torch.bfloat16
-        out_dtype = torch.float32 if wdtype == torch.float32 else None
+        gate = name.endswith("fp32")  # the router's float32 gate: its own kernel, no tiles to sweep
+        wdtype = torch.float32 if gate else torch.bfloat16
         copies = max(1, -(-256_000_000 // (n * k * wdtype.itemsize)))  # 256 MB of weights: beyond L2
         ws = [torch.randn(n, k, device="cuda", generator=g).to(wdtype) / k**0.5 for _ in range(copies)]
         for rows in (1, 4, 16):
             x = torch.randn(rows, k, device="cuda", generator=g, dtype=torch.bfloat16)
             want = F.linear(x.to(wdtype), ws[0]).float()
-            row = {"shape": name, "n": n, "k": k, "rows": rows, "default_tile": list(tile_for(n, k, wdtype))}
+            kernel = gate_logits if gate else skinny_linear
+            row = {
+                "shape": name,
+                "n": n,
+                "k": k,
+                "rows": rows,
+                "default_tile": None if gate else list(tile_for(n)),
+            }
             row["cublas_us"] = graph_us_per_call(lambda w, x=x: F.linear(x.to(w.dtype), w), ws)
-            row["default_us"] = graph_us_per_call(
-                lambda w, x=x, o=out_dtype: skinny_linear(x, w, out_dtype=o), ws
-            )
-            got = skinny_linear(x, ws[0], out_dtype=out_dtype).float()
-            row["max_err"] = (got - want).abs().max().item()
-            for tile in tiles:
+            row["default_us"] = graph_us_per_call(lambda w, x=x, f=kernel: f(x, w), ws)
+            row["max_err"] = (kernel(x, ws[0]).float() - want).abs().max().item()
+            for tile in [] if gate else tiles:
                 row[f"tile_{'_'.join(map(str, tile))}_us"] = graph_us_per_call(
-                    lambda w, x=x, t=tile, o=out_dtype: skinny_linear(x, w, out_dtype=o, tile=t), ws
+                    lambda w, x=x, t=tile: skinny_linear(x, w, tile=t), ws
                 )
             row["weight_GBps_default"] = n * k * wdtype.itemsize / row["default_us"] / 1e3
             rows_out.append(row)
