@@ -33,13 +33,25 @@ class AttentionBackend(ABC):
         scale: float,
         v_dim: int,
         need_lse: bool = False,
-        q_pe: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One query token per decode sequence. q: [num_decodes, H, Dk]; v_cache None means the value is
         k_cache[..., :v_dim] (MLA latent). Returns (out [num_decodes, H, v_dim], lse [num_decodes, H]); a backend
-        may return lse None unless need_lse (merging partial results needs it, a plain decode does not).
-        q_pe: MLA may pass the query's rope part apart (q then holds its latent part), which saves joining them
-        in a decode step; a backend that wants one tensor calls join_query."""
+        may return lse None unless need_lse (merging partial results needs it, a plain decode does not)."""
+
+    def decode_latent(
+        self,
+        q_latent: torch.Tensor,
+        q_pe: torch.Tensor,
+        cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        kv_lora_rank: int,
+    ) -> torch.Tensor:
+        """Absorbed MLA decode with the query's latent and rope parts apart ([num_decodes, H, R] and [.., P]);
+        returns [num_decodes, H, R]. Joined into one query for decode by default; a backend that reads the two
+        parts in place overrides this and saves the concatenation."""
+        q = torch.cat((q_latent, q_pe), dim=-1)
+        return self.decode(q, cache, None, meta, scale, kv_lora_rank)[0]
 
     @abstractmethod
     def prefill(
@@ -56,11 +68,6 @@ class AttentionBackend(ABC):
         8-bit latent rows come back dequantized to `dtype`."""
         rows = cache.flatten(0, 1).index_select(0, meta.prefill_slot_index)
         return dequantize_rows(rows, dtype) if is_quantized(cache.dtype) else rows
-
-
-def join_query(q: torch.Tensor, q_pe: torch.Tensor | None) -> torch.Tensor:
-    """The decode query as one tensor: the latent part, then the rope part when it was passed apart."""
-    return q if q_pe is None else torch.cat((q, q_pe), dim=-1)
 
 
 def write_to_cache(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:

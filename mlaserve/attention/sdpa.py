@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from mlaserve.attention.backend import join_query
 from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.attention.torch_ref import TorchBackend, causal_mask, gather_decode
 
@@ -63,17 +62,8 @@ class SdpaBackend(TorchBackend):
     name = "sdpa"
 
     def decode(
-        self,
-        q,
-        k_cache,
-        v_cache,
-        meta: AttentionMetadata,
-        scale: float,
-        v_dim: int,
-        need_lse: bool = False,
-        q_pe=None,
+        self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, v_dim: int, need_lse: bool = False
     ):
-        q = join_query(q, q_pe)
         if need_lse:  # SDPA does not return the log-sum-exp
             return super().decode(q, k_cache, v_cache, meta, scale, v_dim, need_lse)
         b, h, dk = q.shape

@@ -2,7 +2,7 @@
 
 import torch
 
-from mlaserve.attention.backend import AttentionBackend, join_query
+from mlaserve.attention.backend import AttentionBackend
 from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.kvcache.quant import dequantize_rows, is_quantized
 
@@ -28,17 +28,8 @@ class TorchBackend(AttentionBackend):
     name = "torch"
 
     def decode(
-        self,
-        q,
-        k_cache,
-        v_cache,
-        meta: AttentionMetadata,
-        scale: float,
-        v_dim: int,
-        need_lse: bool = False,
-        q_pe=None,
+        self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, v_dim: int, need_lse: bool = False
     ):
-        q = join_query(q, q_pe)
         k = gather_decode(k_cache, meta, q.dtype)  # [B, L, Hkv, Dk]
         v = k[..., :v_dim] if v_cache is None else gather_decode(v_cache, meta)
         b, h, dk = q.shape

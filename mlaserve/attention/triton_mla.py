@@ -23,22 +23,22 @@ class TritonMLABackend(SdpaBackend):
         return None
 
     def decode(
-        self,
-        q,
-        k_cache,
-        v_cache,
-        meta: AttentionMetadata,
-        scale: float,
-        v_dim: int,
-        need_lse: bool = False,
-        q_pe=None,
+        self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, v_dim: int, need_lse: bool = False
     ):
         if v_cache is not None:  # per-head K/V (GQA models): the SDPA path
-            return super().decode(q, k_cache, v_cache, meta, scale, v_dim, need_lse, q_pe)
+            return super().decode(q, k_cache, v_cache, meta, scale, v_dim, need_lse)
+        return self._mla_decode(q, None, k_cache, meta, scale, v_dim)
+
+    def decode_latent(self, q_latent, q_pe, cache, meta: AttentionMetadata, scale: float, kv_lora_rank: int):
+        # the kernel reads both parts in place
+        return self._mla_decode(q_latent, q_pe, cache, meta, scale, kv_lora_rank)[0]
+
+    @staticmethod
+    def _mla_decode(q, q_pe, cache, meta: AttentionMetadata, scale: float, kv_lora_rank: int):
         from mlaserve.attention.triton.mla_decode import mla_decode
 
         nd = meta.num_decodes
         max_len = max(meta.host_seq_lens[:nd])
         return mla_decode(
-            q, k_cache, meta.block_tables[:nd], meta.seq_lens[:nd], max_len, v_dim, scale, q_pe=q_pe
+            q, cache, meta.block_tables[:nd], meta.seq_lens[:nd], max_len, kv_lora_rank, scale, q_pe=q_pe
         )

@@ -143,8 +143,8 @@ class MLAAttention(nn.Module):
 
     def _decode(self, q, kv_cache, meta) -> torch.Tensor:
         q_latent = torch.einsum("thd,hdr->thr", q[..., : self.nope_dim], self.w_uk)
-        out_latent, _ = self.backend.decode(
-            q_latent, kv_cache, None, meta, self.scale, self.kv_lora_rank, q_pe=q[..., self.nope_dim :]
+        out_latent = self.backend.decode_latent(
+            q_latent, q[..., self.nope_dim :], kv_cache, meta, self.scale, self.kv_lora_rank
         )
         return torch.einsum("thr,hvr->thv", out_latent, self.w_uv)
 
