@@ -41,8 +41,9 @@ def route_sigmoid(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group:
     return scores.gather(1, ids), ids
 
 
-# One launch for a decode-sized batch's float32 gate GEMM (triton_router.GATE_MAX_TOKENS = 16 tokens)
+# One launch for a decode-sized batch's float32 gate GEMM
 _GATE_KERNEL = ("mlaserve.layers.triton_router", "gate_logits")
+_GATE_MAX_TOKENS = 16  # triton_router.GATE_MAX_TOKENS, without importing triton on CPU
 
 
 class MoEGate(nn.Module):
@@ -64,7 +65,8 @@ class MoEGate(nn.Module):
             self.e_score_correction_bias = make_param(self.num_experts, dtype=torch.float32)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        gate = kernel_for(*_GATE_KERNEL, x, self.weight) if x.dim() == 2 and x.shape[0] <= 16 else None
+        small = x.dim() == 2 and x.shape[0] <= _GATE_MAX_TOKENS
+        gate = kernel_for(*_GATE_KERNEL, x, self.weight) if small else None
         logits = gate(x, self.weight) if gate else F.linear(x.float(), self.weight)
         if self._one_launch(logits):
             from mlaserve.layers.triton_router import route_greedy
