@@ -25,16 +25,17 @@ class DecodeStepTimer:
         return self.tokens / self.seconds if self.seconds else 0.0
 
     def __enter__(self) -> "DecodeStepTimer":
-        schedule, step = self.engine.scheduler.schedule, self.engine.step
+        apply, step = self.engine._apply, self.engine.step
 
-        def schedule_and_note():
-            output = schedule()
-            # one token per scheduled request means nobody is prefilling in this step
-            self._decode_only = not output.is_empty and output.num_batched_tokens == len(output.scheduled)
+        def apply_and_note(output, result, stream):
+            # The step whose tokens this call applies (with asynchronous scheduling it was queued by the call
+            # before); one token per scheduled request means nobody was prefilling in it.
+            self._decode_only = output.num_batched_tokens == len(output.scheduled)
             self._rows = len(output.scheduled)
-            return output
+            return apply(output, result, stream)
 
         def timed_step(**kwargs):
+            self._decode_only = False
             self.sync()
             start = time.perf_counter()
             outputs = step(**kwargs)
@@ -45,11 +46,11 @@ class DecodeStepTimer:
                 self.steps += 1
             return outputs
 
-        self.engine.scheduler.schedule, self.engine.step = schedule_and_note, timed_step
+        self.engine._apply, self.engine.step = apply_and_note, timed_step
         return self
 
     def __exit__(self, *exc: object) -> None:
-        del self.engine.scheduler.schedule, self.engine.step  # the class methods show through again
+        del self.engine._apply, self.engine.step  # the class methods show through again
         # The figures outlive the engine: holding it would keep its KV cache allocated (the suite's MLA-vs-MHA
         # table ran out of GPU memory building its next engine that way).
         self.engine = None

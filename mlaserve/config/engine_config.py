@@ -28,6 +28,8 @@ class EngineConfig:
         False  # MLA models cache expanded per-head K/V (vLLM's VLLM_MLA_DISABLE), for comparison
     )
     enforce_eager: bool = False  # no CUDA graphs for decode
+    # Queue the next decode step before reading this one's tokens (vLLM's async_scheduling); None = on for CUDA.
+    async_scheduling: bool | None = None
     skip_tokenizer_init: bool = False  # token ids in and out, no tokenizer files needed
     trust_remote_code: bool = False  # accepted for vLLM compatibility; mlaserve never runs remote code
 

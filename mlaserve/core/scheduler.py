@@ -41,11 +41,14 @@ class ScheduledRequest:
     num_new_tokens: int
     num_computed_tokens: int  # before this step (prefix-cache hits included)
     block_ids: list[list[int]]  # the whole block table per cache group, after this step's allocation
+    # Scheduled ahead (schedule_lookahead): this step's input is the token the step before it is still sampling,
+    # so it is not in the request yet; the runner takes it from that step's device output.
+    lookahead: bool = False
     # Frozen at scheduling time so needs_sample stays right after update_from_output appends a token.
     _num_tokens: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._num_tokens = self.request.num_tokens
+        self._num_tokens = self.request.num_tokens + self.lookahead
 
     @property
     def needs_sample(self) -> bool:
@@ -145,6 +148,42 @@ class Scheduler:
         num_batched = self.config.max_num_batched_tokens - budget
         return SchedulerOutput(
             scheduled=scheduled, num_batched_tokens=num_batched, preempted_request_ids=preempted
+        )
+
+    def schedule_lookahead(self, previous: SchedulerOutput) -> SchedulerOutput | None:
+        """The next decode step of `previous`'s requests, scheduled before its sampled tokens are known, so the
+        runner can queue it on the GPU while the host waits for those tokens (asynchronous scheduling).
+
+        Only when this step is what schedule() would pick anyway once the tokens arrive: nothing waits for
+        admission, every running request was in `previous` and samples a token there. A request that
+        `previous` finishes by length is left out; one that stops on EOS or a stop string there wastes its row,
+        which update_from_output skips (the request is finished by then). Never preempts: None when the pool is
+        short, and the caller falls back to schedule() once the tokens are in. Blocks taken for rows before a
+        failing one stay with their requests, which need them next step anyway.
+        """
+        if self.waiting or len(previous.scheduled) != len(self.running):
+            return None
+        kv = self.kv_cache_manager
+        scheduled: list[ScheduledRequest] = []
+        for item in previous.scheduled:
+            request = item.request
+            if request.is_finished or not item.needs_sample:
+                return None
+            if (
+                request.num_output_tokens + 1 >= request.max_tokens
+                or request.num_tokens + 1 >= self.config.max_model_len
+            ):
+                continue  # its token from `previous` is its last
+            # Slots through the token `previous` samples, counted from before `previous` is applied.
+            block_ids = kv.allocate_slots(request, item.num_new_tokens + 1)
+            if block_ids is None:
+                return None
+            position = item.num_computed_tokens + item.num_new_tokens
+            scheduled.append(ScheduledRequest(request, 1, position, block_ids, lookahead=True))
+        if not scheduled:
+            return None
+        return SchedulerOutput(
+            scheduled=scheduled, num_batched_tokens=len(scheduled), preempted_request_ids=[]
         )
 
     def update_from_output(self, output: SchedulerOutput, sampled_token_ids: dict[str, int]) -> list[Request]:

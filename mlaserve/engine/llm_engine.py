@@ -11,7 +11,7 @@ from mlaserve.config.engine_config import EngineConfig
 from mlaserve.config.model_config import ModelConfig
 from mlaserve.core.kv_cache_manager import CacheGroupSpec, KVCacheManager
 from mlaserve.core.request import Request, RequestStatus
-from mlaserve.core.scheduler import Scheduler, SchedulerConfig
+from mlaserve.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from mlaserve.engine.detokenizer import RequestText
 from mlaserve.engine.kv_sizing import num_kv_blocks
 from mlaserve.kvcache.allocate import allocate_kv_caches
@@ -20,7 +20,7 @@ from mlaserve.loader.model_files import resolve_model
 from mlaserve.loader.model_loader import build_model
 from mlaserve.loader.tokenizer import load_tokenizer
 from mlaserve.outputs import CompletionOutput, RequestOutput
-from mlaserve.runner.model_runner import ModelRunner
+from mlaserve.runner.model_runner import LaunchedStep, ModelRunner, StepResult
 from mlaserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -84,6 +84,10 @@ class LLMEngine:
         self._prompts: dict[str, str | None] = {}
         self._ids = itertools.count()
         self.num_generated_tokens = 0
+        # Off on CPU by default: there the host and the "device" are the same cores, so nothing overlaps.
+        auto = self.device.type == "cuda"
+        self.async_scheduling = auto if config.async_scheduling is None else config.async_scheduling
+        self._in_flight: LaunchedStep | None = None  # the lookahead step queued by the last step() call
 
     def _init_kv_cache(self) -> None:
         cfg, model_dtype = self.config, self.model_config.dtype
@@ -184,11 +188,33 @@ class LLMEngine:
 
         Returns one cumulative RequestOutput for every request that got a token this step (finished or not,
         as vLLM's engine does), so a server can stream. stream=False returns the finished ones only (what
-        LLM.generate keeps), skipping a copy of every running request's prompt and output ids per step."""
-        output = self.scheduler.schedule()
-        if output.is_empty:
-            return []
-        result = self.runner.execute(output)
+        LLM.generate keeps), skipping a copy of every running request's prompt and output ids per step.
+
+        With asynchronous scheduling the next decode step is queued on the device before this step's tokens are
+        read, so the GPU does not wait for the host's bookkeeping between steps; that step is the one collected by
+        the next call."""
+        launched, self._in_flight = self._in_flight, None
+        try:
+            if launched is None:
+                output = self.scheduler.schedule()
+                if output.is_empty:
+                    return []
+                launched = self.runner.launch(output)
+            if self.async_scheduling and not launched.wants_logprobs:
+                ahead = self.scheduler.schedule_lookahead(launched.output)
+                if ahead is not None:
+                    self._in_flight = self.runner.launch(ahead, previous=launched)
+            result = self.runner.collect(launched)
+            outputs = self._apply(launched.output, result, stream)
+        except BaseException:
+            self._in_flight = None  # its rows are scheduled again from the requests' state
+            raise
+        ahead = self._in_flight
+        if ahead is not None and all(s.request.is_finished for s in ahead.output.scheduled):
+            self._in_flight = None  # every row stopped in this step: nothing to collect
+        return outputs
+
+    def _apply(self, output: SchedulerOutput, result: StepResult, stream: bool) -> list[RequestOutput]:
         self.num_generated_tokens += len(result.token_ids)
         finished = self.scheduler.update_from_output(output, result.token_ids)
         finished_ids = {r.request_id for r in finished}
@@ -196,7 +222,9 @@ class LLMEngine:
         for s in output.scheduled:
             request = s.request
             rid = request.request_id
-            if rid not in result.token_ids:
+            # A request finished before this step was collected (aborted, or stopped by the step before a
+            # lookahead step) has nothing more to report.
+            if rid not in result.token_ids or (request.is_finished and rid not in finished_ids):
                 continue
             text = self._texts[rid]
             if rid in result.logprobs:

@@ -29,30 +29,51 @@ class Sampler:
         params: list[SamplingParams],
         generators: list[torch.Generator | None],
     ) -> SamplerOutput:
+        logits = self.prepare(logits, params)
+        token_ids = self.sample(logits, params, generators)
+        return self.finish(logits, params, token_ids, token_ids.tolist())
+
+    def prepare(self, logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        """Checks the shapes; widens 16-bit logits to float32 when any row samples or wants logprobs."""
         if logits.dim() != 2:
             raise ValueError(f"logits must be 2-D [num_rows, vocab_size], got shape {tuple(logits.shape)}")
-        num_rows = logits.shape[0]
-        if len(params) != num_rows or len(generators) != num_rows:
-            raise ValueError(
-                f"params and generators need one entry per logits row ({num_rows}), "
-                f"got {len(params)} and {len(generators)}"
-            )
-        sample_rows = [i for i, p in enumerate(params) if not p.is_greedy]
-        if sample_rows or any(p.logprobs is not None for p in params):
+        if len(params) != logits.shape[0]:
+            raise ValueError(f"params need one entry per logits row ({logits.shape[0]}), got {len(params)}")
+        if any(not p.is_greedy or p.logprobs is not None for p in params):
             # bf16/fp16 logits have too few mantissa bits for a faithful softmax tail and cumulative top-p mass.
             # Greedy rows alone need no copy: widening is exact, so argmax picks the same token either way.
-            logits = logits.float()
+            return logits.float()
+        return logits
+
+    def sample(
+        self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    ) -> torch.Tensor:
+        """One token id per row, left on the logits' device: nothing here waits for the device, so a runner can
+        queue the next step before reading these (see finish)."""
+        num_rows = logits.shape[0]
+        if len(generators) != num_rows:
+            raise ValueError(f"generators need one entry per logits row ({num_rows}), got {len(generators)}")
+        sample_rows = [i for i, p in enumerate(params) if not p.is_greedy]
         if not sample_rows:
-            token_ids = logits.argmax(dim=-1)
-        elif len(sample_rows) == num_rows:
-            token_ids = _sample(logits, params, generators)
-        else:
-            token_ids = logits.argmax(dim=-1)
-            rows = torch.tensor(sample_rows, device=logits.device)
-            token_ids[rows] = _sample(
-                logits[rows], [params[i] for i in sample_rows], [generators[i] for i in sample_rows]
-            )
-        token_id_list = token_ids.tolist()
+            return logits.argmax(dim=-1)
+        if len(sample_rows) == num_rows:
+            return _sample(logits, params, generators)
+        token_ids = logits.argmax(dim=-1)
+        rows = torch.tensor(sample_rows, device=logits.device)
+        token_ids[rows] = _sample(
+            logits[rows], [params[i] for i in sample_rows], [generators[i] for i in sample_rows]
+        )
+        return token_ids
+
+    def finish(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        token_ids: torch.Tensor,
+        token_id_list: list[int],
+    ) -> SamplerOutput:
+        """The host side: the ids as a list and the logprobs of the rows that asked (from `logits`, which must
+        still hold this step's values)."""
         return SamplerOutput(token_id_list, _gather_logprobs(logits, params, token_ids, token_id_list))
 
 

@@ -47,7 +47,10 @@ def plan_batch(output: SchedulerOutput, block_size: int) -> HostBatch:
     max_blocks = max(len(blocks) for blocks in block_lists)
     for row, s in enumerate(order):
         start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
-        ids.extend(s.request.all_token_ids[start:end])
+        if s.lookahead:  # a placeholder: the runner fills it on the device from the step still sampling it
+            ids.append(0)
+        else:
+            ids.extend(s.request.all_token_ids[start:end])
         positions.extend(range(start, end))
         rows.extend([row] * s.num_new_tokens)
         query_lens.append(s.num_new_tokens)

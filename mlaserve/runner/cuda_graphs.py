@@ -35,19 +35,27 @@ class DecodeGraphs:
         self.max_model_len = max_model_len
         self.sizes = [s for s in CAPTURE_SIZES if s < max_num_seqs] + [min(max_num_seqs, CAPTURE_SIZES[-1])]
         size, blocks = self.sizes[-1], -(-max_model_len // block_size)
-        # input ids, positions and slots as rows of one buffer: one copy a step fills all three
-        self.dev_i64 = torch.zeros(3, size, dtype=torch.long, device=device)
-        self.input_ids, self.positions, self.slot_mapping = self.dev_i64
+        # input ids, positions, slots and (lookahead steps) each row's index into the previous step's sampled
+        # tokens, as rows of one buffer: one copy a step fills all four
+        self.dev_i64 = torch.zeros(4, size, dtype=torch.long, device=device)
+        self.input_ids, self.positions, self.slot_mapping, self.source_rows = self.dev_i64
         self.seq_lens = torch.ones(size, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(size, blocks, dtype=torch.int32, device=device)
-        # Pinned staging rows (input ids, positions, slots; sequence lengths; block tables): a step's inputs go
-        # from here into the static buffers as three asynchronous copies. Going through pageable device tensors
-        # cost six blocking host-to-device copies plus five device copies per step. Each step ends by reading
-        # its sampled tokens back, so the copies have finished before the next step refills the staging rows.
+        # Pinned staging rows (the i64 rows above; sequence lengths; block tables): a step's inputs go from here
+        # into the static buffers as three asynchronous copies. Going through pageable device tensors cost six
+        # blocking host-to-device copies plus five device copies per step. Two sets in turn: with asynchronous
+        # scheduling the next step is staged while this one may not have been copied yet; a set is reused two
+        # steps later, after the step that used it has been collected (its tokens read back).
         pinned = dict(device="cpu", pin_memory=True)
-        self.host_i64 = torch.zeros(3, size, dtype=torch.long, **pinned)
-        self.host_seq_lens = torch.ones(size, dtype=torch.int32, **pinned)
-        self.host_tables = torch.zeros(size, blocks, dtype=torch.int32, **pinned)
+        self.staging = [
+            (
+                torch.zeros(4, size, dtype=torch.long, **pinned),
+                torch.ones(size, dtype=torch.int32, **pinned),
+                torch.zeros(size, blocks, dtype=torch.int32, **pinned),
+            )
+            for _ in range(2)
+        ]
+        self._turn = 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
 
@@ -87,17 +95,24 @@ class DecodeGraphs:
         num_seqs = len(batch.query_lens)
         return batch.num_decodes == num_seqs and num_seqs <= self.sizes[-1]
 
-    def run(self, batch: HostBatch) -> torch.Tensor:
-        """Logits [num_seqs, vocab] of a decode-only batch."""
+    def run(self, batch: HostBatch, source: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
+        """Logits [num_seqs, vocab] of a decode-only batch. source: for a lookahead step, the previous step's
+        sampled token ids on the device and, per row, the index of the row's input token among them."""
         n = len(batch.query_lens)
         size = self.sizes[bisect.bisect_left(self.sizes, n)]
-        stage_decode_inputs(batch, size, self.host_i64, self.host_seq_lens, self.host_tables)
+        self._turn ^= 1
+        host_i64, host_seq_lens, host_tables = self.staging[self._turn]
+        stage_decode_inputs(batch, size, host_i64, host_seq_lens, host_tables)
+        if source is not None:
+            host_i64[3, :n] = torch.tensor(source[1])
         # Each copy is one contiguous block (a strided one would be staged through pageable memory): the small
         # buffers whole, the tables' first `size` rows whole. What lies past the batch is older entries that this
         # graph never reads (rows past `size`, table columns past each sequence's length).
-        self.dev_i64.copy_(self.host_i64, non_blocking=True)
-        self.seq_lens.copy_(self.host_seq_lens, non_blocking=True)
-        self.block_tables[:size].copy_(self.host_tables[:size], non_blocking=True)
+        self.dev_i64.copy_(host_i64, non_blocking=True)
+        self.seq_lens.copy_(host_seq_lens, non_blocking=True)
+        self.block_tables[:size].copy_(host_tables[:size], non_blocking=True)
+        if source is not None:
+            torch.index_select(source[0], 0, self.source_rows[:n], out=self.input_ids[:n])
         self.graphs[size].replay()
         return self.logits[size][:n]
 
@@ -105,7 +120,7 @@ class DecodeGraphs:
 def stage_decode_inputs(
     batch: HostBatch, size: int, host_i64: torch.Tensor, seq_lens: torch.Tensor, tables: torch.Tensor
 ) -> None:
-    """Writes a decode batch padded to `size` rows into the staging tensors: host_i64 [3, >= size] (input ids,
+    """Writes a decode batch padded to `size` rows into the staging tensors: host_i64 [>= 3, >= size] (input ids,
     positions, slots), seq_lens [>= size], tables [>= size, blocks]. Padding rows are one token at slot 0 of the
     null block; table columns past the batch's widest table keep older entries, which no kernel reads."""
     n = len(batch.query_lens)

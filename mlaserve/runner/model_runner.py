@@ -5,10 +5,11 @@ from dataclasses import dataclass
 import torch
 
 from mlaserve.attention.metadata import build_metadata
-from mlaserve.core.scheduler import SchedulerOutput
+from mlaserve.core.scheduler import ScheduledRequest, SchedulerOutput
 from mlaserve.layers.sampler import Sampler
 from mlaserve.models.base import CausalLM
 from mlaserve.runner.batch import plan_batch, to_device
+from mlaserve.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)
@@ -26,6 +27,10 @@ class ModelRunner:
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}  # per-request RNG so a seed fixes the output
         self.graphs = None  # DecodeGraphs, when enabled
+        self._turn = 0
+        if device.type == "cuda":
+            self._host_ids = [torch.empty(256, dtype=torch.long, pin_memory=True) for _ in range(2)]
+            self._events = [torch.cuda.Event() for _ in range(2)]
 
     def enable_cuda_graphs(self, max_model_len: int, max_num_seqs: int) -> None:
         from mlaserve.runner.cuda_graphs import DecodeGraphs
@@ -59,20 +64,87 @@ class ModelRunner:
     def drop_request(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
 
-    @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> StepResult:
+        return self.collect(self.launch(output))
+
+    @torch.inference_mode()
+    def launch(self, output: SchedulerOutput, previous: "LaunchedStep | None" = None) -> "LaunchedStep":
+        """Queues the step's forward and sampling on the device and returns without waiting for them.
+
+        A step of lookahead rows (Scheduler.schedule_lookahead) is launched before `previous` has been collected:
+        each row's input token is the one `previous` sampled for the same request, gathered on the device."""
         graphs = self.graphs
         host = plan_batch(output, self.block_size)
+        source = None
+        if previous is not None:
+            rows = {s.request.request_id: i for i, s in enumerate(previous.sampled)}
+            source = (previous.token_ids, [rows[s.request.request_id] for s in host.order])
         if graphs is not None and graphs.can_run(host):
-            logits = graphs.run(host)  # every decode row samples, in row order
+            logits = graphs.run(host, source)  # every decode row samples, in row order
         else:
             batch = to_device(host, self.block_size, self.device, with_gather_index=graphs is None)
+            if source is not None:  # lookahead steps are all decodes: row i is token i
+                index = torch.tensor(source[1], dtype=torch.long, device=self.device)
+                batch.input_ids = source[0].index_select(0, index)
             hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
             if not host.sampled:
-                return StepResult({}, {})
+                return LaunchedStep(output, [], [], None, None, None, None)
             logits = self.model.compute_logits(hidden[batch.sample_rows])
-        ids = [s.request.request_id for s in host.sampled]
         params = [s.request.sampling_params for s in host.sampled]
-        result = self.sampler(logits, params, [self.generators.get(i) for i in ids])
+        generators = [self.generators.get(s.request.request_id) for s in host.sampled]
+        logits = self.sampler.prepare(logits, params)
+        token_ids = self.sampler.sample(logits, params, generators)
+        host_ids, done = self._copy_out(token_ids)
+        return LaunchedStep(output, host.sampled, params, logits, token_ids, host_ids, done)
+
+    def collect(self, step: "LaunchedStep") -> StepResult:
+        """Waits for a launched step's tokens (and reads the logprobs asked for)."""
+        if not step.sampled:
+            return StepResult({}, {})
+        if step.done is not None:
+            step.done.synchronize()
+            token_list = step.host_ids[: len(step.sampled)].tolist()
+        else:
+            token_list = step.token_ids.tolist()
+        ids = [s.request.request_id for s in step.sampled]
+        if not step.wants_logprobs:
+            return StepResult(dict(zip(ids, token_list)), {})
+        result = self.sampler.finish(step.logits, step.params, step.token_ids, token_list)
         logprobs = {i: lp for i, lp in zip(ids, result.logprobs) if lp is not None}
         return StepResult(dict(zip(ids, result.token_ids)), logprobs)
+
+    def _copy_out(self, token_ids: torch.Tensor) -> tuple[torch.Tensor | None, torch.cuda.Event | None]:
+        """Starts the copy of a CUDA step's token ids into pinned memory, with an event that marks it done.
+
+        The copy is queued right behind the sampling, so reading the tokens waits for this step alone, not for a
+        step queued after it. Two buffers in turn: a buffer is reused two launches later, and by then the step
+        that used it has been collected (at most one step is in flight beside the one being collected)."""
+        if token_ids.device.type != "cuda":
+            return None, None
+        n = token_ids.shape[0]
+        self._turn ^= 1
+        buffer = self._host_ids[self._turn]
+        if buffer.shape[0] < n:
+            buffer = torch.empty(max(n, 2 * buffer.shape[0]), dtype=torch.long, pin_memory=True)
+            self._host_ids[self._turn] = buffer
+        buffer[:n].copy_(token_ids, non_blocking=True)
+        done = self._events[self._turn]
+        done.record()
+        return buffer, done
+
+
+@dataclass(slots=True)
+class LaunchedStep:
+    """A step queued on the device whose sampled tokens have not been read yet."""
+
+    output: SchedulerOutput
+    sampled: list[ScheduledRequest]  # requests that get a token, in row order of token_ids
+    params: list[SamplingParams]
+    logits: torch.Tensor | None  # read again only for logprobs
+    token_ids: torch.Tensor | None  # [num_sampled] on the device
+    host_ids: torch.Tensor | None  # pinned copy of token_ids (CUDA), filled once `done` has fired
+    done: torch.cuda.Event | None
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return any(p.logprobs is not None for p in self.params)

@@ -3,6 +3,8 @@
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 from mlaserve import LLM, SamplingParams
 from tests.tiny_models import build_tiny
 
@@ -18,9 +20,11 @@ def _load_step_timer():
     return module
 
 
-def test_counts_decode_only_steps(tmp_path):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_counts_decode_only_steps(tmp_path, async_scheduling):
     timer_cls = _load_step_timer().DecodeStepTimer
-    llm = LLM(str(build_tiny("llama", tmp_path / "m")), dtype="float32", device="cpu", num_kv_blocks=64)
+    path = str(build_tiny("llama", tmp_path / "m"))
+    llm = LLM(path, dtype="float32", device="cpu", num_kv_blocks=64, async_scheduling=async_scheduling)
     prompts = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 9, 17, 30)]
     with timer_cls(llm.engine) as timer:
         llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
@@ -29,5 +33,5 @@ def test_counts_decode_only_steps(tmp_path):
     assert timer.seconds > 0 and timer.tokens_per_s > 0
     # the engine's own methods are back: a plain run still works and is not counted
     llm.generate(prompts[:1], SamplingParams(max_tokens=3), use_tqdm=False)
-    assert timer.tokens == 28 and "step" not in vars(llm.engine)
+    assert timer.tokens == 28 and "step" not in vars(llm.engine) and "_apply" not in vars(llm.engine)
     assert timer.engine is None  # no reference that would keep the engine (and its KV cache) alive

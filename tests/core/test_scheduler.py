@@ -175,6 +175,46 @@ def test_finish_request_waiting_running_and_in_flight(make_request) -> None:
         sched.finish_request("x", RequestStatus.RUNNING)
 
 
+def test_lookahead_schedules_the_next_decode_before_the_tokens_arrive(make_request) -> None:
+    sched = make_scheduler(block_size=4)
+    r0, r1 = make_request(6, max_tokens=2), make_request(8, max_tokens=5, eos_token_id=9)
+    sched.add_request(r0)
+    sched.add_request(r1)
+    first = sched.schedule()
+    ahead = sched.schedule_lookahead(first)
+    # Positions 6 and 8, the tokens `first` samples; r1's needs a third block, taken now.
+    assert summary(ahead) == [("r0", 6, 1), ("r1", 8, 1)]
+    assert all(s.lookahead and s.needs_sample for s in ahead.scheduled)
+    assert [s.block_ids for s in ahead.scheduled] == [[[1, 2]], [[3, 4, 5]]]
+    assert sched.update_from_output(first, {"r0": 7, "r1": 7}) == []
+    assert r0.num_computed_tokens == 6 and r0.output_token_ids == [7]
+    # Scheduled before `ahead` is applied: r0's token from `ahead` is its last (max_tokens 2), so r0 is left out.
+    third = sched.schedule_lookahead(ahead)
+    assert summary(third) == [("r1", 9, 1)]
+    assert sched.update_from_output(ahead, {"r0": 7, "r1": 9}) == [r0, r1]  # r1 stops on EOS
+    assert r1.output_token_ids == [7, 9] and r1.status is RequestStatus.FINISHED_STOPPED
+    assert sched.update_from_output(third, {"r1": 7}) == []  # r1's wasted row is skipped
+    assert r1.output_token_ids == [7, 9] and sched.kv_cache_manager.num_used_blocks == 0
+
+
+def test_lookahead_only_when_nothing_else_would_be_scheduled(make_request) -> None:
+    sched = make_scheduler(num_blocks=5, block_size=4, max_num_batched_tokens=8)
+    r0 = make_request(7, max_tokens=8)
+    sched.add_request(r0)
+    first = sched.schedule()
+    sched.add_request(make_request(4, max_tokens=4))
+    assert sched.schedule_lookahead(first) is None  # a request waits for admission
+    sched.update_from_output(first, {"r0": 7})
+    out, _ = step(sched)  # admits r1 beside r0's decode
+    assert summary(out) == [("r0", 7, 1), ("r1", 0, 4)]
+    # Pool: 4 blocks, 3 taken; r0's next token takes the fourth, r1's finds none. Lookahead never preempts.
+    assert sched.schedule_lookahead(out) is None and sched.num_preemptions == 0
+    sched.update_from_output(out, {"r0": 7, "r1": 7})
+    chunked = make_scheduler(max_num_batched_tokens=4)
+    chunked.add_request(make_request(6))
+    assert chunked.schedule_lookahead(chunked.schedule()) is None  # mid-prompt: no token sampled
+
+
 def test_prefix_hit_on_first_schedule(make_request) -> None:
     sched = make_scheduler()
     sched.add_request(make_request(list(range(10)), max_tokens=1))

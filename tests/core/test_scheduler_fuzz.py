@@ -44,17 +44,26 @@ def prefix_keys(token_ids: list[int]) -> list[int]:
     return keys
 
 
-def run_fake_kv_step(kv_store: dict[int, tuple[int, int]], out, block_size: int) -> None:
+def run_fake_step(
+    kv_store: dict[int, tuple[int, int]], out, block_size: int, in_flight: dict[str, int] | None = None
+) -> dict[str, int]:
+    """What the device does with a scheduled step: write its KV, read every row's prefix, sample. in_flight: the
+    tokens the previous step sampled, not yet applied to the requests (a lookahead row's input)."""
+
+    def known(s) -> list[int]:
+        return s.request.all_token_ids + ([in_flight[s.request.request_id]] if s.lookahead else [])
+
     # Every write of the batch lands before any read, as each attention layer does.
     for s in out.scheduled:
-        keys, table = prefix_keys(s.request.all_token_ids), s.block_ids[0]
+        keys, table = prefix_keys(known(s)), s.block_ids[0]
         for pos in range(s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens):
             kv_store[table[pos // block_size] * block_size + pos % block_size] = (pos, keys[pos])
     for s in out.scheduled:
-        keys, table = prefix_keys(s.request.all_token_ids), s.block_ids[0]
+        keys, table = prefix_keys(known(s)), s.block_ids[0]
         for pos in range(s.num_computed_tokens + s.num_new_tokens):
             slot = table[pos // block_size] * block_size + pos % block_size
             assert kv_store.get(slot) == (pos, keys[pos]), f"{s.request.request_id} reads wrong KV at {pos}"
+    return {s.request.request_id: fake_model(known(s)) for s in out.scheduled}
 
 
 def check_invariants(sched: Scheduler, out) -> None:
@@ -77,8 +86,11 @@ def check_invariants(sched: Scheduler, out) -> None:
     assert pool.num_free_blocks == sum(1 for b in pool.blocks[1:] if b.ref_cnt == 0)
 
 
+@pytest.mark.parametrize("lookahead", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("seed", range(12))
-def test_random_workload(seed: int, make_request) -> None:
+def test_random_workload(seed: int, lookahead: bool, make_request) -> None:
+    """lookahead: the engine's asynchronous scheduling, where each step's successor is scheduled with
+    schedule_lookahead and run before the step's own tokens are applied."""
     rng = random.Random(seed)
     block_size = rng.choice([1, 2, 4, 8])
     blocks_per_seq = -(-MAX_MODEL_LEN // block_size)
@@ -112,6 +124,7 @@ def test_random_workload(seed: int, make_request) -> None:
     all_requests = list(pending)
     kv_store: dict[int, tuple[int, int]] = {}
     aborted: set[str] = set()
+    ahead = None  # a lookahead step run but not yet applied, with its sampled tokens
     for _ in range(5000):
         for _ in range(rng.randint(0, 3)):
             if pending:
@@ -120,16 +133,27 @@ def test_random_workload(seed: int, make_request) -> None:
             if not pending:
                 break
             continue
-        out = sched.schedule()
-        assert not out.is_empty, "unfinished requests but nothing scheduled: the scheduler is stuck"
-        check_invariants(sched, out)
-        run_fake_kv_step(kv_store, out, block_size)
-        sampled = {s.request.request_id: fake_model(s.request.all_token_ids) for s in out.scheduled}
+        if ahead is None:
+            out = sched.schedule()
+            assert not out.is_empty, "unfinished requests but nothing scheduled: the scheduler is stuck"
+            check_invariants(sched, out)
+            sampled = run_fake_step(kv_store, out, block_size)
+        else:
+            out, sampled = ahead
+        ahead = None
+        if lookahead:
+            next_out = sched.schedule_lookahead(out)
+            if next_out is not None:
+                check_invariants(sched, next_out)
+                assert all(s.lookahead and s.needs_sample for s in next_out.scheduled)
+                ahead = next_out, run_fake_step(kv_store, next_out, block_size, sampled)
         sched.update_from_output(out, sampled)  # tokens for partial prefills are ignored
         if rng.random() < 0.02 and sched.requests:
             victim = rng.choice(sorted(sched.requests))
             assert sched.finish_request(victim, RequestStatus.FINISHED_ABORTED) is not None
             aborted.add(victim)
+        if ahead is not None and all(s.request.is_finished for s in ahead[0].scheduled):
+            ahead = None
     else:
         pytest.fail("workload did not finish")
 

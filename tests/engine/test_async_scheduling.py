@@ -1,0 +1,118 @@
+"""Asynchronous scheduling (the next decode step queued before this step's tokens are read) against the plain
+step loop on tiny models: the same tokens, stops and finish reasons, and no block left behind."""
+
+import pytest
+import torch
+
+from mlaserve import LLM, SamplingParams
+from mlaserve.runner.model_runner import ModelRunner
+from tests.tiny_models import build_tiny
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return build_tiny("llama", tmp_path_factory.mktemp("llama"))
+
+
+@pytest.fixture(scope="module")
+def deepseek(tmp_path_factory):
+    return build_tiny("deepseek_v3", tmp_path_factory.mktemp("ds3"))
+
+
+def prompts(n: int, seed: int) -> list[dict]:
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(4, 40, (n,), generator=gen).tolist()
+    return [{"prompt_token_ids": torch.randint(3, 250, (k,), generator=gen).tolist()} for k in lengths]
+
+
+def completions(outputs) -> list[tuple]:
+    return [(o.outputs[0].token_ids, o.outputs[0].finish_reason, o.outputs[0].text) for o in outputs]
+
+
+def count_lookahead_launches(monkeypatch) -> list[int]:
+    launches = [0]
+    original = ModelRunner.launch
+
+    def launch(self, output, previous=None):
+        launches[0] += previous is not None
+        return original(self, output, previous)
+
+    monkeypatch.setattr(ModelRunner, "launch", launch)
+    return launches
+
+
+def engines(path, **kwargs) -> dict[bool, LLM]:
+    base = dict(dtype="float32", device="cpu", num_kv_blocks=96, max_model_len=96) | kwargs
+    return {flag: LLM(str(path), async_scheduling=flag, **base) for flag in (False, True)}
+
+
+def test_same_outputs_with_mixed_sampling_and_stops(llama, monkeypatch):
+    llms = engines(llama)
+    batch = prompts(10, seed=1)
+    # Stop conditions that fire mid-run, so lookahead rows of finished requests get thrown away: a stop token
+    # and a stop string taken from a free run, max_tokens of 1 and 2, EOS, seeded sampling.
+    free = llms[False].generate(
+        batch[:2], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), False
+    )
+    stop_token = free[0].outputs[0].token_ids[6]
+    stop_text = free[1].outputs[0].text.split()[4]
+    params = [
+        SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[stop_token], ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=24, stop=[stop_text], ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=1),
+        SamplingParams(temperature=0, max_tokens=2, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=30),
+        SamplingParams(temperature=0.9, top_p=0.8, max_tokens=20, seed=5, ignore_eos=True),
+        SamplingParams(temperature=1.0, top_k=5, max_tokens=17, seed=6, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
+    ]
+    want = completions(llms[False].generate(batch, params, use_tqdm=False))
+    launches = count_lookahead_launches(monkeypatch)
+    got = completions(llms[True].generate(batch, params, use_tqdm=False))
+    assert got == want
+    assert want[0][1] == "stop" and want[1][1] == "stop"
+    assert launches[0] > 20  # most decode steps were queued ahead
+    assert llms[True].stats()["kv_blocks_used"] == 0 and llms[True].engine._in_flight is None
+
+
+def test_same_outputs_under_preemption_and_with_logprobs(deepseek, monkeypatch):
+    # 12 blocks of 16: about three requests at a time, so lookahead meets a short pool and waiting requests.
+    llms = engines(deepseek, num_kv_blocks=12)
+    batch = prompts(8, seed=2)
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    want = completions(llms[False].generate(batch, greedy, use_tqdm=False))
+    launches = count_lookahead_launches(monkeypatch)
+    assert completions(llms[True].generate(batch, greedy, use_tqdm=False)) == want
+    assert launches[0] > 0 and llms[True].stats()["kv_blocks_used"] == 0
+    # Logprobs are read from the step's logits after it ends: those steps are not queued ahead.
+    launches[0] = 0
+    with_lp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=2)
+    sync = llms[False].generate(batch[:2], with_lp, use_tqdm=False)
+    got = llms[True].generate(batch[:2], with_lp, use_tqdm=False)
+    assert completions(got) == completions(sync) and launches[0] == 0
+    assert [o.outputs[0].logprobs for o in got] == [o.outputs[0].logprobs for o in sync]
+
+
+def test_abort_and_new_requests_while_a_step_is_in_flight(llama):
+    llms = engines(llama)
+    batch = prompts(3, seed=3)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    want = completions(llms[False].generate(batch, params, use_tqdm=False))
+    engine = llms[True].engine
+    ids = [engine.add_request(p, params) for p in batch[:2]]
+    finished = {}
+    for _ in range(3):
+        for out in engine.step(stream=False):
+            finished[out.request_id] = out
+    assert engine._in_flight is not None
+    aborted = engine.abort_request(ids[1])  # its row in the queued step is skipped
+    assert aborted.outputs[0].finish_reason == "abort"
+    late = engine.add_request(batch[2], params)  # joins once the queued step has been collected
+    while engine.has_unfinished_requests():
+        for out in engine.step(stream=False):
+            finished[out.request_id] = out
+    assert set(finished) == {ids[0], late}
+    assert completions([finished[ids[0]], finished[late]]) == [want[0], want[2]]
+    assert engine.stats()["kv_blocks_used"] == 0 and engine._in_flight is None
