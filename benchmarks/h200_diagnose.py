@@ -14,7 +14,9 @@ skinny        the skinny-GEMM kernel against cuBLAS at V2-Lite's decode projecti
               router gate (triton_router.gate_logits) against its cuBLAS linear
 decode_timing the memory-bound decode shapes timed eagerly (as the suite does) and as CUDA-graph replays (no host
               launch work in the timed span), three rounds each, bf16 and fp8 caches, to tell kernel time from
-              launch overhead in the suite's run-to-run spread
+              launch overhead in the suite's run-to-run spread; each also replayed with the two-launch split
+              merge (merge="stage2") beside the default fused one, with batch-1 shapes where the fused merge
+              sums every split in one program
 host          where host time goes: torch.profiler over one batch-1 prefill of 512 tokens (CPU ops by self
               time, syncs, GPU busy time), and cProfile over the lite workload at batch 1 and 32 (functions by
               own time)
@@ -179,14 +181,13 @@ class StepLog:
     def __enter__(self):
         import triton.runtime.jit as jit
 
-        schedule, step = self.engine.scheduler.schedule, self.engine.step
+        apply, step = self.engine._apply, self.engine.step
         self._jit, self._orig = jit.JITFunction, jit.JITFunction._do_compile
         info = {}
 
-        def schedule_and_note():
-            out = schedule()
+        def apply_and_note(out, result, stream):  # the step this call collects (queued earlier when async)
             info.update(tokens=out.num_batched_tokens, seqs=len(out.scheduled))
-            return out
+            return apply(out, result, stream)
 
         def timed_step(**kwargs):
             torch.cuda.synchronize()
@@ -206,12 +207,12 @@ class StepLog:
             )
             return kernel
 
-        self.engine.scheduler.schedule, self.engine.step = schedule_and_note, timed_step
+        self.engine._apply, self.engine.step = apply_and_note, timed_step
         self._jit._do_compile = counted
         return self
 
     def __exit__(self, *exc) -> None:
-        del self.engine.scheduler.schedule, self.engine.step
+        del self.engine._apply, self.engine.step
         self._jit._do_compile = self._orig
 
     def summary(self) -> dict:
@@ -336,7 +337,7 @@ def decode_timing() -> dict:
 
     rows = []
     for rnd in range(3):
-        for batch, length in ((64, 4096), (128, 8192)):
+        for batch, length in ((64, 4096), (128, 8192), (1, 4096), (1, 16384)):
             q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, rnd)
             caches = {
                 "bf16": cache,
@@ -349,8 +350,13 @@ def decode_timing() -> dict:
                 eager = bench(call)
                 replay = bench_graph(call)
                 row = dict(round=rnd, B=batch, L=length, cache=name, eager_ms=eager, graph_ms=replay)
+                row["graph_ms_stage2"] = bench_graph(lambda args=args: mla_decode(*args, merge="stage2"))
+                # after the replays: a fused merge that read a split before it landed, or counters left non-zero
+                # by a replay, would show here
+                fused, two = mla_decode(*args), mla_decode(*args, merge="stage2")
+                row["fused_vs_stage2_max_diff"] = (fused[0].float() - two[0].float()).abs().max().item()
                 row["latent_GBps_graph"] = batch * length * (LAT + 64) * 2 / replay / 1e6
-                if name == "bf16" and rnd < 2:  # split counts and pipeline depths, graph-timed
+                if name == "bf16" and rnd < 2 and batch > 1:  # split counts and pipeline depths, graph-timed
                     for kw in ({"num_splits": n} for n in (2, 3, 4, 6, 8)):
                         row[f"graph_ms_{kw}"] = bench_graph(lambda kw=kw, args=args: mla_decode(*args, **kw))
                     for stages in (2, 4):
