@@ -14,9 +14,7 @@ skinny        the skinny-GEMM kernel against cuBLAS at V2-Lite's decode projecti
               router gate (triton_router.gate_logits) against its cuBLAS linear
 decode_timing the memory-bound decode shapes timed eagerly (as the suite does) and as CUDA-graph replays (no host
               launch work in the timed span), three rounds each, bf16 and fp8 caches, to tell kernel time from
-              launch overhead in the suite's run-to-run spread; each also replayed with the two-launch split
-              merge (merge="stage2") beside the default fused one, with batch-1 shapes where the fused merge
-              sums every split in one program
+              launch overhead in the suite's run-to-run spread
 host          where host time goes: torch.profiler over one batch-1 prefill of 512 tokens (CPU ops by self
               time, syncs, GPU busy time), and cProfile over the lite workload at batch 1 and 32 (functions by
               own time)
@@ -337,7 +335,7 @@ def decode_timing() -> dict:
 
     rows = []
     for rnd in range(3):
-        for batch, length in ((64, 4096), (128, 8192), (1, 4096), (1, 16384)):
+        for batch, length in ((64, 4096), (128, 8192)):
             q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, rnd)
             caches = {
                 "bf16": cache,
@@ -350,13 +348,8 @@ def decode_timing() -> dict:
                 eager = bench(call)
                 replay = bench_graph(call)
                 row = dict(round=rnd, B=batch, L=length, cache=name, eager_ms=eager, graph_ms=replay)
-                row["graph_ms_stage2"] = bench_graph(lambda args=args: mla_decode(*args, merge="stage2"))
-                # after the replays: a fused merge that read a split before it landed, or counters left non-zero
-                # by a replay, would show here
-                fused, two = mla_decode(*args), mla_decode(*args, merge="stage2")
-                row["fused_vs_stage2_max_diff"] = (fused[0].float() - two[0].float()).abs().max().item()
                 row["latent_GBps_graph"] = batch * length * (LAT + 64) * 2 / replay / 1e6
-                if name == "bf16" and rnd < 2 and batch > 1:  # split counts and pipeline depths, graph-timed
+                if name == "bf16" and rnd < 2:  # split counts and pipeline depths, graph-timed
                     for kw in ({"num_splits": n} for n in (2, 3, 4, 6, 8)):
                         row[f"graph_ms_{kw}"] = bench_graph(lambda kw=kw, args=args: mla_decode(*args, **kw))
                     for stages in (2, 4):

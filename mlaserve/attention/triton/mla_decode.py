@@ -3,15 +3,8 @@
 Each program takes one sequence, a group of BLOCK_H query heads and one slice of the context ("split"), so a
 latent row is read from HBM once per head group and the heads share it through tensor-core dots. The nope part
 (kv_lora_rank) and the rope part (qk_rope_head_dim) of the row are loaded side by side and their two dots summed;
-the value is the nope part itself. The splits are merged by their log-sum-exp; the merged LSE is returned so
+the value is the nope part itself. Stage 2 merges the splits by their log-sum-exp; the merged LSE is returned so
 callers can merge further partial results (chunked context, sparse attention).
-
-The merge runs at the end of the same launch: each program stores its partial and counts itself in, and the last
-of a (sequence, head group)'s splits to arrive merges them, so no program waits on another. A second kernel for the
-merge had cost about 3.3 us per layer at batch 1 inside a CUDA graph (launch gap included). The price is that one
-program, not one per head, reads the group's partials: at batch 1 with many splits that is a lot of reading
-for one SM, which is why benchmarks/h200_diagnose.py (decode_timing) times batch-1 shapes against the two-launch
-merge. That merge (_stage2) stays, for calls the counters cannot serve and for timing (merge="stage2").
 """
 
 import math
@@ -23,19 +16,6 @@ import triton.language as tl
 from mlaserve.kvcache.quant import is_quantized
 
 LOG2E = 1.4426950408889634
-
-# Arrival counters of the fused merge, one int32 per (sequence, head group), per device. Allocated once and never
-# replaced: a captured CUDA graph holds the address. The last program of each (sequence, head group) puts its
-# counter back to 0, so every call (and graph replay) finds them zeroed. Calls that need more slots than this take
-# the two-launch merge.
-ARRIVAL_SLOTS = 1 << 16
-_arrivals: dict[torch.device, torch.Tensor] = {}
-# The fused merge reads all of a head group's split LSEs as one [BLOCK_H, MAX_FUSED_SPLITS] tile, a width that
-# does not depend on the call (a constexpr that followed the split count would recompile the attention kernel
-# whenever an eager step picks a new count). num_splits_for never picks more.
-MAX_FUSED_SPLITS = 64
-# Elements of one [BLOCK_H, MERGE_D] slice of partials in the fused merge of more than 16 heads (merge_columns).
-MERGE_TILE = 4096
 
 
 @triton.jit
@@ -88,86 +68,18 @@ def _attend_tile(
     return m_new, l_sum, acc
 
 
-@triton.jit
-def _merge_when_last(
-    MidO, MidLse, Out, Lse, Arrivals, b, heads, head_ok, num_splits, seq_len, split_len,
-    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, stride_lb,
-    D_LAT: tl.constexpr, BLOCK_H: tl.constexpr, MAX_S: tl.constexpr, MERGE_D: tl.constexpr,
-):  # fmt: skip
-    """Counts this program in for its (sequence, head group); the last of the group's splits to arrive merges
-    their partials into Out and Lse (natural log) with _stage2's weights and puts the counter back to 0.
-
-    Memory ordering on the GPU. Writer side: this program's partial stores are spread over all its threads, while
-    Triton issues a scalar atomic from one thread and hands the old value to the others through shared memory
-    behind a barrier (as the sm_90 PTX of Triton 3.6 shows: bar.sync, one thread's atom.global.gpu.acq_rel.add,
-    st.shared, bar.sync). The debug_barrier orders every thread's stores before that thread's atomic, and the
-    atomic's release half (atom.acq_rel.gpu) is cumulative, so it publishes the whole program's stores at GPU
-    scope, not only its own thread's. Reader side: the counter's RMWs form one release sequence, so the
-    acquire half of the atomic that reads num_splits - 1 synchronizes with every earlier split's release; a
-    barrier then orders the other threads' loads after that one thread's acquire (the broadcast of the old value
-    has one already; the explicit one does not lean on how Triton lowers it). The partial loads bypass L1 (.cg)
-    all the same: L1 is not coherent across SMs, and this SM may hold stale lines of the buffer. The counter is
-    reset with a plain store: every split of this (sequence, head group) has counted itself in by then, so
-    nothing else touches it in this launch, and the next launch on the stream sees the store. Two calls in flight
-    at once on different streams of one device would share counters; the engine runs decode on one stream."""
-    arrivals = Arrivals + b * tl.num_programs(1) + tl.program_id(1)
-    tl.debug_barrier()  # all of this program's partial stores are issued before it counts itself in
-    if tl.atomic_add(arrivals, 1, sem="acq_rel") == num_splits - 1:
-        tl.debug_barrier()  # every thread's loads below come after the acquire
-        s = tl.arange(0, MAX_S)
-        ok = head_ok[:, None] & (s < num_splits)[None, :]
-        lse2 = tl.load(
-            MidLse + b * stride_mlb + heads[:, None] * stride_mlh + s[None, :], mask=ok, other=float("-inf"),
-            cache_modifier=".cg",
-        )  # fmt: skip
-        top = tl.max(lse2, 1)
-        # every split empty (a sequence of length 0, or a head past num_heads): out 0, lse -inf, no NaN
-        top = tl.where(top == float("-inf"), 0.0, top)
-        total = tl.sum(tl.where(ok, tl.exp2(lse2 - top[:, None]), 0.0), 1)
-        has = total > 0
-        norm = tl.where(has, total, 1.0)
-        # A slice of latent columns at a time, over the splits that hold tokens (a short sequence in a graph sized
-        # for max_model_len leaves most of them empty): each partial load is BLOCK_H x MERGE_D, all in flight at
-        # once. Each split's weight is recomputed from its LSE, loaded beside the partial, as the tile's is.
-        used = tl.cdiv(seq_len, tl.maximum(split_len, 1))
-        for d0 in tl.static_range(0, D_LAT, MERGE_D):
-            d = d0 + tl.arange(0, MERGE_D)
-            acc = tl.zeros([BLOCK_H, MERGE_D], tl.float32)
-            for split in range(used):
-                lse_s = tl.load(
-                    MidLse + b * stride_mlb + heads * stride_mlh + split, mask=head_ok, other=float("-inf"),
-                    cache_modifier=".cg",
-                )  # fmt: skip
-                part = tl.load(
-                    MidO + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + d[None, :],
-                    mask=head_ok[:, None], other=0.0, cache_modifier=".cg",
-                ).to(tl.float32)  # fmt: skip
-                acc += part * (tl.exp2(lse_s - top) / norm)[:, None]
-            o = Out + b * stride_ob + heads[:, None] * stride_oh + d[None, :]
-            tl.store(o, acc.to(Out.dtype.element_ty), mask=head_ok[:, None])
-        lse = tl.where(has, (top + tl.log2(norm)) / 1.4426950408889634, float("-inf"))
-        tl.store(Lse + b * stride_lb + heads, lse, mask=head_ok)
-        tl.store(arrivals, 0)  # zeroed for the next call, or the next replay of a captured graph
-
-
 # Ints that change from step to step are not specialized on (Triton would compile a variant for 1 and for
 # multiples of 16): a compile in the middle of serving costs about a second. The per-head LSE stride is the split
 # count, which an eager mixed step picks from its own batch.
 @triton.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits"])
 def _stage1(
-    Q, QPe, KV, BlockTable, SeqLens, MidO, MidLse, Out, Lse, Arrivals,
+    Q, QPe, KV, BlockTable, SeqLens, MidO, MidLse,
     stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
-    stride_ob, stride_oh, stride_lb,
     num_heads, scale_log2, num_splits,
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
     TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr,
-    SINGLE: tl.constexpr, FUSED: tl.constexpr, MAX_S: tl.constexpr, MERGE_D: tl.constexpr,
 ):  # fmt: skip
-    """One split of one sequence for BLOCK_H heads. SINGLE (one split): writes Out and Lse itself. Otherwise
-    stores its partial output and base-2 LSE into MidO / MidLse; with FUSED, the last split to finish merges them
-    into Out and Lse (see _merge_when_last), else _stage2 does in a second launch. Unused pointers may be any
-    tensor."""
     b = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     split = tl.program_id(2)
@@ -221,20 +133,9 @@ def _stage1(
     lse2 = tl.where(
         has, m + tl.log2(tl.where(has, l_sum, 1.0)), float("-inf")
     )  # base-2 LSE; -inf for an empty split
-    if SINGLE:  # the whole context was this program's: no partial round trip (an empty sequence: 0, -inf)
-        o = Out + b * stride_ob + heads[:, None] * stride_oh + d[None, :]
-        tl.store(o, out.to(Out.dtype.element_ty), mask=head_ok[:, None])
-        tl.store(Lse + b * stride_lb + heads, lse2 / 1.4426950408889634, mask=head_ok)
-    else:
-        mo = MidO + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + d[None, :]
-        tl.store(mo, out.to(MidO.dtype.element_ty), mask=head_ok[:, None])
-        tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse2, mask=head_ok)
-        if FUSED:
-            _merge_when_last(
-                MidO, MidLse, Out, Lse, Arrivals, b, heads, head_ok, num_splits, seq_len, split_len,
-                stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, stride_lb,
-                D_LAT, BLOCK_H, MAX_S, MERGE_D,
-            )  # fmt: skip
+    mo = MidO + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + d[None, :]
+    tl.store(mo, out.to(MidO.dtype.element_ty), mask=head_ok[:, None])
+    tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse2, mask=head_ok)
 
 
 @triton.jit(do_not_specialize=["stride_mlh", "num_splits"])
@@ -244,27 +145,23 @@ def _stage2(
     num_splits,
     D_LAT: tl.constexpr, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
-    """The two-launch merge: one program per (sequence, head) weighs the head's splits by their LSE."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
     s_ok = s < num_splits
     lse2 = tl.load(MidLse + b * stride_mlb + h * stride_mlh + s, mask=s_ok, other=float("-inf"))
     top = tl.max(lse2, 0)
-    top = tl.where(top == float("-inf"), 0.0, top)  # every split empty: a sequence of length 0 gives 0, -inf
     w = tl.where(s_ok, tl.exp2(lse2 - top), 0.0)
     total = tl.sum(w, 0)
-    has = total > 0
     d = tl.arange(0, D_LAT)
     parts = tl.load(
         MidO + b * stride_mob + h * stride_moh + s[:, None] * stride_mos + d[None, :],
         mask=s_ok[:, None],
         other=0.0,
     ).to(tl.float32)
-    out = tl.sum(parts * (w / tl.where(has, total, 1.0))[:, None], 0)
+    out = tl.sum(parts * (w / total)[:, None], 0)
     tl.store(Out + b * stride_ob + h * stride_oh + d, out.to(Out.dtype.element_ty))
-    lse = tl.where(has, (top + tl.log2(tl.where(has, total, 1.0))) / 1.4426950408889634, float("-inf"))
-    tl.store(Lse + b * stride_lb + h, lse)
+    tl.store(Lse + b * stride_lb + h, (top + tl.log2(total)) / 1.4426950408889634)
 
 
 def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms: int, block_h: int) -> int:
@@ -290,14 +187,6 @@ def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms
     return next(n for n in range(1, most + 1) if fill(n) >= 0.95 * best)
 
 
-def merge_columns(block_h: int, kv_lora_rank: int) -> int:
-    """How many latent columns the fused merge sums at a time. The merge runs after the attention loop, but its
-    registers still count towards the kernel's: compiled for sm_90 (Triton 3.6, ptxas -v, D 512), 16 heads x all
-    512 columns spilled nothing more than the kernel without the merge did (bf16 and 8-bit defaults), nor did 32 x
-    128 or 64 x 64; 32 x 256 and 64 x 128 spilled more, their attention loops already holding 255 registers."""
-    return kv_lora_rank if block_h <= 16 else min(kv_lora_rank, max(16, MERGE_TILE // block_h))
-
-
 def mla_decode(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -315,7 +204,6 @@ def mla_decode(
     partial_dtype: torch.dtype = torch.float32,
     q_f16: bool | None = None,
     q_pe: torch.Tensor | None = None,
-    merge: str = "fused",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, H, kv_lora_rank + rope], or [B, H, kv_lora_rank] with the rope part in q_pe [B, H, rope] (views
     of other tensors are fine, only the last dimension must be contiguous); kv_cache: [blocks, page, 1,
@@ -328,10 +216,6 @@ def mla_decode(
     cache's at 8 splits of a 4,096 context; bf16 was no faster in the sweep, so float32 stays the default).
     q_f16: 8-bit caches only, run the dots in fp16 instead of bf16 (default: on at 16 heads per program when q is
     16-bit). block_n and num_warps default by cache type (see below).
-    merge: "fused" merges the splits at the end of the attention launch (one split: no merge at all); "stage2"
-    merges them in a second launch, as before the fused merge. "fused" falls back to "stage2" when the counters
-    cannot serve the call (more than ARRIVAL_SLOTS sequence x head-group pairs, more than MAX_FUSED_SPLITS
-    splits, or a first call on a device inside a CUDA-graph capture).
 
     Defaults come from the H200 sweep in benchmarks/gpu_suite.py --tune: 16 heads per program when there are few
     (memory-bound: one latent read per 16 heads), 64 with many (each latent tile then feeds 64 heads' dots)."""
@@ -358,52 +242,27 @@ def mla_decode(
     if num_splits is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
         num_splits = num_splits_for(batch, head_groups, max_seq_len, block_n, sms, block_h)
-    if merge not in ("fused", "stage2"):
-        raise ValueError(f"merge must be 'fused' or 'stage2', not {merge!r}")
-    single = merge == "fused" and num_splits == 1
-    arrivals = None
-    if merge == "fused" and 1 < num_splits <= MAX_FUSED_SPLITS and batch * head_groups <= ARRIVAL_SLOTS:
-        arrivals = _arrival_counters(q.device)
-    out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
-    lse = torch.empty(batch, heads, dtype=torch.float32, device=q.device)
-    if single:  # no partials: the kernel never touches MidO / MidLse
-        mid_o, mid_lse, mid_strides = out, lse, (0,) * 5
-    else:
-        mid_o = torch.empty(batch, heads, num_splits, kv_lora_rank, dtype=partial_dtype, device=q.device)
-        mid_lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
-        mid_strides = (*mid_o.stride()[:3], *mid_lse.stride()[:2])
+    mid_o = torch.empty(batch, heads, num_splits, kv_lora_rank, dtype=partial_dtype, device=q.device)
+    mid_lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
     kv = kv_cache.view(-1, row)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _stage1[(batch, head_groups, num_splits)](
-        q, q_pe, kv, block_table, seq_lens, mid_o, mid_lse, out, lse, lse if arrivals is None else arrivals,
+        q, q_pe, kv, block_table, seq_lens, mid_o, mid_lse,
         q.stride(0), q.stride(1), q_pe.stride(0), q_pe.stride(1), kv.stride(0), block_table.stride(0),
-        *mid_strides, out.stride(0), out.stride(1), lse.stride(0),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         heads, scale * LOG2E, num_splits,
         PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=block_n, PRECISION=precision,
         QUANTIZED=is_quantized(kv_cache.dtype), TILE_IN_PAGE=page % block_n == 0,
         PREFETCH=is_quantized(kv_cache.dtype) if prefetch is None else prefetch,
         Q_F16=q_f16 and is_quantized(kv_cache.dtype),
-        SINGLE=single, FUSED=arrivals is not None, MAX_S=MAX_FUSED_SPLITS,
-        MERGE_D=merge_columns(block_h, kv_lora_rank),
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
-    if not single and arrivals is None:
-        _stage2[(batch, heads)](
-            mid_o, mid_lse, out, lse, *mid_strides, out.stride(0), out.stride(1), lse.stride(0),
-            num_splits, D_LAT=kv_lora_rank, BLOCK_S=triton.next_power_of_2(num_splits),
-        )  # fmt: skip
+    out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
+    lse = torch.empty(batch, heads, dtype=torch.float32, device=q.device)
+    _stage2[(batch, heads)](
+        mid_o, mid_lse, out, lse,
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0),
+        num_splits, D_LAT=kv_lora_rank, BLOCK_S=triton.next_power_of_2(num_splits),
+    )  # fmt: skip
     return out, lse
-
-
-def _arrival_counters(device: torch.device) -> torch.Tensor | None:
-    """The device's zeroed arrival counters, allocated on first use; None inside a CUDA-graph capture that would
-    have to allocate them (the buffer would come from the graph's pool and be zeroed only when the graph runs)."""
-    counters = _arrivals.get(device)
-    if counters is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        counters = torch.zeros(ARRIVAL_SLOTS, dtype=torch.int32, device=device)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)  # zeroed before a launch on any other stream can use it
-        _arrivals[device] = counters
-    return counters
