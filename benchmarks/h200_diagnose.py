@@ -15,6 +15,8 @@ skinny        the skinny-GEMM kernel against cuBLAS at V2-Lite's decode projecti
 decode_timing the memory-bound decode shapes timed eagerly (as the suite does) and as CUDA-graph replays (no host
               launch work in the timed span), three rounds each, bf16 and fp8 caches, to tell kernel time from
               launch overhead in the suite's run-to-run spread
+overlap       lite batch 1 and 32 with asynchronous scheduling off and on: walls, lookahead launches, GPU busy
+              time against its span and the idle gaps between kernels (torch.profiler), the host's CUDA calls
 host          where host time goes: torch.profiler over one batch-1 prefill of 512 tokens (CPU ops by self
               time, syncs, GPU busy time), and cProfile over the lite workload at batch 1 and 32 (functions by
               own time)
@@ -496,6 +498,90 @@ def graph_kernels(llm, batch: int, replays: int = 20) -> list | None:
     return [[name[:120], round(count, 2), round(us, 2)] for name, count, us in rows]
 
 
+def overlap(tmp: Path) -> dict:
+    """Lite batch 1 and 32 with asynchronous scheduling off and on (one engine, the flag flipped between runs):
+    wall times, lookahead launches, and from a torch.profiler trace of one run the GPU's busy time (union of kernel
+    spans) against the span from its first to last kernel, the idle gaps between kernels, and the host calls that
+    took longest in total (where the host waited)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from mlaserve import SamplingParams
+    from mlaserve.runner.model_runner import ModelRunner
+
+    llm = lite_llm(tmp / "v2lite", max_num_seqs=256)
+    gen = torch.Generator().manual_seed(0)
+    launches = [0]
+    launch = ModelRunner.launch
+
+    def counted(self, output, previous=None):
+        launches[0] += previous is not None
+        return launch(self, output, previous)
+
+    ModelRunner.launch = counted
+    result = {}
+    try:
+        for batch in (1, 32):
+            prompts, params = lite_workload(llm, gen, batch)
+            first_token = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+            prefill = []  # the prefill step alone: what the decode steps add to it is the rest of a wall
+            for _ in range(3):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                llm.generate(prompts, first_token, use_tqdm=False)
+                torch.cuda.synchronize()
+                prefill.append(time.perf_counter() - t)
+                llm.engine.kv_manager.reset_prefix_cache()
+            result[f"batch{batch}_prefill_walls_s"] = prefill
+            for flag in (False, True):
+                llm.engine.async_scheduling = flag
+                walls = []
+                launches[0] = 0
+                for _ in range(3):
+                    torch.cuda.synchronize()
+                    t = time.perf_counter()
+                    llm.generate(prompts, params, use_tqdm=False)
+                    torch.cuda.synchronize()
+                    walls.append(time.perf_counter() - t)
+                    llm.engine.kv_manager.reset_prefix_cache()
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    llm.generate(prompts, params, use_tqdm=False)
+                    torch.cuda.synchronize()
+                llm.engine.kv_manager.reset_prefix_cache()
+                events = prof.events()
+                kernels = sorted(
+                    (e.time_range.start, e.time_range.end, e.name)
+                    for e in events
+                    if e.device_type == DeviceType.CUDA
+                )
+                busy, gaps, reach = 0.0, [], kernels[0][0]
+                for start, end, name in kernels:
+                    if start > reach:
+                        gaps.append((start - reach, name))
+                    busy += max(0.0, end - max(start, reach))
+                    reach = max(reach, end)
+                host = {}
+                for e in events:
+                    if e.device_type == DeviceType.CPU and e.name.startswith("cuda"):
+                        total, count = host.get(e.name, (0.0, 0))
+                        host[e.name] = (total + e.cpu_time_total, count + 1)
+                row = dict(
+                    batch=batch, async_scheduling=flag, walls_s=walls, tok_s=batch * 64 / sorted(walls)[1],
+                    lookahead_launches=launches[0] / 3, gpu_span_ms=(reach - kernels[0][0]) / 1e3,
+                    gpu_busy_ms=busy / 1e3, gaps_over_20us=sum(1 for g, _ in gaps if g > 20),
+                    gap_ms_over_20us=sum(g for g, _ in gaps if g > 20) / 1e3,
+                    largest_gaps=[[round(g), n[:60]] for g, n in sorted(gaps, reverse=True)[:12]],
+                    host_cuda_calls=sorted(
+                        ([k, c, round(t / 1e3, 2)] for k, (t, c) in host.items()), key=lambda r: -r[2]
+                    )[:12],
+                )  # fmt: skip
+                print(json.dumps(row), flush=True)
+                result[f"batch{batch}_{'async' if flag else 'sync'}"] = row
+    finally:
+        ModelRunner.launch = launch
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -513,6 +599,7 @@ def main() -> None:
                 "host": lambda: host(Path(tmp)),
                 "skinny": skinny,
                 "decode_timing": decode_timing,
+                "overlap": lambda: overlap(Path(tmp)),
             }[name]
             t = time.perf_counter()
             try:
