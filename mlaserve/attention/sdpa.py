@@ -24,29 +24,30 @@ def _kernels(device: torch.device) -> contextlib.AbstractContextManager:
 
 
 def varlen_prefill(q, k, v, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Every prefill sequence in one flash-attention call (torch.nn.attention.varlen), bottom-right causal."""
-    from torch.nn.attention.varlen import varlen_attn
+    """Every prefill sequence in one flash-attention call, bottom-right causal.
 
+    The aten op under torch.nn.attention.varlen.varlen_attn, called directly: that wrapper is a Python custom op
+    that also logs and allocates an RNG-state tensor on every call, which the batch-1 prefill's cProfile on the
+    H200 showed at about 150 us per layer (results/h200-diagnose-2026-11-30-overlap.json, custom_ops
+    backend_impl), all of it host time while the GPU waited."""
     heads, dk, dv = q.shape[1], q.shape[-1], v.shape[-1]
-    if k.shape[1] != heads:  # GQA: the varlen entry point of every supported torch takes equal head counts
+    if k.shape[1] != heads:  # GQA: flash's varlen entry point takes equal head counts
         k, v = k.repeat_interleave(heads // k.shape[1], 1), v.repeat_interleave(heads // v.shape[1], 1)
     if dv != dk:  # flash needs one head size for K and V (MLA: 192 vs 128); zero columns change nothing
         v = F.pad(v, (0, dk - dv))
-    cu_q, cu_k = meta.prefill_cu_query_lens, meta.prefill_cu_seq_lens
-    out = varlen_attn(
-        q, k.contiguous(), v.contiguous(), cu_q, cu_k, max(meta.prefill_query_lens),
-        max(meta.prefill_seq_lens), scale=scale, window_size=(-1, 0),
-    )  # fmt: skip
+    out = torch.ops.aten._flash_attention_forward(
+        q, k.contiguous(), v.contiguous(), meta.prefill_cu_query_lens, meta.prefill_cu_seq_lens,
+        max(meta.prefill_query_lens), max(meta.prefill_seq_lens), 0.0, True, False,
+        scale=scale, window_size_left=-1, window_size_right=0,
+    )[0]  # fmt: skip
     return out[..., :dv]
 
 
 @functools.cache
 def _varlen_available() -> bool:
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
-    except ImportError:  # torch before 2.9
-        return False
-    return True
+    # The window arguments (bottom-right causal masks for chunks) came with torch 2.9's varlen support.
+    schema = str(torch.ops.aten._flash_attention_forward.default._schema)
+    return "window_size_left" in schema
 
 
 def can_use_varlen(q: torch.Tensor) -> bool:

@@ -79,7 +79,9 @@ class LLMEngine:
             self.runner.warm_up(batched, max_len)
         graphable = self.backend.supports_cuda_graphs and self.kv_spec.is_mla
         if self.device.type == "cuda" and not config.enforce_eager and graphable:
-            self.runner.enable_cuda_graphs(max_len, config.max_num_seqs)
+            # Fresh-prefill graphs need the varlen flash attention, which takes 16-bit inputs only.
+            half = self.model_config.dtype in (torch.float16, torch.bfloat16)
+            self.runner.enable_cuda_graphs(max_len, config.max_num_seqs, min(2048, batched) if half else 0)
         self._texts: dict[str, RequestText] = {}
         self._prompts: dict[str, str | None] = {}
         self._ids = itertools.count()

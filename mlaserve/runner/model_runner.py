@@ -27,18 +27,26 @@ class ModelRunner:
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}  # per-request RNG so a seed fixes the output
         self.graphs = None  # DecodeGraphs, when enabled
+        self.prefill_graphs = None  # PrefillGraphs, when enabled
         self._turn = 0
         if device.type == "cuda":
             self._host_ids = [torch.empty(256, dtype=torch.long, pin_memory=True) for _ in range(2)]
             self._events = [torch.cuda.Event() for _ in range(2)]
 
-    def enable_cuda_graphs(self, max_model_len: int, max_num_seqs: int) -> None:
+    def enable_cuda_graphs(self, max_model_len: int, max_num_seqs: int, prefill_tokens: int = 0) -> None:
+        """Captures the decode graphs and, with prefill_tokens, graphs of fresh prefills up to that many tokens."""
         from mlaserve.runner.cuda_graphs import DecodeGraphs
+        from mlaserve.runner.prefill_graphs import PREFILL_SIZES, PrefillGraphs
 
         self.graphs = DecodeGraphs(
             self.model, self.kv_caches, self.block_size, max_model_len, max_num_seqs, self.device
         )
         self.graphs.capture()
+        if prefill_tokens >= PREFILL_SIZES[0]:
+            self.prefill_graphs = PrefillGraphs(
+                self.model, self.kv_caches, self.block_size, prefill_tokens, self.device
+            )
+            self.prefill_graphs.capture()
 
     @torch.inference_mode()
     def warm_up(self, num_tokens: int, max_model_len: int) -> None:
@@ -79,8 +87,11 @@ class ModelRunner:
         if previous is not None:
             rows = {s.request.request_id: i for i, s in enumerate(previous.sampled)}
             source = (previous.token_ids, [rows[s.request.request_id] for s in host.order])
+        prefills = self.prefill_graphs
         if graphs is not None and graphs.can_run(host):
             logits = graphs.run(host, source)  # every decode row samples, in row order
+        elif prefills is not None and host.sampled and prefills.can_run(host):
+            logits = prefills.run(host)  # the sampled sequences' rows, in order
         else:
             batch = to_device(host, self.block_size, self.device, with_gather_index=graphs is None)
             if source is not None:  # lookahead steps are all decodes: row i is token i
