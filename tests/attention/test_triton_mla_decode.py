@@ -139,31 +139,3 @@ def test_split_rule(batch, max_len, want):
     from mlaserve.attention.triton.mla_decode import num_splits_for
 
     assert num_splits_for(batch, 1, max_len, 64, 132, 16) == want
-
-
-@pytest.mark.parametrize(
-    "kv_dtype, options",
-    [
-        ("auto", {"scores_t": True}),
-        ("fp8_e4m3", {"convert_at_use": True, "prefetch": False}),
-        ("int8", {"convert_at_use": True, "scores_t": True}),
-        ("fp8_e4m3", {"convert_at_use": True, "scores_t": True, "prefetch": False}),
-    ],
-)
-def test_operand_variants_match_reference(kv_dtype, options):
-    """The layout variants timed by h200_diagnose.py decode_variants: scores as K·Qᵀ, 8-bit tiles widened at
-    each dot's operand."""
-    from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
-
-    seq_lens, heads, page = [9, 70, 3, 33], 20, 16
-    q, cache, table, meta = random_case(seq_lens, heads, page, seed=13)
-    if kv_dtype != "auto":
-        cache = quantize_rows(cache.view(-1, LAT + ROPE), QUANTIZED[kv_dtype]).view(
-            *cache.shape[:3], LAT + ROPE + 16
-        )
-    want, want_lse = TorchBackend().decode(q, cache, None, meta, 0.2, LAT, need_lse=True)
-    got, lse = mla_decode(
-        q, cache, table, meta.seq_lens, max(seq_lens), LAT, 0.2, block_n=16, num_splits=3, **options
-    )
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(lse, want_lse, atol=1e-4, rtol=1e-4)

@@ -46,24 +46,15 @@ def _load_tile(
 @triton.jit
 def _attend_tile(
     q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2,
-    PRECISION: tl.constexpr, QUANTIZED: tl.constexpr, CONVERT_AT_USE: tl.constexpr, SCORES_T: tl.constexpr,
+    PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
 ):  # fmt: skip
-    """One online-softmax step over a tile; returns the updated (max, sum, accumulator).
-
-    8-bit tiles are widened to q's dtype once (CONVERT_AT_USE off) or separately inside each dot's operand
-    (on), which leaves the compiler free to keep the 8-bit tile in shared memory and widen after loading each
-    dot's operand from it, rather than widening once and staging the 16-bit tile for both dots."""
-    if QUANTIZED and not CONVERT_AT_USE:
+    """One online-softmax step over a tile; returns the updated (max, sum, accumulator)."""
+    if QUANTIZED:
         # The scale is per token, i.e. per score column: apply it to the scores and to p, not to the tile.
         k = k.to(q.dtype)
         k_pe = k_pe.to(q.dtype)
-    if SCORES_T:  # K as the first operand, untransposed: both dots read the tile as it lies in shared memory
-        s_t = tl.dot(k.to(q.dtype), tl.trans(q), input_precision=PRECISION)
-        s_t += tl.dot(k_pe.to(q.dtype), tl.trans(q_pe), input_precision=PRECISION)
-        s = tl.trans(s_t)
-    else:
-        s = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=PRECISION)
-        s += tl.dot(q_pe, tl.trans(k_pe).to(q.dtype), input_precision=PRECISION)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    s += tl.dot(q_pe, tl.trans(k_pe), input_precision=PRECISION)
     if QUANTIZED:
         s = s * scale[None, :]
     s = tl.where(ok[None, :], s * scale_log2, float("-inf"))
@@ -73,7 +64,7 @@ def _attend_tile(
     l_sum = l_sum * alpha + tl.sum(p, 1)
     if QUANTIZED:
         p = p * scale[None, :]
-    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), k.to(q.dtype), input_precision=PRECISION)
+    acc = acc * alpha[:, None] + tl.dot(p.to(k.dtype), k, input_precision=PRECISION)
     return m_new, l_sum, acc
 
 
@@ -87,8 +78,7 @@ def _stage1(
     num_heads, scale_log2, num_splits,
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
-    TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr, CONVERT_AT_USE: tl.constexpr,
-    SCORES_T: tl.constexpr,
+    TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -125,20 +115,7 @@ def _stage1(
                 QUANTIZED, TILE_IN_PAGE,
             )  # fmt: skip
             m, l_sum, acc = _attend_tile(
-                q,
-                q_pe,
-                k,
-                k_pe,
-                scale,
-                ok,
-                m,
-                l_sum,
-                acc,
-                scale_log2,
-                PRECISION,
-                QUANTIZED,
-                CONVERT_AT_USE,
-                SCORES_T,
+                q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED
             )
             k, k_pe, scale, ok = k_next, kpe_next, scale_next, ok_next
     else:
@@ -148,20 +125,7 @@ def _stage1(
                 TILE_IN_PAGE,
             )  # fmt: skip
             m, l_sum, acc = _attend_tile(
-                q,
-                q_pe,
-                k,
-                k_pe,
-                scale,
-                ok,
-                m,
-                l_sum,
-                acc,
-                scale_log2,
-                PRECISION,
-                QUANTIZED,
-                CONVERT_AT_USE,
-                SCORES_T,
+                q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED
             )
 
     has = l_sum > 0
@@ -240,8 +204,6 @@ def mla_decode(
     partial_dtype: torch.dtype = torch.float32,
     q_f16: bool | None = None,
     q_pe: torch.Tensor | None = None,
-    convert_at_use: bool = False,
-    scores_t: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, H, kv_lora_rank + rope], or [B, H, kv_lora_rank] with the rope part in q_pe [B, H, rope] (views
     of other tensors are fine, only the last dimension must be contiguous); kv_cache: [blocks, page, 1,
@@ -253,8 +215,7 @@ def mla_decode(
     partial_dtype: how the per-split partial outputs are stored for the merge (their traffic is ~10% of the
     cache's at 8 splits of a 4,096 context; bf16 was no faster in the sweep, so float32 stays the default).
     q_f16: 8-bit caches only, run the dots in fp16 instead of bf16 (default: on at 16 heads per program when q is
-    16-bit). block_n and num_warps default by cache type (see below). convert_at_use: 8-bit tiles only, widen
-    them inside each dot's operand rather than once per tile (see _attend_tile; timed by h200_diagnose.py).
+    16-bit). block_n and num_warps default by cache type (see below).
 
     Defaults come from the H200 sweep in benchmarks/gpu_suite.py --tune: 16 heads per program when there are few
     (memory-bound: one latent read per 16 heads), 64 with many (each latent tile then feeds 64 heads' dots)."""
@@ -293,8 +254,8 @@ def mla_decode(
         PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=block_n, PRECISION=precision,
         QUANTIZED=is_quantized(kv_cache.dtype), TILE_IN_PAGE=page % block_n == 0,
         PREFETCH=is_quantized(kv_cache.dtype) if prefetch is None else prefetch,
-        Q_F16=q_f16 and is_quantized(kv_cache.dtype), CONVERT_AT_USE=convert_at_use,
-        SCORES_T=scores_t, num_warps=num_warps, num_stages=num_stages,
+        Q_F16=q_f16 and is_quantized(kv_cache.dtype),
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, heads, dtype=torch.float32, device=q.device)
