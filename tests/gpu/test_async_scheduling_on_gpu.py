@@ -43,3 +43,25 @@ def test_async_scheduling_matches_the_step_loop(tmp_path, monkeypatch, enforce_e
         del llm
     assert runs[True] == runs[False]
     assert launches[0] > 50
+
+
+def test_async_bf16_with_prefill_graphs_matches_the_synchronous_graphs(tmp_path):
+    """bf16, where prefill graphs are on: the same engine with and without lookahead runs the same graphs and
+    kernels, so greedy tokens are identical. logprobs turn lookahead off, which gives the synchronous run."""
+    path = build_tiny("deepseek_v2", tmp_path)
+    gen = torch.Generator().manual_seed(4)
+    prompts = [
+        {"prompt_token_ids": torch.randint(3, 250, (n,), generator=gen).tolist()} for n in (9, 64, 300)
+    ]
+    llm = LLM(str(path), dtype="bfloat16", device="cuda", attention_backend="triton_mla", num_kv_blocks=64,
+              block_size=64, max_model_len=512)  # fmt: skip
+    assert llm.engine.runner.prefill_graphs is not None and llm.engine.async_scheduling
+    fast = llm.generate(
+        prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), use_tqdm=False
+    )
+    llm.engine.kv_manager.reset_prefix_cache()
+    sync = llm.generate(
+        prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=1), use_tqdm=False
+    )
+    assert [o.outputs[0].token_ids for o in fast] == [o.outputs[0].token_ids for o in sync]
+    assert llm.stats()["kv_blocks_used"] == 0
