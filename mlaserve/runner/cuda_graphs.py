@@ -44,8 +44,9 @@ class DecodeGraphs:
         # Pinned staging rows (the i64 rows above; sequence lengths; block tables): a step's inputs go from here
         # into the static buffers as three asynchronous copies. Going through pageable device tensors cost six
         # blocking host-to-device copies plus five device copies per step. Two sets in turn: with asynchronous
-        # scheduling the next step is staged while this one may not have been copied yet; a set is reused two
-        # steps later, after the step that used it has been collected (its tokens read back).
+        # scheduling the next step is staged while this one may not have been copied yet. Before a set is
+        # rewritten, the event recorded behind its last copies is waited for: normally that step has been collected
+        # long before, but a lookahead step the engine dropped unread (all its requests stopped) never is.
         pinned = dict(device="cpu", pin_memory=True)
         self.staging = [
             (
@@ -55,6 +56,7 @@ class DecodeGraphs:
             )
             for _ in range(2)
         ]
+        self._copied = [torch.cuda.Event(), torch.cuda.Event()]
         self._turn = 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
@@ -102,6 +104,7 @@ class DecodeGraphs:
         size = self.sizes[bisect.bisect_left(self.sizes, n)]
         self._turn ^= 1
         host_i64, host_seq_lens, host_tables = self.staging[self._turn]
+        self._copied[self._turn].synchronize()
         stage_decode_inputs(batch, size, host_i64, host_seq_lens, host_tables)
         if source is not None:
             host_i64[3, :n] = torch.tensor(source[1])
@@ -111,6 +114,7 @@ class DecodeGraphs:
         self.dev_i64.copy_(host_i64, non_blocking=True)
         self.seq_lens.copy_(host_seq_lens, non_blocking=True)
         self.block_tables[:size].copy_(host_tables[:size], non_blocking=True)
+        self._copied[self._turn].record()
         if source is not None:
             torch.index_select(source[0], 0, self.source_rows[:n], out=self.input_ids[:n])
         self.graphs[size].replay()

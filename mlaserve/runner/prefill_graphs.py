@@ -54,6 +54,7 @@ class PrefillGraphs:
         pinned = dict(device="cpu", pin_memory=True)
         self.host_i64 = torch.zeros(3, size, dtype=torch.long, **pinned)
         self.host_small = torch.zeros(2, seqs + 1, dtype=torch.long, **pinned)
+        self._copied = torch.cuda.Event()  # behind the last staged copies: the staging rows are free again
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
 
@@ -110,9 +111,11 @@ class PrefillGraphs:
     def run(self, batch: HostBatch) -> torch.Tensor:
         """Logits [num_sampled, vocab] of the batch's sampled sequences, in batch.sampled order."""
         size = self.sizes[bisect.bisect_left(self.sizes, len(batch.ids))]
+        self._copied.synchronize()
         stage_prefill_inputs(batch, size, self.host_i64, self.host_small)
         self.dev_i64[:, :size].copy_(self.host_i64[:, :size], non_blocking=True)
         self.dev_small.copy_(self.host_small, non_blocking=True)
+        self._copied.record()
         self.graphs[size].replay()
         return self.logits[size][: len(batch.sample_rows)]
 
@@ -124,8 +127,8 @@ def stage_prefill_inputs(
     ids, positions, slots), host_small [2, MAX_SEQS + 2] (sequence offsets; the sampled sequences' last-token rows).
 
     Padding tokens are position 0 at slot 0 of the null block, as one extra sequence; offsets past it repeat the
-    total (empty sequences). Each staged step holds pinned memory that its asynchronous copies read, so this runs
-    only once the step before it has been collected."""
+    total (empty sequences). The staging tensors are pinned memory that asynchronous copies read: PrefillGraphs.run
+    waits for the previous step's copies before calling this."""
     n = len(batch.ids)
     host_i64[0, :n] = torch.tensor(batch.ids)
     host_i64[1, :n] = batch.positions
