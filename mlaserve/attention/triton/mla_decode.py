@@ -33,6 +33,14 @@ def _load_tile(
     else:
         page = tl.load(BlockTable + b * stride_bt + pos // PAGE, mask=ok, other=0)
         base = KV + (page.to(tl.int64) * PAGE + pos % PAGE) * stride_kv
+    return _load_rows(KV, base, ok, D_LAT, D_ROPE, BLOCK_N, QUANTIZED)
+
+
+@triton.jit
+def _load_rows(
+    KV, base, ok, D_LAT: tl.constexpr, D_ROPE: tl.constexpr, BLOCK_N: tl.constexpr, QUANTIZED: tl.constexpr
+):  # fmt: skip
+    """The rows at `base` (masked by `ok`): latent part, rope part, the 8-bit row scales."""
     row = base[:, None]
     k = tl.load(row + tl.arange(0, D_LAT)[None, :], mask=ok[:, None], other=0.0)
     k_pe = tl.load(row + D_LAT + tl.arange(0, D_ROPE)[None, :], mask=ok[:, None], other=0.0)
@@ -78,7 +86,7 @@ def _stage1(
     num_heads, scale_log2, num_splits,
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
-    TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr,
+    TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr, PAGE_GROUP: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -118,6 +126,23 @@ def _stage1(
                 q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED
             )
             k, k_pe, scale, ok = k_next, kpe_next, scale_next, ok_next
+    elif PAGE_GROUP:
+        # The block-table entries of PAGE_GROUP tiles are read before the loop over those tiles, so no tile's
+        # address waits on a load inside the loop. With the lookup inside (the branch below), Triton's pipeliner
+        # spends a stage on it and gives the KV tile a single shared-memory buffer: the next tile's copy cannot
+        # start until this one's dots are done.
+        slots = tl.arange(0, PAGE_GROUP)
+        for g0 in range(start, end, PAGE_GROUP * BLOCK_N):
+            tile_pos = g0 + slots * BLOCK_N
+            pages = tl.load(BlockTable + b * stride_bt + tile_pos // PAGE, mask=tile_pos < end, other=0)
+            for n0 in range(g0, tl.minimum(g0 + PAGE_GROUP * BLOCK_N, end), BLOCK_N):
+                page = tl.sum(tl.where(slots == (n0 - g0) // BLOCK_N, pages, 0)).to(tl.int64)
+                pos = n0 + tl.arange(0, BLOCK_N)
+                base = KV + (page * PAGE + n0 % PAGE + tl.arange(0, BLOCK_N)) * stride_kv
+                k, k_pe, scale, ok = _load_rows(KV, base, pos < end, D_LAT, D_ROPE, BLOCK_N, QUANTIZED)
+                m, l_sum, acc = _attend_tile(
+                    q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED
+                )
     else:
         for n0 in range(start, end, BLOCK_N):
             k, k_pe, scale, ok = _load_tile(
@@ -204,6 +229,7 @@ def mla_decode(
     partial_dtype: torch.dtype = torch.float32,
     q_f16: bool | None = None,
     q_pe: torch.Tensor | None = None,
+    page_group: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, H, kv_lora_rank + rope], or [B, H, kv_lora_rank] with the rope part in q_pe [B, H, rope] (views
     of other tensors are fine, only the last dimension must be contiguous); kv_cache: [blocks, page, 1,
@@ -254,7 +280,7 @@ def mla_decode(
         PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=block_n, PRECISION=precision,
         QUANTIZED=is_quantized(kv_cache.dtype), TILE_IN_PAGE=page % block_n == 0,
         PREFETCH=is_quantized(kv_cache.dtype) if prefetch is None else prefetch,
-        Q_F16=q_f16 and is_quantized(kv_cache.dtype),
+        Q_F16=q_f16 and is_quantized(kv_cache.dtype), PAGE_GROUP=page_group if page % block_n == 0 else 0,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
