@@ -376,19 +376,19 @@ def page_groups() -> dict:
 
     bf16_variants = [
         {},
-        {"page_group": 16},
-        {"page_group": 16, "num_splits": 2},
-        {"page_group": 16, "block_n": 32},
-        {"page_group": 16, "block_n": 32, "num_stages": 4},
-        {"page_group": 32, "block_n": 32},
         {"page_group": 16, "block_n": 32, "num_warps": 4},
+        {"page_group": 16, "block_n": 32, "num_warps": 4, "num_stages": 4},
+        {"page_group": 16, "block_n": 32, "num_warps": 4, "num_splits": 8},
+        {"page_group": 8, "block_n": 32, "num_warps": 4},
+        {"page_group": 16, "block_n": 16, "num_warps": 4},
+        {"page_group": 16, "block_n": 16, "num_warps": 4, "num_splits": 8},
+        {"page_group": 16, "block_n": 32, "num_warps": 2},
+        {"block_n": 32, "num_warps": 4},
     ]
     fp8_variants = [
         {},
-        {"page_group": 16, "prefetch": False},
-        {"page_group": 16, "prefetch": False, "num_stages": 4},
-        {"page_group": 16, "prefetch": False, "block_n": 64, "num_warps": 8},
-        {"page_group": 16, "prefetch": False, "block_n": 64, "num_warps": 8, "num_splits": 2},
+        {"page_group": 16, "prefetch": False, "num_warps": 2},
+        {"page_group": 16, "block_n": 16, "prefetch": False},
     ]
     rows = []
     for batch, length in ((64, 4096), (128, 8192)):
