@@ -229,7 +229,7 @@ def mla_decode(
     partial_dtype: torch.dtype = torch.float32,
     q_f16: bool | None = None,
     q_pe: torch.Tensor | None = None,
-    page_group: int = 0,
+    page_group: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, H, kv_lora_rank + rope], or [B, H, kv_lora_rank] with the rope part in q_pe [B, H, rope] (views
     of other tensors are fine, only the last dimension must be contiguous); kv_cache: [blocks, page, 1,
@@ -256,8 +256,15 @@ def mla_decode(
     # = (64, 4,096) took 0.140 ms against 0.181 ms with the bf16-cache defaults (benchmarks/results/
     # decode-sweep-h200-2026-11-30b.json). The 64-head kernel keeps the measured defaults of bf16 caches.
     light = is_quantized(kv_cache.dtype) and block_h <= 16
-    block_n = block_n or (32 if light else 64)
-    num_warps = num_warps or (4 if light else 8)
+    # bf16 at 16 heads per program: 32-row tiles, 4 warps and the block table read 16 tiles at a time (so the
+    # pipeliner double-buffers the tile) beat 64-row tiles and 8 warps: 0.0944 against 0.0972 ms at (64, 16,
+    # 4,096) and 0.312 against 0.323 ms at (128, 16, 8,192), graph-replayed twice within 1% (results/
+    # h200-diagnose-2026-11-30-pagegroups.json). Page groups slowed the 8-bit path (0.150-0.30 ms against 0.132).
+    memory_bound = block_h <= 16
+    block_n = block_n or (32 if memory_bound else 64)
+    num_warps = num_warps or (4 if memory_bound else 8)
+    if page_group is None:
+        page_group = 16 if memory_bound and not is_quantized(kv_cache.dtype) else 0
     q_f16 = light and q.dtype != torch.float32 if q_f16 is None else q_f16  # fp32 models keep fp32 dots
     if num_stages is None:
         num_stages = 3 if block_h <= 16 else 2
