@@ -15,8 +15,6 @@ skinny        the skinny-GEMM kernel against cuBLAS at V2-Lite's decode projecti
 decode_timing the memory-bound decode shapes timed eagerly (as the suite does) and as CUDA-graph replays (no host
               launch work in the timed span), three rounds each, bf16 and fp8 caches, to tell kernel time from
               launch overhead in the suite's run-to-run spread
-page_groups   the memory-bound decode shapes with block-table entries read a group of tiles at a time
-              (page_group; the KV tile then gets two shared-memory buffers), graph-replayed beside the defaults
 overlap       lite batch 1 and 32 with asynchronous scheduling off and on: walls, lookahead launches, GPU busy
               time against its span and the idle gaps between kernels (torch.profiler), the host's CUDA calls
 host          where host time goes: torch.profiler over one batch-1 prefill of 512 tokens (CPU ops by self
@@ -365,57 +363,6 @@ def decode_timing() -> dict:
     return {"rows": rows}
 
 
-def page_groups() -> dict:
-    """The memory-bound decode shapes with the block-table entries read a group of tiles at a time (page_group),
-    graph-replayed beside the defaults and checked against the default's output. Compiled for sm_90, the default
-    kernel gives the KV tile one shared-memory buffer (the in-loop table lookup takes a pipeline stage); with page
-    groups it gets two."""
-    from benchmarks.gpu_suite import LAT, paged_case
-    from mlaserve.attention.triton.mla_decode import mla_decode
-    from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
-
-    bf16_variants = [
-        {},
-        {"page_group": 16, "block_n": 32, "num_warps": 4},
-        {"page_group": 16, "block_n": 32, "num_warps": 4, "num_stages": 4},
-        {"page_group": 16, "block_n": 32, "num_warps": 4, "num_splits": 8},
-        {"page_group": 8, "block_n": 32, "num_warps": 4},
-        {"page_group": 16, "block_n": 16, "num_warps": 4},
-        {"page_group": 16, "block_n": 16, "num_warps": 4, "num_splits": 8},
-        {"page_group": 16, "block_n": 32, "num_warps": 2},
-        {"block_n": 32, "num_warps": 4},
-    ]
-    fp8_variants = [
-        {},
-        {"page_group": 16, "prefetch": False, "num_warps": 2},
-        {"page_group": 16, "block_n": 16, "prefetch": False},
-    ]
-    rows = []
-    for batch, length in ((64, 4096), (128, 8192)):
-        q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, 0)
-        fp8 = quantize_rows(cache.view(-1, LAT + 64), QUANTIZED["fp8_e4m3"]).view(*cache.shape[:3], LAT + 80)
-        bf16_ms = None
-        for name, kv, variants in (("bf16", cache, bf16_variants), ("fp8_e4m3", fp8, fp8_variants)):
-            args = (q, kv, table, meta.seq_lens, length, LAT, 0.07)
-            want = mla_decode(*args)[0].float()
-            for kw in variants:
-                try:
-                    got = mla_decode(*args, **kw)[0].float()
-                    ms = bench_graph(lambda kw=kw, args=args: mla_decode(*args, **kw))
-                except Exception as err:  # a variant that does not compile is a result too
-                    rows.append(dict(B=batch, L=length, cache=name, kwargs=kw, error=repr(err)[:300]))
-                    print(json.dumps(rows[-1]), flush=True)
-                    continue
-                bf16_ms = ms if name == "bf16" and not kw else bf16_ms
-                row = dict(B=batch, L=length, cache=name, kwargs=kw, graph_ms=ms,
-                           max_diff_vs_default=(got - want).abs().max().item(),
-                           latent_GBps=batch * length * (LAT + 64) * 2 / ms / 1e6, vs_bf16_default=ms / bf16_ms)  # fmt: skip
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-        del cache, fp8
-    return {"rows": rows}
-
-
 def logged_generate(llm, prompts: list, params) -> tuple[float, StepLog]:
     """(wall seconds, the step log) of one generate call; the prefix cache is emptied after, so repeats prefill."""
     with StepLog(llm.engine) as log:
@@ -653,7 +600,6 @@ def main() -> None:
                 "skinny": skinny,
                 "decode_timing": decode_timing,
                 "overlap": lambda: overlap(Path(tmp)),
-                "page_groups": page_groups,
             }[name]
             t = time.perf_counter()
             try:

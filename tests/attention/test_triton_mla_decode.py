@@ -139,25 +139,3 @@ def test_split_rule(batch, max_len, want):
     from mlaserve.attention.triton.mla_decode import num_splits_for
 
     assert num_splits_for(batch, 1, max_len, 64, 132, 16) == want
-
-
-@pytest.mark.parametrize("kv_dtype", ["auto", "fp8_e4m3"])
-@pytest.mark.parametrize("page, block_n, group", [(16, 16, 2), (32, 16, 4), (16, 16, 1)])
-def test_page_groups_match_reference(kv_dtype, page, block_n, group):
-    """Block-table entries read a group of tiles at a time, before the loop over the group's tiles: sequences that
-    end inside a group, span several groups, or fit in one tile."""
-    from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
-
-    seq_lens, heads = [9, 150, 3, 64], 16
-    q, cache, table, meta = random_case(seq_lens, heads, page, seed=page + group)
-    if kv_dtype != "auto":
-        cache = quantize_rows(cache.view(-1, LAT + ROPE), QUANTIZED[kv_dtype]).view(
-            *cache.shape[:3], LAT + ROPE + 16
-        )
-    want, want_lse = TorchBackend().decode(q, cache, None, meta, 0.2, LAT, need_lse=True)
-    got, lse = mla_decode(
-        q, cache, table, meta.seq_lens, max(seq_lens), LAT, 0.2, block_n=block_n, num_splits=2,
-        page_group=group, prefetch=False,
-    )  # fmt: skip
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(lse, want_lse, atol=1e-4, rtol=1e-4)

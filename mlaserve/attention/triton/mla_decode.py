@@ -33,14 +33,6 @@ def _load_tile(
     else:
         page = tl.load(BlockTable + b * stride_bt + pos // PAGE, mask=ok, other=0)
         base = KV + (page.to(tl.int64) * PAGE + pos % PAGE) * stride_kv
-    return _load_rows(KV, base, ok, D_LAT, D_ROPE, BLOCK_N, QUANTIZED)
-
-
-@triton.jit
-def _load_rows(
-    KV, base, ok, D_LAT: tl.constexpr, D_ROPE: tl.constexpr, BLOCK_N: tl.constexpr, QUANTIZED: tl.constexpr
-):  # fmt: skip
-    """The rows at `base` (masked by `ok`): latent part, rope part, the 8-bit row scales."""
     row = base[:, None]
     k = tl.load(row + tl.arange(0, D_LAT)[None, :], mask=ok[:, None], other=0.0)
     k_pe = tl.load(row + D_LAT + tl.arange(0, D_ROPE)[None, :], mask=ok[:, None], other=0.0)
@@ -86,7 +78,7 @@ def _stage1(
     num_heads, scale_log2, num_splits,
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
-    TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr, PAGE_GROUP: tl.constexpr,
+    TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -126,23 +118,6 @@ def _stage1(
                 q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED
             )
             k, k_pe, scale, ok = k_next, kpe_next, scale_next, ok_next
-    elif PAGE_GROUP:
-        # The block-table entries of PAGE_GROUP tiles are read before the loop over those tiles, so no tile's
-        # address waits on a load inside the loop. With the lookup inside (the branch below), Triton's pipeliner
-        # spends a stage on it and gives the KV tile a single shared-memory buffer: the next tile's copy cannot
-        # start until this one's dots are done.
-        slots = tl.arange(0, PAGE_GROUP)
-        for g0 in range(start, end, PAGE_GROUP * BLOCK_N):
-            tile_pos = g0 + slots * BLOCK_N
-            pages = tl.load(BlockTable + b * stride_bt + tile_pos // PAGE, mask=tile_pos < end, other=0)
-            for n0 in range(g0, tl.minimum(g0 + PAGE_GROUP * BLOCK_N, end), BLOCK_N):
-                page = tl.sum(tl.where(slots == (n0 - g0) // BLOCK_N, pages, 0)).to(tl.int64)
-                pos = n0 + tl.arange(0, BLOCK_N)
-                base = KV + (page * PAGE + n0 % PAGE + tl.arange(0, BLOCK_N)) * stride_kv
-                k, k_pe, scale, ok = _load_rows(KV, base, pos < end, D_LAT, D_ROPE, BLOCK_N, QUANTIZED)
-                m, l_sum, acc = _attend_tile(
-                    q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED
-                )
     else:
         for n0 in range(start, end, BLOCK_N):
             k, k_pe, scale, ok = _load_tile(
@@ -229,7 +204,6 @@ def mla_decode(
     partial_dtype: torch.dtype = torch.float32,
     q_f16: bool | None = None,
     q_pe: torch.Tensor | None = None,
-    page_group: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, H, kv_lora_rank + rope], or [B, H, kv_lora_rank] with the rope part in q_pe [B, H, rope] (views
     of other tensors are fine, only the last dimension must be contiguous); kv_cache: [blocks, page, 1,
@@ -256,15 +230,8 @@ def mla_decode(
     # = (64, 4,096) took 0.140 ms against 0.181 ms with the bf16-cache defaults (benchmarks/results/
     # decode-sweep-h200-2026-11-30b.json). The 64-head kernel keeps the measured defaults of bf16 caches.
     light = is_quantized(kv_cache.dtype) and block_h <= 16
-    # bf16 at 16 heads per program: 32-row tiles, 4 warps and the block table read 16 tiles at a time (so the
-    # pipeliner double-buffers the tile) beat 64-row tiles and 8 warps: 0.0944 against 0.0972 ms at (64, 16,
-    # 4,096) and 0.312 against 0.323 ms at (128, 16, 8,192), graph-replayed twice within 1% (results/
-    # h200-diagnose-2026-11-30-pagegroups.json). Page groups slowed the 8-bit path (0.150-0.30 ms against 0.132).
-    memory_bound = block_h <= 16
-    block_n = block_n or (32 if memory_bound else 64)
-    num_warps = num_warps or (4 if memory_bound else 8)
-    if page_group is None:
-        page_group = 16 if memory_bound and not is_quantized(kv_cache.dtype) else 0
+    block_n = block_n or (32 if light else 64)
+    num_warps = num_warps or (4 if light else 8)
     q_f16 = light and q.dtype != torch.float32 if q_f16 is None else q_f16  # fp32 models keep fp32 dots
     if num_stages is None:
         num_stages = 3 if block_h <= 16 else 2
@@ -287,7 +254,7 @@ def mla_decode(
         PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=block_n, PRECISION=precision,
         QUANTIZED=is_quantized(kv_cache.dtype), TILE_IN_PAGE=page % block_n == 0,
         PREFETCH=is_quantized(kv_cache.dtype) if prefetch is None else prefetch,
-        Q_F16=q_f16 and is_quantized(kv_cache.dtype), PAGE_GROUP=page_group if page % block_n == 0 else 0,
+        Q_F16=q_f16 and is_quantized(kv_cache.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
