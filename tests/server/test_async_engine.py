@@ -15,9 +15,11 @@ from tests.server.conftest import ENGINE_OPTIONS, fresh_stats, make_engine, wait
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 
 
-@pytest.fixture
-def engine(tiny_model):
-    engine = make_engine(tiny_model)
+@pytest.fixture(params=[False, True], ids=["sync", "async_scheduling"])
+def engine(tiny_model, request):
+    """Both step loops: asynchronous scheduling keeps a queued step between engine steps, which aborts, closed
+    streams and failing steps must see through."""
+    engine = make_engine(tiny_model, async_scheduling=request.param)
     yield engine
     engine.shutdown()
 
