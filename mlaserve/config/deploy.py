@@ -125,6 +125,7 @@ class SchedulerSection(_Section):
     max_batch_size: PositiveInt = _ENGINE["max_num_seqs"]
     max_num_batched_tokens: PositiveInt | None = _ENGINE["max_num_batched_tokens"]
     enable_chunked_prefill: bool = _ENGINE["enable_chunked_prefill"]
+    async_scheduling: bool | None = _ENGINE["async_scheduling"]  # null: on with CUDA
 
 
 class ServerSection(_Section):
@@ -189,6 +190,7 @@ class DeployConfig(_Section):
             "max_num_seqs": self.scheduler.max_batch_size,
             "max_num_batched_tokens": self.scheduler.max_num_batched_tokens,
             "enable_chunked_prefill": self.scheduler.enable_chunked_prefill,
+            "async_scheduling": self.scheduler.async_scheduling,
             "tensor_parallel_size": self.parallel.tensor_parallel_size,
         }
         return {name: value for name, value in options.items() if value is not None}

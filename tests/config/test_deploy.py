@@ -75,13 +75,15 @@ def test_engine_options_are_accepted_by_engine_config(tmp_path: Path) -> None:
         """
 model: {path: /m/DeepSeek-V2-Lite, dtype: bfloat16, max_model_len: 4096, device: "cuda:1"}
 cache: {block_size: 64, gpu_memory_utilization: 0.8, enable_prefix_caching: false, kv_cache_memory_bytes: 512MiB}
-scheduler: {max_batch_size: 8, max_num_batched_tokens: 1024, enable_chunked_prefill: true}
+scheduler: {max_batch_size: 8, max_num_batched_tokens: 1024, enable_chunked_prefill: true, async_scheduling: false}
 """,
     )
     options = config.engine_options()
     assert options["max_num_seqs"] == 8 and options["kv_cache_memory_bytes"] == 512 * 2**20
     engine = EngineConfig.from_kwargs(**options)
     assert (engine.model, engine.device, engine.block_size) == ("/m/DeepSeek-V2-Lite", "cuda:1", 64)
+    assert engine.async_scheduling is False
+    assert "async_scheduling" not in load(tmp_path, "scheduler: {}").engine_options()  # null: the engine decides
     assert config.server_settings().served_model_name == "DeepSeek-V2-Lite"
 
 
@@ -92,6 +94,7 @@ scheduler: {max_batch_size: 8, max_num_batched_tokens: 1024, enable_chunked_pref
         ("caches: {}", "caches", "scheduler"),
         ("server: {port: '8000'}", "server.port", "integer"),
         ("cache: {enable_prefix_caching: 1}", "cache.enable_prefix_caching", "boolean"),
+        ("scheduler: {async_scheduling: 'yes'}", "scheduler.async_scheduling", "boolean"),
         ("model: 5", "model", "mapping"),
         ("cache: {block_size: 24}", "cache.block_size", "power of two"),
         ("cache: {block_size: 0}", "cache.block_size", "greater than 0"),
