@@ -83,7 +83,9 @@ scheduler: {max_batch_size: 8, max_num_batched_tokens: 1024, enable_chunked_pref
     engine = EngineConfig.from_kwargs(**options)
     assert (engine.model, engine.device, engine.block_size) == ("/m/DeepSeek-V2-Lite", "cuda:1", 64)
     assert engine.async_scheduling is False
-    assert "async_scheduling" not in load(tmp_path, "scheduler: {}").engine_options()  # null: the engine decides
+    assert (
+        "async_scheduling" not in load(tmp_path, "scheduler: {}").engine_options()
+    )  # null: the engine decides
     assert config.server_settings().served_model_name == "DeepSeek-V2-Lite"
 
 
