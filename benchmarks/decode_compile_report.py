@@ -1,0 +1,137 @@
+"""What Triton makes of the MLA decode kernel for an H100/H200 (sm_90), without a GPU: per configuration, how many
+shared-memory buffers the KV tile gets, whether its loads are asynchronous copies, which tensor-core instructions
+the dots use, shared memory, registers and spills (ptxas), and how many programs fit on one SM.
+
+  python benchmarks/decode_compile_report.py [--out report.json]
+
+The kernel is compiled with the specialization a launch gives it (16-byte-divisible pointers and strides, the
+kernel's do_not_specialize ints left generic); without those attributes Triton does not vectorize the loads and
+never pipelines them, which would misreport every configuration. Device time is scarce: this screens variants
+before a GPU run times them (benchmarks/h200_diagnose.py). It reads compiled code, it times nothing.
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+# Compiled kernels, not the interpreter: triton.jit reads this when the kernel module is imported.
+os.environ["TRITON_INTERPRET"] = "0"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import triton  # noqa: E402
+import triton.backends.nvidia as nvidia_backend  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from mlaserve.attention.triton import mla_decode  # noqa: E402
+
+SM90_SHARED_BYTES = 227 * 1024  # per SM, usable by thread blocks
+SM90_REGISTERS = 65536
+POINTERS = {
+    "Q": "*bf16",
+    "QPe": "*bf16",
+    "BlockTable": "*i32",
+    "SeqLens": "*i32",
+    "MidO": "*fp32",
+    "MidLse": "*fp32",
+}
+FLOATS = {"scale_log2"}
+
+# (name, cache, constexpr overrides, num_warps, num_stages): today's defaults first, then variants to compare.
+CONFIGS = [
+    ("bf16 16 heads (default)", "bf16", dict(BLOCK_H=16, BLOCK_N=64), 8, 3),
+    ("bf16 16 heads, 32-row tiles, 4 warps", "bf16", dict(BLOCK_H=16, BLOCK_N=32), 4, 3),
+    ("fp8 16 heads (default)", "fp8", dict(BLOCK_H=16, BLOCK_N=32, PREFETCH=True, Q_F16=True), 4, 3),
+    ("fp8 16 heads, pipeliner instead of prefetch", "fp8", dict(BLOCK_H=16, BLOCK_N=32, Q_F16=True), 4, 3),
+    ("bf16 64 heads (default)", "bf16", dict(BLOCK_H=64, BLOCK_N=64), 8, 2),
+]
+
+
+def compile_stage1(
+    cache: str, constexprs: dict, num_warps: int, num_stages: int
+) -> triton.compiler.CompiledKernel:
+    kernel = mla_decode._stage1
+    consts = dict(PAGE=64, D_LAT=512, D_ROPE=64, PRECISION="tf32", QUANTIZED=cache != "bf16", TILE_IN_PAGE=True,
+                  PREFETCH=False, Q_F16=False) | constexprs  # fmt: skip
+    signature, attrs = {}, {}
+    for index, name in enumerate(kernel.arg_names):
+        if name in consts:
+            signature[name] = "constexpr"
+            continue
+        if name == "KV":
+            signature[name] = "*fp8e4nv" if cache == "fp8" else "*bf16"
+        else:
+            signature[name] = POINTERS.get(name, "fp32" if name in FLOATS else "i32")
+        generic = name in FLOATS or name in kernel.do_not_specialize or index in kernel.do_not_specialize
+        if not generic:  # what a launch with the engine's tensors specializes on
+            attrs[(index,)] = [["tt.divisibility", 16]]
+    source = ASTSource(fn=kernel, signature=signature, constexprs=consts, attrs=attrs)
+    return triton.compile(
+        source, target=GPUTarget("cuda", 90, 128), options=dict(num_warps=num_warps, num_stages=num_stages)
+    )
+
+
+def ptxas_usage(ptx: str, workdir: Path) -> dict:
+    ptxas = Path(nvidia_backend.__file__).parent / "bin" / "ptxas"
+    source = workdir / "kernel.ptx"
+    source.write_text(ptx)
+    run = subprocess.run([str(ptxas), "-v", "--gpu-name=sm_90a", str(source), "-o", str(workdir / "kernel.cubin")],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    registers = int(re.search(r"Used (\d+) registers", run.stderr).group(1))
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", run.stderr)
+    return dict(
+        registers=registers, spill_store_bytes=int(spills.group(1)), spill_load_bytes=int(spills.group(2))
+    )
+
+
+def report(cache: str, constexprs: dict, num_warps: int, num_stages: int, workdir: Path) -> dict:
+    compiled = compile_stage1(cache, constexprs, num_warps, num_stages)
+    ttgir, ptx = compiled.asm["ttgir"], compiled.asm["ptx"]
+    # The pipeliner's multi-buffered allocations look like memdesc<NxROWSxCOLS...>: N buffers of one tile.
+    kv_buffers = [int(n) for n in re.findall(r"local_alloc : \(\) -> !ttg\.memdesc<(\d+)x\d+x512x", ttgir)]
+    usage = ptxas_usage(ptx, workdir)
+    shared = compiled.metadata.shared
+    by_registers = SM90_REGISTERS // (usage["registers"] * 32 * num_warps)
+    by_shared = SM90_SHARED_BYTES // shared if shared else 32
+    return dict(
+        kv_tile_buffers=kv_buffers[0] if kv_buffers else 0,  # 0: loaded to registers, not pipelined
+        async_copies=ttgir.count("async_copy_global_to_local"),
+        wgmma=ptx.count("wgmma.mma_async"),
+        mma_sync=ptx.count("mma.sync"),
+        shared_bytes=shared,
+        **usage,
+        programs_per_sm=min(by_registers, by_shared),
+        limited_by="registers" if by_registers < by_shared else "shared memory",
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", default=None, help="also write the rows as JSON here")
+    args = parser.parse_args()
+    rows = []
+    workdir = Path(os.environ.get("TMPDIR", "/tmp")) / "decode_compile_report"
+    workdir.mkdir(exist_ok=True)
+    for name, cache, constexprs, warps, stages in CONFIGS:
+        row = dict(
+            config=name,
+            num_warps=warps,
+            num_stages=stages,
+            **report(cache, constexprs, warps, stages, workdir),
+        )
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps({"triton": triton.__version__, "target": "sm_90", "rows": rows}, indent=1)
+        )
+
+
+if __name__ == "__main__":
+    main()
