@@ -45,7 +45,8 @@ def varlen_prefill(q, k, v, meta: AttentionMetadata, scale: float) -> torch.Tens
 
 @functools.cache
 def _varlen_available() -> bool:
-    # The window arguments (bottom-right causal masks for chunks) came with torch 2.9's varlen support.
+    # A right window of 0 is how the call above asks for bottom-right causal masks (chunks that attend to context);
+    # a torch whose flash op lacks the window arguments takes the per-sequence SDPA loop instead.
     schema = str(torch.ops.aten._flash_attention_forward.default._schema)
     return "window_size_left" in schema
 
