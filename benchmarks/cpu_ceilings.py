@@ -45,17 +45,19 @@ def in_situ(rows: int, prompt_len: int) -> dict:
     llm = LLM(None, dtype="float32", enable_prefix_caching=False)
     engine = llm.engine
     prompts = [{"prompt_token_ids": p} for p in build_prompts(engine.tokenizer, rows, prompt_len, "plain")]
-    captured, execute = [], engine.runner.execute
+    captured, launch = [], engine.runner.launch
 
-    def capture(output):  # keep the model input of one decode step, some 30 tokens into the outputs
+    def capture(
+        output, previous=None
+    ):  # keep the model input of one decode step, some 30 tokens into the outputs
         batch = batch_module.build_model_input(output, engine.runner.block_size, engine.runner.device)
         if not captured and batch.meta.num_decodes == rows and batch.meta.host_seq_lens[0] >= prompt_len + 30:
             captured.append(batch)
-        return execute(output)
+        return launch(output, previous)
 
-    engine.runner.execute = capture
+    engine.runner.launch = capture
     llm.generate(prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), use_tqdm=False)
-    del engine.runner.execute
+    del engine.runner.launch
     batch, model = captured[0], engine.runner.model
 
     @torch.inference_mode()

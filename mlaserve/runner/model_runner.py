@@ -72,9 +72,6 @@ class ModelRunner:
     def drop_request(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
 
-    def execute(self, output: SchedulerOutput) -> StepResult:
-        return self.collect(self.launch(output))
-
     @torch.inference_mode()
     def launch(self, output: SchedulerOutput, previous: "LaunchedStep | None" = None) -> "LaunchedStep":
         """Queues the step's forward and sampling on the device and returns without waiting for them.
