@@ -9,6 +9,7 @@ Only backends that declare `supports_cuda_graphs` (no data-dependent shapes in d
 
 import bisect
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -76,21 +77,8 @@ class DecodeGraphs:
         hidden = self.model(self.input_ids[:size], self.positions[:size], self.kv_caches, self._meta(size))
         return self.model.compute_logits(hidden)
 
-    @torch.inference_mode()
     def capture(self) -> None:
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up off the default stream, as torch's graph docs ask
-            for size in self.sizes:
-                self._forward(size)
-        torch.cuda.current_stream().wait_stream(stream)
-        for size in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory pool
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[size] = self._forward(size)
-            self.graphs[size] = graph
-        torch.cuda.synchronize()
+        self.graphs, self.logits = capture_by_size(self.sizes, self._forward)
         logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
 
     def can_run(self, batch: HostBatch) -> bool:
@@ -119,6 +107,34 @@ class DecodeGraphs:
             torch.index_select(source[0], 0, self.source_rows[:n], out=self.input_ids[:n])
         self.graphs[size].replay()
         return self.logits[size][:n]
+
+
+@torch.inference_mode()
+def capture_by_size(
+    sizes: list[int], forward: Callable[[int], torch.Tensor], warm_up: Callable[[int], None] | None = None
+) -> tuple[dict[int, torch.cuda.CUDAGraph], dict[int, torch.Tensor]]:
+    """One graph of forward(size) per size, sharing one memory pool, and each graph's output tensor.
+
+    Every size runs once first, off the default stream as torch's graph docs ask (Triton compiles happen there);
+    warm_up(size) sets the static inputs before that run. Captured largest first, so smaller graphs reuse the
+    largest one's memory."""
+    pool = torch.cuda.graph_pool_handle()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for size in sizes:
+            if warm_up is not None:
+                warm_up(size)
+            forward(size)
+    torch.cuda.current_stream().wait_stream(stream)
+    graphs, outputs = {}, {}
+    for size in reversed(sizes):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            outputs[size] = forward(size)
+        graphs[size] = graph
+    torch.cuda.synchronize()
+    return graphs, outputs
 
 
 def stage_decode_inputs(

@@ -21,6 +21,7 @@ import torch
 from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.models.base import CausalLM
 from mlaserve.runner.batch import HostBatch
+from mlaserve.runner.cuda_graphs import capture_by_size
 
 logger = logging.getLogger(__name__)
 
@@ -74,22 +75,8 @@ class PrefillGraphs:
         hidden = self.model(self.input_ids[:size], self.positions[:size], self.kv_caches, self._meta(size))
         return self.model.compute_logits(hidden[self.dev_small[1, :MAX_SEQS]])
 
-    @torch.inference_mode()
     def capture(self) -> None:
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up (and Triton compiles) off the default stream
-            for size in self.sizes:
-                self._stage_empty(size)
-                self._forward(size)
-        torch.cuda.current_stream().wait_stream(stream)
-        for size in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory pool
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[size] = self._forward(size)
-            self.graphs[size] = graph
-        torch.cuda.synchronize()
+        self.graphs, self.logits = capture_by_size(self.sizes, self._forward, warm_up=self._stage_empty)
         logger.info(
             "captured CUDA graphs for fresh prefills of up to %d sequences, sizes %s", MAX_SEQS, self.sizes
         )
