@@ -71,6 +71,20 @@ def lite_workload(llm, gen: torch.Generator, batch: int) -> tuple[list[dict], ob
     return prompts, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
 
 
+def timed_walls(llm, prompts: list, params, repeats: int) -> tuple[list[float], list]:
+    """Wall seconds of `repeats` generate calls (the device synchronized around each) and the last call's outputs.
+    The prefix cache is emptied after each call, so every repeat prefills its prompts again."""
+    walls, outs = [], []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        torch.cuda.synchronize()
+        walls.append(time.perf_counter() - t)
+        llm.engine.kv_manager.reset_prefix_cache()
+    return walls, outs
+
+
 def bench(fn) -> float:
     """Median milliseconds (CUDA events, cache flushed between runs)."""
     import triton.testing
@@ -279,15 +293,8 @@ def lite(tmp: Path, hf_peer: bool, eager: bool = False, profile: bool = False) -
     gen = torch.Generator().manual_seed(0)
     for batch in (1, 32):
         prompts, params = lite_workload(llm, gen, batch)
-        walls = []
         # Repeats once spread 2-3x (cuDNN plans per prefill shape, mid-run compiles): every wall time is kept.
-        for _ in range(5):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            outs = llm.generate(prompts, params, use_tqdm=False)
-            torch.cuda.synchronize()
-            walls.append(time.perf_counter() - t)
-            llm.engine.kv_manager.reset_prefix_cache()  # every repeat prefills its prompts again
+        walls, outs = timed_walls(llm, prompts, params, 5)
         wall = sorted(walls)[len(walls) // 2]
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         result[f"mlaserve_batch{batch}_tok_s"] = tokens / wall

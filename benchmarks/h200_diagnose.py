@@ -33,7 +33,14 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.gpu_suite import bench, bench_graph, lite_llm, lite_workload, random_prompts  # noqa: E402
+from benchmarks.gpu_suite import (  # noqa: E402
+    bench,
+    bench_graph,
+    lite_llm,
+    lite_workload,
+    random_prompts,
+    timed_walls,
+)
 
 HID, INTER, E, TOPK = 2048, 1408, 64, 6
 
@@ -419,14 +426,7 @@ def host(tmp: Path) -> dict:
     gen = torch.Generator().manual_seed(0)
     prompts, _ = lite_workload(llm, gen, 1)
     one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-    walls = []
-    for _ in range(3):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        llm.generate(prompts, one, use_tqdm=False)
-        torch.cuda.synchronize()
-        walls.append((time.perf_counter() - t) * 1e3)
-        llm.engine.kv_manager.reset_prefix_cache()
+    walls = [w * 1e3 for w in timed_walls(llm, prompts, one, 3)[0]]
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         llm.generate(prompts, one, use_tqdm=False)
         torch.cuda.synchronize()
@@ -524,26 +524,12 @@ def overlap(tmp: Path) -> dict:
         for batch in (1, 32):
             prompts, params = lite_workload(llm, gen, batch)
             first_token = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-            prefill = []  # the prefill step alone: what the decode steps add to it is the rest of a wall
-            for _ in range(3):
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                llm.generate(prompts, first_token, use_tqdm=False)
-                torch.cuda.synchronize()
-                prefill.append(time.perf_counter() - t)
-                llm.engine.kv_manager.reset_prefix_cache()
-            result[f"batch{batch}_prefill_walls_s"] = prefill
+            # the prefill step alone: what the decode steps add to it is the rest of a wall
+            result[f"batch{batch}_prefill_walls_s"] = timed_walls(llm, prompts, first_token, 3)[0]
             for flag in (False, True):
                 llm.engine.async_scheduling = flag
-                walls = []
                 launches[0] = 0
-                for _ in range(3):
-                    torch.cuda.synchronize()
-                    t = time.perf_counter()
-                    llm.generate(prompts, params, use_tqdm=False)
-                    torch.cuda.synchronize()
-                    walls.append(time.perf_counter() - t)
-                    llm.engine.kv_manager.reset_prefix_cache()
+                walls = timed_walls(llm, prompts, params, 3)[0]
                 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                     llm.generate(prompts, params, use_tqdm=False)
                     torch.cuda.synchronize()
