@@ -1,22 +1,10 @@
 """Asynchronous scheduling (the next decode step queued before this step's tokens are read) against the plain
 step loop on tiny models: the same tokens, stops and finish reasons, and no block left behind."""
 
-import pytest
 import torch
 
 from mlaserve import LLM, SamplingParams
 from mlaserve.runner.model_runner import ModelRunner
-from tests.tiny_models import build_tiny
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    return build_tiny("llama", tmp_path_factory.mktemp("llama"))
-
-
-@pytest.fixture(scope="module")
-def deepseek(tmp_path_factory):
-    return build_tiny("deepseek_v3", tmp_path_factory.mktemp("ds3"))
 
 
 def prompts(n: int, seed: int) -> list[dict]:

@@ -4,19 +4,9 @@ import pytest
 import torch
 
 from mlaserve import LLM, SamplingParams
-from tests.tiny_models import build_tiny, config_dict
+from tests.tiny_models import config_dict
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def deepseek(tmp_path_factory):
-    return build_tiny("deepseek_v3", tmp_path_factory.mktemp("ds3"))
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    return build_tiny("llama", tmp_path_factory.mktemp("llama"))
 
 
 def random_prompts(n: int, seed: int = 0, low: int = 8, high: int = 48) -> list[dict]:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mlaserve import LLM, SamplingParams
-from mlaserve.runner.model_runner import ModelRunner
+from tests.engine.test_async_scheduling import count_lookahead_launches
 from tests.tiny_models import build_tiny
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -24,14 +24,7 @@ def test_async_scheduling_matches_the_step_loop(tmp_path, monkeypatch, enforce_e
         SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (1, 2, 9, 33, 64, 70, 5, 40)
     ]
     params[3] = SamplingParams(temperature=0.8, top_k=20, max_tokens=33, seed=3, ignore_eos=True)
-    launches = [0]
-    launch = ModelRunner.launch
-
-    def counted(self, output, previous=None):
-        launches[0] += previous is not None
-        return launch(self, output, previous)
-
-    monkeypatch.setattr(ModelRunner, "launch", counted)
+    launches = count_lookahead_launches(monkeypatch)
     runs = {}
     for flag in (False, True):
         # max_num_seqs 4: requests wait for room, so lookahead both runs and gives way to admissions.
