@@ -100,7 +100,9 @@ class PrefillGraphs:
         size = self.sizes[bisect.bisect_left(self.sizes, len(batch.ids))]
         self._copied.synchronize()
         stage_prefill_inputs(batch, size, self.host_i64, self.host_small)
-        self.dev_i64[:, :size].copy_(self.host_i64[:, :size], non_blocking=True)
+        # Whole buffers, as the decode graphs copy theirs: a strided slice would be staged through pageable memory.
+        # Columns past `size` hold older entries that this graph never reads.
+        self.dev_i64.copy_(self.host_i64, non_blocking=True)
         self.dev_small.copy_(self.host_small, non_blocking=True)
         self._copied.record()
         self.graphs[size].replay()
