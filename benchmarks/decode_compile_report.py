@@ -45,9 +45,32 @@ FLOATS = {"scale_log2"}
 CONFIGS = [
     ("bf16 16 heads (default)", "bf16", dict(BLOCK_H=16, BLOCK_N=64), 8, 3),
     ("bf16 16 heads, 32-row tiles, 4 warps", "bf16", dict(BLOCK_H=16, BLOCK_N=32), 4, 3),
+    ("bf16 16 heads, page ahead", "bf16", dict(BLOCK_H=16, BLOCK_N=64, PAGE_AHEAD=True), 8, 3),
+    (
+        "bf16 16 heads, page ahead, 32-row tiles, 4 warps",
+        "bf16",
+        dict(BLOCK_H=16, BLOCK_N=32, PAGE_AHEAD=True),
+        4,
+        3,
+    ),
+    (
+        "bf16 16 heads, page ahead, 32-row tiles, 4 warps, 4 stages",
+        "bf16",
+        dict(BLOCK_H=16, BLOCK_N=32, PAGE_AHEAD=True),
+        4,
+        4,
+    ),
     ("fp8 16 heads (default)", "fp8", dict(BLOCK_H=16, BLOCK_N=32, PREFETCH=True, Q_F16=True), 4, 3),
     ("fp8 16 heads, pipeliner instead of prefetch", "fp8", dict(BLOCK_H=16, BLOCK_N=32, Q_F16=True), 4, 3),
     ("bf16 64 heads (default)", "bf16", dict(BLOCK_H=64, BLOCK_N=64), 8, 2),
+    ("bf16 64 heads, page ahead", "bf16", dict(BLOCK_H=64, BLOCK_N=64, PAGE_AHEAD=True), 8, 2),
+    (
+        "bf16 64 heads, page ahead, 32-row tiles, 3 stages",
+        "bf16",
+        dict(BLOCK_H=64, BLOCK_N=32, PAGE_AHEAD=True),
+        8,
+        3,
+    ),
 ]
 
 
@@ -56,7 +79,7 @@ def compile_stage1(
 ) -> triton.compiler.CompiledKernel:
     kernel = mla_decode._stage1
     consts = dict(PAGE=64, D_LAT=512, D_ROPE=64, PRECISION="tf32", QUANTIZED=cache != "bf16", TILE_IN_PAGE=True,
-                  PREFETCH=False, Q_F16=False) | constexprs  # fmt: skip
+                  PREFETCH=False, Q_F16=False, PAGE_AHEAD=False) | constexprs  # fmt: skip
     signature, attrs = {}, {}
     for index, name in enumerate(kernel.arg_names):
         if name in consts:

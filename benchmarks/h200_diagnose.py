@@ -15,6 +15,10 @@ skinny        the skinny-GEMM kernel against cuBLAS at V2-Lite's decode projecti
 decode_timing the memory-bound decode shapes timed eagerly (as the suite does) and as CUDA-graph replays (no host
               launch work in the timed span), three rounds each, bf16 and fp8 caches, to tell kernel time from
               launch overhead in the suite's run-to-run spread
+page_ahead    the decode kernel with the next tile's page looked up one tile ahead (the KV tile then gets two
+              shared-memory buffers), tile and warp variants, graph-replayed beside the defaults at the
+              memory-bound shapes, at short contexts under a split count sized for a long max_model_len (as the
+              engine's decode graphs run them), at batch 1 and at 128 heads; checked against the default's output
 overlap       lite batch 1 and 32 with asynchronous scheduling off and on: walls, lookahead launches, GPU busy
               time against its span and the idle gaps between kernels (torch.profiler), the host's CUDA calls
 host          where host time goes: torch.profiler over one batch-1 prefill of 512 tokens (CPU ops by self
@@ -370,6 +374,73 @@ def decode_timing() -> dict:
     return {"rows": rows}
 
 
+def page_ahead() -> dict:
+    """Decode variants with the page lookup one tile ahead, graph-replayed beside the defaults on the same inputs."""
+    from benchmarks.gpu_suite import LAT, paged_case
+    from mlaserve.attention.triton.mla_decode import mla_decode
+    from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
+
+    ahead32 = {"page_ahead": True, "block_n": 32, "num_warps": 4}
+    bf16_variants = [
+        {},
+        {"page_ahead": True},
+        ahead32,
+        {**ahead32, "num_warps": 8},
+        {**ahead32, "num_stages": 4},
+        {**ahead32, "partial_dtype": torch.bfloat16},
+        *({**ahead32, "num_splits": n} for n in (2, 3, 6, 8)),
+    ]
+    fp8_variants = [
+        {},
+        {"page_ahead": True, "prefetch": False},
+        {"page_ahead": True, "prefetch": False, "block_n": 64, "num_warps": 8},
+    ]
+    wide_variants = [{}, {"page_ahead": True}, {"page_ahead": True, "block_n": 32, "num_stages": 3}]
+    # (batch, heads, context, the max_seq_len the split count is sized for)
+    cases = [
+        (64, 16, 4096, 4096, True),
+        (128, 16, 8192, 8192, True),
+        (32, 16, 512, 8192, False),
+        (32, 16, 2048, 8192, False),
+        (1, 16, 4096, 16384, False),
+        (1, 16, 16384, 16384, False),
+        (64, 128, 4096, 4096, False),
+    ]
+    rows = []
+    for batch, heads, length, max_len, with_fp8 in cases:
+        q, cache, table, meta = paged_case(batch, heads, [length] * batch, 64, torch.bfloat16, 0)
+        runs = [("bf16", cache, bf16_variants if heads <= 16 else wide_variants)]
+        if with_fp8:
+            fp8 = quantize_rows(cache.view(-1, LAT + 64), QUANTIZED["fp8_e4m3"]).view(
+                *cache.shape[:3], LAT + 80
+            )
+            runs.append(("fp8_e4m3", fp8, fp8_variants))
+        bf16_ms = None
+        for name, kv, variants in runs:
+            args = (q, kv, table, meta.seq_lens, max_len, LAT, 0.07)
+            want = mla_decode(*args)[0].float()
+            for kw in variants:
+                label = {k: str(v) for k, v in kw.items()}
+                try:
+                    got = mla_decode(*args, **kw)[0].float()
+                    ms = bench_graph(lambda kw=kw, args=args: mla_decode(*args, **kw))
+                except Exception as err:  # a variant that does not compile is a result too
+                    rows.append(
+                        dict(B=batch, H=heads, L=length, cache=name, kwargs=label, error=repr(err)[:300])
+                    )
+                    print(json.dumps(rows[-1]), flush=True)
+                    continue
+                bf16_ms = ms if name == "bf16" and not kw else bf16_ms
+                row = dict(B=batch, H=heads, L=length, max_seq_len=max_len, cache=name, kwargs=label, graph_ms=ms,
+                           max_diff_vs_default=(got - want).abs().max().item(),
+                           latent_GBps=batch * length * (LAT + 64) * 2 / ms / 1e6, vs_bf16_default=ms / bf16_ms)  # fmt: skip
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        del runs, cache
+        torch.cuda.empty_cache()
+    return {"rows": rows}
+
+
 def logged_generate(llm, prompts: list, params) -> tuple[float, StepLog]:
     """(wall seconds, the step log) of one generate call; the prefix cache is emptied after, so repeats prefill."""
     with StepLog(llm.engine) as log:
@@ -585,6 +656,7 @@ def main() -> None:
                 "host": lambda: host(Path(tmp)),
                 "skinny": skinny,
                 "decode_timing": decode_timing,
+                "page_ahead": page_ahead,
                 "overlap": lambda: overlap(Path(tmp)),
             }[name]
             t = time.perf_counter()

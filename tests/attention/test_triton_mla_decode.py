@@ -71,9 +71,10 @@ def test_selector_refuses_triton_without_gpu_or_interpreter(monkeypatch):
         select_backend(torch.device("cpu"), "triton_mla")
 
 
+@pytest.mark.parametrize("loop", [{}, {"prefetch": False, "page_ahead": True}])
 @pytest.mark.parametrize("block_n", [16, 32])  # 32 spans two pages of 16: the row-by-row lookup path
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "int8"])
-def test_quantized_cache_matches_reference_on_the_same_rows(kv_dtype, block_n):
+def test_quantized_cache_matches_reference_on_the_same_rows(kv_dtype, block_n, loop):
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     dtype = QUANTIZED[kv_dtype]
@@ -82,15 +83,19 @@ def test_quantized_cache_matches_reference_on_the_same_rows(kv_dtype, block_n):
     rows = quantize_rows(cache.view(-1, LAT + ROPE), dtype).view(*cache.shape[:3], LAT + ROPE + 16)
     want, want_lse = TorchBackend().decode(q, rows, None, meta, 0.2, LAT, need_lse=True)
     got, lse = mla_decode(
-        q, rows, table, meta.seq_lens, max(seq_lens), LAT, 0.2, block_n=block_n, num_splits=2
+        q, rows, table, meta.seq_lens, max(seq_lens), LAT, 0.2, block_n=block_n, num_splits=2, **loop
     )
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(lse, want_lse, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
+# The tile loop's three forms: the next tile loaded into registers early (prefetch), the next tile's page looked up
+# early (page_ahead, only where a tile lies inside one page), and neither.
+@pytest.mark.parametrize(
+    "loop", [{"prefetch": False}, {"prefetch": True}, {"prefetch": False, "page_ahead": True}]
+)
 @pytest.mark.parametrize("page, block_n", [(16, 16), (32, 16), (16, 32)])
-def test_tiles_inside_or_across_pages(page, block_n, prefetch):
+def test_tiles_inside_or_across_pages(page, block_n, loop):
     """block_n dividing the page takes the one-lookup tile path; a tile spanning pages looks rows up one by one."""
     seq_lens, heads = [5, 70, 33], 16
     q, cache, table, meta = random_case(seq_lens, heads, page, seed=page + block_n)
@@ -105,7 +110,7 @@ def test_tiles_inside_or_across_pages(page, block_n, prefetch):
         0.2,
         block_n=block_n,
         num_splits=3,
-        prefetch=prefetch,
+        **loop,
     )
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(lse, want_lse, atol=2e-5, rtol=2e-5)

@@ -19,6 +19,27 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _page_of(BlockTable, b, n0, end, stride_bt, PAGE: tl.constexpr):
+    """The cache page that holds row n0 of sequence b (page 0, never read, once n0 is past `end`)."""
+    return tl.load(BlockTable + b * stride_bt + n0 // PAGE, mask=n0 < end, other=0).to(tl.int64)
+
+
+@triton.jit
+def _load_rows(
+    base, ok, D_LAT: tl.constexpr, D_ROPE: tl.constexpr, BLOCK_N: tl.constexpr, QUANTIZED: tl.constexpr
+):  # fmt: skip
+    """The rows at pointers `base` (masked by `ok`): latent part, rope part, the 8-bit row scales."""
+    row = base[:, None]
+    k = tl.load(row + tl.arange(0, D_LAT)[None, :], mask=ok[:, None], other=0.0)
+    k_pe = tl.load(row + D_LAT + tl.arange(0, D_ROPE)[None, :], mask=ok[:, None], other=0.0)
+    if QUANTIZED:  # 8-bit row: values, then the row's float32 scale (kvcache/quant.py)
+        scale = tl.load((base + D_LAT + D_ROPE).to(tl.pointer_type(tl.float32)), mask=ok, other=0.0)
+    else:
+        scale = tl.full([BLOCK_N], 1.0, tl.float32)
+    return k, k_pe, scale
+
+
+@triton.jit
 def _load_tile(
     KV, BlockTable, b, n0, end, stride_kv, stride_bt,
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -28,18 +49,12 @@ def _load_tile(
     pos = n0 + tl.arange(0, BLOCK_N)
     ok = pos < end
     if TILE_IN_PAGE:  # the tile is one run of rows inside a page: one table lookup, contiguous rows
-        page = tl.load(BlockTable + b * stride_bt + n0 // PAGE, mask=n0 < end, other=0).to(tl.int64)
+        page = _page_of(BlockTable, b, n0, end, stride_bt, PAGE)
         base = KV + (page * PAGE + n0 % PAGE + tl.arange(0, BLOCK_N)) * stride_kv
     else:
         page = tl.load(BlockTable + b * stride_bt + pos // PAGE, mask=ok, other=0)
         base = KV + (page.to(tl.int64) * PAGE + pos % PAGE) * stride_kv
-    row = base[:, None]
-    k = tl.load(row + tl.arange(0, D_LAT)[None, :], mask=ok[:, None], other=0.0)
-    k_pe = tl.load(row + D_LAT + tl.arange(0, D_ROPE)[None, :], mask=ok[:, None], other=0.0)
-    if QUANTIZED:  # 8-bit row: values, then the row's float32 scale (kvcache/quant.py)
-        scale = tl.load((base + D_LAT + D_ROPE).to(tl.pointer_type(tl.float32)), mask=ok, other=0.0)
-    else:
-        scale = tl.full([BLOCK_N], 1.0, tl.float32)
+    k, k_pe, scale = _load_rows(base, ok, D_LAT, D_ROPE, BLOCK_N, QUANTIZED)
     return k, k_pe, scale, ok
 
 
@@ -78,7 +93,7 @@ def _stage1(
     num_heads, scale_log2, num_splits,
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
-    TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr,
+    TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr, PAGE_AHEAD: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -118,6 +133,20 @@ def _stage1(
                 q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED
             )
             k, k_pe, scale, ok = k_next, kpe_next, scale_next, ok_next
+    elif PAGE_AHEAD:
+        # The page of tile i + 1 is looked up while tile i is worked on. With the lookup in the same iteration as
+        # the tile's load, Triton's pipeliner spends a stage on it and gives the tile one shared-memory buffer
+        # (compiled for sm_90: benchmarks/decode_compile_report.py); one tile ahead, the tile gets two.
+        page = _page_of(BlockTable, b, start, end, stride_bt, PAGE)
+        for n0 in range(start, end, BLOCK_N):
+            page_next = _page_of(BlockTable, b, n0 + BLOCK_N, end, stride_bt, PAGE)
+            ok = n0 + tl.arange(0, BLOCK_N) < end
+            base = KV + (page * PAGE + n0 % PAGE + tl.arange(0, BLOCK_N)) * stride_kv
+            k, k_pe, scale = _load_rows(base, ok, D_LAT, D_ROPE, BLOCK_N, QUANTIZED)
+            m, l_sum, acc = _attend_tile(
+                q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED
+            )
+            page = page_next
     else:
         for n0 in range(start, end, BLOCK_N):
             k, k_pe, scale, ok = _load_tile(
@@ -204,6 +233,7 @@ def mla_decode(
     partial_dtype: torch.dtype = torch.float32,
     q_f16: bool | None = None,
     q_pe: torch.Tensor | None = None,
+    page_ahead: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, H, kv_lora_rank + rope], or [B, H, kv_lora_rank] with the rope part in q_pe [B, H, rope] (views
     of other tensors are fine, only the last dimension must be contiguous); kv_cache: [blocks, page, 1,
@@ -255,6 +285,7 @@ def mla_decode(
         QUANTIZED=is_quantized(kv_cache.dtype), TILE_IN_PAGE=page % block_n == 0,
         PREFETCH=is_quantized(kv_cache.dtype) if prefetch is None else prefetch,
         Q_F16=q_f16 and is_quantized(kv_cache.dtype),
+        PAGE_AHEAD=bool(page_ahead) and page % block_n == 0,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
