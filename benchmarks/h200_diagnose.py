@@ -19,6 +19,8 @@ page_ahead    the decode kernel with the next tile's page looked up one tile ahe
               shared-memory buffers), tile and warp variants, graph-replayed beside the defaults at the
               memory-bound shapes, at short contexts under a split count sized for a long max_model_len (as the
               engine's decode graphs run them), at batch 1 and at 128 heads; checked against the default's output
+decode_options the same cases: today's decode defaults against each option off (pdl, page_ahead) and against
+              the defaults before page_ahead
 overlap       lite batch 1 and 32 with asynchronous scheduling off and on: walls, lookahead launches, GPU busy
               time against its span and the idle gaps between kernels (torch.profiler), the host's CUDA calls
 host          where host time goes: torch.profiler over one batch-1 prefill of 512 tokens (CPU ops by self
@@ -374,40 +376,30 @@ def decode_timing() -> dict:
     return {"rows": rows}
 
 
-def page_ahead() -> dict:
-    """Decode variants with the page lookup one tile ahead, graph-replayed beside the defaults on the same inputs."""
+# (batch, heads, context, the max_seq_len the split count is sized for, whether to time an fp8 cache too)
+DECODE_CASES = [
+    (64, 16, 4096, 4096, True),
+    (128, 16, 8192, 8192, True),
+    (32, 16, 512, 8192, False),
+    (32, 16, 2048, 8192, False),
+    (1, 16, 4096, 16384, False),
+    (1, 16, 16384, 16384, False),
+    (64, 128, 4096, 4096, False),
+]
+# The defaults before page_ahead (5b4c9a8, whose run labelled them {}); pdl did not exist yet.
+OLD_DEFAULTS = {"page_ahead": False, "block_n": 64, "num_warps": 8, "pdl": False}
+
+
+def decode_variants(bf16_variants: list, fp8_variants: list, wide_variants: list) -> dict:
+    """Decode kernel variants graph-replayed on the same inputs at DECODE_CASES, each checked against the first
+    variant's output; the 16-head cases take bf16_variants (and fp8_variants on an fp8 cache), 128 heads
+    wide_variants."""
     from benchmarks.gpu_suite import LAT, paged_case
     from mlaserve.attention.triton.mla_decode import mla_decode
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
-    ahead32 = {"page_ahead": True, "block_n": 32, "num_warps": 4}
-    bf16_variants = [
-        {},
-        {"page_ahead": True},
-        ahead32,
-        {**ahead32, "num_warps": 8},
-        {**ahead32, "num_stages": 4},
-        {**ahead32, "partial_dtype": torch.bfloat16},
-        *({**ahead32, "num_splits": n} for n in (2, 3, 6, 8)),
-    ]
-    fp8_variants = [
-        {},
-        {"page_ahead": True, "prefetch": False},
-        {"page_ahead": True, "prefetch": False, "block_n": 64, "num_warps": 8},
-    ]
-    wide_variants = [{}, {"page_ahead": True}, {"page_ahead": True, "block_n": 32, "num_stages": 3}]
-    # (batch, heads, context, the max_seq_len the split count is sized for)
-    cases = [
-        (64, 16, 4096, 4096, True),
-        (128, 16, 8192, 8192, True),
-        (32, 16, 512, 8192, False),
-        (32, 16, 2048, 8192, False),
-        (1, 16, 4096, 16384, False),
-        (1, 16, 16384, 16384, False),
-        (64, 128, 4096, 4096, False),
-    ]
     rows = []
-    for batch, heads, length, max_len, with_fp8 in cases:
+    for batch, heads, length, max_len, with_fp8 in DECODE_CASES:
         q, cache, table, meta = paged_case(batch, heads, [length] * batch, 64, torch.bfloat16, 0)
         runs = [("bf16", cache, bf16_variants if heads <= 16 else wide_variants)]
         if with_fp8:
@@ -418,7 +410,7 @@ def page_ahead() -> dict:
         bf16_ms = None
         for name, kv, variants in runs:
             args = (q, kv, table, meta.seq_lens, max_len, LAT, 0.07)
-            want = mla_decode(*args)[0].float()
+            want = mla_decode(*args, **variants[0])[0].float()
             for kw in variants:
                 label = {k: str(v) for k, v in kw.items()}
                 try:
@@ -430,15 +422,56 @@ def page_ahead() -> dict:
                     )
                     print(json.dumps(rows[-1]), flush=True)
                     continue
-                bf16_ms = ms if name == "bf16" and not kw else bf16_ms
+                bf16_ms = bf16_ms if bf16_ms is not None else ms
                 row = dict(B=batch, H=heads, L=length, max_seq_len=max_len, cache=name, kwargs=label, graph_ms=ms,
-                           max_diff_vs_default=(got - want).abs().max().item(),
-                           latent_GBps=batch * length * (LAT + 64) * 2 / ms / 1e6, vs_bf16_default=ms / bf16_ms)  # fmt: skip
+                           max_diff_vs_first=(got - want).abs().max().item(),
+                           latent_GBps=batch * length * (LAT + 64) * 2 / ms / 1e6, vs_bf16_first=ms / bf16_ms)  # fmt: skip
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         del runs, cache
         torch.cuda.empty_cache()
     return {"rows": rows}
+
+
+def page_ahead() -> dict:
+    """The page lookup one tile ahead, with tile, warp, stage, split and partial-dtype variants."""
+    ahead32 = {"page_ahead": True, "block_n": 32, "num_warps": 4, "pdl": False}
+    return decode_variants(
+        bf16_variants=[
+            OLD_DEFAULTS,
+            {"page_ahead": True, "pdl": False},
+            ahead32,
+            {**ahead32, "num_warps": 8},
+            {**ahead32, "num_stages": 4},
+            {**ahead32, "partial_dtype": torch.bfloat16},
+            *({**ahead32, "num_splits": n} for n in (2, 3, 6, 8)),
+        ],
+        fp8_variants=[
+            {"pdl": False},
+            {"page_ahead": True, "prefetch": False, "pdl": False},
+            {"page_ahead": True, "prefetch": False, "block_n": 64, "num_warps": 8, "pdl": False},
+        ],
+        wide_variants=[
+            {"pdl": False},
+            {"page_ahead": True, "pdl": False},
+            {"page_ahead": True, "block_n": 32, "num_stages": 3, "pdl": False},
+        ],
+    )
+
+
+def decode_options() -> dict:
+    """Today's defaults against each option turned off and against the defaults before page_ahead."""
+    return decode_variants(
+        bf16_variants=[
+            {},
+            {"pdl": False},
+            {"page_ahead": False},
+            OLD_DEFAULTS,
+            {"partial_dtype": torch.bfloat16},
+        ],
+        fp8_variants=[{}, {"pdl": False}],
+        wide_variants=[{}, {"pdl": False}],
+    )
 
 
 def logged_generate(llm, prompts: list, params) -> tuple[float, StepLog]:
@@ -657,6 +690,7 @@ def main() -> None:
                 "skinny": skinny,
                 "decode_timing": decode_timing,
                 "page_ahead": page_ahead,
+                "decode_options": decode_options,
                 "overlap": lambda: overlap(Path(tmp)),
             }[name]
             t = time.perf_counter()

@@ -8,10 +8,12 @@ callers can merge further partial results (chunked context, sparse attention).
 """
 
 import math
+import os
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from mlaserve.kvcache.quant import is_quantized
 
@@ -94,7 +96,12 @@ def _stage1(
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
     TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr, PAGE_AHEAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    # Programmatic dependent launch: once every program here has made this call (all have started), the merge
+    # grid may be placed beside them; it waits in gdc_wait for this grid to finish.
+    if PDL:
+        gdc_launch_dependents()
     b = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     split = tl.program_id(2)
@@ -172,8 +179,11 @@ def _stage2(
     MidO, MidLse, Out, Lse,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, stride_lb,
     num_splits,
-    D_LAT: tl.constexpr, BLOCK_S: tl.constexpr,
+    D_LAT: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    # Launched early, beside stage 1's last programs: wait until they finish and their stores are seen.
+    if PDL:
+        gdc_wait()
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
@@ -216,6 +226,15 @@ def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms
     return next(n for n in range(1, most + 1) if fill(n) >= 0.95 * best)
 
 
+def programmatic_launch(device: torch.device) -> bool:
+    """Whether the merge can be launched with programmatic dependent launch: compiled kernels (not the interpreter)
+    on Hopper or later. Its launch and start-up then overlap the split kernel's last programs instead of following
+    them."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def mla_decode(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -234,6 +253,7 @@ def mla_decode(
     q_f16: bool | None = None,
     q_pe: torch.Tensor | None = None,
     page_ahead: bool | None = None,
+    pdl: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, H, kv_lora_rank + rope], or [B, H, kv_lora_rank] with the rope part in q_pe [B, H, rope] (views
     of other tensors are fine, only the last dimension must be contiguous); kv_cache: [blocks, page, 1,
@@ -245,7 +265,11 @@ def mla_decode(
     partial_dtype: how the per-split partial outputs are stored for the merge (their traffic is ~10% of the
     cache's at 8 splits of a 4,096 context; bf16 was no faster in the sweep, so float32 stays the default).
     q_f16: 8-bit caches only, run the dots in fp16 instead of bf16 (default: on at 16 heads per program when q is
-    16-bit). block_n and num_warps default by cache type (see below).
+    16-bit). page_ahead: look the next tile's page up while working on this one, so Triton's pipeliner gives the
+    tile two shared-memory buffers (default: on at 16 heads per program with 16-bit caches; the prefetching
+    8-bit loop already loads ahead, and the 64-head kernel was 2% slower with it). block_n and num_warps default by
+    cache type and grid size (see below). pdl: launch the merge with programmatic dependent launch (default: on
+    Hopper and later, compiled).
 
     Defaults come from the H200 sweep in benchmarks/gpu_suite.py --tune: 16 heads per program when there are few
     (memory-bound: one latent read per 16 heads), 64 with many (each latent tile then feeds 64 heads' dots)."""
@@ -255,13 +279,12 @@ def mla_decode(
     batch, heads, _ = q.shape
     if block_h is None:
         block_h = 16 if heads <= 16 else 32 if heads < 64 else 64
+    quantized = is_quantized(kv_cache.dtype)
     # 8-bit tiles are widened in registers; at 16 heads per program that conversion, not HBM, bounds the
     # kernel, and smaller tiles with fewer warps and fp16 dots (a cheaper widening) were fastest: fp8 at (B, L)
     # = (64, 4,096) took 0.140 ms against 0.181 ms with the bf16-cache defaults (benchmarks/results/
     # decode-sweep-h200-2026-11-30b.json). The 64-head kernel keeps the measured defaults of bf16 caches.
-    light = is_quantized(kv_cache.dtype) and block_h <= 16
-    block_n = block_n or (32 if light else 64)
-    num_warps = num_warps or (4 if light else 8)
+    light = quantized and block_h <= 16
     q_f16 = light and q.dtype != torch.float32 if q_f16 is None else q_f16  # fp32 models keep fp32 dots
     if num_stages is None:
         num_stages = 3 if block_h <= 16 else 2
@@ -269,9 +292,26 @@ def mla_decode(
     d_rope = q_pe.shape[-1]
     row = kv_cache.shape[-1]  # width, or width + a 16-byte scale tail for 8-bit rows
     head_groups = triton.cdiv(heads, block_h)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+    if page_ahead is None:
+        page_ahead = block_h <= 16 and not quantized
+    if light:
+        block_n, num_warps = block_n or 32, num_warps or 4
+    elif block_h <= 16 and page_ahead:
+        # 16-bit tiles, two buffers each (page ahead). On an H200 (results/h200-diagnose-2026-11-30-pageahead.json,
+        # graph replays), 32-row tiles with 4 warps fit two programs per SM and were fastest once the grid fills
+        # the GPU: (B, L) = (64, 4,096) 0.093 ms against 0.097 for the 64-row single-buffered default, (128,
+        # 8,192) 0.308 against 0.321, batch 32 at 512 / 2,048 even. A grid under one program per SM (batch 1)
+        # wants 64-row tiles and 8 warps: 0.023 ms against 0.025 (32 rows) and 0.028 (old default) at 16,384.
+        wide = num_splits or num_splits_for(batch, head_groups, max_seq_len, 64, sms, block_h)
+        small = batch * head_groups * wide < sms
+        block_n, num_warps = block_n or (64 if small else 32), num_warps or (8 if small else 4)
+    else:
+        block_n, num_warps = block_n or 64, num_warps or 8
     if num_splits is None:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
         num_splits = num_splits_for(batch, head_groups, max_seq_len, block_n, sms, block_h)
+    if pdl is None:
+        pdl = programmatic_launch(q.device)
     mid_o = torch.empty(batch, heads, num_splits, kv_lora_rank, dtype=partial_dtype, device=q.device)
     mid_lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
     kv = kv_cache.view(-1, row)
@@ -282,10 +322,10 @@ def mla_decode(
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         heads, scale * LOG2E, num_splits,
         PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=block_n, PRECISION=precision,
-        QUANTIZED=is_quantized(kv_cache.dtype), TILE_IN_PAGE=page % block_n == 0,
-        PREFETCH=is_quantized(kv_cache.dtype) if prefetch is None else prefetch,
-        Q_F16=q_f16 and is_quantized(kv_cache.dtype),
-        PAGE_AHEAD=bool(page_ahead) and page % block_n == 0,
+        QUANTIZED=quantized, TILE_IN_PAGE=page % block_n == 0,
+        PREFETCH=quantized if prefetch is None else prefetch,
+        Q_F16=q_f16 and quantized,
+        PAGE_AHEAD=page_ahead and page % block_n == 0, PDL=pdl,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
@@ -294,6 +334,7 @@ def mla_decode(
         mid_o, mid_lse, out, lse,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1), lse.stride(0),
-        num_splits, D_LAT=kv_lora_rank, BLOCK_S=triton.next_power_of_2(num_splits),
+        num_splits, D_LAT=kv_lora_rank, BLOCK_S=triton.next_power_of_2(num_splits), PDL=pdl,
+        **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
     return out, lse

@@ -1,0 +1,70 @@
+"""On a GPU (skipped in CI): the compiled MLA decode kernel at DeepSeek's real widths (512 + 64), in the
+configurations its defaults pick on Hopper (page lookup one tile ahead, 32- or 64-row tiles by grid size, the merge
+on programmatic dependent launch) and with each option off, against the torch reference, eagerly and replayed from
+a CUDA graph. The CPU suite checks the same code paths under the interpreter at tiny widths, where programmatic
+launch cannot run."""
+
+import pytest
+import torch
+
+from mlaserve.attention.metadata import build_metadata
+from mlaserve.attention.torch_ref import TorchBackend
+from mlaserve.attention.triton.mla_decode import mla_decode
+from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+LAT, ROPE, PAGE = 512, 64, 64
+
+
+def paged(lengths: list[int], heads: int, seed: int):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    pages = [-(-n // PAGE) for n in lengths]
+    cache = torch.randn(sum(pages) + 1, PAGE, 1, LAT + ROPE, generator=gen, device="cuda").bfloat16()
+    order = (torch.randperm(sum(pages), generator=gen, device="cuda") + 1).int()
+    table = torch.zeros(len(lengths), max(pages), dtype=torch.int32, device="cuda")
+    used = 0
+    for i, n in enumerate(pages):
+        table[i, :n] = order[used : used + n]
+        used += n
+    q = torch.randn(len(lengths), heads, LAT + ROPE, generator=gen, device="cuda").bfloat16()
+    meta = build_metadata(
+        PAGE,
+        table,
+        [1] * len(lengths),
+        lengths,
+        len(lengths),
+        torch.zeros(0, dtype=torch.long, device="cuda"),
+    )
+    return q, cache, table, meta
+
+
+@pytest.mark.parametrize("batch", [1, 48])  # a grid under one program per SM, and one that fills the GPU
+@pytest.mark.parametrize(
+    "options", [{}, {"pdl": False}, {"page_ahead": False}, {"block_n": 64, "num_warps": 8}]
+)
+@pytest.mark.parametrize("kv", ["bf16", "fp8_e4m3"])
+def test_matches_reference_eager_and_in_a_graph(batch, options, kv):
+    gen = torch.Generator().manual_seed(batch)
+    lengths = torch.randint(1, 3000, (batch,), generator=gen).tolist()
+    q, cache, table, meta = paged(lengths, 16, seed=batch)
+    if kv != "bf16":
+        cache = quantize_rows(cache.view(-1, LAT + ROPE), QUANTIZED[kv]).view(
+            *cache.shape[:3], LAT + ROPE + 16
+        )
+    want, want_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
+    # The split count sized for a longer max_model_len than any sequence, as the engine's decode graphs run it.
+    call = lambda: mla_decode(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, **options)  # noqa: E731
+    got, lse = call()
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, want_lse, atol=2e-3, rtol=2e-3)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed, replayed_lse = call()
+    q.copy_(torch.randn_like(q))  # the replay must read the new queries, so its result has to change
+    want, want_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(replayed.float(), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(replayed_lse, want_lse, atol=2e-3, rtol=2e-3)
