@@ -19,7 +19,7 @@ page_ahead    the decode kernel with the next tile's page looked up one tile ahe
               shared-memory buffers), tile and warp variants, graph-replayed beside the defaults at the
               memory-bound shapes, at short contexts under a split count sized for a long max_model_len (as the
               engine's decode graphs run them), at batch 1 and at 128 heads; checked against the default's output
-decode_options the same cases: today's decode defaults against each option off (pdl, page_ahead) and against
+decode_options the same cases: today's decode defaults against page_ahead off and against
               the defaults before page_ahead
 overlap       lite batch 1 and 32 with asynchronous scheduling off and on: walls, lookahead launches, GPU busy
               time against its span and the idle gaps between kernels (torch.profiler), the host's CUDA calls
@@ -386,8 +386,8 @@ DECODE_CASES = [
     (1, 16, 16384, 16384, False),
     (64, 128, 4096, 4096, False),
 ]
-# The defaults before page_ahead (5b4c9a8, whose run labelled them {}); pdl did not exist yet.
-OLD_DEFAULTS = {"page_ahead": False, "block_n": 64, "num_warps": 8, "pdl": False}
+# The defaults before page_ahead (5b4c9a8, whose run labelled them {}).
+OLD_DEFAULTS = {"page_ahead": False, "block_n": 64, "num_warps": 8}
 
 
 def decode_variants(bf16_variants: list, fp8_variants: list, wide_variants: list) -> dict:
@@ -435,11 +435,11 @@ def decode_variants(bf16_variants: list, fp8_variants: list, wide_variants: list
 
 def page_ahead() -> dict:
     """The page lookup one tile ahead, with tile, warp, stage, split and partial-dtype variants."""
-    ahead32 = {"page_ahead": True, "block_n": 32, "num_warps": 4, "pdl": False}
+    ahead32 = {"page_ahead": True, "block_n": 32, "num_warps": 4}
     return decode_variants(
         bf16_variants=[
             OLD_DEFAULTS,
-            {"page_ahead": True, "pdl": False},
+            {"page_ahead": True},
             ahead32,
             {**ahead32, "num_warps": 8},
             {**ahead32, "num_stages": 4},
@@ -447,30 +447,26 @@ def page_ahead() -> dict:
             *({**ahead32, "num_splits": n} for n in (2, 3, 6, 8)),
         ],
         fp8_variants=[
-            {"pdl": False},
-            {"page_ahead": True, "prefetch": False, "pdl": False},
-            {"page_ahead": True, "prefetch": False, "block_n": 64, "num_warps": 8, "pdl": False},
+            {},
+            {"page_ahead": True, "prefetch": False},
+            {"page_ahead": True, "prefetch": False, "block_n": 64, "num_warps": 8},
         ],
         wide_variants=[
-            {"pdl": False},
-            {"page_ahead": True, "pdl": False},
-            {"page_ahead": True, "block_n": 32, "num_stages": 3, "pdl": False},
+            {},
+            {"page_ahead": True},
+            {"page_ahead": True, "block_n": 32, "num_stages": 3},
         ],
     )
 
 
 def decode_options() -> dict:
-    """Today's defaults against each option turned off and against the defaults before page_ahead."""
+    """Today's defaults against page_ahead off and against the defaults before it. The run at f5fa3ce
+    (results/h200-diagnose-2026-11-30-options.json) also timed the merge on programmatic dependent launch, since
+    removed: 3-5% faster at batch 1, even at the large shapes, 1.5-3% slower at batch 32 with short contexts."""
     return decode_variants(
-        bf16_variants=[
-            {},
-            {"pdl": False},
-            {"page_ahead": False},
-            OLD_DEFAULTS,
-            {"partial_dtype": torch.bfloat16},
-        ],
-        fp8_variants=[{}, {"pdl": False}],
-        wide_variants=[{}, {"pdl": False}],
+        bf16_variants=[{}, {"page_ahead": False}, OLD_DEFAULTS, {"partial_dtype": torch.bfloat16}],
+        fp8_variants=[{}],
+        wide_variants=[{}],
     )
 
 

@@ -8,12 +8,10 @@ callers can merge further partial results (chunked context, sparse attention).
 """
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from mlaserve.kvcache.quant import is_quantized
 
@@ -96,12 +94,7 @@ def _stage1(
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
     TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr, PAGE_AHEAD: tl.constexpr,
-    PDL: tl.constexpr,
 ):  # fmt: skip
-    # Programmatic dependent launch: once every program here has made this call (all have started), the merge
-    # grid may be placed beside them; it waits in gdc_wait for this grid to finish.
-    if PDL:
-        gdc_launch_dependents()
     b = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     split = tl.program_id(2)
@@ -179,11 +172,8 @@ def _stage2(
     MidO, MidLse, Out, Lse,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, stride_lb,
     num_splits,
-    D_LAT: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+    D_LAT: tl.constexpr, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
-    # Launched early, beside stage 1's last programs: wait until they finish and their stores are seen.
-    if PDL:
-        gdc_wait()
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
@@ -226,15 +216,6 @@ def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms
     return next(n for n in range(1, most + 1) if fill(n) >= 0.95 * best)
 
 
-def programmatic_launch(device: torch.device) -> bool:
-    """Whether the merge can be launched with programmatic dependent launch: compiled kernels (not the interpreter)
-    on Hopper or later. Its launch and start-up then overlap the split kernel's last programs instead of following
-    them."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
-
-
 def mla_decode(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -253,7 +234,6 @@ def mla_decode(
     q_f16: bool | None = None,
     q_pe: torch.Tensor | None = None,
     page_ahead: bool | None = None,
-    pdl: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, H, kv_lora_rank + rope], or [B, H, kv_lora_rank] with the rope part in q_pe [B, H, rope] (views
     of other tensors are fine, only the last dimension must be contiguous); kv_cache: [blocks, page, 1,
@@ -268,8 +248,7 @@ def mla_decode(
     16-bit). page_ahead: look the next tile's page up while working on this one, so Triton's pipeliner gives the
     tile two shared-memory buffers (default: on at 16 heads per program with 16-bit caches; the prefetching
     8-bit loop already loads ahead, and the 64-head kernel was 2% slower with it). block_n and num_warps default by
-    cache type and grid size (see below). pdl: launch the merge with programmatic dependent launch (default: on
-    Hopper and later, compiled).
+    cache type and grid size (see below).
 
     Defaults come from the H200 sweep in benchmarks/gpu_suite.py --tune: 16 heads per program when there are few
     (memory-bound: one latent read per 16 heads), 64 with many (each latent tile then feeds 64 heads' dots)."""
@@ -310,8 +289,6 @@ def mla_decode(
         block_n, num_warps = block_n or 64, num_warps or 8
     if num_splits is None:
         num_splits = num_splits_for(batch, head_groups, max_seq_len, block_n, sms, block_h)
-    if pdl is None:
-        pdl = programmatic_launch(q.device)
     mid_o = torch.empty(batch, heads, num_splits, kv_lora_rank, dtype=partial_dtype, device=q.device)
     mid_lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
     kv = kv_cache.view(-1, row)
@@ -325,7 +302,7 @@ def mla_decode(
         QUANTIZED=quantized, TILE_IN_PAGE=page % block_n == 0,
         PREFETCH=quantized if prefetch is None else prefetch,
         Q_F16=q_f16 and quantized,
-        PAGE_AHEAD=page_ahead and page % block_n == 0, PDL=pdl,
+        PAGE_AHEAD=page_ahead and page % block_n == 0,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
@@ -334,7 +311,6 @@ def mla_decode(
         mid_o, mid_lse, out, lse,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1), lse.stride(0),
-        num_splits, D_LAT=kv_lora_rank, BLOCK_S=triton.next_power_of_2(num_splits), PDL=pdl,
-        **({"launch_pdl": True} if pdl else {}),
+        num_splits, D_LAT=kv_lora_rank, BLOCK_S=triton.next_power_of_2(num_splits),
     )  # fmt: skip
     return out, lse
