@@ -21,6 +21,9 @@ page_ahead    the decode kernel with the next tile's page looked up one tile ahe
               engine's decode graphs run them), at batch 1 and at 128 heads; checked against the default's output
 decode_options the same cases: today's decode defaults against page_ahead off and against
               the defaults before page_ahead
+decode_breakdown the default decode at batch 64 over contexts 1,024-16,384 and at (128, 16, 8,192): graph replay
+              time against the split and merge kernels' own durations (torch.profiler), for fitting the
+              streaming rate and the fixed cost of a call
 overlap       lite batch 1 and 32 with asynchronous scheduling off and on: walls, lookahead launches, GPU busy
               time against its span and the idle gaps between kernels (torch.profiler), the host's CUDA calls
 host          where host time goes: torch.profiler over one batch-1 prefill of 512 tokens (CPU ops by self
@@ -470,6 +473,47 @@ def decode_options() -> dict:
     )
 
 
+def decode_breakdown() -> dict:
+    """Where a decode call's time goes, default configuration, bf16 cache: the graph replay's median against the
+    split kernel's and the merge kernel's own durations (torch.profiler over replays of the same graph), over a
+    sweep of context lengths at batch 64 and the (128, 16, 8,192) shape. Fitting time against bytes read separates
+    the streaming rate from the fixed cost of a call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.gpu_suite import LAT, paged_case
+    from mlaserve.attention.triton.mla_decode import mla_decode
+
+    rows = []
+    for batch, length in ((64, 1024), (64, 2048), (64, 4096), (64, 8192), (64, 16384), (128, 8192)):
+        q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, 0)
+        args = (q, cache, table, meta.seq_lens, length, LAT, 0.07)
+        call = lambda args=args: mla_decode(*args)  # noqa: E731
+        replay_ms = bench_graph(call)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+        graph.replay()
+        torch.cuda.synchronize()
+        replays = 50
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(replays):
+                graph.replay()
+            torch.cuda.synchronize()
+        kernels = {
+            e.key: e.self_device_time_total / replays for e in prof.key_averages() if e.self_device_time_total
+        }
+        stage1 = sum(us for name, us in kernels.items() if "_stage1" in name)
+        stage2 = sum(us for name, us in kernels.items() if "_stage2" in name)
+        row = dict(B=batch, L=length, MB_read=batch * length * (LAT + 64) * 2 / 1e6, graph_us=replay_ms * 1e3,
+                   stage1_us=stage1, stage2_us=stage2, gaps_us=replay_ms * 1e3 - stage1 - stage2,
+                   kernels={k[:80]: round(v, 2) for k, v in kernels.items()})  # fmt: skip
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del graph, call, args, cache
+        torch.cuda.empty_cache()
+    return {"rows": rows}
+
+
 def logged_generate(llm, prompts: list, params) -> tuple[float, StepLog]:
     """(wall seconds, the step log) of one generate call; the prefix cache is emptied after, so repeats prefill."""
     with StepLog(llm.engine) as log:
@@ -687,6 +731,7 @@ def main() -> None:
                 "decode_timing": decode_timing,
                 "page_ahead": page_ahead,
                 "decode_options": decode_options,
+                "decode_breakdown": decode_breakdown,
                 "overlap": lambda: overlap(Path(tmp)),
             }[name]
             t = time.perf_counter()
