@@ -85,8 +85,36 @@ def timed_walls(llm, prompts: list, params, repeats: int) -> tuple[list[float], 
     return walls, outs
 
 
-def bench(fn) -> float:
-    """Median milliseconds (CUDA events, cache flushed between runs)."""
+def bench(fn, warmup_ms: float = 25, rep_ms: float = 100) -> float:
+    """Median milliseconds of fn, CUDA events around each run, L2 emptied before each run by reading a 256 MiB
+    buffer. (triton.testing.do_bench empties it by zeroing a buffer, which leaves L2 full of dirty lines that the
+    timed kernels then write back: on an H200 that added 7-12 us to a 0.1 ms decode call, results/h200-diagnose-
+    2026-11-30-flush.json.)"""
+    flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda").fill_(1)
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        flush.amax()
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = max(start.elapsed_time(end) / 5, 1e-3)
+    for _ in range(max(1, int(warmup_ms / estimate))):
+        fn()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(max(5, int(rep_ms / estimate)))]  # fmt: skip
+    for start, end in events:
+        flush.amax()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return sorted(s.elapsed_time(e) for s, e in events)[len(events) // 2]
+
+
+def bench_dirty(fn) -> float:
+    """triton.testing.do_bench's median: L2 emptied by zeroing a buffer (dirty lines) before each run."""
     import triton.testing
 
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")

@@ -24,6 +24,8 @@ decode_options the same cases: today's decode defaults against page_ahead off an
 decode_breakdown the default decode at batch 64 over contexts 1,024-16,384 and at (128, 16, 8,192): graph replay
               time against the split and merge kernels' own durations (torch.profiler), for fitting the
               streaming rate and the fixed cost of a call
+decode_flush  the decode record shapes and the copy ceiling timed with L2 emptied by a read (the suite's bench), by
+              zeroing a buffer (triton's do_bench) and not at all (back-to-back graph replays)
 overlap       lite batch 1 and 32 with asynchronous scheduling off and on: walls, lookahead launches, GPU busy
               time against its span and the idle gaps between kernels (torch.profiler), the host's CUDA calls
 host          where host time goes: torch.profiler over one batch-1 prefill of 512 tokens (CPU ops by self
@@ -514,6 +516,56 @@ def decode_breakdown() -> dict:
     return {"rows": rows}
 
 
+def decode_flush() -> dict:
+    """How emptying L2 between timed runs moves the figures: the suite's bench (a read of 256 MiB), triton's
+    do_bench (a 256 MiB buffer zeroed: dirty lines the timed kernels must write back first) and back-to-back graph
+    replays (no emptying; 100 replays between two events), for the decode record shapes and the copy ceiling."""
+    from benchmarks.gpu_suite import LAT, bench_dirty, paged_case
+    from mlaserve.attention.triton.mla_decode import mla_decode
+    from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
+
+    def back_to_back(graph: torch.cuda.CUDAGraph, n: int = 100) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        graph.replay()
+        start.record()
+        for _ in range(n):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / n
+
+    rows = []
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    copy = lambda pair=(dst, src): pair[0].copy_(pair[1])  # noqa: E731
+    rows.append(dict(case="copy 1 GiB", read_flush_ms=bench(copy), dirty_flush_ms=bench_dirty(copy)))
+    print(json.dumps(rows[-1]), flush=True)
+    del copy, src, dst
+    for batch, heads, length, cache_dtype in (
+        (64, 16, 4096, "bf16"), (64, 16, 4096, "fp8_e4m3"), (128, 16, 8192, "bf16"), (64, 128, 4096, "bf16"),
+    ):  # fmt: skip
+        q, cache, table, meta = paged_case(batch, heads, [length] * batch, 64, torch.bfloat16, 0)
+        if cache_dtype != "bf16":
+            cache = quantize_rows(cache.view(-1, LAT + 64), QUANTIZED[cache_dtype]).view(
+                *cache.shape[:3], LAT + 80
+            )
+        args = (q, cache, table, meta.seq_lens, length, LAT, 0.07)
+        mla_decode(*args)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            mla_decode(*args)
+        row = dict(case=f"decode B={batch} H={heads} L={length} {cache_dtype}", read_flush_ms=bench(graph.replay),
+                   dirty_flush_ms=bench_dirty(graph.replay), back_to_back_ms=back_to_back(graph))  # fmt: skip
+        row["latent_GBps_read_flush"] = batch * length * (LAT + 64) * 2 / row["read_flush_ms"] / 1e6
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del graph, args, cache
+        torch.cuda.empty_cache()
+    return {"rows": rows}
+
+
 def logged_generate(llm, prompts: list, params) -> tuple[float, StepLog]:
     """(wall seconds, the step log) of one generate call; the prefix cache is emptied after, so repeats prefill."""
     with StepLog(llm.engine) as log:
@@ -732,6 +784,7 @@ def main() -> None:
                 "page_ahead": page_ahead,
                 "decode_options": decode_options,
                 "decode_breakdown": decode_breakdown,
+                "decode_flush": decode_flush,
                 "overlap": lambda: overlap(Path(tmp)),
             }[name]
             t = time.perf_counter()
