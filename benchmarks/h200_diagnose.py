@@ -21,6 +21,7 @@ page_ahead    the decode kernel with the next tile's page looked up one tile ahe
               engine's decode graphs run them), at batch 1 and at 128 heads; checked against the default's output
 decode_options the same cases: today's decode defaults against page_ahead off and against
               the defaults before page_ahead
+wide_warps    the same cases, the 64-head kernel with 16 warps against 8
 decode_breakdown the default decode at batch 64 over contexts 1,024-16,384 and at (128, 16, 8,192): graph replay
               time against the split and merge kernels' own durations (torch.profiler), for fitting the
               streaming rate and the fixed cost of a call
@@ -390,6 +391,7 @@ DECODE_CASES = [
     (1, 16, 4096, 16384, False),
     (1, 16, 16384, 16384, False),
     (64, 128, 4096, 4096, False),
+    (128, 128, 8192, 8192, False),
 ]
 # The defaults before page_ahead (5b4c9a8, whose run labelled them {}).
 OLD_DEFAULTS = {"page_ahead": False, "block_n": 64, "num_warps": 8}
@@ -472,6 +474,16 @@ def decode_options() -> dict:
         bf16_variants=[{}, {"page_ahead": False}, OLD_DEFAULTS, {"partial_dtype": torch.bfloat16}],
         fp8_variants=[{}],
         wide_variants=[{}],
+    )
+
+
+def wide_warps() -> dict:
+    """The 64-head (compute-bound) kernel with 16 warps: four warpgroups share each wgmma's columns, at 128
+    registers a thread with no spills (compiled for sm_90), against today's 8."""
+    return decode_variants(
+        bf16_variants=[{}],
+        fp8_variants=[{}],
+        wide_variants=[{}, {"num_warps": 16}, {"num_warps": 16, "block_n": 32, "num_stages": 3}],
     )
 
 
@@ -785,6 +797,7 @@ def main() -> None:
                 "decode_options": decode_options,
                 "decode_breakdown": decode_breakdown,
                 "decode_flush": decode_flush,
+                "wide_warps": wide_warps,
                 "overlap": lambda: overlap(Path(tmp)),
             }[name]
             t = time.perf_counter()
