@@ -22,6 +22,7 @@ page_ahead    the decode kernel with the next tile's page looked up one tile ahe
 decode_options the same cases: today's decode defaults against page_ahead off and against
               the defaults before page_ahead
 wide_warps    the same cases, the 64-head kernel with 16 warps against 8
+fp8_tiles     the same cases, the 8-bit kernel with 16-row tiles, 2 or 4 warps, and more splits
 decode_breakdown the default decode at batch 64 over contexts 1,024-16,384 and at (128, 16, 8,192): graph replay
               time against the split and merge kernels' own durations (torch.profiler), for fitting the
               streaming rate and the fixed cost of a call
@@ -487,6 +488,22 @@ def wide_warps() -> dict:
     )
 
 
+def fp8_tiles() -> dict:
+    """The 8-bit kernel with 16-row tiles (192 registers at 4 warps; at 2 warps, four programs fit per SM), and more
+    splits for the smaller programs, against today's 32-row tiles."""
+    return decode_variants(
+        bf16_variants=[{}],
+        fp8_variants=[
+            {},
+            {"num_splits": 8},
+            {"block_n": 16},
+            {"block_n": 16, "num_warps": 2},
+            {"block_n": 16, "num_warps": 2, "num_splits": 8},
+        ],
+        wide_variants=[{}],
+    )
+
+
 def decode_breakdown() -> dict:
     """Where a decode call's time goes, default configuration, bf16 cache: the graph replay's median against the
     split kernel's and the merge kernel's own durations (torch.profiler over replays of the same graph), over a
@@ -798,6 +815,7 @@ def main() -> None:
                 "decode_breakdown": decode_breakdown,
                 "decode_flush": decode_flush,
                 "wide_warps": wide_warps,
+                "fp8_tiles": fp8_tiles,
                 "overlap": lambda: overlap(Path(tmp)),
             }[name]
             t = time.perf_counter()
