@@ -63,7 +63,7 @@ def compile_stage1(
 ) -> triton.compiler.CompiledKernel:
     kernel = mla_decode._stage1
     consts = dict(PAGE=64, D_LAT=512, D_ROPE=64, PRECISION="tf32", QUANTIZED=cache != "bf16", TILE_IN_PAGE=True,
-                  PREFETCH=False, Q_F16=False, PAGE_AHEAD=False, SCORES_AHEAD=False) | constexprs  # fmt: skip
+                  PREFETCH=False, Q_F16=False, PAGE_AHEAD=False) | constexprs  # fmt: skip
     signature, attrs = {}, {}
     for index, name in enumerate(kernel.arg_names):
         if name in consts:

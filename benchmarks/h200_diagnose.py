@@ -23,7 +23,6 @@ decode_options the same cases: today's decode defaults against page_ahead off an
               the defaults before page_ahead
 wide_warps    the same cases, the 64-head kernel with 16 warps against 8
 fp8_tiles     the same cases, the 8-bit kernel with 16-row tiles, 2 or 4 warps, and more splits
-scores_ahead  the same cases, the 64-head kernel with the next tile's scores computed before this tile's softmax
 decode_breakdown the default decode at batch 64 over contexts 1,024-16,384 and at (128, 16, 8,192): graph replay
               time against the split and merge kernels' own durations (torch.profiler), for fitting the
               streaming rate and the fixed cost of a call
@@ -505,21 +504,6 @@ def fp8_tiles() -> dict:
     )
 
 
-def scores_ahead() -> dict:
-    """The 64-head (compute-bound) kernel software-pipelined by one tile: the next tile's score dots issued before
-    this tile's softmax (scores_ahead), 32-row tiles, two or three stages, against today's default."""
-    return decode_variants(
-        bf16_variants=[{}],
-        fp8_variants=[{}],
-        wide_variants=[
-            {},
-            {"scores_ahead": True, "block_n": 32},
-            {"scores_ahead": True, "block_n": 32, "num_stages": 3},
-            {"scores_ahead": True, "block_n": 32, "num_warps": 4},
-        ],
-    )
-
-
 def decode_breakdown() -> dict:
     """Where a decode call's time goes, default configuration, bf16 cache: the graph replay's median against the
     split kernel's and the merge kernel's own durations (torch.profiler over replays of the same graph), over a
@@ -832,7 +816,6 @@ def main() -> None:
                 "decode_flush": decode_flush,
                 "wide_warps": wide_warps,
                 "fp8_tiles": fp8_tiles,
-                "scores_ahead": scores_ahead,
                 "overlap": lambda: overlap(Path(tmp)),
             }[name]
             t = time.perf_counter()

@@ -71,9 +71,7 @@ def test_selector_refuses_triton_without_gpu_or_interpreter(monkeypatch):
         select_backend(torch.device("cpu"), "triton_mla")
 
 
-@pytest.mark.parametrize(
-    "loop", [{}, {"prefetch": False, "page_ahead": True}, {"prefetch": False, "scores_ahead": True}]
-)
+@pytest.mark.parametrize("loop", [{}, {"prefetch": False, "page_ahead": True}])
 @pytest.mark.parametrize("block_n", [16, 32])  # 32 spans two pages of 16: the row-by-row lookup path
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "int8"])
 def test_quantized_cache_matches_reference_on_the_same_rows(kv_dtype, block_n, loop):
@@ -91,14 +89,11 @@ def test_quantized_cache_matches_reference_on_the_same_rows(kv_dtype, block_n, l
     torch.testing.assert_close(lse, want_lse, atol=1e-4, rtol=1e-4)
 
 
-# The tile loop's forms: the next tile loaded into registers early (prefetch), the next tile's page looked up early
-# (page_ahead) or its scores computed early (scores_ahead), both only where a tile lies inside one page, and none.
-@pytest.mark.parametrize("loop", [
-    {"prefetch": False},
-    {"prefetch": True},
-    {"prefetch": False, "page_ahead": True},
-    {"prefetch": False, "scores_ahead": True},
-])  # fmt: skip
+# The tile loop's three forms: the next tile loaded into registers early (prefetch), the next tile's page looked up
+# early (page_ahead, only where a tile lies inside one page), and neither.
+@pytest.mark.parametrize(
+    "loop", [{"prefetch": False}, {"prefetch": True}, {"prefetch": False, "page_ahead": True}]
+)
 @pytest.mark.parametrize("page, block_n", [(16, 16), (32, 16), (16, 32)])
 def test_tiles_inside_or_across_pages(page, block_n, loop):
     """block_n dividing the page takes the one-lookup tile path; a tile spanning pages looks rows up one by one."""

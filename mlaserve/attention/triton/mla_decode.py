@@ -59,8 +59,11 @@ def _load_tile(
 
 
 @triton.jit
-def _scores(q, q_pe, k, k_pe, scale, ok, scale_log2, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr):
-    """A tile's scores, base 2, -inf past the sequence."""
+def _attend_tile(
+    q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2,
+    PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
+):  # fmt: skip
+    """One online-softmax step over a tile; returns the updated (max, sum, accumulator)."""
     if QUANTIZED:
         # The scale is per token, i.e. per score column: apply it to the scores and to p, not to the tile.
         k = k.to(q.dtype)
@@ -69,31 +72,15 @@ def _scores(q, q_pe, k, k_pe, scale, ok, scale_log2, PRECISION: tl.constexpr, QU
     s += tl.dot(q_pe, tl.trans(k_pe), input_precision=PRECISION)
     if QUANTIZED:
         s = s * scale[None, :]
-    return tl.where(ok[None, :], s * scale_log2, float("-inf"))
-
-
-@triton.jit
-def _accumulate(s, k, q, scale, m, l_sum, acc, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr):
-    """One online-softmax step: scores s over the tile k's latent part (the values); q gives the dots' dtype.
-    Returns the updated (max, sum, accumulator)."""
+    s = tl.where(ok[None, :], s * scale_log2, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, 1))
     alpha = tl.exp2(m - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_sum = l_sum * alpha + tl.sum(p, 1)
     if QUANTIZED:
         p = p * scale[None, :]
-    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), k.to(q.dtype), input_precision=PRECISION)
+    acc = acc * alpha[:, None] + tl.dot(p.to(k.dtype), k, input_precision=PRECISION)
     return m_new, l_sum, acc
-
-
-@triton.jit
-def _attend_tile(
-    q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2,
-    PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
-):  # fmt: skip
-    """One online-softmax step over a tile; returns the updated (max, sum, accumulator)."""
-    s = _scores(q, q_pe, k, k_pe, scale, ok, scale_log2, PRECISION, QUANTIZED)
-    return _accumulate(s, k, q, scale, m, l_sum, acc, PRECISION, QUANTIZED)
 
 
 # Ints that change from step to step are not specialized on (Triton would compile a variant for 1 and for
@@ -107,7 +94,6 @@ def _stage1(
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
     TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr, PAGE_AHEAD: tl.constexpr,
-    SCORES_AHEAD: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -147,26 +133,6 @@ def _stage1(
                 q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED
             )
             k, k_pe, scale, ok = k_next, kpe_next, scale_next, ok_next
-    elif SCORES_AHEAD:
-        # Software-pipelined by one tile: the next tile's score dots are issued before this tile's softmax, so on
-        # Hopper the tensor cores work on them while the softmax runs (the dots are asynchronous until used). This
-        # tile's values are read again (from L2, just loaded) rather than kept: a tile kept from one iteration to
-        # the next leaves the pipeliner one shared-memory buffer for it.
-        page = _page_of(BlockTable, b, start, end, stride_bt, PAGE)
-        ok = start + tl.arange(0, BLOCK_N) < end
-        base = KV + (page * PAGE + start % PAGE + tl.arange(0, BLOCK_N)) * stride_kv
-        k, k_pe, scale = _load_rows(base, ok, D_LAT, D_ROPE, BLOCK_N, QUANTIZED)
-        s = _scores(q, q_pe, k, k_pe, scale, ok, scale_log2, PRECISION, QUANTIZED)
-        for n0 in range(start, end, BLOCK_N):
-            nxt = n0 + BLOCK_N  # the last pass reads a masked tile past the end: all -inf, never accumulated
-            page = _page_of(BlockTable, b, nxt, end, stride_bt, PAGE)
-            ok_next = nxt + tl.arange(0, BLOCK_N) < end
-            base_next = KV + (page * PAGE + nxt % PAGE + tl.arange(0, BLOCK_N)) * stride_kv
-            k_next, kpe_next, scale_next = _load_rows(base_next, ok_next, D_LAT, D_ROPE, BLOCK_N, QUANTIZED)
-            s_next = _scores(q, q_pe, k_next, kpe_next, scale_next, ok_next, scale_log2, PRECISION, QUANTIZED)
-            v = tl.load(base[:, None] + tl.arange(0, D_LAT)[None, :], mask=ok[:, None], other=0.0)
-            m, l_sum, acc = _accumulate(s, v, q, scale, m, l_sum, acc, PRECISION, QUANTIZED)
-            s, scale, ok, base = s_next, scale_next, ok_next, base_next
     elif PAGE_AHEAD:
         # The page of tile i + 1 is looked up while tile i is worked on. With the lookup in the same iteration as
         # the tile's load, Triton's pipeliner spends a stage on it and gives the tile one shared-memory buffer
@@ -268,7 +234,6 @@ def mla_decode(
     q_f16: bool | None = None,
     q_pe: torch.Tensor | None = None,
     page_ahead: bool | None = None,
-    scores_ahead: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, H, kv_lora_rank + rope], or [B, H, kv_lora_rank] with the rope part in q_pe [B, H, rope] (views
     of other tensors are fine, only the last dimension must be contiguous); kv_cache: [blocks, page, 1,
@@ -337,7 +302,7 @@ def mla_decode(
         QUANTIZED=quantized, TILE_IN_PAGE=page % block_n == 0,
         PREFETCH=quantized if prefetch is None else prefetch,
         Q_F16=q_f16 and quantized,
-        PAGE_AHEAD=page_ahead and page % block_n == 0, SCORES_AHEAD=scores_ahead and page % block_n == 0,
+        PAGE_AHEAD=page_ahead and page % block_n == 0,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
