@@ -276,14 +276,15 @@ def mla_decode(
         page_ahead = block_h <= 16 and not quantized
     if light:
         block_n, num_warps = block_n or 32, num_warps or 4
-    elif block_h <= 16 and page_ahead:
+    elif block_h <= 16 and page_ahead and page % 32 == 0:
         # 16-bit tiles, two buffers each (page ahead). On an H200 (results/h200-diagnose-2026-11-30-pageahead.json,
         # graph replays), 32-row tiles with 4 warps fit two programs per SM and were fastest once the grid fills
         # the GPU: (B, L) = (64, 4,096) 0.093 ms against 0.097 for the 64-row single-buffered default, (128,
         # 8,192) 0.308 against 0.321, batch 32 at 512 / 2,048 even. A grid under one program per SM (batch 1)
         # wants 64-row tiles and 8 warps: 0.023 ms against 0.025 (32 rows) and 0.028 (old default) at 16,384.
+        # Pages under 32 rows keep the old defaults: their tiles span pages, so there is no page to look up ahead.
         wide = num_splits or num_splits_for(batch, head_groups, max_seq_len, 64, sms, block_h)
-        small = batch * head_groups * wide < sms
+        small = batch * head_groups * wide < sms and page % 64 == 0
         block_n, num_warps = block_n or (64 if small else 32), num_warps or (8 if small else 4)
     else:
         block_n, num_warps = block_n or 64, num_warps or 8
