@@ -15,7 +15,8 @@ Sections:
             sequences that fit in the same KV memory, contexts 512 / 2,048 / 8,192: latent bf16, latent fp8,
             mla_disable (per-head K/V)
   throughput 256 requests of 1,000 prompt + 100 output tokens (random ids, ignore_eos): requests per second
-Timings are medians of triton.testing.do_bench (CUDA events) or of repeated wall-clock runs after a warm-up.
+Timings are medians of CUDA-event runs with L2 emptied before each (bench below), or of repeated wall-clock runs
+after a warm-up.
 """
 
 import argparse
