@@ -6,36 +6,14 @@ paths under the interpreter at tiny widths."""
 import pytest
 import torch
 
-from mlaserve.attention.metadata import build_metadata
+from benchmarks.gpu_suite import LAT, ROPE, paged_case
 from mlaserve.attention.torch_ref import TorchBackend
 from mlaserve.attention.triton.mla_decode import mla_decode
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-LAT, ROPE, PAGE = 512, 64, 64
-
-
-def paged(lengths: list[int], heads: int, seed: int):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    pages = [-(-n // PAGE) for n in lengths]
-    cache = torch.randn(sum(pages) + 1, PAGE, 1, LAT + ROPE, generator=gen, device="cuda").bfloat16()
-    order = (torch.randperm(sum(pages), generator=gen, device="cuda") + 1).int()
-    table = torch.zeros(len(lengths), max(pages), dtype=torch.int32, device="cuda")
-    used = 0
-    for i, n in enumerate(pages):
-        table[i, :n] = order[used : used + n]
-        used += n
-    q = torch.randn(len(lengths), heads, LAT + ROPE, generator=gen, device="cuda").bfloat16()
-    meta = build_metadata(
-        PAGE,
-        table,
-        [1] * len(lengths),
-        lengths,
-        len(lengths),
-        torch.zeros(0, dtype=torch.long, device="cuda"),
-    )
-    return q, cache, table, meta
+PAGE = 64
 
 
 @pytest.mark.parametrize("batch", [1, 48])  # a grid under one program per SM, and one that fills the GPU
@@ -46,7 +24,7 @@ def paged(lengths: list[int], heads: int, seed: int):
 def test_matches_reference_eager_and_in_a_graph(batch, options, kv):
     gen = torch.Generator().manual_seed(batch)
     lengths = torch.randint(1, 3000, (batch,), generator=gen).tolist()
-    q, cache, table, meta = paged(lengths, 16, seed=batch)
+    q, cache, table, meta = paged_case(batch, 16, lengths, PAGE, torch.bfloat16, seed=batch)
     if kv != "bf16":
         cache = quantize_rows(cache.view(-1, LAT + ROPE), QUANTIZED[kv]).view(
             *cache.shape[:3], LAT + ROPE + 16
