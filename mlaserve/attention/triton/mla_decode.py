@@ -25,6 +25,12 @@ def _page_of(BlockTable, b, n0, end, stride_bt, PAGE: tl.constexpr):
 
 
 @triton.jit
+def _rows_in_page(KV, page, n0, stride_kv, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pointers to rows n0 .. n0 + BLOCK_N of a sequence, a run that lies inside its page `page`."""
+    return KV + (page * PAGE + n0 % PAGE + tl.arange(0, BLOCK_N)) * stride_kv
+
+
+@triton.jit
 def _load_rows(
     base, ok, D_LAT: tl.constexpr, D_ROPE: tl.constexpr, BLOCK_N: tl.constexpr, QUANTIZED: tl.constexpr
 ):  # fmt: skip
@@ -50,7 +56,7 @@ def _load_tile(
     ok = pos < end
     if TILE_IN_PAGE:  # the tile is one run of rows inside a page: one table lookup, contiguous rows
         page = _page_of(BlockTable, b, n0, end, stride_bt, PAGE)
-        base = KV + (page * PAGE + n0 % PAGE + tl.arange(0, BLOCK_N)) * stride_kv
+        base = _rows_in_page(KV, page, n0, stride_kv, PAGE, BLOCK_N)
     else:
         page = tl.load(BlockTable + b * stride_bt + pos // PAGE, mask=ok, other=0)
         base = KV + (page.to(tl.int64) * PAGE + pos % PAGE) * stride_kv
@@ -141,7 +147,7 @@ def _stage1(
         for n0 in range(start, end, BLOCK_N):
             page_next = _page_of(BlockTable, b, n0 + BLOCK_N, end, stride_bt, PAGE)
             ok = n0 + tl.arange(0, BLOCK_N) < end
-            base = KV + (page * PAGE + n0 % PAGE + tl.arange(0, BLOCK_N)) * stride_kv
+            base = _rows_in_page(KV, page, n0, stride_kv, PAGE, BLOCK_N)
             k, k_pe, scale = _load_rows(base, ok, D_LAT, D_ROPE, BLOCK_N, QUANTIZED)
             m, l_sum, acc = _attend_tile(
                 q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED
