@@ -72,6 +72,16 @@ def plan_batch(output: SchedulerOutput, block_size: int) -> HostBatch:
     )
 
 
+def stage_token_rows(batch: HostBatch, size: int, host_i64: torch.Tensor) -> None:
+    """Writes the batch's input ids, positions and slots into rows 0-2 of host_i64 [>= 3, >= size] and zeroes every
+    row's columns from the batch's end to `size`: padding tokens are position 0 at slot 0 of the null block."""
+    n = len(batch.ids)
+    host_i64[0, :n] = torch.tensor(batch.ids)
+    host_i64[1, :n] = batch.positions
+    host_i64[2, :n] = batch.slots
+    host_i64[:, n:size] = 0
+
+
 def to_device(
     batch: HostBatch, block_size: int, device: torch.device, with_gather_index: bool = True
 ) -> ModelInput:

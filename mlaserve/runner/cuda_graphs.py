@@ -15,7 +15,7 @@ import torch
 
 from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.models.base import CausalLM
-from mlaserve.runner.batch import HostBatch
+from mlaserve.runner.batch import HostBatch, stage_token_rows
 
 logger = logging.getLogger(__name__)
 
@@ -145,12 +145,9 @@ def stage_decode_inputs(
     null block; table columns past the batch's widest table keep older entries, which no kernel reads."""
     n = len(batch.query_lens)
     width = batch.tables.shape[1]
-    host_i64[0, :n] = torch.tensor(batch.ids)
-    host_i64[1, :n] = batch.positions
-    host_i64[2, :n] = batch.slots
+    stage_token_rows(batch, size, host_i64)
     seq_lens[:n] = torch.tensor(batch.seq_lens, dtype=torch.int32)
     tables[:n, :width] = batch.tables
     if size > n:
-        host_i64[:, n:size] = 0
         seq_lens[n:size] = 1
         tables[n:size] = 0

@@ -20,7 +20,7 @@ import torch
 
 from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.models.base import CausalLM
-from mlaserve.runner.batch import HostBatch
+from mlaserve.runner.batch import HostBatch, stage_token_rows
 from mlaserve.runner.cuda_graphs import capture_by_size
 
 logger = logging.getLogger(__name__)
@@ -118,11 +118,7 @@ def stage_prefill_inputs(
     Padding tokens are position 0 at slot 0 of the null block, as one extra sequence; offsets past it repeat the
     total (empty sequences). The staging tensors are pinned memory that asynchronous copies read: PrefillGraphs.run
     waits for the previous step's copies before calling this."""
-    n = len(batch.ids)
-    host_i64[0, :n] = torch.tensor(batch.ids)
-    host_i64[1, :n] = batch.positions
-    host_i64[2, :n] = batch.slots
-    host_i64[:, n:size] = 0
+    stage_token_rows(batch, size, host_i64)
     offsets = [0]
     for length in batch.query_lens:
         offsets.append(offsets[-1] + length)
