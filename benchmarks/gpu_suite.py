@@ -166,7 +166,13 @@ def kernels() -> dict:
     from mlaserve.attention.triton.mla_decode import mla_decode
 
     results = []
-    for batch, heads, page, seed in [(4, 16, 64, 0), (7, 128, 64, 1), (3, 20, 16, 2), (5, 16, 128, 3)]:
+    for batch, heads, page, seed in [
+        (4, 16, 64, 0),
+        (7, 128, 64, 1),
+        (3, 20, 16, 2),
+        (5, 16, 128, 3),
+        (2, 96, 128, 4),
+    ]:
         gen = torch.Generator().manual_seed(seed)
         lengths = torch.randint(1, 3000, (batch,), generator=gen).tolist()
         q, cache, table, meta = paged_case(batch, heads, lengths, page, torch.bfloat16, seed)
@@ -187,7 +193,7 @@ def kernels() -> dict:
 
 
 def decode(ceil: dict, tune: bool) -> dict:
-    from mlaserve.attention.triton.mla_decode import mla_decode
+    from mlaserve.attention.triton.mla_decode import _wgmma_fits, mla_decode
 
     def time_case(batch: int, heads: int, length: int) -> dict:
         q, cache, table, meta = paged_case(batch, heads, [length] * batch, 64, torch.bfloat16, 0)
@@ -222,6 +228,12 @@ def decode(ceil: dict, tune: bool) -> dict:
         row["torch_GBps"] = bytes_read / t_torch / 1e6
         row["pct_of_copy"] = 100 * row["triton_GBps"] / ceil["copy_GBps"] if ceil else None
         row["pct_of_gemm"] = 100 * row["triton_TFLOPs"] / ceil["bf16_gemm_TFLOPs"] if ceil else None
+        if heads > 16:  # the Gluon split kernel (default on sm_90) against the Triton one it replaces there
+            row["split_kernel"] = "gluon_wgmma" if _wgmma_fits(q, cache, 64, 64, 8, LAT, ROPE) else "triton"
+            row["triton_kernel_ms"] = bench_graph(
+                lambda: mla_decode(q, cache, table, meta.seq_lens, length, LAT, scale, wgmma=False)
+            )
+            row["triton_kernel_TFLOPs"] = flops / row["triton_kernel_ms"] / 1e9
         if heads <= 16:  # memory-bound shapes: the 8-bit caches should take about half the time
             for name, dtype in QUANTIZED.items():
                 rows8 = quantize_rows(cache.view(-1, LAT + ROPE), dtype).view(

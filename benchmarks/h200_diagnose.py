@@ -398,16 +398,18 @@ DECODE_CASES = [
 OLD_DEFAULTS = {"page_ahead": False, "block_n": 64, "num_warps": 8}
 
 
-def decode_variants(bf16_variants: list, fp8_variants: list, wide_variants: list) -> dict:
-    """Decode kernel variants graph-replayed on the same inputs at DECODE_CASES, each checked against the first
-    variant's output; the 16-head cases take bf16_variants (and fp8_variants on an fp8 cache), 128 heads
+def decode_variants(
+    bf16_variants: list, fp8_variants: list, wide_variants: list, cases: list = DECODE_CASES
+) -> dict:
+    """Decode kernel variants graph-replayed on the same inputs at `cases`, each checked against the first
+    variant's output; the 16-head cases take bf16_variants (and fp8_variants on an fp8 cache), more heads
     wide_variants."""
     from benchmarks.gpu_suite import LAT, paged_case
     from mlaserve.attention.triton.mla_decode import mla_decode
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     rows = []
-    for batch, heads, length, max_len, with_fp8 in DECODE_CASES:
+    for batch, heads, length, max_len, with_fp8 in cases:
         q, cache, table, meta = paged_case(batch, heads, [length] * batch, 64, torch.bfloat16, 0)
         runs = [("bf16", cache, bf16_variants if heads <= 16 else wide_variants)]
         if with_fp8:
@@ -464,6 +466,21 @@ def page_ahead() -> dict:
             {"page_ahead": True},
             {"page_ahead": True, "block_n": 32, "num_stages": 3},
         ],
+    )
+
+
+def wgmma() -> dict:
+    """The Gluon split kernel for 64 heads per program (mla_decode_wgmma.py: each warpgroup computes half of the
+    scores) against the Triton kernel, whose two warpgroups both computed all of them, at many-head shapes."""
+    cases = [
+        (64, 128, 4096, 4096, False),
+        (128, 128, 8192, 8192, False),
+        (32, 128, 2048, 8192, False),
+        (1, 128, 16384, 16384, False),
+        (64, 64, 4096, 4096, False),
+    ]
+    return decode_variants(
+        bf16_variants=[{}], fp8_variants=[{}], wide_variants=[{"wgmma": False}, {}], cases=cases
     )
 
 
@@ -812,6 +829,7 @@ def main() -> None:
                 "decode_timing": decode_timing,
                 "page_ahead": page_ahead,
                 "decode_options": decode_options,
+                "wgmma": wgmma,
                 "decode_breakdown": decode_breakdown,
                 "decode_flush": decode_flush,
                 "wide_warps": wide_warps,

@@ -45,3 +45,44 @@ def test_matches_reference_eager_and_in_a_graph(batch, options, kv):
     torch.cuda.synchronize()
     torch.testing.assert_close(replayed.float(), want, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(replayed_lse, want_lse, atol=2e-3, rtol=2e-3)
+
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.parametrize("batch", [1, 9])
+@pytest.mark.parametrize("heads", [128, 96])  # 96: the second head group is half masked
+@pytest.mark.parametrize("page", [64, 128])
+@pytest.mark.parametrize("wgmma", [True, False])  # the Gluon split kernel, and the Triton kernel it replaces
+def test_many_heads_match_reference_eager_and_in_a_graph(batch, heads, page, wgmma):
+    if wgmma and not HOPPER:
+        pytest.skip("the Gluon split kernel needs sm_90")
+    gen = torch.Generator().manual_seed(batch + heads + page)
+    lengths = torch.randint(1, 3000, (batch,), generator=gen).tolist()
+    lengths[0] = 1  # a one-row context: one masked tile
+    q, cache, table, meta = paged_case(batch, heads, lengths, page, torch.bfloat16, seed=batch + heads)
+    want, want_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
+    call = lambda: mla_decode(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, wgmma=wgmma)  # noqa: E731
+    got, lse = call()
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, want_lse, atol=2e-3, rtol=2e-3)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed, replayed_lse = call()
+    q.copy_(torch.randn_like(q))
+    want, want_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(replayed.float(), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(replayed_lse, want_lse, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.skipif(not HOPPER, reason="the Gluon split kernel needs sm_90")
+def test_wgmma_is_the_default_for_many_heads_on_hopper():
+    q, cache, table, meta = paged_case(2, 128, [100, 200], 64, torch.bfloat16, seed=0)
+    default, _ = mla_decode(q, cache, table, meta.seq_lens, 256, LAT, 0.07)
+    gluon, _ = mla_decode(q, cache, table, meta.seq_lens, 256, LAT, 0.07, wgmma=True)
+    assert torch.equal(default, gluon)
+    with pytest.raises(ValueError, match="wgmma=True needs"):
+        mla_decode(q, cache, table, meta.seq_lens, 256, LAT, 0.07, wgmma=True, block_n=32)

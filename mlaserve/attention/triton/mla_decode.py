@@ -222,6 +222,28 @@ def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms
     return next(n for n in range(1, most + 1) if fill(n) >= 0.95 * best)
 
 
+def _wgmma_fits(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_h: int,
+    block_n: int,
+    num_warps: int,
+    d_lat: int,
+    d_rope: int,
+) -> bool:
+    """Whether the Gluon split kernel (mla_decode_wgmma.py) can run this call: Hopper's wgmma, its fixed tile."""
+    pow2 = lambda n: n >= 16 and n & (n - 1) == 0  # noqa: E731
+    return (
+        q.is_cuda
+        and torch.cuda.get_device_capability(q.device) == (9, 0)
+        and q.dtype in (torch.bfloat16, torch.float16)
+        and kv_cache.dtype == q.dtype
+        and (block_h, block_n, num_warps) == (64, 64, 8)
+        and kv_cache.shape[1] % 64 == 0
+        and pow2(d_lat) and d_lat <= 512 and pow2(d_rope)
+    )  # fmt: skip
+
+
 def mla_decode(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -240,6 +262,7 @@ def mla_decode(
     q_f16: bool | None = None,
     q_pe: torch.Tensor | None = None,
     page_ahead: bool | None = None,
+    wgmma: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, H, kv_lora_rank + rope], or [B, H, kv_lora_rank] with the rope part in q_pe [B, H, rope] (views
     of other tensors are fine, only the last dimension must be contiguous); kv_cache: [blocks, page, 1,
@@ -254,7 +277,10 @@ def mla_decode(
     16-bit). page_ahead: look the next tile's page up while working on this one, so Triton's pipeliner gives the
     tile two shared-memory buffers (default: on at 16 heads per program with 16-bit caches; the prefetching
     8-bit loop already loads ahead, and the 64-head kernel was 2% slower with it). block_n and num_warps default by
-    cache type and grid size (see below).
+    cache type and grid size (see below). wgmma: run the split step of the 64-head kernel as the Gluon kernel in
+    mla_decode_wgmma.py, whose warpgroups split the scores instead of both computing all of them (default: on
+    where it can run: an sm_90 GPU, 16-bit cache in q's dtype, 64 heads per program, pages a multiple of 64 rows,
+    no tile or warp override).
 
     Defaults come from the H200 sweep in benchmarks/gpu_suite.py --tune: 16 heads per program when there are few
     (memory-bound: one latent read per 16 heads), 64 with many (each latent tile then feeds 64 heads' dots)."""
@@ -296,22 +322,39 @@ def mla_decode(
         block_n, num_warps = block_n or 64, num_warps or 8
     if num_splits is None:
         num_splits = num_splits_for(batch, head_groups, max_seq_len, block_n, sms, block_h)
+    can_wgmma = _wgmma_fits(q, kv_cache, block_h, block_n, num_warps, kv_lora_rank, d_rope)
+    if wgmma and not can_wgmma:
+        raise ValueError("wgmma=True needs an sm_90 GPU, a 16-bit cache in q's dtype, 64 heads per program, "
+                         "64-row tiles with 8 warps, pages a multiple of 64 rows and power-of-two widths")  # fmt: skip
+    wgmma = can_wgmma if wgmma is None else wgmma
     mid_o = torch.empty(batch, heads, num_splits, kv_lora_rank, dtype=partial_dtype, device=q.device)
     mid_lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
     kv = kv_cache.view(-1, row)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    _stage1[(batch, head_groups, num_splits)](
+    args = (
         q, q_pe, kv, block_table, seq_lens, mid_o, mid_lse,
         q.stride(0), q.stride(1), q_pe.stride(0), q_pe.stride(1), kv.stride(0), block_table.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         heads, scale * LOG2E, num_splits,
-        PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=block_n, PRECISION=precision,
-        QUANTIZED=quantized, TILE_IN_PAGE=page % block_n == 0,
-        PREFETCH=quantized if prefetch is None else prefetch,
-        Q_F16=q_f16 and quantized,
-        PAGE_AHEAD=page_ahead and page % block_n == 0,
-        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
+    grid = (batch, head_groups, num_splits)
+    if wgmma:
+        from mlaserve.attention.triton.mla_decode_wgmma import stage1_wgmma
+
+        stage1_wgmma[grid](
+            *args, PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=block_n,
+            num_warps=num_warps,
+        )  # fmt: skip
+    else:
+        _stage1[grid](
+            *args,
+            PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=block_n, PRECISION=precision,
+            QUANTIZED=quantized, TILE_IN_PAGE=page % block_n == 0,
+            PREFETCH=quantized if prefetch is None else prefetch,
+            Q_F16=q_f16 and quantized,
+            PAGE_AHEAD=page_ahead and page % block_n == 0,
+            num_warps=num_warps, num_stages=num_stages,
+        )  # fmt: skip
     out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, heads, dtype=torch.float32, device=q.device)
     _stage2[(batch, heads)](

@@ -1,0 +1,138 @@
+"""The split step of paged MLA decode for many heads on Hopper (sm_90), written in Gluon.
+
+Same work and outputs as `mla_decode._stage1` at 64 heads per program: one sequence, one group of 64 query heads and
+one slice of its context per program, partial outputs and base-2 LSEs for `mla_decode._stage2` to merge. It exists
+because Triton picks the warp layout of a dot by itself: a dot whose result feeds another dot (the scores feed the
+values' dot) gets all warps along M, so with 64 heads and 8 warps both warpgroups computed the same 64 x 64 scores
+(72 m64n32 wgmma per warpgroup per tile, where 36 do the work; benchmarks/decode_compile_report.py). Gluon states
+layouts explicitly: here each warpgroup computes half of the tile's score columns, the probabilities meet in shared
+memory, and each warpgroup accumulates half of the 512 output columns.
+
+The tile loop double-buffers the KV tile with asynchronous copies: tile i + 1 is copied while tile i is worked on.
+Gluon kernels do not run under TRITON_INTERPRET; the Triton kernel stays the reference on CPU and on other GPUs,
+and tests/gpu compares the two.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+BLOCK_H = 64  # one wgmma M; the heads a program shares each latent tile between
+BLOCK_N = 64  # KV rows per tile
+NUM_WARPS = 8  # two warpgroups
+
+
+@gluon.jit
+def _copy_tile(
+    k_dst, pe_dst, KV, BlockTable, b, n0, end, stride_kv, stride_bt,
+    PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_N: gl.constexpr, rows: gl.constexpr,
+):  # fmt: skip
+    """Start copying rows n0 .. n0 + BLOCK_N of sequence b into shared memory (rows past `end` are zero-filled)."""
+    pos = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, rows))
+    ok = pos < end
+    page = gl.load(BlockTable + b * stride_bt + n0 // PAGE, mask=n0 < end, other=0).to(gl.int64)
+    base = KV + (page * PAGE + pos % PAGE) * stride_kv  # the tile lies inside one page (PAGE % BLOCK_N == 0)
+    lat = gl.arange(0, D_LAT, layout=gl.SliceLayout(0, rows))
+    rope = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, rows))
+    async_copy.async_copy_global_to_shared(k_dst, base[:, None] + lat[None, :], mask=ok[:, None])
+    async_copy.async_copy_global_to_shared(pe_dst, base[:, None] + D_LAT + rope[None, :], mask=ok[:, None])
+    async_copy.commit_group()
+
+
+@gluon.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits"])
+def stage1_wgmma(
+    Q, QPe, KV, BlockTable, SeqLens, MidO, MidLse,
+    stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
+    num_heads, scale_log2, num_splits,
+    PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+):  # fmt: skip
+    # Scores: warpgroup g computes columns [g * BLOCK_N / 2, (g + 1) * BLOCK_N / 2) for all BLOCK_H heads.
+    scores: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16]
+    )
+    # Output: warpgroup g accumulates columns [g * D_LAT / 2, (g + 1) * D_LAT / 2).
+    outs: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D_LAT // 2, 16]
+    )
+    rows: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])  # 16-byte copies, 128-byte row runs
+    smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+    b = gl.program_id(0)
+    head0 = gl.program_id(1) * BLOCK_H
+    split = gl.program_id(2)
+    seq_len = gl.load(SeqLens + b)
+    split_len = gl.cdiv(gl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N  # as mla_decode._stage1
+    start = split * split_len
+    end = gl.minimum(start + split_len, seq_len)
+
+    heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, rows))
+    head_ok = heads < num_heads
+    lat = gl.arange(0, D_LAT, layout=gl.SliceLayout(0, rows))
+    rope = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, rows))
+    q = gl.load(
+        Q + b * stride_qb + heads[:, None] * stride_qh + lat[None, :], mask=head_ok[:, None], other=0.0
+    )
+    q_pe = gl.load(
+        QPe + b * stride_pb + heads[:, None] * stride_ph + rope[None, :], mask=head_ok[:, None], other=0.0
+    )
+    q_s = gl.allocate_shared_memory(q.dtype, [BLOCK_H, D_LAT], smem, q)
+    qpe_s = gl.allocate_shared_memory(q.dtype, [BLOCK_H, D_ROPE], smem, q_pe)
+    k_s = gl.allocate_shared_memory(KV.dtype.element_ty, [2, BLOCK_N, D_LAT], smem)
+    pe_s = gl.allocate_shared_memory(KV.dtype.element_ty, [2, BLOCK_N, D_ROPE], smem)
+    p_s = gl.allocate_shared_memory(q.dtype, [BLOCK_H, BLOCK_N], smem)
+
+    m = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, scores))
+    l_sum = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, scores))
+    acc = gl.zeros([BLOCK_H, D_LAT], gl.float32, outs)
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, scores))
+
+    _copy_tile(k_s.index(0), pe_s.index(0), KV, BlockTable, b, start, end, stride_kv, stride_bt,
+               PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
+    tiles = gl.cdiv(end - start, BLOCK_N)
+    for i in range(tiles):
+        n0 = start + i * BLOCK_N
+        buf = i % 2
+        # The other buffer's last reader (tile i - 1's value dot) finished before the barrier closing that step.
+        _copy_tile(k_s.index(1 - buf), pe_s.index(1 - buf), KV, BlockTable, b, n0 + BLOCK_N, end, stride_kv,
+                   stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
+        async_copy.wait_group(1)  # this thread's copies of tile i have landed
+        fence_async_shared()  # ... and are visible to the tensor cores' reads
+        gl.thread_barrier()  # ... for every thread's copies
+        k = k_s.index(buf)
+        s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, scores)
+        s = warpgroup_mma(q_s, k.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qpe_s, pe_s.index(buf).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(0, deps=[s])
+
+        s = gl.where((n0 + cols < end)[None, :], s * scale_log2, float("-inf"))
+        m_new = gl.maximum(m, gl.max(s, 1))
+        alpha = gl.exp2(m - m_new)
+        p = gl.exp2(s - m_new[:, None])
+        l_sum = l_sum * alpha + gl.sum(p, 1)
+        m = m_new
+        p_s.store(p.to(q.dtype))
+        fence_async_shared()
+        gl.thread_barrier()  # both warpgroups' columns of p are in place
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, outs))[:, None]
+        acc = warpgroup_mma(p_s, k, acc, is_async=True)  # the values are the latent part of the same rows
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        gl.thread_barrier()  # buffer `buf` and p_s are free for the next step's copy and scores
+    async_copy.wait_group(
+        0
+    )  # the last prefetch (past the end, all masked) must land before the program exits
+
+    has = l_sum > 0
+    lse2 = gl.where(has, m + gl.log2(gl.where(has, l_sum, 1.0)), float("-inf"))  # -inf for an empty split
+    inv = gl.convert_layout(1.0 / gl.where(has, l_sum, 1.0), gl.SliceLayout(1, outs))
+    out = acc * inv[:, None]
+    o_heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, outs))
+    o_cols = gl.arange(0, D_LAT, layout=gl.SliceLayout(0, outs))
+    mo = MidO + b * stride_mob + o_heads[:, None] * stride_moh + split * stride_mos + o_cols[None, :]
+    gl.store(mo, out.to(MidO.dtype.element_ty), mask=(o_heads < num_heads)[:, None])
+    l_heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, scores))
+    gl.store(MidLse + b * stride_mlb + l_heads * stride_mlh + split, lse2, mask=l_heads < num_heads)
