@@ -36,7 +36,9 @@ host          where host time goes: torch.profiler over one batch-1 prefill of 5
 """
 
 import argparse
+import datetime
 import json
+import os
 import sys
 import tempfile
 import time
@@ -817,7 +819,12 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--sections", default="moe,prefill_attn,steps")
     args = parser.parse_args()
-    out = {"gpu": torch.cuda.get_device_name(), "command": " ".join(sys.argv)}
+    out = {
+        "date": datetime.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(),
+        "commit": os.environ.get("MLASERVE_COMMIT", "unknown"),  # the device's copy of .git can be stale
+        "command": " ".join(sys.argv),
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.sections.split(","):
             fn = {
