@@ -488,8 +488,10 @@ def wgmma() -> dict:
 
 def wgmma_loop() -> dict:
     """Loop variants of the Gluon split kernel (FLAGS in mla_decode_wgmma.py), graph-replayed on the same inputs
-    and checked against the Triton kernel: PV_BEHIND leaves tile i's value dot running into step i + 1 (the next
-    copy is issued once it is done), SUM_LATE keeps per-column row sums and reduces them once at the end."""
+    and checked against the Triton kernel. The run at cc186b7 (results/h200-diagnose-2026-11-30-wgmma-loop.json)
+    timed PV_BEHIND (tile i's value dot left running into step i + 1, the next copy issued once it is done: 7-11%
+    slower) and SUM_LATE (row sums reduced once at the end: 1-5% faster, now the kernel's only form). ONE_BARRIER
+    issues the next copy after the barrier that opens a step, which makes the barrier closing it unnecessary."""
     from benchmarks.gpu_suite import LAT, paged_case
     from mlaserve.attention.triton import mla_decode_wgmma
     from mlaserve.attention.triton.mla_decode import mla_decode
@@ -502,14 +504,13 @@ def wgmma_loop() -> dict:
             args = (q, cache, table, meta.seq_lens, length, LAT, 0.07)
             want = mla_decode(*args, wgmma=False)[0].float()
             flops = 2 * batch * heads * length * (LAT + 64 + LAT)
-            for behind in (False, True):
-                for late in (False, True):
-                    mla_decode_wgmma.FLAGS.update(PV_BEHIND=behind, SUM_LATE=late)
-                    got = mla_decode(*args, wgmma=True)[0].float()
-                    ms = bench_graph(lambda args=args: mla_decode(*args, wgmma=True))
-                    rows.append(dict(B=batch, H=heads, L=length, pv_behind=behind, sum_late=late, graph_ms=ms,
-                                     TFLOPs=flops / ms / 1e9, max_diff_vs_triton=(got - want).abs().max().item()))  # fmt: skip
-                    print(json.dumps(rows[-1]), flush=True)
+            for one_barrier in (False, True):
+                mla_decode_wgmma.FLAGS.update(ONE_BARRIER=one_barrier)
+                got = mla_decode(*args, wgmma=True)[0].float()
+                ms = bench_graph(lambda args=args: mla_decode(*args, wgmma=True))
+                rows.append(dict(B=batch, H=heads, L=length, flags=dict(mla_decode_wgmma.FLAGS), graph_ms=ms,
+                                 TFLOPs=flops / ms / 1e9, max_diff_vs_triton=(got - want).abs().max().item()))  # fmt: skip
+                print(json.dumps(rows[-1]), flush=True)
             del q, cache
             torch.cuda.empty_cache()
     finally:

@@ -19,14 +19,13 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     warpgroup_mma,
-    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 
 BLOCK_H = 64  # one wgmma M; the heads a program shares each latent tile between
 BLOCK_N = 64  # KV rows per tile
 NUM_WARPS = 8  # two warpgroups
-FLAGS = {"PV_BEHIND": False, "SUM_LATE": False}  # loop variants, timed by h200_diagnose.wgmma_loop
+FLAGS = {"ONE_BARRIER": False}  # loop variants, timed by h200_diagnose.wgmma_loop
 
 
 @gluon.jit
@@ -52,7 +51,7 @@ def stage1_wgmma(
     stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
     num_heads, scale_log2, num_splits,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-    PV_BEHIND: gl.constexpr, SUM_LATE: gl.constexpr,
+    ONE_BARRIER: gl.constexpr,
 ):  # fmt: skip
     # Scores: warpgroup g computes columns [g * BLOCK_N / 2, (g + 1) * BLOCK_N / 2) for all BLOCK_H heads.
     scores: gl.constexpr = gl.NVMMADistributedLayout(
@@ -90,9 +89,10 @@ def stage1_wgmma(
     p_s = gl.allocate_shared_memory(q.dtype, [BLOCK_H, BLOCK_N], smem)
 
     m = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, scores))
-    l_sum = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, scores))
-    l_tile = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, scores)
-    acc = warpgroup_mma_init(gl.zeros([BLOCK_H, D_LAT], gl.float32, outs))
+    # Row sums per column, reduced once at the end: a per-tile sum would cross warpgroups (through shared memory)
+    # every step; this was 2-5% faster at 128 heads (results/h200-diagnose-2026-11-30-wgmma-loop.json).
+    l_cols = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, scores)
+    acc = gl.zeros([BLOCK_H, D_LAT], gl.float32, outs)
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, scores))
 
     _copy_tile(k_s.index(0), pe_s.index(0), KV, BlockTable, b, start, end, stride_kv, stride_bt,
@@ -101,52 +101,44 @@ def stage1_wgmma(
     for i in range(tiles):
         n0 = start + i * BLOCK_N
         buf = i % 2
-        if not PV_BEHIND:
-            # The other buffer's last reader (tile i - 1's value dot) finished before the barrier closing that step.
+        if ONE_BARRIER:
+            async_copy.wait_group(0)  # this thread's copies of tile i have landed
+            fence_async_shared()  # ... and are visible to the tensor cores' reads
+            # ... for every thread's copies; and both warpgroups are past tile i - 1's value dot, so its buffer
+            # and p_s are free: the copy of tile i + 1 goes there now, a whole step ahead of its use.
+            gl.thread_barrier()
             _copy_tile(k_s.index(1 - buf), pe_s.index(1 - buf), KV, BlockTable, b, n0 + BLOCK_N, end, stride_kv,
                        stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
-            async_copy.wait_group(1)  # this thread's copies of tile i have landed
         else:
-            async_copy.wait_group(0)
-        fence_async_shared()  # ... and are visible to the tensor cores' reads
-        gl.thread_barrier()  # ... for every thread's copies
+            _copy_tile(k_s.index(1 - buf), pe_s.index(1 - buf), KV, BlockTable, b, n0 + BLOCK_N, end, stride_kv,
+                       stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
+            async_copy.wait_group(1)
+            fence_async_shared()
+            gl.thread_barrier()
         k = k_s.index(buf)
         s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, scores)
         s = warpgroup_mma(q_s, k.permute((1, 0)), s, is_async=True)
         s = warpgroup_mma(qpe_s, pe_s.index(buf).permute((1, 0)), s, is_async=True)
-        if PV_BEHIND:
-            acc = warpgroup_mma_wait(2, deps=[acc])  # tile i - 1's value dot is done with the other buffer
-            gl.thread_barrier()
-            _copy_tile(k_s.index(1 - buf), pe_s.index(1 - buf), KV, BlockTable, b, n0 + BLOCK_N, end, stride_kv,
-                       stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
         s = warpgroup_mma_wait(0, deps=[s])
 
         s = gl.where((n0 + cols < end)[None, :], s * scale_log2, float("-inf"))
         m_new = gl.maximum(m, gl.max(s, 1))
         alpha = gl.exp2(m - m_new)
         p = gl.exp2(s - m_new[:, None])
-        if SUM_LATE:  # row sums once at the end: no cross-warpgroup reduction per tile
-            l_tile = l_tile * alpha[:, None] + p
-        else:
-            l_sum = l_sum * alpha + gl.sum(p, 1)
+        l_cols = l_cols * alpha[:, None] + p
         m = m_new
         p_s.store(p.to(q.dtype))
         fence_async_shared()
         gl.thread_barrier()  # both warpgroups' columns of p are in place
-        if not PV_BEHIND:
-            acc = warpgroup_mma_wait(0, deps=[acc])
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, outs))[:, None]
         acc = warpgroup_mma(p_s, k, acc, is_async=True)  # the values are the latent part of the same rows
-        if not PV_BEHIND:
-            acc = warpgroup_mma_wait(0, deps=[acc])
-            acc = warpgroup_mma_init(acc)
-            gl.thread_barrier()  # buffer `buf` and p_s are free for the next step's copy and scores
-    acc = warpgroup_mma_wait(0, deps=[acc])
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        if not ONE_BARRIER:
+            gl.thread_barrier()
     async_copy.wait_group(
         0
     )  # the last prefetch (past the end, all masked) must land before the program exits
-    if SUM_LATE:
-        l_sum = gl.sum(l_tile, 1)
+    l_sum = gl.sum(l_cols, 1)
 
     has = l_sum > 0
     lse2 = gl.where(has, m + gl.log2(gl.where(has, l_sum, 1.0)), float("-inf"))  # -inf for an empty split
