@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 # Compiled kernels, not the interpreter: triton.jit reads this when the kernel module is imported.
@@ -27,8 +28,9 @@ import triton  # noqa: E402
 import triton.backends.nvidia as nvidia_backend  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
-from mlaserve.attention.triton import mla_decode  # noqa: E402
+from mlaserve.attention.triton import mla_decode, mla_decode_wgmma  # noqa: E402
 
 SM90_SHARED_BYTES = 227 * 1024  # per SM, usable by thread blocks
 SM90_REGISTERS = 65536
@@ -42,13 +44,15 @@ POINTERS = {
 }
 FLOATS = {"scale_log2"}
 
-# (name, cache, constexpr overrides, num_warps, num_stages): today's four defaults first, then variants.
+# (name, cache, constexpr overrides, num_warps, num_stages): today's five defaults first, then variants. Cache
+# "gluon" is the bf16 Gluon kernel of mla_decode_wgmma.py (its tile is fixed; stages are its own two buffers).
 AHEAD = dict(BLOCK_H=16, PAGE_AHEAD=True)
 CONFIGS = [
     ("bf16 16 heads, page ahead, 32-row tiles, 4 warps (default, full grid)", "bf16", AHEAD | dict(BLOCK_N=32), 4, 3),
     ("bf16 16 heads, page ahead, 64-row tiles (default, grid under 1/SM)", "bf16", AHEAD | dict(BLOCK_N=64), 8, 3),
     ("fp8 16 heads (default)", "fp8", dict(BLOCK_H=16, BLOCK_N=32, PREFETCH=True, Q_F16=True), 4, 3),
-    ("bf16 64 heads (default)", "bf16", dict(BLOCK_H=64, BLOCK_N=64), 8, 2),
+    ("bf16 64 heads (default where the Gluon kernel cannot run)", "bf16", dict(BLOCK_H=64, BLOCK_N=64), 8, 2),
+    ("bf16 64 heads, Gluon split kernel (default on sm_90)", "gluon", {}, 8, 1),
     ("bf16 16 heads, page ahead, 32-row tiles, 4 warps, 4 stages", "bf16", AHEAD | dict(BLOCK_N=32), 4, 4),
     ("bf16 16 heads, page looked up in the loop (the old default)", "bf16", dict(BLOCK_H=16, BLOCK_N=64), 8, 3),
     ("bf16 16 heads, page looked up in the loop, 32-row tiles", "bf16", dict(BLOCK_H=16, BLOCK_N=32), 4, 3),
@@ -61,9 +65,13 @@ CONFIGS = [
 def compile_stage1(
     cache: str, constexprs: dict, num_warps: int, num_stages: int
 ) -> triton.compiler.CompiledKernel:
-    kernel = mla_decode._stage1
-    consts = dict(PAGE=64, D_LAT=512, D_ROPE=64, PRECISION="tf32", QUANTIZED=cache != "bf16", TILE_IN_PAGE=True,
-                  PREFETCH=False, Q_F16=False, PAGE_AHEAD=False) | constexprs  # fmt: skip
+    gluon = cache == "gluon"
+    kernel = mla_decode_wgmma.stage1_wgmma if gluon else mla_decode._stage1
+    consts = dict(PAGE=64, D_LAT=512, D_ROPE=64, BLOCK_H=64, BLOCK_N=64) if gluon else dict(
+        PAGE=64, D_LAT=512, D_ROPE=64, PRECISION="tf32", QUANTIZED=cache != "bf16", TILE_IN_PAGE=True,
+        PREFETCH=False, Q_F16=False, PAGE_AHEAD=False,
+    )  # fmt: skip
+    consts |= constexprs
     signature, attrs = {}, {}
     for index, name in enumerate(kernel.arg_names):
         if name in consts:
@@ -76,7 +84,9 @@ def compile_stage1(
         generic = name in FLOATS or name in kernel.do_not_specialize or index in kernel.do_not_specialize
         if not generic:  # what a launch with the engine's tensors specializes on
             attrs[(index,)] = [["tt.divisibility", 16]]
-    source = ASTSource(fn=kernel, signature=signature, constexprs=consts, attrs=attrs)
+    source = (GluonASTSource if gluon else ASTSource)(
+        fn=kernel, signature=signature, constexprs=consts, attrs=attrs
+    )
     return triton.compile(
         source, target=GPUTarget("cuda", 90, 128), options=dict(num_warps=num_warps, num_stages=num_stages)
     )
@@ -102,6 +112,8 @@ def report(cache: str, constexprs: dict, num_warps: int, num_stages: int, workdi
     ttgir, ptx = compiled.asm["ttgir"], compiled.asm["ptx"]
     # The pipeliner's multi-buffered allocations look like memdesc<NxROWSxCOLS...>: N buffers of one tile.
     kv_buffers = [int(n) for n in re.findall(r"local_alloc : \(\) -> !ttg\.memdesc<(\d+)x\d+x512x", ttgir)]
+    if cache == "gluon":  # its allocations are named by the kernel: the [2, 64, 512] tile ring
+        kv_buffers = [int(n) for n in re.findall(r"memdesc<(\d+)x64x512xbf16", ttgir)][:1]
     usage = resource_usage(compiled.asm["cubin"], workdir)
     shared = compiled.metadata.shared
     by_registers = SM90_REGISTERS // (usage["registers"] * 32 * num_warps)
@@ -110,6 +122,9 @@ def report(cache: str, constexprs: dict, num_warps: int, num_stages: int, workdi
         kv_tile_buffers=kv_buffers[0] if kv_buffers else 0,  # 0: loaded to registers, not pipelined
         async_copies=ttgir.count("async_copy_global_to_local"),
         wgmma=ptx.count("wgmma.mma_async"),
+        # Per warpgroup and tile: 64 heads x 64 rows of scores over 576 columns take 36 m64n32k16 when the two
+        # warpgroups split the columns, 72 when each computes them all.
+        wgmma_by_shape=dict(Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
         mma_sync=ptx.count("mma.sync"),
         shared_bytes=shared,
         **usage,

@@ -486,38 +486,6 @@ def wgmma() -> dict:
     )
 
 
-def wgmma_loop() -> dict:
-    """Loop variants of the Gluon split kernel (FLAGS in mla_decode_wgmma.py), graph-replayed on the same inputs
-    and checked against the Triton kernel. The run at cc186b7 (results/h200-diagnose-2026-11-30-wgmma-loop.json)
-    timed PV_BEHIND (tile i's value dot left running into step i + 1, the next copy issued once it is done: 7-11%
-    slower) and SUM_LATE (row sums reduced once at the end: 1-5% faster, now the kernel's only form). ONE_BARRIER
-    issues the next copy after the barrier that opens a step, which makes the barrier closing it unnecessary."""
-    from benchmarks.gpu_suite import LAT, paged_case
-    from mlaserve.attention.triton import mla_decode_wgmma
-    from mlaserve.attention.triton.mla_decode import mla_decode
-
-    saved = dict(mla_decode_wgmma.FLAGS)
-    rows = []
-    try:
-        for batch, heads, length in ((64, 128, 4096), (128, 128, 8192), (32, 128, 2048), (1, 128, 16384)):
-            q, cache, table, meta = paged_case(batch, heads, [length] * batch, 64, torch.bfloat16, 0)
-            args = (q, cache, table, meta.seq_lens, length, LAT, 0.07)
-            want = mla_decode(*args, wgmma=False)[0].float()
-            flops = 2 * batch * heads * length * (LAT + 64 + LAT)
-            for one_barrier in (False, True):
-                mla_decode_wgmma.FLAGS.update(ONE_BARRIER=one_barrier)
-                got = mla_decode(*args, wgmma=True)[0].float()
-                ms = bench_graph(lambda args=args: mla_decode(*args, wgmma=True))
-                rows.append(dict(B=batch, H=heads, L=length, flags=dict(mla_decode_wgmma.FLAGS), graph_ms=ms,
-                                 TFLOPs=flops / ms / 1e9, max_diff_vs_triton=(got - want).abs().max().item()))  # fmt: skip
-                print(json.dumps(rows[-1]), flush=True)
-            del q, cache
-            torch.cuda.empty_cache()
-    finally:
-        mla_decode_wgmma.FLAGS.update(saved)
-    return {"rows": rows}
-
-
 def decode_options() -> dict:
     """Today's defaults against page_ahead off and against the defaults before it. The run at f5fa3ce
     (results/h200-diagnose-2026-11-30-options.json) also timed the merge on programmatic dependent launch, since
@@ -869,7 +837,6 @@ def main() -> None:
                 "page_ahead": page_ahead,
                 "decode_options": decode_options,
                 "wgmma": wgmma,
-                "wgmma_loop": wgmma_loop,
                 "decode_breakdown": decode_breakdown,
                 "decode_flush": decode_flush,
                 "wide_warps": wide_warps,

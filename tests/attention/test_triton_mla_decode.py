@@ -144,3 +144,14 @@ def test_split_rule(batch, max_len, want):
     from mlaserve.attention.triton.mla_decode import num_splits_for
 
     assert num_splits_for(batch, 1, max_len, 64, 132, 16) == want
+
+
+def test_wgmma_kernel_is_refused_where_it_cannot_run():
+    """The Gluon split kernel (Hopper only) is never picked on CPU, and asking for it names what it needs. Its
+    compiled form is checked in tests/benchmarks/test_decode_compile_report.py, its results in tests/gpu."""
+    q, cache, table, meta = random_case([9, 30], 64, 16, seed=3)
+    default, _ = mla_decode(q, cache, table, meta.seq_lens, 30, LAT, 0.2, block_n=16)
+    want, _ = TorchBackend().decode(q, cache, None, meta, 0.2, LAT, need_lse=True)
+    torch.testing.assert_close(default, want, atol=2e-5, rtol=2e-5)
+    with pytest.raises(ValueError, match="wgmma=True needs an sm_90 GPU"):
+        mla_decode(q, cache, table, meta.seq_lens, 30, LAT, 0.2, wgmma=True)

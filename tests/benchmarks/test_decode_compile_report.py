@@ -20,13 +20,20 @@ def test_every_configuration_compiles_and_reports(tmp_path):
     out = tmp_path / "report.json"
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     subprocess.run(
-        # the four default configurations (bf16 at both grid sizes, fp8, 64 heads): each compile takes a while
-        [sys.executable, str(REPO / "benchmarks" / "decode_compile_report.py"), "--out", str(out), "--limit", "4"],
+        # the five default configurations (bf16 at both grid sizes, fp8, 64 heads in Triton and in Gluon): each
+        # compile takes a while
+        [sys.executable, str(REPO / "benchmarks" / "decode_compile_report.py"), "--out", str(out), "--limit", "5"],
         check=True, capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 4
+    assert len(rows) == 5
     for row in rows:
         assert 0 < row["registers"] <= 255 and row["shared_bytes"] > 0
         assert row["programs_per_sm"] >= 1
         assert row["wgmma"] + row["mma_sync"] > 0  # the dots run on tensor cores
+    # The Gluon kernel's warpgroups split each tile's 64 x 64 scores: 36 m64n32k16 per warpgroup over 576 columns.
+    # Triton's 64-head kernel gives both warpgroups all of them (72) in Triton 3.6; a later Triton may not.
+    triton64, gluon64 = rows[3], rows[4]
+    assert "Gluon" in gluon64["config"] and gluon64["wgmma_by_shape"] == {"m64n32k16": 36, "m64n256k16": 4}
+    assert gluon64["kv_tile_buffers"] == 2 and gluon64["local_bytes"] == 0
+    assert triton64["wgmma_by_shape"].get("m64n32k16") in (36, 72)

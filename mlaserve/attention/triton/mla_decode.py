@@ -4,7 +4,9 @@ Each program takes one sequence, a group of BLOCK_H query heads and one slice of
 latent row is read from HBM once per head group and the heads share it through tensor-core dots. The nope part
 (kv_lora_rank) and the rope part (qk_rope_head_dim) of the row are loaded side by side and their two dots summed;
 the value is the nope part itself. Stage 2 merges the splits by their log-sum-exp; the merged LSE is returned so
-callers can merge further partial results (chunked context, sparse attention).
+callers can merge further partial results (chunked context, sparse attention). On Hopper, calls with 64 heads per
+program run the split step as the Gluon kernel in mla_decode_wgmma.py (see `wgmma` below); this kernel stays its
+reference, on CPU under the interpreter and on other GPUs.
 """
 
 import math
@@ -339,11 +341,11 @@ def mla_decode(
     )  # fmt: skip
     grid = (batch, head_groups, num_splits)
     if wgmma:
-        from mlaserve.attention.triton.mla_decode_wgmma import FLAGS, stage1_wgmma
+        from mlaserve.attention.triton.mla_decode_wgmma import stage1_wgmma
 
         stage1_wgmma[grid](
             *args, PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=block_n,
-            num_warps=num_warps, **FLAGS,
+            num_warps=num_warps,
         )  # fmt: skip
     else:
         _stage1[grid](

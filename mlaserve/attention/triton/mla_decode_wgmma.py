@@ -9,6 +9,8 @@ layouts explicitly: here each warpgroup computes half of the tile's score column
 memory, and each warpgroup accumulates half of the 512 output columns.
 
 The tile loop double-buffers the KV tile with asynchronous copies: tile i + 1 is copied while tile i is worked on.
+Leaving tile i's value dot running into step i + 1 was 7-11% slower: the copy of tile i + 1 then has to wait for it
+(results/h200-diagnose-2026-11-30-wgmma-loop.json).
 Gluon kernels do not run under TRITON_INTERPRET; the Triton kernel stays the reference on CPU and on other GPUs,
 and tests/gpu compares the two.
 """
@@ -25,7 +27,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 BLOCK_H = 64  # one wgmma M; the heads a program shares each latent tile between
 BLOCK_N = 64  # KV rows per tile
 NUM_WARPS = 8  # two warpgroups
-FLAGS = {"ONE_BARRIER": False}  # loop variants, timed by h200_diagnose.wgmma_loop
 
 
 @gluon.jit
@@ -51,7 +52,6 @@ def stage1_wgmma(
     stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
     num_heads, scale_log2, num_splits,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-    ONE_BARRIER: gl.constexpr,
 ):  # fmt: skip
     # Scores: warpgroup g computes columns [g * BLOCK_N / 2, (g + 1) * BLOCK_N / 2) for all BLOCK_H heads.
     scores: gl.constexpr = gl.NVMMADistributedLayout(
@@ -101,20 +101,14 @@ def stage1_wgmma(
     for i in range(tiles):
         n0 = start + i * BLOCK_N
         buf = i % 2
-        if ONE_BARRIER:
-            async_copy.wait_group(0)  # this thread's copies of tile i have landed
-            fence_async_shared()  # ... and are visible to the tensor cores' reads
-            # ... for every thread's copies; and both warpgroups are past tile i - 1's value dot, so its buffer
-            # and p_s are free: the copy of tile i + 1 goes there now, a whole step ahead of its use.
-            gl.thread_barrier()
-            _copy_tile(k_s.index(1 - buf), pe_s.index(1 - buf), KV, BlockTable, b, n0 + BLOCK_N, end, stride_kv,
-                       stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
-        else:
-            _copy_tile(k_s.index(1 - buf), pe_s.index(1 - buf), KV, BlockTable, b, n0 + BLOCK_N, end, stride_kv,
-                       stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
-            async_copy.wait_group(1)
-            fence_async_shared()
-            gl.thread_barrier()
+        async_copy.wait_group(0)  # this thread's copies of tile i have landed
+        fence_async_shared()  # ... and are visible to the tensor cores' reads
+        # ... for every thread's copies. Both warpgroups are also past tile i - 1's value dot, so its buffer and p_s
+        # are free: tile i + 1 is copied there now, a whole step ahead of its use. (One barrier per step instead of
+        # a second one after the value dot: 1-2% faster, results/h200-diagnose-2026-11-30-wgmma-barrier.json.)
+        gl.thread_barrier()
+        _copy_tile(k_s.index(1 - buf), pe_s.index(1 - buf), KV, BlockTable, b, n0 + BLOCK_N, end, stride_kv,
+                   stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
         k = k_s.index(buf)
         s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, scores)
         s = warpgroup_mma(q_s, k.permute((1, 0)), s, is_async=True)
@@ -133,8 +127,6 @@ def stage1_wgmma(
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, outs))[:, None]
         acc = warpgroup_mma(p_s, k, acc, is_async=True)  # the values are the latent part of the same rows
         acc = warpgroup_mma_wait(0, deps=[acc])
-        if not ONE_BARRIER:
-            gl.thread_barrier()
     async_copy.wait_group(
         0
     )  # the last prefetch (past the end, all masked) must land before the program exits
