@@ -9,6 +9,7 @@ program run the split step as the Gluon kernel in mla_decode_wgmma.py (see `wgmm
 reference, on CPU under the interpreter and on other GPUs.
 """
 
+import functools
 import math
 
 import torch
@@ -224,6 +225,16 @@ def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms
     return next(n for n in range(1, most + 1) if fill(n) >= 0.95 * best)
 
 
+@functools.cache
+def _gluon_importable() -> bool:
+    """Gluon is experimental in Triton: an install whose Gluon lacks what the kernel uses keeps the Triton kernel."""
+    try:
+        from mlaserve.attention.triton import mla_decode_wgmma  # noqa: F401
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
 def _wgmma_fits(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -238,6 +249,7 @@ def _wgmma_fits(
     return (
         q.is_cuda
         and torch.cuda.get_device_capability(q.device) == (9, 0)
+        and _gluon_importable()
         and q.dtype in (torch.bfloat16, torch.float16)
         and kv_cache.dtype == q.dtype
         and (block_h, block_n, num_warps) == (64, 64, 8)
