@@ -23,6 +23,8 @@ decode_options the same cases: today's decode defaults against page_ahead off an
               the defaults before page_ahead
 wide_warps    the same cases, the 64-head kernel with 16 warps against 8
 fp8_tiles     the same cases, the 8-bit kernel with 16-row tiles, 2 or 4 warps, and more splits
+wgmma         the Gluon split kernel (mla_decode_wgmma.py) against the Triton kernel at five many-head shapes (batch
+              1 to 128, 64 and 128 heads), graph-replayed, checked against the Triton kernel's output
 decode_breakdown the default decode at batch 64 over contexts 1,024-16,384 and at (128, 16, 8,192): graph replay
               time against the split and merge kernels' own durations (torch.profiler), for fitting the
               streaming rate and the fixed cost of a call

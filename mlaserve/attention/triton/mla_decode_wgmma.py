@@ -24,10 +24,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-BLOCK_H = 64  # one wgmma M; the heads a program shares each latent tile between
-BLOCK_N = 64  # KV rows per tile
-NUM_WARPS = 8  # two warpgroups
-
 
 @gluon.jit
 def _copy_tile(
@@ -53,6 +49,7 @@ def stage1_wgmma(
     num_heads, scale_log2, num_splits,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
 ):  # fmt: skip
+    # Launched with 8 warps (two warpgroups), BLOCK_H = 64 (one wgmma M) and BLOCK_N = 64 rows, PAGE % 64 == 0.
     # Scores: warpgroup g computes columns [g * BLOCK_N / 2, (g + 1) * BLOCK_N / 2) for all BLOCK_H heads.
     scores: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16]
@@ -90,7 +87,7 @@ def stage1_wgmma(
 
     m = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, scores))
     # Row sums per column, reduced once at the end: a per-tile sum would cross warpgroups (through shared memory)
-    # every step; this was 2-5% faster at 128 heads (results/h200-diagnose-2026-11-30-wgmma-loop.json).
+    # every step; this was 1-5% faster at 128 heads (results/h200-diagnose-2026-11-30-wgmma-loop.json).
     l_cols = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, scores)
     acc = gl.zeros([BLOCK_H, D_LAT], gl.float32, outs)
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, scores))
