@@ -24,6 +24,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+# Gluon is experimental and renames things: Triton 3.6 calls the asynchronous global -> shared copy
+# async_copy_global_to_shared and the CTA barrier thread_barrier; 3.9 async_load (the old name raises) and barrier.
+_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
 
 @gluon.jit
 def _copy_tile(
@@ -37,8 +42,8 @@ def _copy_tile(
     base = KV + (page * PAGE + pos % PAGE) * stride_kv  # the tile lies inside one page (PAGE % BLOCK_N == 0)
     lat = gl.arange(0, D_LAT, layout=gl.SliceLayout(0, rows))
     rope = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, rows))
-    async_copy.async_copy_global_to_shared(k_dst, base[:, None] + lat[None, :], mask=ok[:, None])
-    async_copy.async_copy_global_to_shared(pe_dst, base[:, None] + D_LAT + rope[None, :], mask=ok[:, None])
+    _async_load(k_dst, base[:, None] + lat[None, :], mask=ok[:, None])
+    _async_load(pe_dst, base[:, None] + D_LAT + rope[None, :], mask=ok[:, None])
     async_copy.commit_group()
 
 
@@ -103,7 +108,7 @@ def stage1_wgmma(
         # ... for every thread's copies. Both warpgroups are also past tile i - 1's value dot, so its buffer and p_s
         # are free: tile i + 1 is copied there now, a whole step ahead of its use. (One barrier per step instead of
         # a second one after the value dot: 1-2% faster, results/h200-diagnose-2026-11-30-wgmma-barrier.json.)
-        gl.thread_barrier()
+        _barrier()
         _copy_tile(k_s.index(1 - buf), pe_s.index(1 - buf), KV, BlockTable, b, n0 + BLOCK_N, end, stride_kv,
                    stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
         k = k_s.index(buf)
@@ -120,7 +125,7 @@ def stage1_wgmma(
         m = m_new
         p_s.store(p.to(q.dtype))
         fence_async_shared()
-        gl.thread_barrier()  # both warpgroups' columns of p are in place
+        _barrier()  # both warpgroups' columns of p are in place
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, outs))[:, None]
         acc = warpgroup_mma(p_s, k, acc, is_async=True)  # the values are the latent part of the same rows
         acc = warpgroup_mma_wait(0, deps=[acc])
