@@ -54,13 +54,14 @@ HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9,
 @pytest.mark.parametrize("heads", [128, 96])  # 96: the second head group is half masked
 @pytest.mark.parametrize("page", [64, 128])
 @pytest.mark.parametrize("wgmma", [True, False])  # the Gluon split kernel, and the Triton kernel it replaces
-def test_many_heads_match_reference_eager_and_in_a_graph(batch, heads, page, wgmma):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_many_heads_match_reference_eager_and_in_a_graph(batch, heads, page, wgmma, dtype):
     if wgmma and not HOPPER:
         pytest.skip("the Gluon split kernel needs sm_90")
     gen = torch.Generator().manual_seed(batch + heads + page)
     lengths = torch.randint(1, 3000, (batch,), generator=gen).tolist()
     lengths[0] = 1  # a one-row context: one masked tile
-    q, cache, table, meta = paged_case(batch, heads, lengths, page, torch.bfloat16, seed=batch + heads)
+    q, cache, table, meta = paged_case(batch, heads, lengths, page, dtype, seed=batch + heads)
     want, want_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
     call = lambda: mla_decode(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, wgmma=wgmma)  # noqa: E731
     got, lse = call()
