@@ -69,7 +69,7 @@ def compile_stage1(
     kernel = mla_decode_wgmma.stage1_wgmma if gluon else mla_decode._stage1
     consts = dict(PAGE=64, D_LAT=512, D_ROPE=64, BLOCK_H=64, BLOCK_N=64) if gluon else dict(
         PAGE=64, D_LAT=512, D_ROPE=64, PRECISION="tf32", QUANTIZED=cache != "bf16", TILE_IN_PAGE=True,
-        PREFETCH=False, Q_F16=False, PAGE_AHEAD=False,
+        PREFETCH=False, Q_F16=False, PAGE_AHEAD=False, WIDEN_BITS=False,
     )  # fmt: skip
     consts |= constexprs
     signature, attrs = {}, {}

@@ -23,6 +23,8 @@ decode_options the same cases: today's decode defaults against page_ahead off an
               the defaults before page_ahead
 wide_warps    the same cases, the 64-head kernel with 16 warps against 8
 fp8_tiles     the same cases, the 8-bit kernel with 16-row tiles, 2 or 4 warps, and more splits
+widen_bits    8-bit caches at the memory-bound shapes: tiles widened by conversion instructions against integer
+              operations, beside the bf16 cache
 wgmma         the Gluon split kernel (mla_decode_wgmma.py) against the Triton kernel at five many-head shapes (batch
               1 to 128, 64 and 128 heads), graph-replayed, checked against the Triton kernel's output
 decode_breakdown the default decode at batch 64 over contexts 1,024-16,384 and at (128, 16, 8,192): graph replay
@@ -488,6 +490,34 @@ def wgmma() -> dict:
     )
 
 
+def widen_bits() -> dict:
+    """8-bit caches at the memory-bound shapes: tiles widened to fp16 by conversion instructions (today) against
+    integer operations (widen_bits=True), graph-replayed beside the bf16 cache, checked against the default."""
+    from benchmarks.gpu_suite import LAT, paged_case
+    from mlaserve.attention.triton.mla_decode import mla_decode
+    from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
+
+    rows = []
+    for batch, length in ((64, 4096), (128, 8192)):
+        q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, 0)
+        args = (table, meta.seq_lens, length, LAT, 0.07)
+        bf16_ms = bench_graph(lambda q=q, c=cache, a=args: mla_decode(q, c, *a))
+        for name, dtype in QUANTIZED.items():
+            rows8 = quantize_rows(cache.view(-1, LAT + 64), dtype).view(*cache.shape[:3], LAT + 80)
+            want = mla_decode(q, rows8, *args)[0].float()
+            for kw in ({}, {"widen_bits": True}):
+                got = mla_decode(q, rows8, *args, **kw)[0].float()
+                ms = bench_graph(lambda kw=kw, q=q, r=rows8, a=args: mla_decode(q, r, *a, **kw))
+                rows.append(dict(B=batch, L=length, cache=name, kwargs={k: str(v) for k, v in kw.items()},
+                                 graph_ms=ms, bf16_ms=bf16_ms, vs_bf16=ms / bf16_ms,
+                                 max_diff_vs_default=(got - want).abs().max().item()))  # fmt: skip
+                print(json.dumps(rows[-1]), flush=True)
+            del rows8
+        del q, cache
+        torch.cuda.empty_cache()
+    return {"rows": rows}
+
+
 def decode_options() -> dict:
     """Today's defaults against page_ahead off and against the defaults before it. The run at f5fa3ce
     (results/h200-diagnose-2026-11-30-options.json) also timed the merge on programmatic dependent launch, since
@@ -839,6 +869,7 @@ def main() -> None:
                 "page_ahead": page_ahead,
                 "decode_options": decode_options,
                 "wgmma": wgmma,
+                "widen_bits": widen_bits,
                 "decode_breakdown": decode_breakdown,
                 "decode_flush": decode_flush,
                 "wide_warps": wide_warps,

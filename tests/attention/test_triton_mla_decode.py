@@ -5,11 +5,19 @@ import torch
 
 pytest.importorskip("triton")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from mlaserve.attention.metadata import build_metadata  # noqa: E402
 from mlaserve.attention.torch_ref import TorchBackend  # noqa: E402
-from mlaserve.attention.triton.mla_decode import mla_decode  # noqa: E402
+from mlaserve.attention.triton.mla_decode import _widen_bits, mla_decode  # noqa: E402
 
 LAT, ROPE = 32, 16
+
+
+@triton.jit
+def _widen_kernel(X, Y, N: tl.constexpr):
+    tl.store(Y + tl.arange(0, N), _widen_bits(tl.load(X + tl.arange(0, N)), tl.float16))
 
 
 def random_case(seq_lens, heads, page, seed, num_blocks=48):
@@ -117,8 +125,23 @@ def test_tiles_inside_or_across_pages(page, block_n, loop):
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "int8"])
-def test_fp16_dots_and_bf16_partials_stay_close(kv_dtype):
-    """The speed options: 8-bit tiles widened to fp16 for the dots, partial outputs stored in bf16."""
+def test_bit_widening_is_exact_for_every_byte(kv_dtype):
+    """_widen_bits (integer operations) gives every one of the 256 8-bit values exactly as a conversion does."""
+    from mlaserve.kvcache.quant import QUANTIZED
+
+    x = torch.arange(256, dtype=torch.uint8).view(QUANTIZED[kv_dtype])
+    y = torch.empty(256, dtype=torch.float16)
+    _widen_kernel[(1,)](x, y, N=256)
+    want = x.float()
+    finite = want.isfinite()  # e4m3's two NaN codes have no fp16 counterpart to match
+    assert torch.equal(y.float()[finite], want[finite])
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "int8"])
+@pytest.mark.parametrize("widen_bits", [False, True])
+def test_fp16_dots_and_bf16_partials_stay_close(kv_dtype, widen_bits):
+    """The speed options: 8-bit tiles widened to fp16 for the dots (by conversions or by integer operations),
+    partial outputs stored in bf16."""
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     seq_lens, heads, page = [9, 70, 3], 16, 16
@@ -130,7 +153,7 @@ def test_fp16_dots_and_bf16_partials_stay_close(kv_dtype):
     want, want_lse = TorchBackend().decode(q, rows, None, meta, 0.2, LAT, need_lse=True)
     got, lse = mla_decode(
         q, rows, table, meta.seq_lens, max(seq_lens), LAT, 0.2, block_n=16, num_splits=3,
-        partial_dtype=torch.bfloat16, q_f16=True,
+        partial_dtype=torch.bfloat16, q_f16=True, widen_bits=widen_bits,
     )  # fmt: skip
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-2)

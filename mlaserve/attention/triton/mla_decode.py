@@ -68,15 +68,29 @@ def _load_tile(
 
 
 @triton.jit
+def _widen_bits(x, out_dtype: tl.constexpr):
+    """8-bit values -> fp16 by integer operations, off the conversion unit: fp8_e4m3 s.eeee.mmm placed as fp16
+    s.0eeee.mmm0000000 is x * 2^-8 (subnormals too); int8 v as fp16 0x6400 | (v + 128) is 1,024 + 128 + v."""
+    b = x.to(tl.uint8, bitcast=True).to(tl.uint16)
+    if x.dtype == tl.int8:
+        return (((b ^ 0x80) | 0x6400).to(tl.float16, bitcast=True) - 1152.0).to(out_dtype)
+    return ((((b & 0x7F) << 7) | ((b & 0x80) << 8)).to(tl.float16, bitcast=True) * 256.0).to(out_dtype)
+
+
+@triton.jit
 def _attend_tile(
     q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2,
-    PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
+    PRECISION: tl.constexpr, QUANTIZED: tl.constexpr, WIDEN_BITS: tl.constexpr,
 ):  # fmt: skip
     """One online-softmax step over a tile; returns the updated (max, sum, accumulator)."""
     if QUANTIZED:
         # The scale is per token, i.e. per score column: apply it to the scores and to p, not to the tile.
-        k = k.to(q.dtype)
-        k_pe = k_pe.to(q.dtype)
+        if WIDEN_BITS:
+            k = _widen_bits(k, q.dtype)
+            k_pe = _widen_bits(k_pe, q.dtype)
+        else:
+            k = k.to(q.dtype)
+            k_pe = k_pe.to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
     s += tl.dot(q_pe, tl.trans(k_pe), input_precision=PRECISION)
     if QUANTIZED:
@@ -103,6 +117,7 @@ def _stage1(
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
     TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr, PAGE_AHEAD: tl.constexpr,
+    WIDEN_BITS: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -139,7 +154,7 @@ def _stage1(
                 QUANTIZED, TILE_IN_PAGE,
             )  # fmt: skip
             m, l_sum, acc = _attend_tile(
-                q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED
+                q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED, WIDEN_BITS
             )
             k, k_pe, scale, ok = k_next, kpe_next, scale_next, ok_next
     elif PAGE_AHEAD:
@@ -153,7 +168,7 @@ def _stage1(
             base = _rows_in_page(KV, page, n0, stride_kv, PAGE, BLOCK_N)
             k, k_pe, scale = _load_rows(base, ok, D_LAT, D_ROPE, BLOCK_N, QUANTIZED)
             m, l_sum, acc = _attend_tile(
-                q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED
+                q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED, WIDEN_BITS
             )
             page = page_next
     else:
@@ -163,7 +178,7 @@ def _stage1(
                 TILE_IN_PAGE,
             )  # fmt: skip
             m, l_sum, acc = _attend_tile(
-                q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED
+                q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED, WIDEN_BITS
             )
 
     has = l_sum > 0
@@ -277,6 +292,7 @@ def mla_decode(
     q_pe: torch.Tensor | None = None,
     page_ahead: bool | None = None,
     wgmma: bool | None = None,
+    widen_bits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, H, kv_lora_rank + rope], or [B, H, kv_lora_rank] with the rope part in q_pe [B, H, rope] (views
     of other tensors are fine, only the last dimension must be contiguous); kv_cache: [blocks, page, 1,
@@ -294,7 +310,8 @@ def mla_decode(
     cache type and grid size (see below). wgmma: run the split step of the 64-head kernel as the Gluon kernel in
     mla_decode_wgmma.py, whose warpgroups split the scores instead of both computing all of them (default: on
     where it can run: an sm_90 GPU, 16-bit cache in q's dtype, 64 heads per program, pages a multiple of 64 rows,
-    no tile or warp override).
+    no tile or warp override). widen_bits: 8-bit caches with fp16 dots only, widen the tiles by integer operations
+    instead of conversion instructions.
 
     Defaults come from the H200 sweep in benchmarks/gpu_suite.py --tune: 16 heads per program when there are few
     (memory-bound: one latent read per 16 heads), 64 with many (each latent tile then feeds 64 heads' dots)."""
@@ -366,6 +383,7 @@ def mla_decode(
             QUANTIZED=quantized, TILE_IN_PAGE=page % block_n == 0,
             PREFETCH=quantized if prefetch is None else prefetch,
             Q_F16=q_f16 and quantized,
+            WIDEN_BITS=widen_bits and quantized and q_f16,
             PAGE_AHEAD=page_ahead and page % block_n == 0,
             num_warps=num_warps, num_stages=num_stages,
         )  # fmt: skip
