@@ -50,13 +50,14 @@ AHEAD = dict(BLOCK_H=16, PAGE_AHEAD=True)
 CONFIGS = [
     ("bf16 16 heads, page ahead, 32-row tiles, 4 warps (default, full grid)", "bf16", AHEAD | dict(BLOCK_N=32), 4, 3),
     ("bf16 16 heads, page ahead, 64-row tiles (default, grid under 1/SM)", "bf16", AHEAD | dict(BLOCK_N=64), 8, 3),
-    ("fp8 16 heads (default)", "fp8", dict(BLOCK_H=16, BLOCK_N=32, PREFETCH=True, Q_F16=True), 4, 3),
+    ("fp8 16 heads (default)", "fp8", dict(BLOCK_H=16, BLOCK_N=32, PREFETCH=True, Q_F16=True, WIDEN_BITS=True), 4, 3),
     ("bf16 64 heads (default where the Gluon kernel cannot run)", "bf16", dict(BLOCK_H=64, BLOCK_N=64), 8, 2),
     ("bf16 64 heads, Gluon split kernel (default on sm_90)", "gluon", {}, 8, 1),
     ("bf16 16 heads, page ahead, 32-row tiles, 4 warps, 4 stages", "bf16", AHEAD | dict(BLOCK_N=32), 4, 4),
     ("bf16 16 heads, page looked up in the loop (the old default)", "bf16", dict(BLOCK_H=16, BLOCK_N=64), 8, 3),
     ("bf16 16 heads, page looked up in the loop, 32-row tiles", "bf16", dict(BLOCK_H=16, BLOCK_N=32), 4, 3),
     ("fp8 16 heads, pipeliner instead of prefetch", "fp8", dict(BLOCK_H=16, BLOCK_N=32, Q_F16=True), 4, 3),
+    ("fp8 16 heads, widened by conversion instructions", "fp8", dict(BLOCK_H=16, BLOCK_N=32, PREFETCH=True, Q_F16=True), 4, 3),
     ("bf16 64 heads, page ahead", "bf16", dict(BLOCK_H=64, BLOCK_N=64, PAGE_AHEAD=True), 8, 2),
     ("bf16 64 heads, page ahead, 32-row tiles", "bf16", dict(BLOCK_H=64, BLOCK_N=32, PAGE_AHEAD=True), 8, 3),
 ]  # fmt: skip

@@ -292,7 +292,7 @@ def mla_decode(
     q_pe: torch.Tensor | None = None,
     page_ahead: bool | None = None,
     wgmma: bool | None = None,
-    widen_bits: bool = False,
+    widen_bits: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, H, kv_lora_rank + rope], or [B, H, kv_lora_rank] with the rope part in q_pe [B, H, rope] (views
     of other tensors are fine, only the last dimension must be contiguous); kv_cache: [blocks, page, 1,
@@ -310,8 +310,9 @@ def mla_decode(
     cache type and grid size (see below). wgmma: run the split step of the 64-head kernel as the Gluon kernel in
     mla_decode_wgmma.py, whose warpgroups split the scores instead of both computing all of them (default: on
     where it can run: an sm_90 GPU, 16-bit cache in q's dtype, 64 heads per program, pages a multiple of 64 rows,
-    no tile or warp override). widen_bits: 8-bit caches with fp16 dots only, widen the tiles by integer operations
-    instead of conversion instructions.
+    no tile or warp override). widen_bits: 8-bit caches with fp16 dots, widen the tiles by integer operations
+    instead of conversion instructions (default: on wherever it applies; exact for every byte, and on an H200 5-7%
+    faster for fp8 and 11-12% for int8 at the memory-bound shapes, results/h200-diagnose-2026-11-30-widen.json).
 
     Defaults come from the H200 sweep in benchmarks/gpu_suite.py --tune: 16 heads per program when there are few
     (memory-bound: one latent read per 16 heads), 64 with many (each latent tile then feeds 64 heads' dots)."""
@@ -383,7 +384,7 @@ def mla_decode(
             QUANTIZED=quantized, TILE_IN_PAGE=page % block_n == 0,
             PREFETCH=quantized if prefetch is None else prefetch,
             Q_F16=q_f16 and quantized,
-            WIDEN_BITS=widen_bits and quantized and q_f16,
+            WIDEN_BITS=(widen_bits is not False) and quantized and q_f16,
             PAGE_AHEAD=page_ahead and page % block_n == 0,
             num_warps=num_warps, num_stages=num_stages,
         )  # fmt: skip
