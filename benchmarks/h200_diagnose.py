@@ -519,36 +519,6 @@ def widen_bits() -> dict:
     return {"rows": rows}
 
 
-def wgmma_lazy() -> dict:
-    """The Gluon split kernel rescaling its accumulator only in steps where some head's running max grew (FLAGS
-    LAZY_RESCALE in mla_decode_wgmma.py) against every step, graph-replayed, checked against the Triton kernel."""
-    from benchmarks.gpu_suite import LAT, paged_case
-    from mlaserve.attention.triton import mla_decode_wgmma
-    from mlaserve.attention.triton.mla_decode import mla_decode
-
-    saved = dict(mla_decode_wgmma.FLAGS)
-    rows = []
-    try:
-        for batch, heads, length in ((64, 128, 4096), (128, 128, 8192), (32, 128, 2048), (1, 128, 16384)):
-            q, cache, table, meta = paged_case(batch, heads, [length] * batch, 64, torch.bfloat16, 0)
-            args = (q, cache, table, meta.seq_lens, length, LAT, 0.07)
-            want = mla_decode(*args, wgmma=False)[0].float()
-            flops = 2 * batch * heads * length * (LAT + 64 + LAT)
-            for _ in range(2):  # two rounds, alternating, to see the spread
-                for lazy in (False, True):
-                    mla_decode_wgmma.FLAGS.update(LAZY_RESCALE=lazy)
-                    got = mla_decode(*args, wgmma=True)[0].float()
-                    ms = bench_graph(lambda a=args: mla_decode(*a, wgmma=True))
-                    rows.append(dict(B=batch, H=heads, L=length, flags=dict(mla_decode_wgmma.FLAGS), graph_ms=ms,
-                                     TFLOPs=flops / ms / 1e9, max_diff_vs_triton=(got - want).abs().max().item()))  # fmt: skip
-                    print(json.dumps(rows[-1]), flush=True)
-            del q, cache
-            torch.cuda.empty_cache()
-    finally:
-        mla_decode_wgmma.FLAGS.update(saved)
-    return {"rows": rows}
-
-
 def decode_options() -> dict:
     """Today's defaults against page_ahead off and against the defaults before it. The run at f5fa3ce
     (results/h200-diagnose-2026-11-30-options.json) also timed the merge on programmatic dependent launch, since
@@ -900,7 +870,6 @@ def main() -> None:
                 "page_ahead": page_ahead,
                 "decode_options": decode_options,
                 "wgmma": wgmma,
-                "wgmma_lazy": wgmma_lazy,
                 "widen_bits": widen_bits,
                 "decode_breakdown": decode_breakdown,
                 "decode_flush": decode_flush,

@@ -371,11 +371,11 @@ def mla_decode(
     )  # fmt: skip
     grid = (batch, head_groups, num_splits)
     if wgmma:
-        from mlaserve.attention.triton.mla_decode_wgmma import FLAGS, stage1_wgmma
+        from mlaserve.attention.triton.mla_decode_wgmma import stage1_wgmma
 
         stage1_wgmma[grid](
             *args, PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=block_n,
-            num_warps=num_warps, **FLAGS,
+            num_warps=num_warps,
         )  # fmt: skip
     else:
         _stage1[grid](

@@ -28,7 +28,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 # async_copy_global_to_shared and the CTA barrier thread_barrier; 3.9 async_load (the old name raises) and barrier.
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-FLAGS = {"LAZY_RESCALE": False}  # loop variants, timed by h200_diagnose.wgmma_lazy
 
 
 @gluon.jit
@@ -54,7 +53,6 @@ def stage1_wgmma(
     stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
     num_heads, scale_log2, num_splits,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-    LAZY_RESCALE: gl.constexpr = False,
 ):  # fmt: skip
     # Launched with 8 warps (two warpgroups), BLOCK_H = 64 (one wgmma M) and BLOCK_N = 64 rows, PAGE % 64 == 0.
     # Scores: warpgroup g computes columns [g * BLOCK_N / 2, (g + 1) * BLOCK_N / 2) for all BLOCK_H heads.
@@ -124,15 +122,11 @@ def stage1_wgmma(
         alpha = gl.exp2(m - m_new)
         p = gl.exp2(s - m_new[:, None])
         l_cols = l_cols * alpha[:, None] + p
-        if LAZY_RESCALE:
-            if gl.max(m_new - m, 0) > 0:
-                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, outs))[:, None]
         m = m_new
         p_s.store(p.to(q.dtype))
         fence_async_shared()
         _barrier()  # both warpgroups' columns of p are in place
-        if not LAZY_RESCALE:
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, outs))[:, None]
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, outs))[:, None]
         acc = warpgroup_mma(p_s, k, acc, is_async=True)  # the values are the latent part of the same rows
         acc = warpgroup_mma_wait(0, deps=[acc])
     async_copy.wait_group(
