@@ -519,6 +519,39 @@ def widen_bits() -> dict:
     return {"rows": rows}
 
 
+def wgmma8() -> dict:
+    """8-bit caches at 16 heads: the Gluon split kernel (mla_decode_wgmma8.py, wgmma=True) against the Triton
+    kernel, graph-replayed beside the bf16 cache, checked against the Triton kernel's output."""
+    from benchmarks.gpu_suite import LAT, paged_case
+    from mlaserve.attention.triton.mla_decode import mla_decode
+    from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
+
+    rows = []
+    for batch, length, max_len in ((64, 4096, 4096), (128, 8192, 8192), (32, 2048, 8192), (1, 16384, 16384)):
+        q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, 0)
+        args = (table, meta.seq_lens, max_len, LAT, 0.07)
+        bf16_ms = bench_graph(lambda q=q, c=cache, a=args: mla_decode(q, c, *a))
+        for name, dtype in QUANTIZED.items():
+            rows8 = quantize_rows(cache.view(-1, LAT + 64), dtype).view(*cache.shape[:3], LAT + 80)
+            want = mla_decode(q, rows8, *args)[0].float()
+            for kw in ({}, {"wgmma": True}):
+                try:
+                    got = mla_decode(q, rows8, *args, **kw)[0].float()
+                    ms = bench_graph(lambda kw=kw, q=q, r=rows8, a=args: mla_decode(q, r, *a, **kw))
+                except Exception as err:  # a variant that fails is a result too
+                    rows.append(dict(B=batch, L=length, cache=name, kwargs=str(kw), error=repr(err)[:400]))
+                    print(json.dumps(rows[-1]), flush=True)
+                    continue
+                rows.append(dict(B=batch, L=length, cache=name, kwargs={k: str(v) for k, v in kw.items()},
+                                 graph_ms=ms, bf16_ms=bf16_ms, vs_bf16=ms / bf16_ms,
+                                 max_diff_vs_triton=(got - want).abs().max().item()))  # fmt: skip
+                print(json.dumps(rows[-1]), flush=True)
+            del rows8
+        del q, cache
+        torch.cuda.empty_cache()
+    return {"rows": rows}
+
+
 def decode_options() -> dict:
     """Today's defaults against page_ahead off and against the defaults before it. The run at f5fa3ce
     (results/h200-diagnose-2026-11-30-options.json) also timed the merge on programmatic dependent launch, since
@@ -870,6 +903,7 @@ def main() -> None:
                 "page_ahead": page_ahead,
                 "decode_options": decode_options,
                 "wgmma": wgmma,
+                "wgmma8": wgmma8,
                 "widen_bits": widen_bits,
                 "decode_breakdown": decode_breakdown,
                 "decode_flush": decode_flush,

@@ -87,3 +87,30 @@ def test_wgmma_is_the_default_for_many_heads_on_hopper():
     assert torch.equal(default, gluon)
     with pytest.raises(ValueError, match="wgmma=True needs"):
         mla_decode(q, cache, table, meta.seq_lens, 256, LAT, 0.07, wgmma=True, block_n=32)
+
+
+@pytest.mark.skipif(not HOPPER, reason="the Gluon split kernels need sm_90")
+@pytest.mark.parametrize("batch", [1, 48])
+@pytest.mark.parametrize("kv", ["fp8_e4m3", "int8"])
+@pytest.mark.parametrize("heads", [16, 20])  # 20: a second head group, mostly masked
+def test_8bit_gluon_kernel_matches_reference_eager_and_in_a_graph(batch, kv, heads):
+    gen = torch.Generator().manual_seed(batch + heads)
+    lengths = torch.randint(1, 3000, (batch,), generator=gen).tolist()
+    lengths[0] = 1
+    q, cache, table, meta = paged_case(batch, heads, lengths, PAGE, torch.bfloat16, seed=batch)
+    cache = quantize_rows(cache.view(-1, LAT + ROPE), QUANTIZED[kv]).view(*cache.shape[:3], LAT + ROPE + 16)
+    want, want_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
+    call = lambda: mla_decode(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, wgmma=True)  # noqa: E731
+    got, lse = call()
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, want_lse, atol=2e-3, rtol=2e-3)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed, replayed_lse = call()
+    q.copy_(torch.randn_like(q))
+    want, want_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(replayed.float(), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(replayed_lse, want_lse, atol=2e-3, rtol=2e-3)

@@ -273,6 +273,20 @@ def _wgmma_fits(
     )  # fmt: skip
 
 
+def _wgmma8_fits(q: torch.Tensor, kv_cache: torch.Tensor, block_h: int, d_lat: int, d_rope: int) -> bool:
+    """Whether the Gluon 8-bit split kernel (mla_decode_wgmma8.py) can run this call."""
+    return (
+        q.is_cuda
+        and torch.cuda.get_device_capability(q.device) == (9, 0)
+        and _gluon_importable()
+        and q.dtype in (torch.bfloat16, torch.float16)
+        and is_quantized(kv_cache.dtype)
+        and block_h == 16
+        and kv_cache.shape[1] % 64 == 0
+        and d_lat == 512 and d_rope >= 16 and d_rope & (d_rope - 1) == 0
+    )  # fmt: skip
+
+
 def mla_decode(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -355,7 +369,8 @@ def mla_decode(
     if num_splits is None:
         num_splits = num_splits_for(batch, head_groups, max_seq_len, block_n, sms, block_h)
     can_wgmma = _wgmma_fits(q, kv_cache, block_h, block_n, num_warps, kv_lora_rank, d_rope)
-    if wgmma and not can_wgmma:
+    wgmma8 = bool(wgmma) and _wgmma8_fits(q, kv_cache, block_h, kv_lora_rank, d_rope)
+    if wgmma and not (can_wgmma or wgmma8):
         raise ValueError("wgmma=True needs an sm_90 GPU, a 16-bit cache in q's dtype, 64 heads per program, "
                          "64-row tiles with 8 warps, pages a multiple of 64 rows and power-of-two widths")  # fmt: skip
     wgmma = can_wgmma if wgmma is None else wgmma
@@ -370,7 +385,13 @@ def mla_decode(
         heads, scale * LOG2E, num_splits,
     )  # fmt: skip
     grid = (batch, head_groups, num_splits)
-    if wgmma:
+    if wgmma8:
+        from mlaserve.attention.triton.mla_decode_wgmma8 import stage1_wgmma8
+
+        stage1_wgmma8[grid](
+            *args, PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=16, BLOCK_N=64, num_warps=4,
+        )  # fmt: skip
+    elif wgmma:
         from mlaserve.attention.triton.mla_decode_wgmma import stage1_wgmma
 
         stage1_wgmma[grid](

@@ -1,0 +1,157 @@
+"""The split step of paged MLA decode over an 8-bit latent cache at 16 heads per program on Hopper, in Gluon.
+
+Same work and outputs as `mla_decode._stage1` with a quantized cache and BLOCK_H = 16. With 16 heads the scores are
+computed transposed, Sᵀ = K·Qᵀ, so the 64 cached rows of a tile are wgmma's M and the heads its N; the values' dot
+likewise runs as Oᵀ = Vᵀ·Pᵀ with the 512 latent columns as M, in four chunks of 128. Both dots take the cache tile
+as their register operand: 8-bit rows are copied to shared memory as they are, read straight into wgmma's operand
+layout and widened to fp16 there, so the widened tile never goes back through shared memory. Row scales are applied
+to the scores and folded into p, as in the Triton kernel.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+
+from mlaserve.attention.triton.mla_decode_wgmma import _async_load, _barrier
+
+CHUNK = gl.constexpr(128)  # latent columns per register operand
+
+
+@gluon.jit
+def _copy_tile8(
+    k_dst, pe_dst, KV, BlockTable, b, n0, end, stride_kv, stride_bt,
+    PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_N: gl.constexpr, rows: gl.constexpr,
+):  # fmt: skip
+    """Start copying the 8-bit values of rows n0 .. n0 + BLOCK_N (zero past `end`); return the rows' scales."""
+    pos = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, rows))
+    ok = pos < end
+    page = gl.load(BlockTable + b * stride_bt + n0 // PAGE, mask=n0 < end, other=0).to(gl.int64)
+    base = KV + (page * PAGE + pos % PAGE) * stride_kv
+    lat = gl.arange(0, D_LAT, layout=gl.SliceLayout(0, rows))
+    rope = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, rows))
+    _async_load(k_dst, base[:, None] + lat[None, :], mask=ok[:, None])
+    _async_load(pe_dst, base[:, None] + D_LAT + rope[None, :], mask=ok[:, None])
+    async_copy.commit_group()
+    return gl.load((base + D_LAT + D_ROPE).to(gl.pointer_type(gl.float32)), mask=ok, other=0.0)
+
+
+@gluon.jit
+def _scores_part(k8, q_part, s, a_layout: gl.constexpr):
+    """s += (8-bit rows of k8, widened) · q_partᵀ."""
+    a = k8.load(a_layout).to(gl.float16)
+    return warpgroup_mma(a, q_part.permute((1, 0)), s)
+
+
+@gluon.jit
+def _values_chunk(v8, p_s, acc, alpha, a_layout: gl.constexpr):
+    """acc * alpha + (8-bit value columns of v8, widened)ᵀ · pᵀ, for one chunk of latent columns."""
+    a = v8.permute((1, 0)).load(a_layout).to(gl.float16)
+    return warpgroup_mma(a, p_s, acc * alpha[None, :])
+
+
+@gluon.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits"])
+def stage1_wgmma8(
+    Q, QPe, KV, BlockTable, SeqLens, MidO, MidLse,
+    stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
+    num_heads, scale_log2, num_splits,
+    PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+):  # fmt: skip
+    # Launched with 4 warps (one warpgroup), BLOCK_H = 16 heads, BLOCK_N = 64 rows, D_LAT = 4 * CHUNK, PAGE % 64 == 0.
+    gl.static_assert(D_LAT == 4 * CHUNK)
+    scores: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_H, 16]
+    )
+    a_scores: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=scores, k_width=2)
+    rows: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16-byte copies
+    smem8: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
+    smem16: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    p_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2)
+
+    b = gl.program_id(0)
+    head0 = gl.program_id(1) * BLOCK_H
+    split = gl.program_id(2)
+    seq_len = gl.load(SeqLens + b)
+    split_len = gl.cdiv(gl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N  # as mla_decode._stage1
+    start = split * split_len
+    end = gl.minimum(start + split_len, seq_len)
+
+    q_rows: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, q_rows))
+    head_ok = heads < num_heads
+    lat = gl.arange(0, D_LAT, layout=gl.SliceLayout(0, q_rows))
+    rope = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, q_rows))
+    q = gl.load(
+        Q + b * stride_qb + heads[:, None] * stride_qh + lat[None, :], mask=head_ok[:, None], other=0.0
+    )
+    q_pe = gl.load(
+        QPe + b * stride_pb + heads[:, None] * stride_ph + rope[None, :], mask=head_ok[:, None], other=0.0
+    )
+    q_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, D_LAT], smem16, q.to(gl.float16))
+    qpe_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, D_ROPE], smem16, q_pe.to(gl.float16))
+    k_s = gl.allocate_shared_memory(KV.dtype.element_ty, [2, BLOCK_N, D_LAT], smem8)
+    pe_s = gl.allocate_shared_memory(KV.dtype.element_ty, [2, BLOCK_N, D_ROPE], smem8)
+    p_s = gl.allocate_shared_memory(gl.float16, [BLOCK_N, BLOCK_H], p_smem)
+
+    # Values: Oᵀ in four chunks of CHUNK latent columns (M), the heads as N.
+    outs: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_H, 16]
+    )
+    a_values: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=outs, k_width=2)
+    acc0 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
+    acc1 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
+    acc2 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
+    acc3 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
+    m = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, scores))
+    l_rows = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, scores)  # p's sums per row, reduced once at the end
+    n_idx = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, scores))
+
+    row_scale = _copy_tile8(k_s.index(0), pe_s.index(0), KV, BlockTable, b, start, end, stride_kv, stride_bt,
+                            PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
+    tiles = gl.cdiv(end - start, BLOCK_N)
+    for i in range(tiles):
+        n0 = start + i * BLOCK_N
+        buf = i % 2
+        async_copy.wait_group(0)
+        _barrier()  # every thread's copies of tile i have landed; tile i - 1's buffer and p_s are free
+        scale_i = gl.convert_layout(row_scale, gl.SliceLayout(1, scores))
+        row_scale = _copy_tile8(k_s.index(1 - buf), pe_s.index(1 - buf), KV, BlockTable, b, n0 + BLOCK_N, end,
+                                stride_kv, stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
+        k8 = k_s.index(buf)
+        s = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, scores)
+        for c in gl.static_range(D_LAT // CHUNK):
+            s = _scores_part(
+                k8.slice(c * CHUNK, CHUNK, dim=1), q_s.slice(c * CHUNK, CHUNK, dim=1), s, a_scores
+            )
+        s = _scores_part(pe_s.index(buf), qpe_s, s, a_scores)
+
+        s = gl.where((n0 + n_idx < end)[:, None], s * (scale_i * scale_log2)[:, None], float("-inf"))
+        m_new = gl.maximum(m, gl.max(s, 0))
+        alpha = gl.exp2(m - m_new)
+        p = gl.exp2(s - m_new[None, :])
+        l_rows = l_rows * alpha[None, :] + p
+        m = m_new
+        p_s.store((p * scale_i[:, None]).to(gl.float16))  # the values' row scales, folded into p
+        fence_async_shared()
+        _barrier()
+        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, outs))
+        acc0 = _values_chunk(k8.slice(0 * CHUNK, CHUNK, dim=1), p_s, acc0, alpha_o, a_values)
+        acc1 = _values_chunk(k8.slice(1 * CHUNK, CHUNK, dim=1), p_s, acc1, alpha_o, a_values)
+        acc2 = _values_chunk(k8.slice(2 * CHUNK, CHUNK, dim=1), p_s, acc2, alpha_o, a_values)
+        acc3 = _values_chunk(k8.slice(3 * CHUNK, CHUNK, dim=1), p_s, acc3, alpha_o, a_values)
+    async_copy.wait_group(0)
+
+    l_sum = gl.sum(l_rows, 0)
+    has = l_sum > 0
+    lse2 = gl.where(has, m + gl.log2(gl.where(has, l_sum, 1.0)), float("-inf"))
+    inv = gl.convert_layout(1.0 / gl.where(has, l_sum, 1.0), gl.SliceLayout(0, outs))
+    o_heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, outs))
+    o_cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, outs))
+    mo = MidO + b * stride_mob + o_heads[None, :] * stride_moh + split * stride_mos + o_cols[:, None]
+    o_ok = (o_heads < num_heads)[None, :]
+    gl.store(mo + 0 * CHUNK, (acc0 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
+    gl.store(mo + 1 * CHUNK, (acc1 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
+    gl.store(mo + 2 * CHUNK, (acc2 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
+    gl.store(mo + 3 * CHUNK, (acc3 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
+    l_heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, scores))
+    gl.store(MidLse + b * stride_mlb + l_heads * stride_mlh + split, lse2, mask=l_heads < num_heads)
