@@ -523,6 +523,7 @@ def wgmma8() -> dict:
     """8-bit caches at 16 heads: the Gluon split kernel (mla_decode_wgmma8.py, wgmma=True) against the Triton
     kernel, graph-replayed beside the bf16 cache, checked against the Triton kernel's output."""
     from benchmarks.gpu_suite import LAT, paged_case
+    from mlaserve.attention.triton import mla_decode_wgmma8
     from mlaserve.attention.triton.mla_decode import mla_decode
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
@@ -534,7 +535,10 @@ def wgmma8() -> dict:
         for name, dtype in QUANTIZED.items():
             rows8 = quantize_rows(cache.view(-1, LAT + 64), dtype).view(*cache.shape[:3], LAT + 80)
             want = mla_decode(q, rows8, *args)[0].float()
-            for kw in ({}, {"wgmma": True}):
+            for kw in ({}, {"wgmma": True}, {"wgmma": True, "fp8_bits": True}):
+                if "fp8_bits" in kw and dtype == torch.int8:
+                    continue
+                mla_decode_wgmma8.FLAGS["FP8_BITS"] = kw.pop("fp8_bits", False)
                 try:
                     got = mla_decode(q, rows8, *args, **kw)[0].float()
                     ms = bench_graph(lambda kw=kw, q=q, r=rows8, a=args: mla_decode(q, r, *a, **kw))
@@ -543,8 +547,8 @@ def wgmma8() -> dict:
                     print(json.dumps(rows[-1]), flush=True)
                     continue
                 rows.append(dict(B=batch, L=length, cache=name, kwargs={k: str(v) for k, v in kw.items()},
-                                 graph_ms=ms, bf16_ms=bf16_ms, vs_bf16=ms / bf16_ms,
-                                 max_diff_vs_triton=(got - want).abs().max().item()))  # fmt: skip
+                                 fp8_bits=mla_decode_wgmma8.FLAGS["FP8_BITS"], graph_ms=ms, bf16_ms=bf16_ms,
+                                 vs_bf16=ms / bf16_ms, max_diff_vs_triton=(got - want).abs().max().item()))  # fmt: skip
                 print(json.dumps(rows[-1]), flush=True)
             del rows8
         del q, cache

@@ -100,7 +100,7 @@ def test_8bit_gluon_kernel_matches_reference_eager_and_in_a_graph(batch, kv, hea
     q, cache, table, meta = paged_case(batch, heads, lengths, PAGE, torch.bfloat16, seed=batch)
     cache = quantize_rows(cache.view(-1, LAT + ROPE), QUANTIZED[kv]).view(*cache.shape[:3], LAT + ROPE + 16)
     want, want_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
-    call = lambda: mla_decode(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, wgmma=True)  # noqa: E731
+    call = lambda: mla_decode(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, block_h=16, wgmma=True)  # noqa: E731
     got, lse = call()
     torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse, want_lse, atol=2e-3, rtol=2e-3)

@@ -386,10 +386,11 @@ def mla_decode(
     )  # fmt: skip
     grid = (batch, head_groups, num_splits)
     if wgmma8:
+        from mlaserve.attention.triton.mla_decode_wgmma8 import FLAGS as FLAGS8
         from mlaserve.attention.triton.mla_decode_wgmma8 import stage1_wgmma8
 
         stage1_wgmma8[grid](
-            *args, PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=16, BLOCK_N=64, num_warps=4,
+            *args, PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=16, BLOCK_N=64, num_warps=4, **FLAGS8,
         )  # fmt: skip
     elif wgmma:
         from mlaserve.attention.triton.mla_decode_wgmma import stage1_wgmma
