@@ -193,7 +193,7 @@ def kernels() -> dict:
 
 
 def decode(ceil: dict, tune: bool) -> dict:
-    from mlaserve.attention.triton.mla_decode import _wgmma_fits, mla_decode
+    from mlaserve.attention.triton.mla_decode import _wgmma8_fits, _wgmma_fits, mla_decode
 
     def time_case(batch: int, heads: int, length: int) -> dict:
         q, cache, table, meta = paged_case(batch, heads, [length] * batch, 64, torch.bfloat16, 0)
@@ -242,6 +242,14 @@ def decode(ceil: dict, tune: bool) -> dict:
                 ms = bench_graph(lambda r=rows8: mla_decode(q, r, table, meta.seq_lens, length, LAT, scale))
                 row[f"{name}_ms"] = ms
                 row[f"{name}_vs_bf16"] = ms / t_triton
+                if dtype == torch.float8_e4m3fn:  # the Gluon 8-bit kernel (default on sm_90) against Triton's
+                    gluon8 = _wgmma8_fits(q, rows8, 16, LAT, ROPE)
+                    row[f"{name}_split_kernel"] = "gluon_wgmma8" if gluon8 else "triton"
+                    row[f"{name}_triton_kernel_ms"] = bench_graph(
+                        lambda r=rows8: mla_decode(
+                            q, r, table, meta.seq_lens, length, LAT, scale, wgmma=False
+                        )
+                    )
                 del rows8
         return row
 

@@ -324,7 +324,8 @@ def mla_decode(
     cache type and grid size (see below). wgmma: run the split step of the 64-head kernel as the Gluon kernel in
     mla_decode_wgmma.py, whose warpgroups split the scores instead of both computing all of them (default: on
     where it can run: an sm_90 GPU, 16-bit cache in q's dtype, 64 heads per program, pages a multiple of 64 rows,
-    no tile or warp override). widen_bits: 8-bit caches with fp16 dots, widen the tiles by integer operations
+    no tile or warp override); and, for an 8-bit cache at 16 heads per program, the Gluon kernel in
+    mla_decode_wgmma8.py (default: fp8 caches without a tile or warp override; int8 only when asked). widen_bits: 8-bit caches with fp16 dots, widen the tiles by integer operations
     instead of conversion instructions (default: on wherever it applies; exact for every byte, and on an H200 5-7%
     faster for fp8 and 11-12% for int8 at the memory-bound shapes, results/h200-diagnose-2026-11-30-widen.json).
 
@@ -342,6 +343,7 @@ def mla_decode(
     # = (64, 4,096) took 0.140 ms against 0.181 ms with the bf16-cache defaults (benchmarks/results/
     # decode-sweep-h200-2026-11-30b.json). The 64-head kernel keeps the measured defaults of bf16 caches.
     light = quantized and block_h <= 16
+    tile_given = block_n is not None or num_warps is not None
     q_f16 = light and q.dtype != torch.float32 if q_f16 is None else q_f16  # fp32 models keep fp32 dots
     if num_stages is None:
         num_stages = 3 if block_h <= 16 else 2
@@ -369,11 +371,16 @@ def mla_decode(
     if num_splits is None:
         num_splits = num_splits_for(batch, head_groups, max_seq_len, block_n, sms, block_h)
     can_wgmma = _wgmma_fits(q, kv_cache, block_h, block_n, num_warps, kv_lora_rank, d_rope)
-    wgmma8 = bool(wgmma) and _wgmma8_fits(q, kv_cache, block_h, kv_lora_rank, d_rope)
-    if wgmma and not (can_wgmma or wgmma8):
-        raise ValueError("wgmma=True needs an sm_90 GPU, a 16-bit cache in q's dtype, 64 heads per program, "
-                         "64-row tiles with 8 warps, pages a multiple of 64 rows and power-of-two widths")  # fmt: skip
-    wgmma = can_wgmma if wgmma is None else wgmma
+    can_wgmma8 = _wgmma8_fits(q, kv_cache, block_h, kv_lora_rank, d_rope)
+    if wgmma and not (can_wgmma or can_wgmma8):
+        raise ValueError("wgmma=True needs an sm_90 GPU, a bf16/fp16 query and pages a multiple of 64 rows; with a "
+                         "16-bit cache in q's dtype, 64 heads per program in 64-row tiles with 8 warps; with an "
+                         "8-bit cache, 16 heads per program and a 512-wide latent")  # fmt: skip
+    # By default the Gluon 8-bit kernel takes fp8 caches only: on an H200 it was 0.99-1.10x the bf16 cache's time
+    # against 1.18-1.45x for the Triton kernel, while int8 gained 0-5% (results/h200-diagnose-2026-11-30-wgmma8.json).
+    default8 = kv_cache.dtype == torch.float8_e4m3fn and not tile_given
+    wgmma8 = can_wgmma8 and (wgmma if wgmma is not None else default8)
+    wgmma = can_wgmma and wgmma is not False
     mid_o = torch.empty(batch, heads, num_splits, kv_lora_rank, dtype=partial_dtype, device=q.device)
     mid_lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
     kv = kv_cache.view(-1, row)
@@ -386,11 +393,10 @@ def mla_decode(
     )  # fmt: skip
     grid = (batch, head_groups, num_splits)
     if wgmma8:
-        from mlaserve.attention.triton.mla_decode_wgmma8 import FLAGS as FLAGS8
         from mlaserve.attention.triton.mla_decode_wgmma8 import stage1_wgmma8
 
         stage1_wgmma8[grid](
-            *args, PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=16, BLOCK_N=64, num_warps=4, **FLAGS8,
+            *args, PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=16, BLOCK_N=64, num_warps=4,
         )  # fmt: skip
     elif wgmma:
         from mlaserve.attention.triton.mla_decode_wgmma import stage1_wgmma

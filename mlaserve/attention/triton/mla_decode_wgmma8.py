@@ -17,7 +17,6 @@ from mlaserve.attention.triton.mla_decode import _widen_bits
 from mlaserve.attention.triton.mla_decode_wgmma import _async_load, _barrier
 
 CHUNK = gl.constexpr(128)  # latent columns per register operand
-FLAGS = {"FP8_BITS": False}  # variants, timed by h200_diagnose.wgmma8
 
 
 @gluon.jit
@@ -39,12 +38,10 @@ def _copy_tile8(
 
 
 @gluon.jit
-def _widen(x, FP8_BITS: gl.constexpr):
-    """8-bit operand -> fp16: int8 by integer operations (packed two to a register), fp8 by the paired conversion
-    instruction unless FP8_BITS."""
-    if FP8_BITS:
-        y = _widen_bits(x, gl.float16)
-    elif x.dtype == gl.int8:
+def _widen(x):
+    """8-bit operand -> fp16. fp8 takes the paired conversion instruction (integer operations were 1.4-1.6x slower
+    here), int8 integer operations packed two to a register (results/h200-diagnose-2026-11-30-wgmma8.json)."""
+    if x.dtype == gl.int8:
         y = _widen_bits(x, gl.float16)
     else:
         y = x.to(gl.float16)
@@ -52,16 +49,16 @@ def _widen(x, FP8_BITS: gl.constexpr):
 
 
 @gluon.jit
-def _scores_part(k8, q_part, s, a_layout: gl.constexpr, FP8_BITS: gl.constexpr):
+def _scores_part(k8, q_part, s, a_layout: gl.constexpr):
     """s += (8-bit rows of k8, widened) · q_partᵀ."""
-    a = _widen(k8.load(a_layout), FP8_BITS)
+    a = _widen(k8.load(a_layout))
     return warpgroup_mma(a, q_part.permute((1, 0)), s)
 
 
 @gluon.jit
-def _values_chunk(v8, p_s, acc, alpha, a_layout: gl.constexpr, FP8_BITS: gl.constexpr):
+def _values_chunk(v8, p_s, acc, alpha, a_layout: gl.constexpr):
     """acc * alpha + (8-bit value columns of v8, widened)ᵀ · pᵀ, for one chunk of latent columns."""
-    a = _widen(v8.permute((1, 0)).load(a_layout), FP8_BITS)
+    a = _widen(v8.permute((1, 0)).load(a_layout))
     return warpgroup_mma(a, p_s, acc * alpha[None, :])
 
 
@@ -71,7 +68,6 @@ def stage1_wgmma8(
     stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
     num_heads, scale_log2, num_splits,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-    FP8_BITS: gl.constexpr = False,
 ):  # fmt: skip
     # Launched with 4 warps (one warpgroup), BLOCK_H = 16 heads, BLOCK_N = 64 rows, D_LAT = 4 * CHUNK, PAGE % 64 == 0.
     gl.static_assert(D_LAT == 4 * CHUNK)
@@ -137,9 +133,9 @@ def stage1_wgmma8(
         s = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, scores)
         for c in gl.static_range(D_LAT // CHUNK):
             s = _scores_part(
-                k8.slice(c * CHUNK, CHUNK, dim=1), q_s.slice(c * CHUNK, CHUNK, dim=1), s, a_scores, FP8_BITS
+                k8.slice(c * CHUNK, CHUNK, dim=1), q_s.slice(c * CHUNK, CHUNK, dim=1), s, a_scores
             )
-        s = _scores_part(pe_s.index(buf), qpe_s, s, a_scores, FP8_BITS)
+        s = _scores_part(pe_s.index(buf), qpe_s, s, a_scores)
 
         s = gl.where((n0 + n_idx < end)[:, None], s * (scale_i * scale_log2)[:, None], float("-inf"))
         m_new = gl.maximum(m, gl.max(s, 0))
@@ -151,10 +147,10 @@ def stage1_wgmma8(
         fence_async_shared()
         _barrier()
         alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, outs))
-        acc0 = _values_chunk(k8.slice(0 * CHUNK, CHUNK, dim=1), p_s, acc0, alpha_o, a_values, FP8_BITS)
-        acc1 = _values_chunk(k8.slice(1 * CHUNK, CHUNK, dim=1), p_s, acc1, alpha_o, a_values, FP8_BITS)
-        acc2 = _values_chunk(k8.slice(2 * CHUNK, CHUNK, dim=1), p_s, acc2, alpha_o, a_values, FP8_BITS)
-        acc3 = _values_chunk(k8.slice(3 * CHUNK, CHUNK, dim=1), p_s, acc3, alpha_o, a_values, FP8_BITS)
+        acc0 = _values_chunk(k8.slice(0 * CHUNK, CHUNK, dim=1), p_s, acc0, alpha_o, a_values)
+        acc1 = _values_chunk(k8.slice(1 * CHUNK, CHUNK, dim=1), p_s, acc1, alpha_o, a_values)
+        acc2 = _values_chunk(k8.slice(2 * CHUNK, CHUNK, dim=1), p_s, acc2, alpha_o, a_values)
+        acc3 = _values_chunk(k8.slice(3 * CHUNK, CHUNK, dim=1), p_s, acc3, alpha_o, a_values)
     async_copy.wait_group(0)
 
     l_sum = gl.sum(l_rows, 0)
