@@ -35,7 +35,8 @@ def _copy_tile(
     k_dst, pe_dst, KV, BlockTable, b, n0, end, stride_kv, stride_bt,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_N: gl.constexpr, rows: gl.constexpr,
 ):  # fmt: skip
-    """Start copying rows n0 .. n0 + BLOCK_N of sequence b into shared memory (rows past `end` are zero-filled)."""
+    """Start copying rows n0 .. n0 + BLOCK_N of sequence b into shared memory (rows past `end` are zero-filled).
+    Returns the rows' pointers and which rows are in range (the 8-bit kernel reads the row scales behind them)."""
     pos = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, rows))
     ok = pos < end
     page = gl.load(BlockTable + b * stride_bt + n0 // PAGE, mask=n0 < end, other=0).to(gl.int64)
@@ -45,6 +46,35 @@ def _copy_tile(
     _async_load(k_dst, base[:, None] + lat[None, :], mask=ok[:, None])
     _async_load(pe_dst, base[:, None] + D_LAT + rope[None, :], mask=ok[:, None])
     async_copy.commit_group()
+    return base, ok
+
+
+@gluon.jit
+def _split_range(SeqLens, b, split, num_splits, BLOCK_N: gl.constexpr):
+    """Rows [start, end) of sequence b that this split covers, as mla_decode._stage1 slices them."""
+    seq_len = gl.load(SeqLens + b)
+    split_len = gl.cdiv(gl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    return start, gl.minimum(start + split_len, seq_len)
+
+
+@gluon.jit
+def _load_queries(
+    Q, QPe, b, head0, num_heads, stride_qb, stride_qh, stride_pb, stride_ph,
+    BLOCK_H: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, rows: gl.constexpr,
+):  # fmt: skip
+    """The latent and rope parts of heads head0 .. head0 + BLOCK_H of sequence b (zero past num_heads)."""
+    heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, rows))
+    head_ok = heads < num_heads
+    lat = gl.arange(0, D_LAT, layout=gl.SliceLayout(0, rows))
+    rope = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, rows))
+    q = gl.load(
+        Q + b * stride_qb + heads[:, None] * stride_qh + lat[None, :], mask=head_ok[:, None], other=0.0
+    )
+    q_pe = gl.load(
+        QPe + b * stride_pb + heads[:, None] * stride_ph + rope[None, :], mask=head_ok[:, None], other=0.0
+    )
+    return q, q_pe
 
 
 @gluon.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits"])
@@ -69,21 +99,9 @@ def stage1_wgmma(
     b = gl.program_id(0)
     head0 = gl.program_id(1) * BLOCK_H
     split = gl.program_id(2)
-    seq_len = gl.load(SeqLens + b)
-    split_len = gl.cdiv(gl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N  # as mla_decode._stage1
-    start = split * split_len
-    end = gl.minimum(start + split_len, seq_len)
-
-    heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, rows))
-    head_ok = heads < num_heads
-    lat = gl.arange(0, D_LAT, layout=gl.SliceLayout(0, rows))
-    rope = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, rows))
-    q = gl.load(
-        Q + b * stride_qb + heads[:, None] * stride_qh + lat[None, :], mask=head_ok[:, None], other=0.0
-    )
-    q_pe = gl.load(
-        QPe + b * stride_pb + heads[:, None] * stride_ph + rope[None, :], mask=head_ok[:, None], other=0.0
-    )
+    start, end = _split_range(SeqLens, b, split, num_splits, BLOCK_N)
+    q, q_pe = _load_queries(Q, QPe, b, head0, num_heads, stride_qb, stride_qh, stride_pb, stride_ph,
+                            BLOCK_H, D_LAT, D_ROPE, rows)  # fmt: skip
     q_s = gl.allocate_shared_memory(q.dtype, [BLOCK_H, D_LAT], smem, q)
     qpe_s = gl.allocate_shared_memory(q.dtype, [BLOCK_H, D_ROPE], smem, q_pe)
     k_s = gl.allocate_shared_memory(KV.dtype.element_ty, [2, BLOCK_N, D_LAT], smem)

@@ -14,7 +14,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 from mlaserve.attention.triton.mla_decode import _widen_bits
-from mlaserve.attention.triton.mla_decode_wgmma import _async_load, _barrier
+from mlaserve.attention.triton.mla_decode_wgmma import _barrier, _copy_tile, _load_queries, _split_range
 
 CHUNK = gl.constexpr(128)  # latent columns per register operand
 
@@ -25,15 +25,8 @@ def _copy_tile8(
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_N: gl.constexpr, rows: gl.constexpr,
 ):  # fmt: skip
     """Start copying the 8-bit values of rows n0 .. n0 + BLOCK_N (zero past `end`); return the rows' scales."""
-    pos = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, rows))
-    ok = pos < end
-    page = gl.load(BlockTable + b * stride_bt + n0 // PAGE, mask=n0 < end, other=0).to(gl.int64)
-    base = KV + (page * PAGE + pos % PAGE) * stride_kv
-    lat = gl.arange(0, D_LAT, layout=gl.SliceLayout(0, rows))
-    rope = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, rows))
-    _async_load(k_dst, base[:, None] + lat[None, :], mask=ok[:, None])
-    _async_load(pe_dst, base[:, None] + D_LAT + rope[None, :], mask=ok[:, None])
-    async_copy.commit_group()
+    base, ok = _copy_tile(k_dst, pe_dst, KV, BlockTable, b, n0, end, stride_kv, stride_bt,
+                          PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
     return gl.load((base + D_LAT + D_ROPE).to(gl.pointer_type(gl.float32)), mask=ok, other=0.0)
 
 
@@ -83,22 +76,10 @@ def stage1_wgmma8(
     b = gl.program_id(0)
     head0 = gl.program_id(1) * BLOCK_H
     split = gl.program_id(2)
-    seq_len = gl.load(SeqLens + b)
-    split_len = gl.cdiv(gl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N  # as mla_decode._stage1
-    start = split * split_len
-    end = gl.minimum(start + split_len, seq_len)
-
+    start, end = _split_range(SeqLens, b, split, num_splits, BLOCK_N)
     q_rows: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, q_rows))
-    head_ok = heads < num_heads
-    lat = gl.arange(0, D_LAT, layout=gl.SliceLayout(0, q_rows))
-    rope = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, q_rows))
-    q = gl.load(
-        Q + b * stride_qb + heads[:, None] * stride_qh + lat[None, :], mask=head_ok[:, None], other=0.0
-    )
-    q_pe = gl.load(
-        QPe + b * stride_pb + heads[:, None] * stride_ph + rope[None, :], mask=head_ok[:, None], other=0.0
-    )
+    q, q_pe = _load_queries(Q, QPe, b, head0, num_heads, stride_qb, stride_qh, stride_pb, stride_ph,
+                            BLOCK_H, D_LAT, D_ROPE, q_rows)  # fmt: skip
     q_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, D_LAT], smem16, q.to(gl.float16))
     qpe_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, D_ROPE], smem16, q_pe.to(gl.float16))
     k_s = gl.allocate_shared_memory(KV.dtype.element_ty, [2, BLOCK_N, D_LAT], smem8)
