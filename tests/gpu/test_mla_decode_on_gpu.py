@@ -16,6 +16,25 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 PAGE = 64
 
 
+def check_eager_and_replayed(q: torch.Tensor, cache: torch.Tensor, meta, call) -> None:
+    """`call()` (a decode over q and cache, scale 0.07) matches the torch reference eagerly, and again when replayed
+    from a CUDA graph after q was overwritten: the replay must read the new queries, so its result has to change."""
+    want, want_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
+    got, lse = call()
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, want_lse, atol=2e-3, rtol=2e-3)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed, replayed_lse = call()
+    q.copy_(torch.randn_like(q))
+    want, want_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(replayed.float(), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(replayed_lse, want_lse, atol=2e-3, rtol=2e-3)
+
+
 @pytest.mark.parametrize("batch", [1, 48])  # a grid under one program per SM, and one that fills the GPU
 @pytest.mark.parametrize(
     "options", [{}, {"page_ahead": False}, {"block_n": 64, "num_warps": 8}, {"block_n": 32, "num_warps": 4}]
@@ -29,22 +48,10 @@ def test_matches_reference_eager_and_in_a_graph(batch, options, kv):
         cache = quantize_rows(cache.view(-1, LAT + ROPE), QUANTIZED[kv]).view(
             *cache.shape[:3], LAT + ROPE + 16
         )
-    want, want_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
     # The split count sized for a longer max_model_len than any sequence, as the engine's decode graphs run it.
-    call = lambda: mla_decode(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, **options)  # noqa: E731
-    got, lse = call()
-    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(lse, want_lse, atol=2e-3, rtol=2e-3)
-
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        replayed, replayed_lse = call()
-    q.copy_(torch.randn_like(q))  # the replay must read the new queries, so its result has to change
-    want, want_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
-    graph.replay()
-    torch.cuda.synchronize()
-    torch.testing.assert_close(replayed.float(), want, atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(replayed_lse, want_lse, atol=2e-3, rtol=2e-3)
+    check_eager_and_replayed(
+        q, cache, meta, lambda: mla_decode(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, **options)
+    )
 
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -62,21 +69,9 @@ def test_many_heads_match_reference_eager_and_in_a_graph(batch, heads, page, wgm
     lengths = torch.randint(1, 3000, (batch,), generator=gen).tolist()
     lengths[0] = 1  # a one-row context: one masked tile
     q, cache, table, meta = paged_case(batch, heads, lengths, page, dtype, seed=batch + heads)
-    want, want_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
-    call = lambda: mla_decode(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, wgmma=wgmma)  # noqa: E731
-    got, lse = call()
-    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(lse, want_lse, atol=2e-3, rtol=2e-3)
-
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        replayed, replayed_lse = call()
-    q.copy_(torch.randn_like(q))
-    want, want_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
-    graph.replay()
-    torch.cuda.synchronize()
-    torch.testing.assert_close(replayed.float(), want, atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(replayed_lse, want_lse, atol=2e-3, rtol=2e-3)
+    check_eager_and_replayed(
+        q, cache, meta, lambda: mla_decode(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, wgmma=wgmma)
+    )
 
 
 @pytest.mark.skipif(not HOPPER, reason="the Gluon split kernel needs sm_90")
@@ -99,18 +94,9 @@ def test_8bit_gluon_kernel_matches_reference_eager_and_in_a_graph(batch, kv, hea
     lengths[0] = 1
     q, cache, table, meta = paged_case(batch, heads, lengths, PAGE, torch.bfloat16, seed=batch)
     cache = quantize_rows(cache.view(-1, LAT + ROPE), QUANTIZED[kv]).view(*cache.shape[:3], LAT + ROPE + 16)
-    want, want_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
-    call = lambda: mla_decode(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, block_h=16, wgmma=True)  # noqa: E731
-    got, lse = call()
-    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(lse, want_lse, atol=2e-3, rtol=2e-3)
-
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        replayed, replayed_lse = call()
-    q.copy_(torch.randn_like(q))
-    want, want_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
-    graph.replay()
-    torch.cuda.synchronize()
-    torch.testing.assert_close(replayed.float(), want, atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(replayed_lse, want_lse, atol=2e-3, rtol=2e-3)
+    check_eager_and_replayed(
+        q,
+        cache,
+        meta,
+        lambda: mla_decode(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, block_h=16, wgmma=True),
+    )
