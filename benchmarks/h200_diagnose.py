@@ -490,63 +490,48 @@ def wgmma() -> dict:
     )
 
 
-def widen_bits() -> dict:
-    """8-bit caches at the memory-bound shapes: tiles widened to fp16 by conversion instructions
-    (widen_bits=False) against integer operations (the default since the run at 74c9aa9, -widen.json, which timed
-    them in the other order), graph-replayed beside the bf16 cache, checked against each other."""
+def eight_bit_variants(cases: list, variants: list) -> dict:
+    """8-bit caches at 16 heads, at (batch, context, max_seq_len) `cases`: each of `variants` (mla_decode kwargs)
+    graph-replayed beside the bf16 cache and checked against the first variant's output."""
     from benchmarks.gpu_suite import LAT, paged_case
     from mlaserve.attention.triton.mla_decode import mla_decode
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     rows = []
-    for batch, length in ((64, 4096), (128, 8192)):
-        q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, 0)
-        args = (table, meta.seq_lens, length, LAT, 0.07)
-        bf16_ms = bench_graph(lambda q=q, c=cache, a=args: mla_decode(q, c, *a))
-        for name, dtype in QUANTIZED.items():
-            rows8 = quantize_rows(cache.view(-1, LAT + 64), dtype).view(*cache.shape[:3], LAT + 80)
-            want = mla_decode(q, rows8, *args, widen_bits=False)[0].float()
-            for kw in ({"widen_bits": False}, {}):
-                got = mla_decode(q, rows8, *args, **kw)[0].float()
-                ms = bench_graph(lambda kw=kw, q=q, r=rows8, a=args: mla_decode(q, r, *a, **kw))
-                rows.append(dict(B=batch, L=length, cache=name, kwargs={k: str(v) for k, v in kw.items()},
-                                 graph_ms=ms, bf16_ms=bf16_ms, vs_bf16=ms / bf16_ms,
-                                 max_diff_vs_default=(got - want).abs().max().item()))  # fmt: skip
-                print(json.dumps(rows[-1]), flush=True)
-            del rows8
-        del q, cache
-        torch.cuda.empty_cache()
-    return {"rows": rows}
-
-
-def wgmma8() -> dict:
-    """8-bit caches at 16 heads: today's default (the Gluon 8-bit kernel for fp8 on sm_90, the Triton kernel for
-    int8), the Triton kernel (wgmma=False) and the Gluon kernel (wgmma=True), graph-replayed beside the bf16 cache,
-    checked against the Triton kernel's output. The run at a5aa549 (-wgmma8.json) also timed fp8 widened by integer
-    operations inside the Gluon kernel: 1.4-1.6x the paired conversion's time."""
-    from benchmarks.gpu_suite import LAT, paged_case
-    from mlaserve.attention.triton.mla_decode import mla_decode
-    from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
-
-    rows = []
-    for batch, length, max_len in ((64, 4096, 4096), (128, 8192, 8192), (32, 2048, 8192), (1, 16384, 16384)):
+    for batch, length, max_len in cases:
         q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, 0)
         args = (table, meta.seq_lens, max_len, LAT, 0.07)
         bf16_ms = bench_graph(lambda q=q, c=cache, a=args: mla_decode(q, c, *a))
         for name, dtype in QUANTIZED.items():
             rows8 = quantize_rows(cache.view(-1, LAT + 64), dtype).view(*cache.shape[:3], LAT + 80)
-            want = mla_decode(q, rows8, *args, wgmma=False)[0].float()
-            for kw in ({}, {"wgmma": False}, {"wgmma": True}):
+            want = mla_decode(q, rows8, *args, **variants[0])[0].float()
+            for kw in variants:
                 got = mla_decode(q, rows8, *args, **kw)[0].float()
                 ms = bench_graph(lambda kw=kw, q=q, r=rows8, a=args: mla_decode(q, r, *a, **kw))
                 rows.append(dict(B=batch, L=length, cache=name, kwargs={k: str(v) for k, v in kw.items()},
                                  graph_ms=ms, bf16_ms=bf16_ms, vs_bf16=ms / bf16_ms,
-                                 max_diff_vs_triton=(got - want).abs().max().item()))  # fmt: skip
+                                 max_diff_vs_first=(got - want).abs().max().item()))  # fmt: skip
                 print(json.dumps(rows[-1]), flush=True)
             del rows8
         del q, cache
         torch.cuda.empty_cache()
     return {"rows": rows}
+
+
+def widen_bits() -> dict:
+    """8-bit caches at the memory-bound shapes: tiles widened to fp16 by conversion instructions
+    (widen_bits=False) against integer operations (the default since the run at 74c9aa9, -widen.json, which timed
+    them in the other order and named the check column max_diff_vs_default)."""
+    return eight_bit_variants([(64, 4096, 4096), (128, 8192, 8192)], [{"widen_bits": False}, {}])
+
+
+def wgmma8() -> dict:
+    """8-bit caches at 16 heads: the Triton kernel (wgmma=False), today's default (the Gluon 8-bit kernel for fp8
+    on sm_90, the Triton kernel for int8) and the Gluon kernel (wgmma=True). The run at a5aa549 (-wgmma8.json, check
+    column max_diff_vs_triton) also timed fp8 widened by integer operations inside the Gluon kernel: 1.4-1.6x the
+    paired conversion's time."""
+    cases = [(64, 4096, 4096), (128, 8192, 8192), (32, 2048, 8192), (1, 16384, 16384)]
+    return eight_bit_variants(cases, [{"wgmma": False}, {}, {"wgmma": True}])
 
 
 def decode_options() -> dict:
