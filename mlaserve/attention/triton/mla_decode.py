@@ -241,13 +241,21 @@ def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms
 
 
 @functools.cache
-def _gluon_importable() -> bool:
-    """Gluon is experimental in Triton: an install whose Gluon lacks what the kernel uses keeps the Triton kernel."""
+def _gluon_runs_on(device: torch.device) -> bool:
+    """Whether the Gluon kernels can run on this device: Hopper's wgmma (sm_90), and a Triton whose Gluon has what
+    they use (Gluon is experimental; an install without it keeps the Triton kernel)."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
+        return False
     try:
-        from mlaserve.attention.triton import mla_decode_wgmma  # noqa: F401
+        from mlaserve.attention.triton import mla_decode_wgmma8  # noqa: F401  (imports the 16-bit kernel's module)
     except (ImportError, AttributeError):
         return False
     return True
+
+
+def _pow2_from_16(n: int) -> bool:
+    """A width the Gluon kernels' layouts take: a power of two, at least one wgmma K step (16)."""
+    return n >= 16 and n & (n - 1) == 0
 
 
 def _wgmma_fits(
@@ -260,30 +268,25 @@ def _wgmma_fits(
     d_rope: int,
 ) -> bool:
     """Whether the Gluon split kernel (mla_decode_wgmma.py) can run this call: Hopper's wgmma, its fixed tile."""
-    pow2 = lambda n: n >= 16 and n & (n - 1) == 0  # noqa: E731
     return (
-        q.is_cuda
-        and torch.cuda.get_device_capability(q.device) == (9, 0)
-        and _gluon_importable()
+        _gluon_runs_on(q.device)
         and q.dtype in (torch.bfloat16, torch.float16)
         and kv_cache.dtype == q.dtype
         and (block_h, block_n, num_warps) == (64, 64, 8)
         and kv_cache.shape[1] % 64 == 0
-        and pow2(d_lat) and d_lat <= 512 and pow2(d_rope)
+        and _pow2_from_16(d_lat) and d_lat <= 512 and _pow2_from_16(d_rope)
     )  # fmt: skip
 
 
 def _wgmma8_fits(q: torch.Tensor, kv_cache: torch.Tensor, block_h: int, d_lat: int, d_rope: int) -> bool:
     """Whether the Gluon 8-bit split kernel (mla_decode_wgmma8.py) can run this call."""
     return (
-        q.is_cuda
-        and torch.cuda.get_device_capability(q.device) == (9, 0)
-        and _gluon_importable()
+        _gluon_runs_on(q.device)
         and q.dtype in (torch.bfloat16, torch.float16)
         and is_quantized(kv_cache.dtype)
         and block_h == 16
         and kv_cache.shape[1] % 64 == 0
-        and d_lat == 512 and d_rope >= 16 and d_rope & (d_rope - 1) == 0
+        and d_lat == 512 and _pow2_from_16(d_rope)
     )  # fmt: skip
 
 
