@@ -30,7 +30,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
-from mlaserve.attention.triton import mla_decode, mla_decode_wgmma, mla_decode_wgmma8  # noqa: E402
+from mlaserve.attention.triton import mla_decode, mla_decode_fp8, mla_decode_wgmma, mla_decode_wgmma8  # noqa: E402
 
 SM90_SHARED_BYTES = 227 * 1024  # per SM, usable by thread blocks
 SM90_REGISTERS = 65536
@@ -45,8 +45,8 @@ POINTERS = {
 FLOATS = {"scale_log2"}
 
 # (name, cache, constexpr overrides, num_warps, num_stages): today's six defaults first, then variants. Cache
-# "gluon" is the bf16 Gluon kernel of mla_decode_wgmma.py, "gluon8" the fp8 one of mla_decode_wgmma8.py (their tiles
-# are fixed; stages are their own two buffers).
+# "gluon" is the bf16 Gluon kernel of mla_decode_wgmma.py, "gluonfp8" the fp8 one of mla_decode_fp8.py, "gluon8" the
+# widening 8-bit one of mla_decode_wgmma8.py (their tiles are fixed; stages are their own two buffers).
 AHEAD = dict(BLOCK_H=16, PAGE_AHEAD=True)
 CONFIGS = [
     ("bf16 16 heads, page ahead, 32-row tiles, 4 warps (default, full grid)", "bf16", AHEAD | dict(BLOCK_N=32), 4, 3),
@@ -54,7 +54,8 @@ CONFIGS = [
     ("fp8 16 heads (default where the Gluon kernel cannot run)", "fp8", dict(BLOCK_H=16, BLOCK_N=32, PREFETCH=True, Q_F16=True, WIDEN_BITS=True), 4, 3),
     ("bf16 64 heads (default where the Gluon kernel cannot run)", "bf16", dict(BLOCK_H=64, BLOCK_N=64), 8, 2),
     ("bf16 64 heads, Gluon split kernel (default on sm_90)", "gluon", {}, 8, 1),
-    ("fp8 16 heads, Gluon 8-bit kernel (default on sm_90)", "gluon8", {}, 4, 1),
+    ("fp8 16 heads, Gluon fp8-dot kernel (default on sm_90)", "gluonfp8", {}, 4, 1),
+    ("fp8 16 heads, Gluon 8-bit widening kernel (fp8_dots=False; int8 with wgmma=True)", "gluon8", {}, 4, 1),
     ("bf16 16 heads, page ahead, 32-row tiles, 4 warps, 4 stages", "bf16", AHEAD | dict(BLOCK_N=32), 4, 4),
     ("bf16 16 heads, page looked up in the loop (the old default)", "bf16", dict(BLOCK_H=16, BLOCK_N=64), 8, 3),
     ("bf16 16 heads, page looked up in the loop, 32-row tiles", "bf16", dict(BLOCK_H=16, BLOCK_N=32), 4, 3),
@@ -69,10 +70,12 @@ def compile_stage1(
     cache: str, constexprs: dict, num_warps: int, num_stages: int
 ) -> triton.compiler.CompiledKernel:
     gluon = cache.startswith("gluon")
-    kernel = {"gluon": mla_decode_wgmma.stage1_wgmma, "gluon8": mla_decode_wgmma8.stage1_wgmma8}.get(
-        cache, mla_decode._stage1
-    )
-    heads = 16 if cache == "gluon8" else 64
+    kernel = {
+        "gluon": mla_decode_wgmma.stage1_wgmma,
+        "gluon8": mla_decode_wgmma8.stage1_wgmma8,
+        "gluonfp8": mla_decode_fp8.stage1_fp8,
+    }.get(cache, mla_decode._stage1)
+    heads = 16 if cache in ("gluon8", "gluonfp8") else 64
     consts = dict(PAGE=64, D_LAT=512, D_ROPE=64, BLOCK_H=heads, BLOCK_N=64) if gluon else dict(
         PAGE=64, D_LAT=512, D_ROPE=64, PRECISION="tf32", QUANTIZED=cache != "bf16", TILE_IN_PAGE=True,
         PREFETCH=False, Q_F16=False, PAGE_AHEAD=False, WIDEN_BITS=False,
@@ -84,7 +87,7 @@ def compile_stage1(
             signature[name] = "constexpr"
             continue
         if name == "KV":
-            signature[name] = "*fp8e4nv" if cache in ("fp8", "gluon8") else "*bf16"
+            signature[name] = "*fp8e4nv" if cache in ("fp8", "gluon8", "gluonfp8") else "*bf16"
         else:
             signature[name] = POINTERS.get(name, "fp32" if name in FLOATS else "i32")
         generic = name in FLOATS or name in kernel.do_not_specialize or index in kernel.do_not_specialize
@@ -132,6 +135,7 @@ def report(cache: str, constexprs: dict, num_warps: int, num_stages: int, workdi
         # warpgroups split the columns, 72 when each computes them all.
         wgmma_by_shape=dict(Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
         mma_sync=ptx.count("mma.sync"),
+        shared_byte_loads=ptx.count("ld.shared.b8"),  # operands gathered one byte at a time
         shared_bytes=shared,
         **usage,
         programs_per_sm=min(by_registers, by_shared),

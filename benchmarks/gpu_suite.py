@@ -193,7 +193,7 @@ def kernels() -> dict:
 
 
 def decode(ceil: dict, tune: bool) -> dict:
-    from mlaserve.attention.triton.mla_decode import _wgmma8_fits, _wgmma_fits, mla_decode
+    from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode
 
     def time_case(batch: int, heads: int, length: int) -> dict:
         q, cache, table, meta = paged_case(batch, heads, [length] * batch, 64, torch.bfloat16, 0)
@@ -229,7 +229,7 @@ def decode(ceil: dict, tune: bool) -> dict:
         row["pct_of_copy"] = 100 * row["triton_GBps"] / ceil["copy_GBps"] if ceil else None
         row["pct_of_gemm"] = 100 * row["triton_TFLOPs"] / ceil["bf16_gemm_TFLOPs"] if ceil else None
         if heads > 16:  # the Gluon split kernel (default on sm_90) against the Triton one it replaces there
-            row["split_kernel"] = "gluon_wgmma" if _wgmma_fits(q, cache, 64, 64, 8, LAT, ROPE) else "triton"
+            row["split_kernel"] = decode_plan(q, cache, length, LAT, ROPE).kernel
             row["triton_kernel_ms"] = bench_graph(
                 lambda: mla_decode(q, cache, table, meta.seq_lens, length, LAT, scale, wgmma=False)
             )
@@ -242,9 +242,8 @@ def decode(ceil: dict, tune: bool) -> dict:
                 ms = bench_graph(lambda r=rows8: mla_decode(q, r, table, meta.seq_lens, length, LAT, scale))
                 row[f"{name}_ms"] = ms
                 row[f"{name}_vs_bf16"] = ms / t_triton
-                if dtype == torch.float8_e4m3fn:  # the Gluon 8-bit kernel (default on sm_90) against Triton's
-                    gluon8 = _wgmma8_fits(q, rows8, 16, LAT, ROPE)
-                    row[f"{name}_split_kernel"] = "gluon_wgmma8" if gluon8 else "triton"
+                if dtype == torch.float8_e4m3fn:  # the Gluon fp8 kernel (default on sm_90) against Triton's
+                    row[f"{name}_split_kernel"] = decode_plan(q, rows8, length, LAT, ROPE).kernel
                     row[f"{name}_triton_kernel_ms"] = bench_graph(
                         lambda r=rows8: mla_decode(
                             q, r, table, meta.seq_lens, length, LAT, scale, wgmma=False

@@ -41,6 +41,7 @@ host          where host time goes: torch.profiler over one batch-1 prefill of 5
 
 import argparse
 import datetime
+import inspect
 import json
 import os
 import sys
@@ -490,27 +491,39 @@ def wgmma() -> dict:
     )
 
 
-def eight_bit_variants(cases: list, variants: list) -> dict:
+def eight_bit_variants(cases: list, variants: list, caches: tuple = ("fp8_e4m3", "int8")) -> dict:
     """8-bit caches at 16 heads, at (batch, context, max_seq_len) `cases`: each of `variants` (mla_decode kwargs)
-    graph-replayed beside the bf16 cache and checked against the first variant's output."""
+    graph-replayed beside the bf16 cache and checked against the first variant's output and against the torch
+    reference over the dequantized cache (output and LSE), beside how far the cache's own rounding moved that
+    reference from the one over the bf16 cache."""
     from benchmarks.gpu_suite import LAT, paged_case
-    from mlaserve.attention.triton.mla_decode import mla_decode
+    from mlaserve.attention.torch_ref import TorchBackend
+    from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
+    PLAN = inspect.signature(decode_plan).parameters  # noqa: N806  (the options that choose the kernel)
     rows = []
     for batch, length, max_len in cases:
         q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, 0)
         args = (table, meta.seq_lens, max_len, LAT, 0.07)
         bf16_ms = bench_graph(lambda q=q, c=cache, a=args: mla_decode(q, c, *a))
-        for name, dtype in QUANTIZED.items():
-            rows8 = quantize_rows(cache.view(-1, LAT + 64), dtype).view(*cache.shape[:3], LAT + 80)
+        exact, exact_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
+        for name in caches:
+            rows8 = quantize_rows(cache.view(-1, LAT + 64), QUANTIZED[name]).view(*cache.shape[:3], LAT + 80)
+            ref, ref_lse = TorchBackend().decode(q.float(), rows8, None, meta, 0.07, LAT, need_lse=True)
             want = mla_decode(q, rows8, *args, **variants[0])[0].float()
             for kw in variants:
-                got = mla_decode(q, rows8, *args, **kw)[0].float()
+                got, lse = mla_decode(q, rows8, *args, **kw)
                 ms = bench_graph(lambda kw=kw, q=q, r=rows8, a=args: mla_decode(q, r, *a, **kw))
                 rows.append(dict(B=batch, L=length, cache=name, kwargs={k: str(v) for k, v in kw.items()},
+                                 kernel=decode_plan(q, rows8, max_len, LAT, 64, **{k: v for k, v in kw.items() if k in PLAN}).kernel,
                                  graph_ms=ms, bf16_ms=bf16_ms, vs_bf16=ms / bf16_ms,
-                                 max_diff_vs_first=(got - want).abs().max().item()))  # fmt: skip
+                                 max_diff_vs_first=(got.float() - want).abs().max().item(),
+                                 max_diff_vs_ref=(got.float() - ref).abs().max().item(),
+                                 lse_max_diff_vs_ref=(lse - ref_lse).abs().max().item(),
+                                 cache_rounding_out=(ref - exact).abs().max().item(),
+                                 cache_rounding_lse=(ref_lse - exact_lse).abs().max().item(),
+                                 ref_max_abs=ref.abs().max().item()))  # fmt: skip
                 print(json.dumps(rows[-1]), flush=True)
             del rows8
         del q, cache
@@ -532,6 +545,13 @@ def wgmma8() -> dict:
     paired conversion's time."""
     cases = [(64, 4096, 4096), (128, 8192, 8192), (32, 2048, 8192), (1, 16384, 16384)]
     return eight_bit_variants(cases, [{"wgmma": False}, {}, {"wgmma": True}])
+
+
+def fp8_dots() -> dict:
+    """fp8 caches at 16 heads: the Triton kernel (wgmma=False), the Gluon kernel that widens the tile
+    (fp8_dots=False) and the one running both dots on fp8 tensor cores (the default)."""
+    cases = [(64, 4096, 4096), (128, 8192, 8192), (32, 2048, 8192), (1, 16384, 16384)]
+    return eight_bit_variants(cases, [{"wgmma": False}, {"fp8_dots": False}, {}], caches=("fp8_e4m3",))
 
 
 def decode_options() -> dict:
@@ -886,6 +906,7 @@ def main() -> None:
                 "decode_options": decode_options,
                 "wgmma": wgmma,
                 "wgmma8": wgmma8,
+                "fp8_dots": fp8_dots,
                 "widen_bits": widen_bits,
                 "decode_breakdown": decode_breakdown,
                 "decode_flush": decode_flush,

@@ -178,3 +178,5 @@ def test_wgmma_kernel_is_refused_where_it_cannot_run():
     torch.testing.assert_close(default, want, atol=2e-5, rtol=2e-5)
     with pytest.raises(ValueError, match="wgmma=True needs an sm_90 GPU"):
         mla_decode(q, cache, table, meta.seq_lens, 30, LAT, 0.2, wgmma=True)
+    with pytest.raises(ValueError, match="fp8_dots=True needs the Gluon 8-bit path"):
+        mla_decode(q, cache, table, meta.seq_lens, 30, LAT, 0.2, fp8_dots=True)

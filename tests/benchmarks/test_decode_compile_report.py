@@ -20,13 +20,13 @@ def test_every_configuration_compiles_and_reports(tmp_path):
     out = tmp_path / "report.json"
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     subprocess.run(
-        # the six default configurations (bf16 at both grid sizes, fp8 and 64 heads in Triton and in Gluon): each
-        # compile takes a while
-        [sys.executable, str(REPO / "benchmarks" / "decode_compile_report.py"), "--out", str(out), "--limit", "6"],
+        # the six default configurations (bf16 at both grid sizes, fp8 and 64 heads in Triton and in Gluon) and the
+        # widening 8-bit Gluon kernel: each compile takes a while
+        [sys.executable, str(REPO / "benchmarks" / "decode_compile_report.py"), "--out", str(out), "--limit", "7"],
         check=True, capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 6
+    assert len(rows) == 7
     for row in rows:
         assert 0 < row["registers"] <= 255 and row["shared_bytes"] > 0
         assert row["programs_per_sm"] >= 1
@@ -37,7 +37,11 @@ def test_every_configuration_compiles_and_reports(tmp_path):
     assert "Gluon" in gluon64["config"] and gluon64["wgmma_by_shape"] == {"m64n32k16": 36, "m64n256k16": 4}
     assert gluon64["kv_tile_buffers"] == 2 and gluon64["local_bytes"] == 0
     assert triton64["wgmma_by_shape"].get("m64n32k16") in (36, 72)
-    # The 8-bit Gluon kernel: 16 heads as N, so 36 score and 32 value m64n16k16 per tile, nothing spilled.
-    gluon8 = rows[5]
-    assert "Gluon 8-bit" in gluon8["config"] and gluon8["wgmma_by_shape"] == {"m64n16k16": 68}
+    # The fp8-dot Gluon kernel: per tile 18 score m64n32k32 (16 heads x two query terms) and 32 value m64n16k32
+    # (4 chunks x 2 row blocks x two p terms x 2 k steps); the value operand is read 4 bytes at a time, none spilled.
+    fp8, gluon8 = rows[5], rows[6]
+    assert "fp8-dot" in fp8["config"] and fp8["wgmma_by_shape"] == {"m64n32k32": 18, "m64n16k32": 32}
+    assert fp8["kv_tile_buffers"] == 2 and fp8["local_bytes"] == 0 and fp8["shared_byte_loads"] == 0
+    # The widening 8-bit Gluon kernel: 16 heads as N, so 36 score and 32 value m64n16k16 per tile, nothing spilled.
+    assert "widening" in gluon8["config"] and gluon8["wgmma_by_shape"] == {"m64n16k16": 68}
     assert gluon8["kv_tile_buffers"] == 2 and gluon8["local_bytes"] == 0

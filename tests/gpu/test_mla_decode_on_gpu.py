@@ -8,7 +8,7 @@ import torch
 
 from benchmarks.gpu_suite import LAT, ROPE, paged_case
 from mlaserve.attention.torch_ref import TorchBackend
-from mlaserve.attention.triton.mla_decode import mla_decode
+from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -16,13 +16,20 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 PAGE = 64
 
 
-def check_eager_and_replayed(q: torch.Tensor, cache: torch.Tensor, meta, call) -> None:
+# The LSE tolerance of the fp8-dot kernel (mla_decode_fp8.py): its scores carry the fp8 tensor cores' accumulation
+# error, about 1e-3 of their magnitude (measured within 5e-3 here; test_fp8_dots_error_is_small_beside_the_caches).
+FP8_DOTS_LSE_ATOL = 8e-3
+
+
+def check_eager_and_replayed(
+    q: torch.Tensor, cache: torch.Tensor, meta, call, lse_atol: float = 2e-3
+) -> None:
     """`call()` (a decode over q and cache, scale 0.07) matches the torch reference eagerly, and again when replayed
     from a CUDA graph after q was overwritten: the replay must read the new queries, so its result has to change."""
     want, want_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
     got, lse = call()
     torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(lse, want_lse, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(lse, want_lse, atol=lse_atol, rtol=2e-3)
 
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -32,7 +39,7 @@ def check_eager_and_replayed(q: torch.Tensor, cache: torch.Tensor, meta, call) -
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(replayed.float(), want, atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(replayed_lse, want_lse, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(replayed_lse, want_lse, atol=lse_atol, rtol=2e-3)
 
 
 @pytest.mark.parametrize("batch", [1, 48])  # a grid under one program per SM, and one that fills the GPU
@@ -49,8 +56,13 @@ def test_matches_reference_eager_and_in_a_graph(batch, options, kv):
             *cache.shape[:3], LAT + ROPE + 16
         )
     # The split count sized for a longer max_model_len than any sequence, as the engine's decode graphs run it.
+    fp8_dots = decode_plan(q, cache, 8192, LAT, ROPE, **options).kernel == "gluon_fp8"
     check_eager_and_replayed(
-        q, cache, meta, lambda: mla_decode(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, **options)
+        q,
+        cache,
+        meta,
+        lambda: mla_decode(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, **options),
+        lse_atol=FP8_DOTS_LSE_ATOL if fp8_dots else 2e-3,
     )
 
 
@@ -86,9 +98,9 @@ def test_wgmma_is_the_default_for_many_heads_on_hopper():
 
 @pytest.mark.skipif(not HOPPER, reason="the Gluon split kernels need sm_90")
 @pytest.mark.parametrize("batch", [1, 48])
-@pytest.mark.parametrize("kv", ["fp8_e4m3", "int8"])
+@pytest.mark.parametrize("kv, fp8_dots", [("fp8_e4m3", None), ("fp8_e4m3", False), ("int8", None)])
 @pytest.mark.parametrize("heads", [16, 20])  # 20: a second head group, mostly masked
-def test_8bit_gluon_kernel_matches_reference_eager_and_in_a_graph(batch, kv, heads):
+def test_8bit_gluon_kernel_matches_reference_eager_and_in_a_graph(batch, kv, fp8_dots, heads):
     gen = torch.Generator().manual_seed(batch + heads)
     lengths = torch.randint(1, 3000, (batch,), generator=gen).tolist()
     lengths[0] = 1
@@ -98,5 +110,28 @@ def test_8bit_gluon_kernel_matches_reference_eager_and_in_a_graph(batch, kv, hea
         q,
         cache,
         meta,
-        lambda: mla_decode(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, block_h=16, wgmma=True),
+        lambda: mla_decode(
+            q, cache, table, meta.seq_lens, 8192, LAT, 0.07, block_h=16, wgmma=True, fp8_dots=fp8_dots
+        ),
+        lse_atol=FP8_DOTS_LSE_ATOL if kv == "fp8_e4m3" and fp8_dots is None else 2e-3,
     )
+
+
+@pytest.mark.skipif(not HOPPER, reason="the Gluon split kernels need sm_90")
+def test_fp8_dots_error_is_small_beside_the_caches():
+    """The fp8-dot kernel's distance from the reference over the dequantized cache is a small part of what storing
+    the cache in fp8 moved the result (the reference over the bf16 cache), for outputs and LSEs alike."""
+    gen = torch.Generator().manual_seed(7)
+    lengths = [1, 64, 700] + torch.randint(1, 5000, (13,), generator=gen).tolist()
+    q, cache, table, meta = paged_case(len(lengths), 16, lengths, PAGE, torch.bfloat16, seed=7)
+    rows8 = quantize_rows(cache.view(-1, LAT + ROPE), QUANTIZED["fp8_e4m3"]).view(
+        *cache.shape[:3], LAT + ROPE + 16
+    )
+    exact, exact_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
+    want, want_lse = TorchBackend().decode(q.float(), rows8, None, meta, 0.07, LAT, need_lse=True)
+    got, lse = mla_decode(q, rows8, table, meta.seq_lens, 8192, LAT, 0.07, fp8_dots=True)
+    widened, widened_lse = mla_decode(q, rows8, table, meta.seq_lens, 8192, LAT, 0.07, fp8_dots=False)
+    assert (got.float() - want).abs().max() < 0.25 * (want - exact).abs().max()
+    assert (lse - want_lse).abs().max() < 0.25 * (want_lse - exact_lse).abs().max()
+    # and within a small multiple of the widening kernel's output error
+    assert (got.float() - want).abs().max() < 3 * (widened.float() - want).abs().max() + 1e-3

@@ -9,6 +9,7 @@ program run the split step as the Gluon kernel in mla_decode_wgmma.py (see `wgmm
 reference, on CPU under the interpreter and on other GPUs.
 """
 
+import dataclasses
 import functools
 import math
 
@@ -290,54 +291,41 @@ def _wgmma8_fits(q: torch.Tensor, kv_cache: torch.Tensor, block_h: int, d_lat: i
     )  # fmt: skip
 
 
-def mla_decode(
+@dataclasses.dataclass(frozen=True)
+class DecodePlan:
+    """How mla_decode runs one call: the tile, the grid's split count, and which split-step kernel (`kernel`:
+    "gluon_fp8" mla_decode_fp8.py, "gluon_wgmma8" mla_decode_wgmma8.py, "gluon_wgmma" mla_decode_wgmma.py, or
+    "triton", this file's _stage1)."""
+
+    block_h: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    num_splits: int
+    page_ahead: bool
+    q_f16: bool
+    kernel: str
+
+
+def decode_plan(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
     max_seq_len: int,
     kv_lora_rank: int,
-    scale: float,
+    d_rope: int,
     block_h: int | None = None,
     block_n: int | None = None,
     num_splits: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    prefetch: bool | None = None,
-    partial_dtype: torch.dtype = torch.float32,
     q_f16: bool | None = None,
-    q_pe: torch.Tensor | None = None,
     page_ahead: bool | None = None,
     wgmma: bool | None = None,
-    widen_bits: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: [B, H, kv_lora_rank + rope], or [B, H, kv_lora_rank] with the rope part in q_pe [B, H, rope] (views
-    of other tensors are fine, only the last dimension must be contiguous); kv_cache: [blocks, page, 1,
-    kv_lora_rank + rope]; block_table [B, max_blocks]; seq_lens [B]. Returns (out [B, H, kv_lora_rank] in q's
-    dtype, lse [B, H] float32, natural log).
-
-    prefetch: load the next KV tile into registers before attending to the current one (default: on for 8-bit
-    caches, whose tiles are converted in registers; bf16 tiles are streamed by Triton's own pipeliner).
-    partial_dtype: how the per-split partial outputs are stored for the merge (their traffic is ~10% of the
-    cache's at 8 splits of a 4,096 context; bf16 was no faster in the sweep, so float32 stays the default).
-    q_f16: 8-bit caches only, run the dots in fp16 instead of bf16 (default: on at 16 heads per program when q is
-    16-bit). page_ahead: look the next tile's page up while working on this one, so Triton's pipeliner gives the
-    tile two shared-memory buffers (default: on at 16 heads per program with 16-bit caches; the prefetching
-    8-bit loop already loads ahead, and the 64-head kernel was 2% slower with it). block_n and num_warps default by
-    cache type and grid size (see below). wgmma: run the split step of the 64-head kernel as the Gluon kernel in
-    mla_decode_wgmma.py, whose warpgroups split the scores instead of both computing all of them (default: on
-    where it can run: an sm_90 GPU, 16-bit cache in q's dtype, 64 heads per program, pages a multiple of 64 rows,
-    no tile or warp override); and, for an 8-bit cache at 16 heads per program, the Gluon kernel in
-    mla_decode_wgmma8.py (default: fp8 caches without a tile or warp override; int8 only when asked). widen_bits: 8-bit caches with fp16 dots, widen the tiles by integer operations
-    instead of conversion instructions (default: on wherever it applies; exact for every byte, and on an H200 5-7%
-    faster for fp8 and 11-12% for int8 at the memory-bound shapes, results/h200-diagnose-2026-11-30-widen.json).
-
-    Defaults come from the H200 sweep in benchmarks/gpu_suite.py --tune: 16 heads per program when there are few
-    (memory-bound: one latent read per 16 heads), 64 with many (each latent tile then feeds 64 heads' dots)."""
-    if q_pe is None:
-        q, q_pe = q[..., :kv_lora_rank], q[..., kv_lora_rank:]
-    q, q_pe = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, q_pe))
-    batch, heads, _ = q.shape
+    fp8_dots: bool | None = None,
+) -> DecodePlan:
+    """mla_decode's options with their defaults filled in for this call (q: [B, H, >= kv_lora_rank]); raises
+    ValueError where wgmma=True or fp8_dots=True cannot run. The options are documented on mla_decode."""
+    batch, heads = q.shape[:2]
     if block_h is None:
         block_h = 16 if heads <= 16 else 32 if heads < 64 else 64
     quantized = is_quantized(kv_cache.dtype)
@@ -351,8 +339,6 @@ def mla_decode(
     if num_stages is None:
         num_stages = 3 if block_h <= 16 else 2
     page = kv_cache.shape[1]
-    d_rope = q_pe.shape[-1]
-    row = kv_cache.shape[-1]  # width, or width + a 16-byte scale tail for 8-bit rows
     head_groups = triton.cdiv(heads, block_h)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
     if page_ahead is None:
@@ -379,11 +365,88 @@ def mla_decode(
         raise ValueError("wgmma=True needs an sm_90 GPU, a bf16/fp16 query and pages a multiple of 64 rows; with a "
                          "16-bit cache in q's dtype, 64 heads per program in 64-row tiles with 8 warps; with an "
                          "8-bit cache, 16 heads per program and a 512-wide latent")  # fmt: skip
-    # By default the Gluon 8-bit kernel takes fp8 caches only: on an H200 it was 0.99-1.10x the bf16 cache's time
-    # against 1.18-1.45x for the Triton kernel, while int8 gained 0-5% (results/h200-diagnose-2026-11-30-wgmma8.json).
-    default8 = kv_cache.dtype == torch.float8_e4m3fn and not tile_given
-    wgmma8 = can_wgmma8 and (wgmma if wgmma is not None else default8)
-    wgmma = can_wgmma and wgmma is not False
+    # By default the Gluon 8-bit kernels take fp8 caches only; int8 gained 0-5% from the widening one
+    # (results/h200-diagnose-2026-11-30-wgmma8.json) and stays on the Triton kernel unless asked.
+    fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    wgmma8 = can_wgmma8 and (wgmma if wgmma is not None else (fp8 and not tile_given) or bool(fp8_dots))
+    can_fp8_dots = wgmma8 and fp8 and d_rope >= 32  # fp8 wgmma's K step
+    if fp8_dots and not can_fp8_dots:
+        raise ValueError("fp8_dots=True needs the Gluon 8-bit path: an sm_90 GPU, a bf16/fp16 query, an fp8_e4m3 "
+                         "cache, 16 heads per program, a 512-wide latent, pages a multiple of 64 rows and wgmma "
+                         "not False")  # fmt: skip
+    if can_fp8_dots and fp8_dots is not False:
+        kernel = "gluon_fp8"
+    elif wgmma8:
+        kernel = "gluon_wgmma8"
+    elif can_wgmma and wgmma is not False:
+        kernel = "gluon_wgmma"
+    else:
+        kernel = "triton"
+    return DecodePlan(block_h, block_n, num_warps, num_stages, num_splits, page_ahead, q_f16, kernel)
+
+
+def mla_decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    kv_lora_rank: int,
+    scale: float,
+    block_h: int | None = None,
+    block_n: int | None = None,
+    num_splits: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    prefetch: bool | None = None,
+    partial_dtype: torch.dtype = torch.float32,
+    q_f16: bool | None = None,
+    q_pe: torch.Tensor | None = None,
+    page_ahead: bool | None = None,
+    wgmma: bool | None = None,
+    widen_bits: bool | None = None,
+    fp8_dots: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [B, H, kv_lora_rank + rope], or [B, H, kv_lora_rank] with the rope part in q_pe [B, H, rope] (views
+    of other tensors are fine, only the last dimension must be contiguous); kv_cache: [blocks, page, 1,
+    kv_lora_rank + rope]; block_table [B, max_blocks]; seq_lens [B]. Returns (out [B, H, kv_lora_rank] in q's
+    dtype, lse [B, H] float32, natural log).
+
+    prefetch: load the next KV tile into registers before attending to the current one (default: on for 8-bit
+    caches, whose tiles are converted in registers; bf16 tiles are streamed by Triton's own pipeliner).
+    partial_dtype: how the per-split partial outputs are stored for the merge (their traffic is ~10% of the
+    cache's at 8 splits of a 4,096 context; bf16 was no faster in the sweep, so float32 stays the default).
+    q_f16: 8-bit caches only, run the dots in fp16 instead of bf16 (default: on at 16 heads per program when q is
+    16-bit). page_ahead: look the next tile's page up while working on this one, so Triton's pipeliner gives the
+    tile two shared-memory buffers (default: on at 16 heads per program with 16-bit caches; the prefetching
+    8-bit loop already loads ahead, and the 64-head kernel was 2% slower with it). block_n and num_warps default by
+    cache type and grid size (see below). wgmma: run the split step of the 64-head kernel as the Gluon kernel in
+    mla_decode_wgmma.py, whose warpgroups split the scores instead of both computing all of them (default: on
+    where it can run: an sm_90 GPU, 16-bit cache in q's dtype, 64 heads per program, pages a multiple of 64 rows,
+    no tile or warp override); and, for an 8-bit cache at 16 heads per program, the Gluon kernel in
+    mla_decode_wgmma8.py (default: fp8 caches without a tile or warp override; int8 only when asked).
+    fp8_dots: with an fp8 cache on that Gluon path, run both dots on fp8 tensor cores instead of widening the tile
+    (mla_decode_fp8.py; default: on there). The query and p each go in as two e4m3 terms, which keeps about
+    bf16's precision; what remains is the fp8 tensor cores' own accumulation: on an H200 the LSE came within 5e-3
+    of the torch reference over the dequantized cache (the widening kernel: within 1e-5) and outputs within
+    1e-2 where the widening kernel's were within 7e-3 (results/h200-diagnose-2026-11-30-fp8dots.json).
+    widen_bits: 8-bit caches with fp16 dots, widen the tiles by integer operations
+    instead of conversion instructions (default: on wherever it applies; exact for every byte, and on an H200 5-7%
+    faster for fp8 and 11-12% for int8 at the memory-bound shapes, results/h200-diagnose-2026-11-30-widen.json).
+
+    Defaults come from the H200 sweep in benchmarks/gpu_suite.py --tune: 16 heads per program when there are few
+    (memory-bound: one latent read per 16 heads), 64 with many (each latent tile then feeds 64 heads' dots)."""
+    if q_pe is None:
+        q, q_pe = q[..., :kv_lora_rank], q[..., kv_lora_rank:]
+    q, q_pe = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, q_pe))
+    batch, heads, _ = q.shape
+    plan = decode_plan(q, kv_cache, max_seq_len, kv_lora_rank, q_pe.shape[-1], block_h, block_n, num_splits,
+                       num_warps, num_stages, q_f16, page_ahead, wgmma, fp8_dots)  # fmt: skip
+    block_h, block_n, num_splits, num_warps = plan.block_h, plan.block_n, plan.num_splits, plan.num_warps
+    quantized = is_quantized(kv_cache.dtype)
+    page = kv_cache.shape[1]
+    d_rope = q_pe.shape[-1]
+    row = kv_cache.shape[-1]  # width, or width + a 16-byte scale tail for 8-bit rows
     mid_o = torch.empty(batch, heads, num_splits, kv_lora_rank, dtype=partial_dtype, device=q.device)
     mid_lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
     kv = kv_cache.view(-1, row)
@@ -394,14 +457,20 @@ def mla_decode(
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         heads, scale * LOG2E, num_splits,
     )  # fmt: skip
-    grid = (batch, head_groups, num_splits)
-    if wgmma8:
+    grid = (batch, triton.cdiv(heads, block_h), num_splits)
+    if plan.kernel == "gluon_fp8":
+        from mlaserve.attention.triton.mla_decode_fp8 import stage1_fp8
+
+        stage1_fp8[grid](
+            *args, PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=16, BLOCK_N=64, num_warps=4,
+        )  # fmt: skip
+    elif plan.kernel == "gluon_wgmma8":
         from mlaserve.attention.triton.mla_decode_wgmma8 import stage1_wgmma8
 
         stage1_wgmma8[grid](
             *args, PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=16, BLOCK_N=64, num_warps=4,
         )  # fmt: skip
-    elif wgmma:
+    elif plan.kernel == "gluon_wgmma":
         from mlaserve.attention.triton.mla_decode_wgmma import stage1_wgmma
 
         stage1_wgmma[grid](
@@ -414,10 +483,10 @@ def mla_decode(
             PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=block_n, PRECISION=precision,
             QUANTIZED=quantized, TILE_IN_PAGE=page % block_n == 0,
             PREFETCH=quantized if prefetch is None else prefetch,
-            Q_F16=q_f16 and quantized,
-            WIDEN_BITS=(widen_bits is not False) and quantized and q_f16,
-            PAGE_AHEAD=page_ahead and page % block_n == 0,
-            num_warps=num_warps, num_stages=num_stages,
+            Q_F16=plan.q_f16 and quantized,
+            WIDEN_BITS=(widen_bits is not False) and quantized and plan.q_f16,
+            PAGE_AHEAD=plan.page_ahead and page % block_n == 0,
+            num_warps=num_warps, num_stages=plan.num_stages,
         )  # fmt: skip
     out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, heads, dtype=torch.float32, device=q.device)

@@ -1,0 +1,237 @@
+"""The split step of paged MLA decode over an fp8 latent cache at 16 heads per program on Hopper, in Gluon, with
+both dots on fp8 tensor cores: the cache tile is never widened.
+
+Same work and outputs as `mla_decode._stage1` with an fp8 cache and BLOCK_H = 16.
+- Scores, Sᵀ = K·Qᵀ: the tile in shared memory is wgmma's A operand as copied (K-major fp8), so the 64 cached rows
+  are M. The query goes in as two e4m3 terms per head, q ≈ hi·a + lo·b (lo the rounding residual of hi, a and b
+  per-head scales), stacked as N = 32 columns; two terms keep about as many significant bits as bf16.
+- Values, Oᵀ = Vᵀ·Pᵀ: the 512 latent columns are M, in four chunks of 128, read from the tile 4 bytes at a time and
+  regrouped in registers into wgmma's register operand (`_value_operand`). p goes in as two e4m3 terms as well.
+- The cache's row scales enter p through the exponent: m is the running maximum of logit + log2(scale), so the
+  scaled p stays within 2^8 and needs no separate rescaling.
+What is left of the error is the fp8 tensor cores' own accumulation (about 1e-3 of a score's magnitude); see
+`fp8_dots` in mla_decode.py for the measured figures. The widening kernel (mla_decode_wgmma8.py) stays the
+fp8_dots=False path and int8's.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from mlaserve.attention.triton.mla_decode_wgmma import _barrier, _copy_tile, _load_queries, _split_range
+
+CHUNK = gl.constexpr(128)  # latent columns per register operand of the values' dot
+# A chunk of the value tile as read from shared memory: [rows, 128 latent columns], each thread's registers holding
+# 4 adjacent columns (one 32-bit load) of 16 rows. `_value_operand` relabels the columns so this is exactly the
+# threads and registers of wgmma's fp8 register operand for Vᵀ, and the output is stored back through `_column_of`.
+V_CHUNK = gl.constexpr(
+    gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [16, 0], [32, 0]],
+        lane_bases=[[4, 0], [8, 0], [0, 4], [0, 8], [0, 16]],
+        warp_bases=[[0, 32], [0, 64]],
+        block_bases=[],
+        shape=[64, 128],
+    )
+)
+E4M3_MAX = gl.constexpr(448.0)
+P_BITS = gl.constexpr(8.0)  # p goes in as p * 2^8 <= 256: e4m3 keeps 3 mantissa bits from 2^-6 up to 448
+
+
+@gluon.jit
+def _round_e4m3(x):
+    """x (|x| <= 448) rounded to an e4m3 value in fp32 arithmetic: a step of 2^-3 times x's leading power of two,
+    2^-9 below 2^-6. Converting the result to e4m3 is then exact, and the rounding residual is taken against it
+    without converting back (e4m3 -> fp32 conversions gave wrong values in these layouts on Triton 3.6)."""
+    lead = gl.maximum(
+        x.to(gl.int32, bitcast=True) & 0x7F800000, 121 << 23
+    )  # biased exponent, at least 2^-6's
+    step = (lead - (3 << 23)).to(gl.float32, bitcast=True)
+    inv_step = ((254 << 23) - lead + (3 << 23)).to(gl.float32, bitcast=True)  # powers of two: exact products
+    return gl.floor(x * inv_step + 0.5) * step
+
+
+@gluon.jit
+def _two_terms(q, q_pe):
+    """q ≈ hi * a + lo * b per head (rows) over both parts, hi and lo e4m3: returns hi, lo for each part and the
+    per-head scales a, b."""
+    amax = gl.maximum(
+        gl.max(gl.abs(q), 1), gl.convert_layout(gl.max(gl.abs(q_pe), 1), gl.SliceLayout(1, q.type.layout))
+    )
+    a = gl.where(amax > 0, amax / E4M3_MAX, 1.0)
+    a_pe = gl.convert_layout(a, gl.SliceLayout(1, q_pe.type.layout))
+    hi = _round_e4m3(q / a[:, None])
+    hi_pe = _round_e4m3(q_pe / a_pe[:, None])
+    r = q - hi * a[:, None]
+    r_pe = q_pe - hi_pe * a_pe[:, None]
+    rmax = gl.maximum(
+        gl.max(gl.abs(r), 1), gl.convert_layout(gl.max(gl.abs(r_pe), 1), gl.SliceLayout(1, q.type.layout))
+    )
+    b = gl.where(rmax > 0, rmax / E4M3_MAX, 1.0)
+    lo = (r / b[:, None]).to(gl.float8e4nv)
+    lo_pe = (r_pe / gl.convert_layout(b, gl.SliceLayout(1, q_pe.type.layout))[:, None]).to(gl.float8e4nv)
+    return hi.to(gl.float8e4nv), lo, hi_pe.to(gl.float8e4nv), lo_pe, a, b
+
+
+@gluon.jit
+def _stack(x, y):
+    """[R, C] and [R, C] -> [2 * R, C], x's rows first."""
+    xy = gl.permute(gl.join(x, y), (2, 0, 1))
+    return gl.reshape(xy, [2 * xy.shape[1], xy.shape[2]])
+
+
+@gluon.jit
+def _row_scales(KV, BlockTable, b, n0, end, stride_kv, stride_bt, PAGE: gl.constexpr, OFFSET: gl.constexpr,
+                     BLOCK_N: gl.constexpr, layout: gl.constexpr):  # fmt: skip
+    """The fp8 row scales of rows n0 .. n0 + BLOCK_N (1 past `end`), in `layout` (a row slice)."""
+    pos = n0 + gl.arange(0, BLOCK_N, layout=layout)
+    ok = pos < end
+    page = gl.load(BlockTable + b * stride_bt + n0 // PAGE, mask=n0 < end, other=0).to(gl.int64)
+    scale = (KV + (page * PAGE + pos % PAGE) * stride_kv + OFFSET).to(gl.pointer_type(gl.float32))
+    return gl.load(scale, mask=ok, other=1.0)
+
+
+@gluon.jit
+def _value_operand(v8, a_layout: gl.constexpr):
+    """Vᵀ for the values' dot from a [64 rows, 128 columns] fp8 chunk in shared memory, read 4 columns at a time.
+    Operand row m holds latent column _column_of(m): the order makes each thread's 4 operand rows adjacent columns,
+    so the bytes are regrouped inside each thread (no byte-wise shared-memory reads)."""
+    x = v8.load(V_CHUNK)
+    # column c = b6..b0 (bits); operand row m = (b1, b6, b5, b0, b4, b3, b2), most significant first
+    x = gl.permute(gl.reshape(x, [64, 2, 2, 2, 2, 2, 2, 2]), (0, 6, 1, 2, 7, 3, 4, 5))
+    return gl.convert_layout(gl.permute(gl.reshape(x, [64, 128]), (1, 0)), a_layout)
+
+
+@gluon.jit
+def _column_of(m):
+    """The latent column (within a chunk of 128) that row m of the values' dot holds (see _value_operand)."""
+    return ((m >> 3) & 1) | (((m >> 6) & 1) << 1) | ((m & 7) << 2) | (((m >> 4) & 3) << 5)
+
+
+@gluon.jit
+def _values(v8, p_hi, p_lo, acc, alpha, a_layout: gl.constexpr):
+    """acc * alpha + Vᵀ · (p_hi + p_lo)ᵀ for one chunk: the value operand is read once and used for both terms."""
+    a = _value_operand(v8, a_layout)
+    acc = warpgroup_mma(a, p_hi.permute((1, 0)), acc * alpha[None, :], is_async=True)
+    return warpgroup_mma(a, p_lo.permute((1, 0)), acc, is_async=True)
+
+
+@gluon.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits"])
+def stage1_fp8(
+    Q, QPe, KV, BlockTable, SeqLens, MidO, MidLse,
+    stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
+    num_heads, scale_log2, num_splits,
+    PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+):  # fmt: skip
+    # Launched with 4 warps (one warpgroup), BLOCK_H = 16 heads, BLOCK_N = 64 rows, D_LAT = 4 * CHUNK, PAGE % 64 == 0.
+    gl.static_assert(D_LAT == 4 * CHUNK)
+    gl.static_assert(BLOCK_N == 64)
+    # Scores against both query terms: columns [0, BLOCK_H) are hi, [BLOCK_H, 2 * BLOCK_H) lo.
+    both: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 2 * BLOCK_H, 32]
+    )
+    scores: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_H, 32]
+    )
+    outs: gl.constexpr = scores
+    a_values: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=outs, k_width=4)
+    rows: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16-byte copies
+    lat_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    pe_smem: gl.constexpr = gl.NVMMASharedLayout(
+        swizzle_byte_width=min(D_ROPE, 128), element_bitwidth=8, rank=2
+    )
+    p_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_N, element_bitwidth=8, rank=2)
+
+    b = gl.program_id(0)
+    head0 = gl.program_id(1) * BLOCK_H
+    split = gl.program_id(2)
+    start, end = _split_range(SeqLens, b, split, num_splits, BLOCK_N)
+    k_s = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_N, D_LAT], lat_smem)
+    pe_s = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_N, D_ROPE], pe_smem)
+    # The first tile's copy goes out before the queries are loaded and split, so the two latencies overlap.
+    _copy_tile(k_s.index(0), pe_s.index(0), KV, BlockTable, b, start, end, stride_kv, stride_bt,
+               PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
+    n_idx = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, scores))
+    row_scale = _row_scales(KV, BlockTable, b, start, end, stride_kv, stride_bt, PAGE, D_LAT + D_ROPE,
+                            BLOCK_N, gl.SliceLayout(1, scores))  # fmt: skip
+    q_rows: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    q, q_pe = _load_queries(Q, QPe, b, head0, num_heads, stride_qb, stride_qh, stride_pb, stride_ph,
+                            BLOCK_H, D_LAT, D_ROPE, q_rows)  # fmt: skip
+    hi, lo, hi_pe, lo_pe, q_hi_scale, q_lo_scale = _two_terms(q.to(gl.float32), q_pe.to(gl.float32))
+    q_s = gl.allocate_shared_memory(gl.float8e4nv, [2 * BLOCK_H, D_LAT], lat_smem, _stack(hi, lo))
+    qpe_s = gl.allocate_shared_memory(gl.float8e4nv, [2 * BLOCK_H, D_ROPE], pe_smem, _stack(hi_pe, lo_pe))
+    q_hi_scale = gl.convert_layout(q_hi_scale, gl.SliceLayout(0, scores))
+    q_lo_scale = gl.convert_layout(q_lo_scale, gl.SliceLayout(0, scores))
+    # p in two e4m3 terms, as [heads, rows] (K-major B operands)
+    p_hi = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, BLOCK_N], p_smem)
+    p_lo = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, BLOCK_N], p_smem)
+
+    acc0 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
+    acc1 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
+    acc2 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
+    acc3 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
+    m = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, scores))
+    l_rows = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, scores)  # p's sums per row, reduced once at the end
+    tiles = gl.cdiv(end - start, BLOCK_N)
+    for i in range(tiles):
+        n0 = start + i * BLOCK_N
+        buf = i % 2
+        async_copy.wait_group(0)
+        fence_async_shared()  # the copies (and the queries' stores), before the tensor cores read them
+        _barrier()  # every thread's copies of tile i have landed; tile i - 1's buffer and p are free
+        scale_i = row_scale
+        _copy_tile(k_s.index(1 - buf), pe_s.index(1 - buf), KV, BlockTable, b, n0 + BLOCK_N, end, stride_kv,
+                   stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
+        row_scale = _row_scales(KV, BlockTable, b, n0 + BLOCK_N, end, stride_kv, stride_bt, PAGE,
+                                D_LAT + D_ROPE, BLOCK_N, gl.SliceLayout(1, scores))  # fmt: skip
+        k8 = k_s.index(buf)
+        s2 = gl.zeros([BLOCK_N, 2 * BLOCK_H], gl.float32, both)
+        s2 = warpgroup_mma(k8, q_s.permute((1, 0)), s2, is_async=True)
+        s2 = warpgroup_mma(pe_s.index(buf), qpe_s.permute((1, 0)), s2, is_async=True)
+        s2 = warpgroup_mma_wait(0, deps=[s2])
+        s_hi, s_lo = gl.split(gl.permute(gl.reshape(s2, [BLOCK_N, 2, BLOCK_H]), (0, 2, 1)))
+        s = (
+            gl.convert_layout(s_hi, scores) * q_hi_scale[None, :]
+            + gl.convert_layout(s_lo, scores) * q_lo_scale[None, :]
+        )
+
+        # Base-2 logits, and the same plus log2 of the row's scale: the values' row scales enter p through the
+        # exponent, and m is the running maximum of the latter, so p * scale <= 2^P_BITS always.
+        s = gl.where((n0 + n_idx < end)[:, None], s * (scale_i * scale_log2)[:, None], float("-inf"))
+        t = s + gl.log2(scale_i)[:, None]
+        m_new = gl.maximum(m, gl.max(t, 0))
+        alpha = gl.exp2(m - m_new)
+        l_rows = l_rows * alpha[None, :] + gl.exp2(s - m_new[None, :] + P_BITS)
+        m = m_new
+        p = gl.exp2(t - m_new[None, :] + P_BITS)
+        p_top = _round_e4m3(p)
+        p_hi.store(gl.permute(p_top.to(gl.float8e4nv), (1, 0)))
+        p_lo.store(gl.permute((p - p_top).to(gl.float8e4nv), (1, 0)))
+        fence_async_shared()
+        _barrier()
+        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, outs))
+        acc0 = _values(k8.slice(0 * CHUNK, CHUNK, dim=1), p_hi, p_lo, acc0, alpha_o, a_values)
+        acc1 = _values(k8.slice(1 * CHUNK, CHUNK, dim=1), p_hi, p_lo, acc1, alpha_o, a_values)
+        acc2 = _values(k8.slice(2 * CHUNK, CHUNK, dim=1), p_hi, p_lo, acc2, alpha_o, a_values)
+        acc3 = _values(k8.slice(3 * CHUNK, CHUNK, dim=1), p_hi, p_lo, acc3, alpha_o, a_values)
+        acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=[acc0, acc1, acc2, acc3])
+    async_copy.wait_group(0)
+
+    l_sum = gl.sum(l_rows, 0)
+    has = l_sum > 0
+    lse2 = gl.where(has, m + gl.log2(gl.where(has, l_sum, 1.0)) - P_BITS, float("-inf"))
+    inv = gl.convert_layout(1.0 / gl.where(has, l_sum, 1.0), gl.SliceLayout(0, outs))
+    o_heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, outs))
+    o_cols = _column_of(gl.arange(0, CHUNK, layout=gl.SliceLayout(1, outs)))
+    mo = MidO + b * stride_mob + o_heads[None, :] * stride_moh + split * stride_mos + o_cols[:, None]
+    o_ok = (o_heads < num_heads)[None, :]
+    gl.store(mo + 0 * CHUNK, (acc0 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
+    gl.store(mo + 1 * CHUNK, (acc1 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
+    gl.store(mo + 2 * CHUNK, (acc2 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
+    gl.store(mo + 3 * CHUNK, (acc3 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
+    l_heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, scores))
+    gl.store(MidLse + b * stride_mlb + l_heads * stride_mlh + split, lse2, mask=l_heads < num_heads)
