@@ -451,18 +451,19 @@ def mla_decode(
     mid_lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
     kv = kv_cache.view(-1, row)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    args = (
-        q, q_pe, kv, block_table, seq_lens, mid_o, mid_lse,
-        q.stride(0), q.stride(1), q_pe.stride(0), q_pe.stride(1), kv.stride(0), block_table.stride(0),
-        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        heads, scale * LOG2E, num_splits,
-    )  # fmt: skip
+    tensors = (kv, block_table, seq_lens, mid_o, mid_lse)
+    strides = (kv.stride(0), block_table.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+               mid_lse.stride(0), mid_lse.stride(1))  # fmt: skip
+    sizes = (heads, scale * LOG2E, num_splits)
+    args = (q, q_pe, *tensors, q.stride(0), q.stride(1), q_pe.stride(0), q_pe.stride(1), *strides, *sizes)
     grid = (batch, triton.cdiv(heads, block_h), num_splits)
     if plan.kernel == "gluon_fp8":
+        from mlaserve.attention.triton.fp8_query import split_queries
         from mlaserve.attention.triton.mla_decode_fp8 import stage1_fp8
 
         stage1_fp8[grid](
-            *args, PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=16, BLOCK_N=64, num_warps=4,
+            *split_queries(q, q_pe), *tensors, *strides, *sizes,
+            PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=16, BLOCK_N=64, num_warps=4,
         )  # fmt: skip
     elif plan.kernel == "gluon_wgmma8":
         from mlaserve.attention.triton.mla_decode_wgmma8 import stage1_wgmma8

@@ -3,8 +3,8 @@ both dots on fp8 tensor cores: the cache tile is never widened.
 
 Same work and outputs as `mla_decode._stage1` with an fp8 cache and BLOCK_H = 16.
 - Scores, Sᵀ = K·Qᵀ: the tile in shared memory is wgmma's A operand as copied (K-major fp8), so the 64 cached rows
-  are M. The query goes in as two e4m3 terms per head, q ≈ hi·a + lo·b (lo the rounding residual of hi, a and b
-  per-head scales), stacked as N = 32 columns; two terms keep about as many significant bits as bf16.
+  are M. The query goes in as two e4m3 terms per head (fp8_query.split_queries, about bf16's precision), stacked
+  as N = 32 columns: hi terms, then lo terms.
 - Values, Oᵀ = Vᵀ·Pᵀ: the 512 latent columns are M, in four chunks of 128, read from the tile 4 bytes at a time and
   regrouped in registers into wgmma's register operand (`_value_operand`). p goes in as two e4m3 terms as well.
 - The cache's row scales enter p through the exponent: m is the running maximum of logit + log2(scale), so the
@@ -23,7 +23,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from mlaserve.attention.triton.mla_decode_wgmma import _barrier, _copy_tile, _load_queries, _split_range
+from mlaserve.attention.triton.mla_decode_wgmma import _async_load, _barrier, _copy_tile, _split_range
 
 CHUNK = gl.constexpr(128)  # latent columns per register operand of the values' dot
 # A chunk of the value tile as read from shared memory: [rows, 128 latent columns], each thread's registers holding
@@ -38,15 +38,13 @@ V_CHUNK = gl.constexpr(
         shape=[64, 128],
     )
 )
-E4M3_MAX = gl.constexpr(448.0)
 P_BITS = gl.constexpr(8.0)  # p goes in as p * 2^8 <= 256: e4m3 keeps 3 mantissa bits from 2^-6 up to 448
 
 
 @gluon.jit
 def _round_e4m3(x):
-    """x (|x| <= 448) rounded to an e4m3 value in fp32 arithmetic: a step of 2^-3 times x's leading power of two,
-    2^-9 below 2^-6. Converting the result to e4m3 is then exact, and the rounding residual is taken against it
-    without converting back (e4m3 -> fp32 conversions gave wrong values in these layouts on Triton 3.6)."""
+    """fp8_query.round_e4m3 in Gluon: x (|x| <= 448) rounded to an e4m3 value in fp32 arithmetic, so the residual
+    is taken without converting back (e4m3 -> fp32 conversions gave wrong values in these layouts on Triton 3.6)."""
     lead = gl.maximum(
         x.to(gl.int32, bitcast=True) & 0x7F800000, 121 << 23
     )  # biased exponent, at least 2^-6's
@@ -56,32 +54,25 @@ def _round_e4m3(x):
 
 
 @gluon.jit
-def _two_terms(q, q_pe):
-    """q ≈ hi * a + lo * b per head (rows) over both parts, hi and lo e4m3: returns hi, lo for each part and the
-    per-head scales a, b."""
-    amax = gl.maximum(
-        gl.max(gl.abs(q), 1), gl.convert_layout(gl.max(gl.abs(q_pe), 1), gl.SliceLayout(1, q.type.layout))
+def _load_queries8(Terms, Scales, b, head0, num_heads, q_s, qpe_s, D_LAT: gl.constexpr, D_ROPE: gl.constexpr,
+                   rows: gl.constexpr, scale_layout: gl.constexpr):  # fmt: skip
+    """Start copying heads head0 .. head0 + 16's query terms (fp8_query.split_queries) into q_s / qpe_s, hi rows
+    then lo rows (zero past num_heads); return the per-head scales of the two terms."""
+    BLOCK_H: gl.constexpr = q_s.shape[0] // 2
+    j = gl.arange(0, 2 * BLOCK_H, layout=gl.SliceLayout(1, rows))
+    head = head0 + j % BLOCK_H
+    row = ((b * num_heads + head) * 2 + j // BLOCK_H).to(gl.int64) * (D_LAT + D_ROPE)
+    ok = (head < num_heads)[:, None]
+    _async_load(
+        q_s, Terms + row[:, None] + gl.arange(0, D_LAT, layout=gl.SliceLayout(0, rows))[None, :], mask=ok
     )
-    a = gl.where(amax > 0, amax / E4M3_MAX, 1.0)
-    a_pe = gl.convert_layout(a, gl.SliceLayout(1, q_pe.type.layout))
-    hi = _round_e4m3(q / a[:, None])
-    hi_pe = _round_e4m3(q_pe / a_pe[:, None])
-    r = q - hi * a[:, None]
-    r_pe = q_pe - hi_pe * a_pe[:, None]
-    rmax = gl.maximum(
-        gl.max(gl.abs(r), 1), gl.convert_layout(gl.max(gl.abs(r_pe), 1), gl.SliceLayout(1, q.type.layout))
-    )
-    b = gl.where(rmax > 0, rmax / E4M3_MAX, 1.0)
-    lo = (r / b[:, None]).to(gl.float8e4nv)
-    lo_pe = (r_pe / gl.convert_layout(b, gl.SliceLayout(1, q_pe.type.layout))[:, None]).to(gl.float8e4nv)
-    return hi.to(gl.float8e4nv), lo, hi_pe.to(gl.float8e4nv), lo_pe, a, b
-
-
-@gluon.jit
-def _stack(x, y):
-    """[R, C] and [R, C] -> [2 * R, C], x's rows first."""
-    xy = gl.permute(gl.join(x, y), (2, 0, 1))
-    return gl.reshape(xy, [2 * xy.shape[1], xy.shape[2]])
+    rope = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, rows))
+    _async_load(qpe_s, Terms + row[:, None] + D_LAT + rope[None, :], mask=ok)
+    async_copy.commit_group()
+    heads = head0 + gl.arange(0, BLOCK_H, layout=scale_layout)
+    scale = Scales + (b * num_heads + heads) * 2
+    ok = heads < num_heads
+    return gl.load(scale, mask=ok, other=1.0), gl.load(scale + 1, mask=ok, other=1.0)
 
 
 @gluon.jit
@@ -122,8 +113,8 @@ def _values(v8, p_hi, p_lo, acc, alpha, a_layout: gl.constexpr):
 
 @gluon.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits"])
 def stage1_fp8(
-    Q, QPe, KV, BlockTable, SeqLens, MidO, MidLse,
-    stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
+    Terms, Scales, KV, BlockTable, SeqLens, MidO, MidLse,
+    stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
     num_heads, scale_log2, num_splits,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
 ):  # fmt: skip
@@ -158,14 +149,10 @@ def stage1_fp8(
     n_idx = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, scores))
     row_scale = _row_scales(KV, BlockTable, b, start, end, stride_kv, stride_bt, PAGE, D_LAT + D_ROPE,
                             BLOCK_N, gl.SliceLayout(1, scores))  # fmt: skip
-    q_rows: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    q, q_pe = _load_queries(Q, QPe, b, head0, num_heads, stride_qb, stride_qh, stride_pb, stride_ph,
-                            BLOCK_H, D_LAT, D_ROPE, q_rows)  # fmt: skip
-    hi, lo, hi_pe, lo_pe, q_hi_scale, q_lo_scale = _two_terms(q.to(gl.float32), q_pe.to(gl.float32))
-    q_s = gl.allocate_shared_memory(gl.float8e4nv, [2 * BLOCK_H, D_LAT], lat_smem, _stack(hi, lo))
-    qpe_s = gl.allocate_shared_memory(gl.float8e4nv, [2 * BLOCK_H, D_ROPE], pe_smem, _stack(hi_pe, lo_pe))
-    q_hi_scale = gl.convert_layout(q_hi_scale, gl.SliceLayout(0, scores))
-    q_lo_scale = gl.convert_layout(q_lo_scale, gl.SliceLayout(0, scores))
+    q_s = gl.allocate_shared_memory(gl.float8e4nv, [2 * BLOCK_H, D_LAT], lat_smem)
+    qpe_s = gl.allocate_shared_memory(gl.float8e4nv, [2 * BLOCK_H, D_ROPE], pe_smem)
+    q_hi_scale, q_lo_scale = _load_queries8(Terms, Scales, b, head0, num_heads, q_s, qpe_s, D_LAT, D_ROPE, rows,
+                                            gl.SliceLayout(0, scores))  # fmt: skip
     # p in two e4m3 terms, as [heads, rows] (K-major B operands)
     p_hi = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, BLOCK_N], p_smem)
     p_lo = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, BLOCK_N], p_smem)

@@ -1,0 +1,68 @@
+"""The absorbed query as two fp8 (e4m3) terms per head, for decode dots on fp8 tensor cores (mla_decode_fp8.py).
+
+q ≈ hi·a + lo·b over a head's latent and rope parts together: a = max|q| / 448 and hi is q / a rounded to e4m3;
+lo is the residual q - hi·a, scaled by its own b = max|residual| / 448. Two e4m3 terms keep about 8 significant bits,
+bf16's precision. Split once per decode step, here, rather than in every split-KV program that reads the same heads.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def round_e4m3(x):
+    """x (|x| <= 448) rounded to an e4m3 value in fp32 arithmetic: a step of 2^-3 times x's leading power of two,
+    2^-9 below 2^-6 (e4m3's subnormals), halves rounded up. Converting the result to e4m3 is then exact, and a
+    residual can be taken against it without converting back. (mla_decode_fp8._round_e4m3 is the same in Gluon.)"""
+    lead = tl.maximum(
+        x.to(tl.int32, bitcast=True) & 0x7F800000, 121 << 23
+    )  # biased exponent, at least 2^-6's
+    step = (lead - (3 << 23)).to(tl.float32, bitcast=True)
+    inv_step = ((254 << 23) - lead + (3 << 23)).to(tl.float32, bitcast=True)  # powers of two: exact products
+    return tl.floor(x * inv_step + 0.5) * step
+
+
+@triton.jit
+def _split_queries(
+    Q, QPe, Terms, Scales, stride_qb, stride_qh, stride_pb, stride_ph, heads,
+    D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    lat = tl.arange(0, D_LAT)
+    rope = tl.arange(0, D_ROPE)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + lat).to(tl.float32)
+    q_pe = tl.load(QPe + b * stride_pb + h * stride_ph + rope).to(tl.float32)
+    amax = tl.maximum(tl.max(tl.abs(q)), tl.max(tl.abs(q_pe)))
+    a = tl.where(amax > 0, amax / 448.0, 1.0)
+    hi = round_e4m3(q / a)
+    hi_pe = round_e4m3(q_pe / a)
+    r = q - hi * a
+    r_pe = q_pe - hi_pe * a
+    rmax = tl.maximum(tl.max(tl.abs(r)), tl.max(tl.abs(r_pe)))
+    lo_scale = tl.where(rmax > 0, rmax / 448.0, 1.0)
+    row = (b * heads + h).to(tl.int64) * 2
+    out = Terms + row * (D_LAT + D_ROPE)
+    tl.store(out + lat, hi.to(tl.float8e4nv))
+    tl.store(out + D_LAT + rope, hi_pe.to(tl.float8e4nv))
+    # lo is rounded here too: the interpreter's fp32 -> e4m3 conversion drops the carry of a value just under a power
+    # of two (7.97 -> 4.0, Triton 3.6); converting exact e4m3 values needs no rounding
+    tl.store(out + D_LAT + D_ROPE + lat, round_e4m3(r / lo_scale).to(tl.float8e4nv))
+    tl.store(out + 2 * D_LAT + D_ROPE + rope, round_e4m3(r_pe / lo_scale).to(tl.float8e4nv))
+    tl.store(Scales + row, a)
+    tl.store(Scales + row + 1, lo_scale)
+
+
+def split_queries(q: torch.Tensor, q_pe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [B, H, d_lat], q_pe [B, H, d_rope] (last dimension contiguous, widths powers of two) -> terms [B, H, 2,
+    d_lat + d_rope] e4m3 (hi, then lo; each row latent then rope) and scales [B, H, 2] float32 (a, b)."""
+    batch, heads, d_lat = q.shape
+    d_rope = q_pe.shape[-1]
+    terms = torch.empty(batch, heads, 2, d_lat + d_rope, dtype=torch.float8_e4m3fn, device=q.device)
+    scales = torch.empty(batch, heads, 2, dtype=torch.float32, device=q.device)
+    _split_queries[(batch, heads)](
+        q, q_pe, terms, scales, q.stride(0), q.stride(1), q_pe.stride(0), q_pe.stride(1), heads,
+        D_LAT=d_lat, D_ROPE=d_rope,
+    )  # fmt: skip
+    return terms, scales
