@@ -429,7 +429,7 @@ def mla_decode(
     (mla_decode_fp8.py; default: on there). The query and p each go in as two e4m3 terms, which keeps about
     bf16's precision; what remains is the fp8 tensor cores' own accumulation: on an H200 the LSE came within 5e-3
     of the torch reference over the dequantized cache (the widening kernel: within 1e-5) and outputs within
-    1e-2 where the widening kernel's were within 7e-3 (results/h200-diagnose-2026-11-30-fp8dots.json).
+    1e-2 where the widening kernel's were within 7e-3 (results/h200-diagnose-2026-11-30-fp8dots-gluon.json).
     widen_bits: 8-bit caches with fp16 dots, widen the tiles by integer operations
     instead of conversion instructions (default: on wherever it applies; exact for every byte, and on an H200 5-7%
     faster for fp8 and 11-12% for int8 at the memory-bound shapes, results/h200-diagnose-2026-11-30-widen.json).
