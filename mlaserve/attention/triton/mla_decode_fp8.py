@@ -44,10 +44,9 @@ P_BITS = gl.constexpr(8.0)  # p goes in as p * 2^8 <= 256: e4m3 keeps 3 mantissa
 @gluon.jit
 def _round_e4m3(x):
     """fp8_query.round_e4m3 in Gluon: x (|x| <= 448) rounded to an e4m3 value in fp32 arithmetic, so the residual
-    is taken without converting back (e4m3 -> fp32 conversions gave wrong values in these layouts on Triton 3.6)."""
-    lead = gl.maximum(
-        x.to(gl.int32, bitcast=True) & 0x7F800000, 121 << 23
-    )  # biased exponent, at least 2^-6's
+    is taken without converting back (residuals against e4m3 -> fp32 conversions came out wrong here, Triton 3.6)."""
+    # the biased exponent bits, at least 2^-6's
+    lead = gl.maximum(x.to(gl.int32, bitcast=True) & 0x7F800000, 121 << 23)
     step = (lead - (3 << 23)).to(gl.float32, bitcast=True)
     inv_step = ((254 << 23) - lead + (3 << 23)).to(gl.float32, bitcast=True)  # powers of two: exact products
     return gl.floor(x * inv_step + 0.5) * step
@@ -77,7 +76,7 @@ def _load_queries8(Terms, Scales, b, head0, num_heads, q_s, qpe_s, D_LAT: gl.con
 
 @gluon.jit
 def _row_scales(KV, BlockTable, b, n0, end, stride_kv, stride_bt, PAGE: gl.constexpr, OFFSET: gl.constexpr,
-                     BLOCK_N: gl.constexpr, layout: gl.constexpr):  # fmt: skip
+                BLOCK_N: gl.constexpr, layout: gl.constexpr):  # fmt: skip
     """The fp8 row scales of rows n0 .. n0 + BLOCK_N (1 past `end`), in `layout` (a row slice)."""
     pos = n0 + gl.arange(0, BLOCK_N, layout=layout)
     ok = pos < end
