@@ -32,8 +32,10 @@ def select_backend(device: torch.device, requested: str | None = None) -> Attent
         if reason is None:
             hopper = torch.cuda.get_device_capability(device) == (9, 0)
             logger.info(
-                "attention backend: triton_mla (CUDA: Triton paged MLA decode%s, SDPA prefill and GQA decode)",
-                ", its split step in Gluon wgmma at 64+ heads (sm_90)" if hopper else "",
+                "attention backend: triton_mla (CUDA: Triton paged MLA decode%s; SDPA prefill and GQA decode)",
+                ", its split step in Gluon on sm_90: wgmma at 64+ heads, fp8 tensor cores for fp8 caches"
+                if hopper
+                else "",
             )
             return TritonMLABackend()
         why = f"CUDA, but triton_mla is unavailable: {reason}"
