@@ -5,7 +5,8 @@ latent row is read from HBM once per head group and the heads share it through t
 (kv_lora_rank) and the rope part (qk_rope_head_dim) of the row are loaded side by side and their two dots summed;
 the value is the nope part itself. Stage 2 merges the splits by their log-sum-exp; the merged LSE is returned so
 callers can merge further partial results (chunked context, sparse attention). On Hopper, calls with 64 heads per
-program run the split step as the Gluon kernel in mla_decode_wgmma.py (see `wgmma` below); this kernel stays its
+program run the split step as the Gluon kernel in mla_decode_wgmma.py (see `wgmma` below), and fp8 caches at 16
+heads as the one in mla_decode_fp8.py (`fp8_dots`); `decode_plan` says which runs. This kernel stays their
 reference, on CPU under the interpreter and on other GPUs.
 """
 
