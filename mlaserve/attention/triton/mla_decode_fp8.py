@@ -24,8 +24,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from mlaserve.attention.triton.mla_decode_wgmma import _async_load, _barrier, _copy_tile, _split_range
+from mlaserve.attention.triton.mla_decode_wgmma8 import CHUNK, _store_partials
 
-CHUNK = gl.constexpr(128)  # latent columns per register operand of the values' dot
 # A chunk of the value tile as read from shared memory: [rows, 128 latent columns], each thread's registers holding
 # 4 adjacent columns (one 32-bit load) of 16 rows. `_value_operand` relabels the columns so this is exactly the
 # threads and registers of wgmma's fp8 register operand for Vᵀ, and the output is stored back through `_column_of`.
@@ -207,17 +207,6 @@ def stage1_fp8(
         acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=[acc0, acc1, acc2, acc3])
     async_copy.wait_group(0)
 
-    l_sum = gl.sum(l_rows, 0)
-    has = l_sum > 0
-    lse2 = gl.where(has, m + gl.log2(gl.where(has, l_sum, 1.0)) - P_BITS, float("-inf"))
-    inv = gl.convert_layout(1.0 / gl.where(has, l_sum, 1.0), gl.SliceLayout(0, outs))
-    o_heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, outs))
     o_cols = _column_of(gl.arange(0, CHUNK, layout=gl.SliceLayout(1, outs)))
-    mo = MidO + b * stride_mob + o_heads[None, :] * stride_moh + split * stride_mos + o_cols[:, None]
-    o_ok = (o_heads < num_heads)[None, :]
-    gl.store(mo + 0 * CHUNK, (acc0 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
-    gl.store(mo + 1 * CHUNK, (acc1 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
-    gl.store(mo + 2 * CHUNK, (acc2 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
-    gl.store(mo + 3 * CHUNK, (acc3 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
-    l_heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, scores))
-    gl.store(MidLse + b * stride_mlb + l_heads * stride_mlh + split, lse2, mask=l_heads < num_heads)
+    _store_partials(MidO, MidLse, acc0, acc1, acc2, acc3, m, l_rows, o_cols, b, head0, split, num_heads,
+                    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, P_BITS)  # fmt: skip

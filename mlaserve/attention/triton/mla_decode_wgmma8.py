@@ -56,6 +56,31 @@ def _values_chunk(v8, p_s, acc, alpha, a_layout: gl.constexpr):
     return warpgroup_mma(a, p_s, acc * alpha[None, :])
 
 
+@gluon.jit
+def _store_partials(
+    MidO, MidLse, acc0, acc1, acc2, acc3, m, l_rows, o_cols, b, head0, split, num_heads,
+    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, LSE_SHIFT: gl.constexpr,
+):  # fmt: skip
+    """Write a split's result for both 8-bit kernels: Oᵀ in four chunks of CHUNK latent columns (heads as N; row r of
+    chunk k is latent column k * CHUNK + o_cols[r]) over p's row sums l_rows, and the base-2 LSE m + log2(sum) -
+    LSE_SHIFT (-inf for an empty split)."""
+    BLOCK_H: gl.constexpr = m.shape[0]
+    outs: gl.constexpr = acc0.type.layout
+    l_sum = gl.sum(l_rows, 0)
+    has = l_sum > 0
+    lse2 = gl.where(has, m + gl.log2(gl.where(has, l_sum, 1.0)) - LSE_SHIFT, float("-inf"))
+    inv = gl.convert_layout(1.0 / gl.where(has, l_sum, 1.0), gl.SliceLayout(0, outs))
+    o_heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, outs))
+    mo = MidO + b * stride_mob + o_heads[None, :] * stride_moh + split * stride_mos + o_cols[:, None]
+    o_ok = (o_heads < num_heads)[None, :]
+    gl.store(mo + 0 * CHUNK, (acc0 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
+    gl.store(mo + 1 * CHUNK, (acc1 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
+    gl.store(mo + 2 * CHUNK, (acc2 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
+    gl.store(mo + 3 * CHUNK, (acc3 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
+    l_heads = head0 + gl.arange(0, BLOCK_H, layout=m.type.layout)
+    gl.store(MidLse + b * stride_mlb + l_heads * stride_mlh + split, lse2, mask=l_heads < num_heads)
+
+
 @gluon.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits"])
 def stage1_wgmma8(
     Q, QPe, KV, BlockTable, SeqLens, MidO, MidLse,
@@ -135,17 +160,6 @@ def stage1_wgmma8(
         acc3 = _values_chunk(k8.slice(3 * CHUNK, CHUNK, dim=1), p_s, acc3, alpha_o, a_values)
     async_copy.wait_group(0)
 
-    l_sum = gl.sum(l_rows, 0)
-    has = l_sum > 0
-    lse2 = gl.where(has, m + gl.log2(gl.where(has, l_sum, 1.0)), float("-inf"))
-    inv = gl.convert_layout(1.0 / gl.where(has, l_sum, 1.0), gl.SliceLayout(0, outs))
-    o_heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, outs))
     o_cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, outs))
-    mo = MidO + b * stride_mob + o_heads[None, :] * stride_moh + split * stride_mos + o_cols[:, None]
-    o_ok = (o_heads < num_heads)[None, :]
-    gl.store(mo + 0 * CHUNK, (acc0 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
-    gl.store(mo + 1 * CHUNK, (acc1 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
-    gl.store(mo + 2 * CHUNK, (acc2 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
-    gl.store(mo + 3 * CHUNK, (acc3 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
-    l_heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, scores))
-    gl.store(MidLse + b * stride_mlb + l_heads * stride_mlh + split, lse2, mask=l_heads < num_heads)
+    _store_partials(MidO, MidLse, acc0, acc1, acc2, acc3, m, l_rows, o_cols, b, head0, split, num_heads,
+                    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, 0.0)  # fmt: skip
