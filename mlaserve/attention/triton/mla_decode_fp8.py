@@ -9,7 +9,7 @@ Same work and outputs as `mla_decode._stage1` with an fp8 cache and BLOCK_H = 16
   regrouped in registers into wgmma's register operand (`_value_operand`). p goes in as two e4m3 terms as well.
 - The cache's row scales enter p through the exponent: m is the running maximum of logit + log2(scale), so the
   scaled p stays within 2^8 and needs no separate rescaling.
-What is left of the error is the fp8 tensor cores' own accumulation (about 1e-3 of a score's magnitude); see
+What is left of the error is the fp8 tensor cores' own accumulation; see
 `fp8_dots` in mla_decode.py for the measured figures. The widening kernel (mla_decode_wgmma8.py) stays the
 fp8_dots=False path and int8's.
 """
