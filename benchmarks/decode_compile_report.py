@@ -45,6 +45,11 @@ POINTERS = {
     "Scales": "*fp32",
 }
 FLOATS = {"scale_log2"}
+# The fp8-dot kernel's TMA descriptors (mla_decode_fp8.tma_descriptors) over a 576-wide fp8 latent row
+TENSOR_DESCS = {
+    "DescLat": "tensordesc<fp8e4nv[64, 128],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)>",
+    "DescPe": "tensordesc<fp8e4nv[64, 64],NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)>",
+}
 
 # (name, cache, constexpr overrides, num_warps, num_stages): today's six defaults first, then variants. Cache
 # "gluon" is the bf16 Gluon kernel of mla_decode_wgmma.py, "gluonfp8" the fp8 one of mla_decode_fp8.py, "gluon8" the
@@ -87,6 +92,9 @@ def compile_stage1(
     for index, name in enumerate(kernel.arg_names):
         if name in consts:
             signature[name] = "constexpr"
+            continue
+        if name in TENSOR_DESCS:
+            signature[name] = TENSOR_DESCS[name]
             continue
         if name == "KV":
             signature[name] = "*fp8e4nv" if cache in ("fp8", "gluon8", "gluonfp8") else "*bf16"

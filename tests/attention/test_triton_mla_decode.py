@@ -1,5 +1,7 @@
 """The Triton MLA decode kernel against the torch reference, under TRITON_INTERPRET=1 on CPU (tiny sizes)."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -167,6 +169,28 @@ def test_split_rule(batch, max_len, want):
     from mlaserve.attention.triton.mla_decode import num_splits_for
 
     assert num_splits_for(batch, 1, max_len, 64, 132, 16) == want
+
+
+@pytest.mark.parametrize(
+    "batch, heads, max_len, want",
+    [
+        (64, 16, 4096, 2),
+        (128, 16, 8192, 1),
+        (32, 16, 2048, 4),
+        (1, 16, 16384, 32),
+        (1, 16, 100, 1),
+        (8, 32, 4096, 8),
+    ],
+)
+def test_fp8_dot_split_rule(batch, heads, max_len, want):
+    """The fp8-dot kernel's CTA fills an SM: about one per SM, at least 8 tiles each, at most 32 splits (64
+    partials: its two warpgroups each write one per split)."""
+    from mlaserve.attention.triton.mla_decode import DecodePlan, fp8_dot_splits
+
+    assert fp8_dot_splits(batch, -(-heads // 16), max_len, 132) == want
+    plan = DecodePlan(16, 64, 4, 1, want, False, False, "gluon_fp8")
+    assert plan.num_partials == 2 * want
+    assert dataclasses.replace(plan, kernel="gluon_wgmma8").num_partials == want
 
 
 def test_wgmma_kernel_is_refused_where_it_cannot_run():

@@ -137,3 +137,43 @@ def test_fp8_dots_error_is_small_beside_the_caches():
     assert (lse - want_lse).abs().max() < 0.25 * (want_lse - exact_lse).abs().max()
     # and within a small multiple of the widening kernel's output error
     assert (got.float() - want).abs().max() < 3 * (widened.float() - want).abs().max() + 1e-3
+
+
+def poison_rows_past_the_ends(rows: torch.Tensor, table: torch.Tensor, lengths: list[int]) -> None:
+    """Fill the rows of each sequence's last page past its end with 0xFF bytes (NaN in e4m3, bf16 and float32
+    scales alike), as a page freed by a request whose values overflowed would leave them."""
+    flat = rows.view(-1, rows.shape[-1]).view(torch.uint8)
+    page = rows.shape[1]
+    for b, length in enumerate(lengths):
+        last = -(-length // page) * page
+        for pos in range(length, last):
+            flat[int(table[b, pos // page]) * page + pos % page] = 0xFF
+
+
+@pytest.mark.parametrize("page", [64, 128])
+@pytest.mark.parametrize(
+    "kv, options",
+    [
+        ("bf16", {}),
+        ("fp8_e4m3", {}),
+        ("fp8_e4m3", {"num_splits": 3}),
+        ("fp8_e4m3", {"fp8_dots": False}),
+        ("fp8_e4m3", {"block_n": 32, "num_warps": 4}),  # the Triton kernel
+        ("int8", {"wgmma": True}),
+    ],
+)
+def test_stale_bytes_past_a_sequence_end_do_not_reach_the_result(page, kv, options):
+    """A sequence's last page holds rows past its end that the kernels copy with the tile but must never let in:
+    a NaN there times p = 0 is still NaN. The 8-bit rows' scales are poisoned too."""
+    lengths = [1, 63, 65, 700, 2500, 130]
+    q, cache, table, meta = paged_case(len(lengths), 16, lengths, page, torch.bfloat16, seed=11)
+    if kv != "bf16":
+        cache = quantize_rows(cache.view(-1, LAT + ROPE), QUANTIZED[kv]).view(
+            *cache.shape[:3], LAT + ROPE + 16
+        )
+    want, want_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
+    poison_rows_past_the_ends(cache, table, lengths)
+    got, lse = mla_decode(q, cache, table, meta.seq_lens, 4096, LAT, 0.07, **options)
+    fp8_dots = decode_plan(q, cache, 4096, LAT, ROPE, **options).kernel == "gluon_fp8"
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, want_lse, atol=FP8_DOTS_LSE_ATOL if fp8_dots else 2e-3, rtol=2e-3)

@@ -242,6 +242,14 @@ def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms
     return next(n for n in range(1, most + 1) if fill(n) >= 0.95 * best)
 
 
+def fp8_dot_splits(batch: int, head_groups: int, max_len: int, sms: int) -> int:
+    """Splits for the fp8-dot kernel (mla_decode_fp8.py): its CTA takes a whole SM (shared memory), so about one
+    per SM, each with at least 8 tiles of 64 rows (4 per warpgroup); at most 32, so stage 2 merges at most 64
+    partials (two per split)."""
+    most = max(1, min(math.ceil(max_len / (8 * 64)), 32))
+    return max(1, min(most, round(sms / max(batch * head_groups, 1))))
+
+
 @functools.cache
 def _gluon_runs_on(device: torch.device) -> bool:
     """Whether the Gluon kernels can run on this device: Hopper's wgmma (sm_90), and a Triton whose Gluon has what
@@ -280,6 +288,12 @@ def _wgmma_fits(
     )  # fmt: skip
 
 
+def _tma_rows(kv_cache: torch.Tensor) -> bool:
+    """Whether TMA can copy the cache's rows: 16-byte aligned start and row stride, unit stride within a row."""
+    row = kv_cache.view(-1, kv_cache.shape[-1])
+    return row.stride(1) == 1 and row.stride(0) * row.element_size() % 16 == 0 and row.data_ptr() % 16 == 0
+
+
 def _wgmma8_fits(q: torch.Tensor, kv_cache: torch.Tensor, block_h: int, d_lat: int, d_rope: int) -> bool:
     """Whether the Gluon 8-bit split kernel (mla_decode_wgmma8.py) can run this call."""
     return (
@@ -306,6 +320,11 @@ class DecodePlan:
     page_ahead: bool
     q_f16: bool
     kernel: str
+
+    @property
+    def num_partials(self) -> int:
+        """Partial results stage 2 merges: the fp8-dot kernel's two warpgroups each write one per split."""
+        return 2 * self.num_splits if self.kernel == "gluon_fp8" else self.num_splits
 
 
 def decode_plan(
@@ -358,6 +377,7 @@ def decode_plan(
         block_n, num_warps = block_n or (64 if small else 32), num_warps or (8 if small else 4)
     else:
         block_n, num_warps = block_n or 64, num_warps or 8
+    splits_given = num_splits
     if num_splits is None:
         num_splits = num_splits_for(batch, head_groups, max_seq_len, block_n, sms, block_h)
     can_wgmma = _wgmma_fits(q, kv_cache, block_h, block_n, num_warps, kv_lora_rank, d_rope)
@@ -370,13 +390,16 @@ def decode_plan(
     # (results/h200-diagnose-2026-11-30-wgmma8.json) and stays on the Triton kernel unless asked.
     fp8 = kv_cache.dtype == torch.float8_e4m3fn
     wgmma8 = can_wgmma8 and (wgmma if wgmma is not None else (fp8 and not tile_given) or bool(fp8_dots))
-    can_fp8_dots = wgmma8 and fp8 and d_rope >= 32  # fp8 wgmma's K step
+    # fp8 wgmma's K step; TMA copies the rows, which wants 16-byte aligned rows
+    can_fp8_dots = wgmma8 and fp8 and d_rope >= 32 and _tma_rows(kv_cache)
     if fp8_dots and not can_fp8_dots:
         raise ValueError("fp8_dots=True needs the Gluon 8-bit path: an sm_90 GPU, a bf16/fp16 query, an fp8_e4m3 "
-                         "cache, 16 heads per program, a 512-wide latent, pages a multiple of 64 rows and wgmma "
-                         "not False")  # fmt: skip
+                         "cache, 16 heads per program, a 512-wide latent, pages a multiple of 64 rows, rows TMA can "
+                         "copy (16-byte aligned) and wgmma not False")  # fmt: skip
     if can_fp8_dots and fp8_dots is not False:
         kernel = "gluon_fp8"
+        if splits_given is None:
+            num_splits = fp8_dot_splits(batch, head_groups, max_seq_len, sms)
     elif wgmma8:
         kernel = "gluon_wgmma8"
     elif can_wgmma and wgmma is not False:
@@ -449,8 +472,9 @@ def mla_decode(
     page = kv_cache.shape[1]
     d_rope = q_pe.shape[-1]
     row = kv_cache.shape[-1]  # width, or width + a 16-byte scale tail for 8-bit rows
-    mid_o = torch.empty(batch, heads, num_splits, kv_lora_rank, dtype=partial_dtype, device=q.device)
-    mid_lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
+    partials = plan.num_partials
+    mid_o = torch.empty(batch, heads, partials, kv_lora_rank, dtype=partial_dtype, device=q.device)
+    mid_lse = torch.empty(batch, heads, partials, dtype=torch.float32, device=q.device)
     kv = kv_cache.view(-1, row)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     tensors = (kv, block_table, seq_lens, mid_o, mid_lse)
@@ -461,10 +485,10 @@ def mla_decode(
     grid = (batch, triton.cdiv(heads, block_h), num_splits)
     if plan.kernel == "gluon_fp8":
         from mlaserve.attention.triton.fp8_query import split_queries
-        from mlaserve.attention.triton.mla_decode_fp8 import stage1_fp8
+        from mlaserve.attention.triton.mla_decode_fp8 import stage1_fp8, tma_descriptors
 
         stage1_fp8[grid](
-            *split_queries(q, q_pe), *tensors, *strides, *sizes,
+            *split_queries(q, q_pe), kv, *tma_descriptors(kv, d_rope), *tensors[1:], *strides, *sizes,
             PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=16, BLOCK_N=64, num_warps=4,
         )  # fmt: skip
     elif plan.kernel == "gluon_wgmma8":
@@ -497,6 +521,6 @@ def mla_decode(
         mid_o, mid_lse, out, lse,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1), lse.stride(0),
-        num_splits, D_LAT=kv_lora_rank, BLOCK_S=triton.next_power_of_2(num_splits),
+        partials, D_LAT=kv_lora_rank, BLOCK_S=triton.next_power_of_2(partials),
     )  # fmt: skip
     return out, lse

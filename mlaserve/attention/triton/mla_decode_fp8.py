@@ -1,7 +1,7 @@
 """The split step of paged MLA decode over an fp8 latent cache at 16 heads per program on Hopper, in Gluon, with
 both dots on fp8 tensor cores: the cache tile is never widened.
 
-Same work and outputs as `mla_decode._stage1` with an fp8 cache and BLOCK_H = 16.
+Same work as `mla_decode._stage1` with an fp8 cache and BLOCK_H = 16, for one (sequence, head group, split) per CTA:
 - Scores, Sᵀ = K·Qᵀ: the tile in shared memory is wgmma's A operand as copied (K-major fp8), so the 64 cached rows
   are M. The query goes in as two e4m3 terms per head (fp8_query.split_queries, about bf16's precision), stacked
   as N = 32 columns: hi terms, then lo terms.
@@ -9,19 +9,30 @@ Same work and outputs as `mla_decode._stage1` with an fp8 cache and BLOCK_H = 16
   regrouped in registers into wgmma's register operand (`_value_operand`). p goes in as two e4m3 terms as well.
 - The cache's row scales enter p through the exponent: m is the running maximum of logit + log2(scale), so the
   scaled p stays within 2^8 and needs no separate rescaling.
-What is left of the error is the fp8 tensor cores' own accumulation; see
-`fp8_dots` in mla_decode.py for the measured figures. The widening kernel (mla_decode_wgmma8.py) stays the
-fp8_dots=False path and int8's.
+What is left of the error is the fp8 tensor cores' own accumulation; see `fp8_dots` in mla_decode.py for the
+measured figures. The widening kernel (mla_decode_wgmma8.py) stays the fp8_dots=False path and int8's.
+
+Two consumer warpgroups (`gl.warp_specialize`) share the queries and a ring of SLOTS tiles and take the split's
+tiles in turn; each writes its own partial (2 * split + consumer), so stage 2 merges twice the split count. An fp8
+tile is half a bf16 one and the dots cost the same per row, so one warpgroup per CTA could not keep enough bytes
+in flight while it computed; here, while one warpgroup works on a tile, the other's and the next copies are in
+flight. Tiles are copied by TMA, five boxes counted on the slot's barrier; a sequence's last, partial tile by
+cp.async instead, which zero-fills the rows past its end: they can hold a freed page's bytes, NaN included, and
+p = 0 does not cancel a NaN in the values' dot.
 """
 
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
+    mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from mlaserve.attention.triton.mla_decode_wgmma import _async_load, _barrier, _copy_tile, _split_range
 from mlaserve.attention.triton.mla_decode_wgmma8 import CHUNK, _store_partials
@@ -38,6 +49,11 @@ V_CHUNK = gl.constexpr(
         shape=[64, 128],
     )
 )
+# Triton 3.6 calls the TMA copy async_copy_global_to_shared, 3.9 async_load.
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# Tiles in the ring: two per warpgroup (one worked on, one in flight). An even count gives each slot one consumer;
+# six do not fit in shared memory beside the queries.
+SLOTS = gl.constexpr(4)
 P_BITS = gl.constexpr(8.0)  # p goes in as p * 2^8 <= 256: e4m3 keeps 3 mantissa bits from 2^-6 up to 448
 
 
@@ -110,16 +126,54 @@ def _values(v8, p_hi, p_lo, acc, alpha, a_layout: gl.constexpr):
     return warpgroup_mma(a, p_lo.permute((1, 0)), acc, is_async=True)
 
 
-@gluon.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits"])
-def stage1_fp8(
-    Terms, Scales, KV, BlockTable, SeqLens, MidO, MidLse,
+def tma_descriptors(kv: torch.Tensor, d_rope: int) -> tuple[TensorDescriptor, TensorDescriptor]:
+    """TMA descriptors over the fp8 cache's rows kv [rows, width] (d_lat + d_rope values, then the row scale) for
+    stage1_fp8: boxes of 64 rows by CHUNK latent columns, and 64 rows by the rope part."""
+    shape, strides = list(kv.shape), [kv.stride(0), 1]
+    lat = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    rope = gl.NVMMASharedLayout(swizzle_byte_width=min(d_rope, 128), element_bitwidth=8, rank=2)
+    return (
+        TensorDescriptor(kv, shape, strides, [64, CHUNK.value], lat),
+        TensorDescriptor(kv, shape, strides, [64, d_rope], rope),
+    )
+
+
+@gluon.jit
+def _fill(slot_k, slot_pe, bar, DescLat, DescPe, KV, BlockTable, b, n0, end, stride_kv, stride_bt, go,
+          PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_N: gl.constexpr,
+          rows: gl.constexpr):  # fmt: skip
+    """If `go`, start copying rows n0 .. n0 + BLOCK_N of sequence b into a ring slot; its barrier `bar` (count 1)
+    completes when they have landed. Called by one warpgroup (128 threads, `rows`)."""
+    page = gl.load(BlockTable + b * stride_bt + n0 // PAGE, mask=n0 < end, other=0)
+    if n0 + BLOCK_N > end:  # the sequence's last tile: cp.async zero-fills the rows past its end
+        if go:
+            _copy_tile(slot_k, slot_pe, KV, BlockTable, b, n0, end, stride_kv, stride_bt,
+                       PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
+            # counted as pending now, it arrives once this thread's copies have landed
+            async_copy.mbarrier_arrive(bar)
+            _barrier()  # ... for every thread, before the one arrival that completes the phase
+            mbarrier.arrive(bar)
+    else:
+        row = page * PAGE + n0 % PAGE
+        mbarrier.expect(bar, BLOCK_N * (D_LAT + D_ROPE), pred=go)
+        for c in gl.static_range(D_LAT // CHUNK):
+            _tma_load(DescLat, [row, c * CHUNK], bar, slot_k.slice(c * CHUNK, CHUNK, dim=1), pred=go)
+        _tma_load(DescPe, [row, D_LAT], bar, slot_pe, pred=go)
+
+
+@gluon.jit
+def _consumer(
+    c: gl.constexpr,
+    Scales, KV, DescLat, DescPe, BlockTable, SeqLens, MidO, MidLse,
     stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
     num_heads, scale_log2, num_splits,
+    k_ring, pe_ring, ready, q_s, qpe_s, p_his, p_los,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
 ):  # fmt: skip
-    # Launched with 4 warps (one warpgroup), BLOCK_H = 16 heads, BLOCK_N = 64 rows, D_LAT = 4 * CHUNK, PAGE % 64 == 0.
-    gl.static_assert(D_LAT == 4 * CHUNK)
-    gl.static_assert(BLOCK_N == 64)
+    """Consumer c of 2: tiles c, c + 2, ... of the split, from ring slots of its own parity (the ring's size is even,
+    so each slot has one consumer and waiting on its barrier's parity is exact); each tile's slot is refilled with
+    the tile SLOTS ahead once both dots are done with it."""
+    SLOTS: gl.constexpr = k_ring.shape[0]
     # Scores against both query terms: columns [0, BLOCK_H) are hi, [BLOCK_H, 2 * BLOCK_H) lo.
     both: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 2 * BLOCK_H, 32]
@@ -130,31 +184,18 @@ def stage1_fp8(
     outs: gl.constexpr = scores
     a_values: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=outs, k_width=4)
     rows: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16-byte copies
-    lat_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
-    pe_smem: gl.constexpr = gl.NVMMASharedLayout(
-        swizzle_byte_width=min(D_ROPE, 128), element_bitwidth=8, rank=2
-    )
-    p_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_N, element_bitwidth=8, rank=2)
-
     b = gl.program_id(0)
     head0 = gl.program_id(1) * BLOCK_H
     split = gl.program_id(2)
     start, end = _split_range(SeqLens, b, split, num_splits, BLOCK_N)
-    k_s = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_N, D_LAT], lat_smem)
-    pe_s = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_N, D_ROPE], pe_smem)
-    # The first tile's copy goes out before the queries are loaded and split, so the two latencies overlap.
-    _copy_tile(k_s.index(0), pe_s.index(0), KV, BlockTable, b, start, end, stride_kv, stride_bt,
-               PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
+    tiles = gl.cdiv(end - start, BLOCK_N)
+    heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, scores))
+    q_scales = Scales + (b * num_heads + heads) * 2
+    q_hi_scale = gl.load(q_scales, mask=heads < num_heads, other=1.0)
+    q_lo_scale = gl.load(q_scales + 1, mask=heads < num_heads, other=1.0)
+    p_hi = p_his.index(c)  # p in two e4m3 terms, as [heads, rows] (K-major B operands)
+    p_lo = p_los.index(c)
     n_idx = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, scores))
-    row_scale = _row_scales(KV, BlockTable, b, start, end, stride_kv, stride_bt, PAGE, D_LAT + D_ROPE,
-                            BLOCK_N, gl.SliceLayout(1, scores))  # fmt: skip
-    q_s = gl.allocate_shared_memory(gl.float8e4nv, [2 * BLOCK_H, D_LAT], lat_smem)
-    qpe_s = gl.allocate_shared_memory(gl.float8e4nv, [2 * BLOCK_H, D_ROPE], pe_smem)
-    q_hi_scale, q_lo_scale = _load_queries8(Terms, Scales, b, head0, num_heads, q_s, qpe_s, D_LAT, D_ROPE, rows,
-                                            gl.SliceLayout(0, scores))  # fmt: skip
-    # p in two e4m3 terms, as [heads, rows] (K-major B operands)
-    p_hi = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, BLOCK_N], p_smem)
-    p_lo = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, BLOCK_N], p_smem)
 
     acc0 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
     acc1 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
@@ -162,22 +203,22 @@ def stage1_fp8(
     acc3 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
     m = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, scores))
     l_rows = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, scores)  # p's sums per row, reduced once at the end
-    tiles = gl.cdiv(end - start, BLOCK_N)
-    for i in range(tiles):
-        n0 = start + i * BLOCK_N
-        buf = i % 2
-        async_copy.wait_group(0)
-        fence_async_shared()  # the copies (and the queries' stores), before the tensor cores read them
-        _barrier()  # every thread's copies of tile i have landed; tile i - 1's buffer and p are free
+    row_scale = _row_scales(KV, BlockTable, b, start + c * BLOCK_N, end, stride_kv, stride_bt, PAGE,
+                            D_LAT + D_ROPE, BLOCK_N, gl.SliceLayout(1, scores))  # fmt: skip
+    for k in range(gl.cdiv(tiles - c, 2)):
+        t = c + 2 * k
+        n0 = start + t * BLOCK_N
+        slot = t % SLOTS
+        mbarrier.wait(ready.index(slot), (t // SLOTS) & 1)
+        if n0 + BLOCK_N > end:
+            fence_async_shared()  # this tile came by cp.async: its stores, before the tensor cores read them
         scale_i = row_scale
-        _copy_tile(k_s.index(1 - buf), pe_s.index(1 - buf), KV, BlockTable, b, n0 + BLOCK_N, end, stride_kv,
-                   stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
-        row_scale = _row_scales(KV, BlockTable, b, n0 + BLOCK_N, end, stride_kv, stride_bt, PAGE,
+        row_scale = _row_scales(KV, BlockTable, b, n0 + 2 * BLOCK_N, end, stride_kv, stride_bt, PAGE,
                                 D_LAT + D_ROPE, BLOCK_N, gl.SliceLayout(1, scores))  # fmt: skip
-        k8 = k_s.index(buf)
+        k8 = k_ring.index(slot)
         s2 = gl.zeros([BLOCK_N, 2 * BLOCK_H], gl.float32, both)
         s2 = warpgroup_mma(k8, q_s.permute((1, 0)), s2, is_async=True)
-        s2 = warpgroup_mma(pe_s.index(buf), qpe_s.permute((1, 0)), s2, is_async=True)
+        s2 = warpgroup_mma(pe_ring.index(slot), qpe_s.permute((1, 0)), s2, is_async=True)
         s2 = warpgroup_mma_wait(0, deps=[s2])
         s_hi, s_lo = gl.split(gl.permute(gl.reshape(s2, [BLOCK_N, 2, BLOCK_H]), (0, 2, 1)))
         s = (
@@ -188,12 +229,12 @@ def stage1_fp8(
         # Base-2 logits, and the same plus log2 of the row's scale: the values' row scales enter p through the
         # exponent, and m is the running maximum of the latter, so p * scale <= 2^P_BITS always.
         s = gl.where((n0 + n_idx < end)[:, None], s * (scale_i * scale_log2)[:, None], float("-inf"))
-        t = s + gl.log2(scale_i)[:, None]
-        m_new = gl.maximum(m, gl.max(t, 0))
+        t_s = s + gl.log2(scale_i)[:, None]
+        m_new = gl.maximum(m, gl.max(t_s, 0))
         alpha = gl.exp2(m - m_new)
         l_rows = l_rows * alpha[None, :] + gl.exp2(s - m_new[None, :] + P_BITS)
         m = m_new
-        p = gl.exp2(t - m_new[None, :] + P_BITS)
+        p = gl.exp2(t_s - m_new[None, :] + P_BITS)
         p_top = _round_e4m3(p)
         p_hi.store(gl.permute(p_top.to(gl.float8e4nv), (1, 0)))
         p_lo.store(gl.permute((p - p_top).to(gl.float8e4nv), (1, 0)))
@@ -205,8 +246,73 @@ def stage1_fp8(
         acc2 = _values(k8.slice(2 * CHUNK, CHUNK, dim=1), p_hi, p_lo, acc2, alpha_o, a_values)
         acc3 = _values(k8.slice(3 * CHUNK, CHUNK, dim=1), p_hi, p_lo, acc3, alpha_o, a_values)
         acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=[acc0, acc1, acc2, acc3])
-    async_copy.wait_group(0)
+        _barrier()  # every warp of this warpgroup is done with the slot (and p) before it is refilled
+        fence_async_shared()  # ... and its reads of the slot are ordered before the copy's writes
+        _fill(k8, pe_ring.index(slot), ready.index(slot), DescLat, DescPe, KV, BlockTable, b,
+              n0 + SLOTS * BLOCK_N, end, stride_kv, stride_bt, t + SLOTS < tiles, PAGE, D_LAT, D_ROPE, BLOCK_N,
+              rows)  # fmt: skip
 
     o_cols = _column_of(gl.arange(0, CHUNK, layout=gl.SliceLayout(1, outs)))
-    _store_partials(MidO, MidLse, acc0, acc1, acc2, acc3, m, l_rows, o_cols, b, head0, split, num_heads,
+    _store_partials(MidO, MidLse, acc0, acc1, acc2, acc3, m, l_rows, o_cols, b, head0, 2 * split + c, num_heads,
                     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, P_BITS)  # fmt: skip
+
+
+@gluon.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits"])
+def stage1_fp8(
+    Terms, Scales, KV, DescLat, DescPe, BlockTable, SeqLens, MidO, MidLse,
+    stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
+    num_heads, scale_log2, num_splits,
+    PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+):  # fmt: skip
+    # Launched with 4 warps (the first consumer; the second is a 4-warp worker), BLOCK_H = 16 heads, BLOCK_N = 64
+    # rows, D_LAT = 4 * CHUNK, PAGE % 64 == 0. DescLat / DescPe: TMA descriptors over the cache's rows with boxes of
+    # [64, CHUNK] and [64, D_ROPE]. Partial outputs 2 * split and 2 * split + 1 are this CTA's.
+    gl.static_assert(D_LAT == 4 * CHUNK)
+    gl.static_assert(BLOCK_N == 64)
+    scores: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_H, 32]
+    )
+    rows: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16-byte copies
+    lat_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    pe_smem: gl.constexpr = gl.NVMMASharedLayout(
+        swizzle_byte_width=min(D_ROPE, 128), element_bitwidth=8, rank=2
+    )
+    p_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_N, element_bitwidth=8, rank=2)
+
+    b = gl.program_id(0)
+    head0 = gl.program_id(1) * BLOCK_H
+    split = gl.program_id(2)
+    start, end = _split_range(SeqLens, b, split, num_splits, BLOCK_N)
+    tiles = gl.cdiv(end - start, BLOCK_N)
+    k_ring = gl.allocate_shared_memory(gl.float8e4nv, [SLOTS, BLOCK_N, D_LAT], lat_smem)
+    pe_ring = gl.allocate_shared_memory(gl.float8e4nv, [SLOTS, BLOCK_N, D_ROPE], pe_smem)
+    ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+    q_s = gl.allocate_shared_memory(gl.float8e4nv, [2 * BLOCK_H, D_LAT], lat_smem)
+    qpe_s = gl.allocate_shared_memory(gl.float8e4nv, [2 * BLOCK_H, D_ROPE], pe_smem)
+    p_his = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_H, BLOCK_N], p_smem)
+    p_los = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_H, BLOCK_N], p_smem)
+    for i in gl.static_range(SLOTS):
+        mbarrier.init(ready.index(i), count=1)
+    # The queries' copy first, so their wait below leaves the ring's copies in flight.
+    _load_queries8(Terms, Scales, b, head0, num_heads, q_s, qpe_s, D_LAT, D_ROPE, rows,
+                   gl.SliceLayout(0, scores))  # fmt: skip
+    for i in gl.static_range(SLOTS):
+        _fill(k_ring.index(i), pe_ring.index(i), ready.index(i), DescLat, DescPe, KV, BlockTable, b,
+              start + i * BLOCK_N, end, stride_kv, stride_bt, i < tiles, PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
+    async_copy.wait_group(0)
+    fence_async_shared()  # the queries, before the tensor cores read them
+    _barrier()
+    gl.warp_specialize(
+        [
+            (_consumer, (0, Scales, KV, DescLat, DescPe, BlockTable, SeqLens, MidO, MidLse, stride_kv, stride_bt,
+                         stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, num_heads, scale_log2,
+                         num_splits, k_ring, pe_ring, ready, q_s, qpe_s, p_his, p_los,
+                         PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N)),
+            (_consumer, (1, Scales, KV, DescLat, DescPe, BlockTable, SeqLens, MidO, MidLse, stride_kv, stride_bt,
+                         stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, num_heads, scale_log2,
+                         num_splits, k_ring, pe_ring, ready, q_s, qpe_s, p_his, p_los,
+                         PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N)),
+        ],
+        [4],
+        [232],
+    )  # fmt: skip
