@@ -156,6 +156,7 @@ def poison_rows_past_the_ends(rows: torch.Tensor, table: torch.Tensor, lengths: 
     [
         ("bf16", {}),
         ("fp8_e4m3", {}),
+        ("fp8_e4m3", {"fp8_dots": True}),
         ("fp8_e4m3", {"num_splits": 3}),
         ("fp8_e4m3", {"fp8_dots": False}),
         ("fp8_e4m3", {"block_n": 32, "num_warps": 4}),  # the Triton kernel

@@ -396,10 +396,15 @@ def decode_plan(
         raise ValueError("fp8_dots=True needs the Gluon 8-bit path: an sm_90 GPU, a bf16/fp16 query, an fp8_e4m3 "
                          "cache, 16 heads per program, a 512-wide latent, pages a multiple of 64 rows, rows TMA can "
                          "copy (16-byte aligned) and wgmma not False")  # fmt: skip
-    if can_fp8_dots and fp8_dots is not False:
+    fp8_splits = splits_given or fp8_dot_splits(batch, head_groups, max_seq_len, sms)
+    # By default the fp8-dot kernel takes contexts that give each CTA 16 tiles or more: with 8 it lost to the
+    # widening kernel, 1.09x against 0.98x the bf16 kernel at (B, L) = (32, 2,048) and 1.39x against 1.10x at
+    # (1, 16,384), where it won with 32 and more: 0.79x against 0.99x at (64, 4,096), 0.68x against 0.99x at
+    # (128, 8,192) (results/h200-diagnose-2026-11-30-fp8dots-ws.json; 9 to 31 tiles were not measured).
+    long_splits = math.ceil(max_seq_len / 64 / fp8_splits) >= 16
+    if can_fp8_dots and (fp8_dots or (fp8_dots is None and long_splits)):
         kernel = "gluon_fp8"
-        if splits_given is None:
-            num_splits = fp8_dot_splits(batch, head_groups, max_seq_len, sms)
+        num_splits = fp8_splits
     elif wgmma8:
         kernel = "gluon_wgmma8"
     elif can_wgmma and wgmma is not False:
