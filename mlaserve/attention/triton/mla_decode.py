@@ -397,10 +397,12 @@ def decode_plan(
                          "cache, 16 heads per program, a 512-wide latent, pages a multiple of 64 rows, rows TMA can "
                          "copy (16-byte aligned) and wgmma not False")  # fmt: skip
     fp8_splits = splits_given or fp8_dot_splits(batch, head_groups, max_seq_len, sms)
-    # By default the fp8-dot kernel takes contexts that give each CTA 16 tiles or more: with 8 it lost to the
-    # widening kernel, 1.09x against 0.98x the bf16 kernel at (B, L) = (32, 2,048) and 1.39x against 1.10x at
-    # (1, 16,384), where it won with 32 and more: 0.79x against 0.99x at (64, 4,096), 0.68x against 0.99x at
-    # (128, 8,192) (results/h200-diagnose-2026-11-30-fp8dots-ws.json; 9 to 31 tiles were not measured).
+    # By default the fp8-dot kernel takes calls whose max_seq_len gives each CTA 16 tiles or more. With 8 it lost to
+    # the widening kernel, 1.39x against 1.10x the bf16 kernel at (B, L) = (1, 16,384); with 32 and more it won,
+    # 0.79x against 0.99x at (64, 4,096) and 0.68x against 0.99x at (128, 8,192)
+    # (results/h200-diagnose-2026-11-30-fp8dots-ws.json; 9 to 31 tiles were not measured). The rule sees
+    # max_seq_len, not the lengths: batch 32 at 2,048 in a graph sized for 8,192 still takes it, at 1.08x against
+    # the widening kernel's 0.98x (-fp8dots-ws-rule.json).
     long_splits = math.ceil(max_seq_len / 64 / fp8_splits) >= 16
     if can_fp8_dots and (fp8_dots or (fp8_dots is None and long_splits)):
         kernel = "gluon_fp8"
