@@ -35,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from mlaserve.attention.triton.mla_decode_wgmma import _async_load, _barrier, _copy_tile, _split_range
-from mlaserve.attention.triton.mla_decode_wgmma8 import CHUNK, _store_partials
+from mlaserve.attention.triton.mla_decode_wgmma8 import CHUNK, _empty_state, _store_partials
 
 # A chunk of the value tile as read from shared memory: [rows, 128 latent columns], each thread's registers holding
 # 4 adjacent columns (one 32-bit load) of 16 rows. `_value_operand` relabels the columns so this is exactly the
@@ -197,12 +197,7 @@ def _consumer(
     p_lo = p_los.index(c)
     n_idx = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, scores))
 
-    acc0 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
-    acc1 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
-    acc2 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
-    acc3 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
-    m = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, scores))
-    l_rows = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, scores)  # p's sums per row, reduced once at the end
+    acc0, acc1, acc2, acc3, m, l_rows = _empty_state(outs, scores, BLOCK_N)
     row_scale = _row_scales(KV, BlockTable, b, start + c * BLOCK_N, end, stride_kv, stride_bt, PAGE,
                             D_LAT + D_ROPE, BLOCK_N, gl.SliceLayout(1, scores))  # fmt: skip
     for k in range(gl.cdiv(tiles - c, 2)):

@@ -58,6 +58,20 @@ def _values_chunk(v8, p_s, acc, alpha, a_layout: gl.constexpr):
 
 
 @gluon.jit
+def _empty_state(outs: gl.constexpr, scores: gl.constexpr, BLOCK_N: gl.constexpr):
+    """A split's running state before its first tile, for both 8-bit kernels: Oᵀ in four chunks of CHUNK latent
+    columns (heads as N, in `outs`), the heads' running max, and p's sums per row (in `scores`, reduced once at the
+    end by _store_partials)."""
+    BLOCK_H: gl.constexpr = outs.instr_shape[1]
+    acc0 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
+    acc1 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
+    acc2 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
+    acc3 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
+    m = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, scores))
+    return acc0, acc1, acc2, acc3, m, gl.zeros([BLOCK_N, BLOCK_H], gl.float32, scores)
+
+
+@gluon.jit
 def _store_partials(
     MidO, MidLse, acc0, acc1, acc2, acc3, m, l_rows, o_cols, b, head0, split, num_heads,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, LSE_SHIFT: gl.constexpr,
@@ -118,12 +132,7 @@ def stage1_wgmma8(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_H, 16]
     )
     a_values: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=outs, k_width=2)
-    acc0 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
-    acc1 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
-    acc2 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
-    acc3 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
-    m = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, scores))
-    l_rows = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, scores)  # p's sums per row, reduced once at the end
+    acc0, acc1, acc2, acc3, m, l_rows = _empty_state(outs, scores, BLOCK_N)
     n_idx = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, scores))
 
     row_scale = _copy_tile8(k_s.index(0), pe_s.index(0), KV, BlockTable, b, start, end, stride_kv, stride_bt,
