@@ -162,6 +162,23 @@ def _fill(slot_k, slot_pe, bar, DescLat, DescPe, KV, BlockTable, b, n0, end, str
 
 
 @gluon.jit
+def _scores(
+    k_ring, pe_ring, ready, q_s, qpe_s, t, start, end, tiles, both: gl.constexpr, BLOCK_N: gl.constexpr
+):
+    """Wait for tile t of the split and issue its score dots against both query terms, Sᵀ = K·Qᵀ (asynchronous: the
+    caller waits). Past the split's last tile the slot is stale and is not waited for; its scores go unused."""
+    SLOTS: gl.constexpr = k_ring.shape[0]
+    TERMS: gl.constexpr = q_s.shape[0]  # hi then lo terms of each head
+    slot = t % SLOTS
+    mbarrier.wait(ready.index(slot), (t // SLOTS) & 1, pred=t < tiles)
+    if start + (t + 1) * BLOCK_N > end:
+        fence_async_shared()  # the last tile came by cp.async: its stores, before the tensor cores read them
+    s2 = gl.zeros([BLOCK_N, TERMS], gl.float32, both)
+    s2 = warpgroup_mma(k_ring.index(slot), q_s.permute((1, 0)), s2, is_async=True)
+    return warpgroup_mma(pe_ring.index(slot), qpe_s.permute((1, 0)), s2, is_async=True)
+
+
+@gluon.jit
 def _consumer(
     c: gl.constexpr,
     Scales, KV, DescLat, DescPe, BlockTable, SeqLens, MidO, MidLse,
@@ -172,7 +189,8 @@ def _consumer(
 ):  # fmt: skip
     """Consumer c of 2: tiles c, c + 2, ... of the split, from ring slots of its own parity (the ring's size is even,
     so each slot has one consumer and waiting on its barrier's parity is exact); each tile's slot is refilled with
-    the tile SLOTS ahead once both dots are done with it."""
+    the tile SLOTS ahead once both dots are done with it. A tile's score dots are issued right behind the previous
+    tile's value dots, so the two run together on the tensor cores and one wait covers both."""
     SLOTS: gl.constexpr = k_ring.shape[0]
     # Scores against both query terms: columns [0, BLOCK_H) are hi, [BLOCK_H, 2 * BLOCK_H) lo.
     both: gl.constexpr = gl.NVMMADistributedLayout(
@@ -200,21 +218,16 @@ def _consumer(
     acc0, acc1, acc2, acc3, m, l_rows = _empty_state(outs, scores, BLOCK_N)
     row_scale = _row_scales(KV, BlockTable, b, start + c * BLOCK_N, end, stride_kv, stride_bt, PAGE,
                             D_LAT + D_ROPE, BLOCK_N, gl.SliceLayout(1, scores))  # fmt: skip
+    s2 = _scores(k_ring, pe_ring, ready, q_s, qpe_s, c, start, end, tiles, both, BLOCK_N)
+    s2 = warpgroup_mma_wait(0, deps=[s2])
     for k in range(gl.cdiv(tiles - c, 2)):
         t = c + 2 * k
         n0 = start + t * BLOCK_N
         slot = t % SLOTS
-        mbarrier.wait(ready.index(slot), (t // SLOTS) & 1)
-        if n0 + BLOCK_N > end:
-            fence_async_shared()  # this tile came by cp.async: its stores, before the tensor cores read them
         scale_i = row_scale
         row_scale = _row_scales(KV, BlockTable, b, n0 + 2 * BLOCK_N, end, stride_kv, stride_bt, PAGE,
                                 D_LAT + D_ROPE, BLOCK_N, gl.SliceLayout(1, scores))  # fmt: skip
         k8 = k_ring.index(slot)
-        s2 = gl.zeros([BLOCK_N, 2 * BLOCK_H], gl.float32, both)
-        s2 = warpgroup_mma(k8, q_s.permute((1, 0)), s2, is_async=True)
-        s2 = warpgroup_mma(pe_ring.index(slot), qpe_s.permute((1, 0)), s2, is_async=True)
-        s2 = warpgroup_mma_wait(0, deps=[s2])
         s_hi, s_lo = gl.split(gl.permute(gl.reshape(s2, [BLOCK_N, 2, BLOCK_H]), (0, 2, 1)))
         s = (
             gl.convert_layout(s_hi, scores) * q_hi_scale[None, :]
@@ -240,7 +253,8 @@ def _consumer(
         acc1 = _values(k8.slice(1 * CHUNK, CHUNK, dim=1), p_hi, p_lo, acc1, alpha_o, a_values)
         acc2 = _values(k8.slice(2 * CHUNK, CHUNK, dim=1), p_hi, p_lo, acc2, alpha_o, a_values)
         acc3 = _values(k8.slice(3 * CHUNK, CHUNK, dim=1), p_hi, p_lo, acc3, alpha_o, a_values)
-        acc0, acc1, acc2, acc3 = warpgroup_mma_wait(0, deps=[acc0, acc1, acc2, acc3])
+        s2 = _scores(k_ring, pe_ring, ready, q_s, qpe_s, t + 2, start, end, tiles, both, BLOCK_N)
+        acc0, acc1, acc2, acc3, s2 = warpgroup_mma_wait(0, deps=[acc0, acc1, acc2, acc3, s2])
         _barrier()  # every warp of this warpgroup is done with the slot (and p) before it is refilled
         fence_async_shared()  # ... and its reads of the slot are ordered before the copy's writes
         _fill(k8, pe_ring.index(slot), ready.index(slot), DescLat, DescPe, KV, BlockTable, b,
