@@ -30,6 +30,9 @@ wgmma         the Gluon split kernel (mla_decode_wgmma.py) against the Triton ke
 decode_breakdown the default decode at batch 64 over contexts 1,024-16,384 and at (128, 16, 8,192): graph replay
               time against the split and merge kernels' own durations (torch.profiler), for fitting the
               streaming rate and the fixed cost of a call
+fp8_breakdown the same for the fp8-dot kernel beside the bf16 default: batch 128 at one split per sequence (128
+              CTAs) over 32 to 256 tiles per CTA, and (64, 16, 4,096) with the defaults: the query split's, the
+              split step's and the merge's own durations against the replay
 decode_flush  the decode record shapes and the copy ceiling timed with L2 emptied by a read (the suite's bench), by
               zeroing a buffer (triton's do_bench) and not at all (back-to-back graph replays)
 overlap       lite batch 1 and 32 with asynchronous scheduling off and on: walls, lookahead launches, GPU busy
@@ -591,44 +594,65 @@ def fp8_tiles() -> dict:
     )
 
 
-def decode_breakdown() -> dict:
-    """Where a decode call's time goes, default configuration, bf16 cache: the graph replay's median against the
-    split kernel's and the merge kernel's own durations (torch.profiler over replays of the same graph), over a
-    sweep of context lengths at batch 64 and the (128, 16, 8,192) shape. Fitting time against bytes read separates
-    the streaming rate from the fixed cost of a call."""
+def breakdown_row(batch: int, length: int, cache_dtype: str = "bfloat16", **kwargs) -> dict:
+    """One decode call's graph replay median against its kernels' own durations (torch.profiler over replays of the
+    same graph): the query split (fp8-dot kernel only), the split step and the merge."""
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.gpu_suite import LAT, paged_case
+    from benchmarks.gpu_suite import LAT, ROPE, paged_case
     from mlaserve.attention.triton.mla_decode import mla_decode
+    from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
-    rows = []
-    for batch, length in ((64, 1024), (64, 2048), (64, 4096), (64, 8192), (64, 16384), (128, 8192)):
-        q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, 0)
-        args = (q, cache, table, meta.seq_lens, length, LAT, 0.07)
-        call = lambda args=args: mla_decode(*args)  # noqa: E731
-        replay_ms = bench_graph(call)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            call()
-        graph.replay()
+    q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, 0)
+    if cache_dtype != "bfloat16":
+        rows = quantize_rows(cache.view(-1, LAT + ROPE), QUANTIZED[cache_dtype])
+        cache = rows.view(*cache.shape[:3], rows.shape[-1])
+    args = (q, cache, table, meta.seq_lens, length, LAT, 0.07)
+    call = lambda: mla_decode(*args, **kwargs)  # noqa: E731
+    replay_ms = bench_graph(call)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    graph.replay()
+    torch.cuda.synchronize()
+    replays = 50
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
         torch.cuda.synchronize()
-        replays = 50
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(replays):
-                graph.replay()
-            torch.cuda.synchronize()
-        kernels = {
-            e.key: e.self_device_time_total / replays for e in prof.key_averages() if e.self_device_time_total
-        }
-        stage1 = sum(us for name, us in kernels.items() if "_stage1" in name)
-        stage2 = sum(us for name, us in kernels.items() if "_stage2" in name)
-        row = dict(B=batch, L=length, MB_read=batch * length * (LAT + 64) * 2 / 1e6, graph_us=replay_ms * 1e3,
-                   stage1_us=stage1, stage2_us=stage2, gaps_us=replay_ms * 1e3 - stage1 - stage2,
-                   kernels={k[:80]: round(v, 2) for k, v in kernels.items()})  # fmt: skip
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        del graph, call, args, cache
-        torch.cuda.empty_cache()
+    kernels = {
+        e.key: e.self_device_time_total / replays for e in prof.key_averages() if e.self_device_time_total
+    }
+    split_q = sum(us for name, us in kernels.items() if "split_queries" in name)
+    stage2 = sum(us for name, us in kernels.items() if "_stage2" in name)
+    stage1 = sum(kernels.values()) - split_q - stage2
+    row = dict(B=batch, L=length, cache=cache_dtype, kwargs={k: str(v) for k, v in kwargs.items()},
+               MB_read=cache[0, 0].numel() * cache.element_size() * batch * length / 1e6, graph_us=replay_ms * 1e3,
+               split_queries_us=split_q, stage1_us=stage1, stage2_us=stage2,
+               gaps_us=replay_ms * 1e3 - stage1 - stage2 - split_q,
+               kernels={k[:80]: round(v, 2) for k, v in kernels.items()})  # fmt: skip
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def decode_breakdown() -> dict:
+    """Where a decode call's time goes, default configuration, bf16 cache, over a sweep of context lengths at batch
+    64 and the (128, 16, 8,192) shape (breakdown_row). Fitting time against bytes read separates the streaming rate
+    from the fixed cost of a call."""
+    shapes = ((64, 1024), (64, 2048), (64, 4096), (64, 8192), (64, 16384), (128, 8192))
+    return {"rows": [breakdown_row(batch, length) for batch, length in shapes]}
+
+
+def fp8_breakdown() -> dict:
+    """The same for the fp8-dot kernel (fp8 cache, fp8_dots=True) beside the bf16 default: batch 128 with one split
+    per sequence (128 CTAs, one per SM) at 32 to 256 tiles per CTA, then (64, 16, 4,096) with the defaults.
+    Fitting the split step's duration against tiles per CTA gives its per-tile time and its fixed cost."""
+    rows = []
+    for length in (2048, 4096, 8192, 16384):
+        rows.append(breakdown_row(128, length, "fp8_e4m3", fp8_dots=True, num_splits=1))
+        rows.append(breakdown_row(128, length))
+    rows.append(breakdown_row(64, 4096, "fp8_e4m3"))
+    rows.append(breakdown_row(64, 4096))
     return {"rows": rows}
 
 
@@ -909,6 +933,7 @@ def main() -> None:
                 "fp8_dots": fp8_dots,
                 "widen_bits": widen_bits,
                 "decode_breakdown": decode_breakdown,
+                "fp8_breakdown": fp8_breakdown,
                 "decode_flush": decode_flush,
                 "wide_warps": wide_warps,
                 "fp8_tiles": fp8_tiles,
