@@ -112,7 +112,7 @@ def compile_stage1(
 
 
 def resource_usage(cubin: bytes, workdir: Path) -> dict:
-    """Registers and per-thread local memory (stack and spills) of the cubin Triton built, read by the bundled
+    """Registers, per-thread local memory and stack frame (where spills go) of the cubin Triton built, read by the bundled
     cuobjdump (running ptxas here on Triton's PTX can fail: a newer Triton writes PTX newer than its sm_90 ptxas)."""
     tool = Path(nvidia_backend.__file__).parent / "bin" / "cuobjdump"
     binary = workdir / "kernel.cubin"
@@ -122,7 +122,9 @@ def resource_usage(cubin: bytes, workdir: Path) -> dict:
     )
     return dict(
         registers=int(re.search(r"REG:(\d+)", run.stdout).group(1)),
-        local_bytes=int(re.search(r"LOCAL:(\d+)", run.stdout).group(1)),  # > 0: spills (or a stack frame)
+        local_bytes=int(re.search(r"LOCAL:(\d+)", run.stdout).group(1)),
+        # ptxas puts spilled registers in the stack frame: > 0 here means spills (the ABI needs no frame otherwise)
+        stack_bytes=int(re.search(r"STACK:(\d+)", run.stdout).group(1)),
     )
 
 

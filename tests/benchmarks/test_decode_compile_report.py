@@ -35,7 +35,7 @@ def test_every_configuration_compiles_and_reports(tmp_path):
     # Triton's 64-head kernel gives both warpgroups all of them (72) in Triton 3.6; a later Triton may not.
     triton64, gluon64 = rows[3], rows[4]
     assert "Gluon" in gluon64["config"] and gluon64["wgmma_by_shape"] == {"m64n32k16": 36, "m64n256k16": 4}
-    assert gluon64["kv_tile_buffers"] == 2 and gluon64["local_bytes"] == 0
+    assert gluon64["kv_tile_buffers"] == 2 and gluon64["local_bytes"] == 0 and gluon64["stack_bytes"] == 0
     assert triton64["wgmma_by_shape"].get("m64n32k16") in (36, 72)
     # The fp8-dot Gluon kernel: per tile 18 score m64n32k32 (16 heads x two query terms) and 32 value m64n16k32
     # (4 chunks x 2 row blocks x two p terms x 2 k steps), in each of its two consumer warpgroups, the score dots
@@ -44,6 +44,9 @@ def test_every_configuration_compiles_and_reports(tmp_path):
     fp8, gluon8 = rows[5], rows[6]
     assert "fp8-dot" in fp8["config"] and fp8["wgmma_by_shape"] == {"m64n32k32": 72, "m64n16k32": 64}
     assert fp8["kv_tile_buffers"] == 4 and fp8["local_bytes"] == 0 and fp8["shared_byte_loads"] <= 1
+    # At 255 registers ptxas keeps a few values of the consumers' set-up and epilogue on the stack, outside the tile
+    # loops (16 bytes with Triton 3.6, 56 with 3.9); a larger frame would mean spills inside the loop.
+    assert fp8["stack_bytes"] <= 64
     # The widening 8-bit Gluon kernel: 16 heads as N, so 36 score and 32 value m64n16k16 per tile, nothing spilled.
     assert "widening" in gluon8["config"] and gluon8["wgmma_by_shape"] == {"m64n16k16": 68}
-    assert gluon8["kv_tile_buffers"] == 2 and gluon8["local_bytes"] == 0
+    assert gluon8["kv_tile_buffers"] == 2 and gluon8["local_bytes"] == 0 and gluon8["stack_bytes"] == 0
