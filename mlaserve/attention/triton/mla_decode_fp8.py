@@ -12,13 +12,16 @@ Same work as `mla_decode._stage1` with an fp8 cache and BLOCK_H = 16, for one (s
 What is left of the error is the fp8 tensor cores' own accumulation; see `fp8_dots` in mla_decode.py for the
 measured figures. The widening kernel (mla_decode_wgmma8.py) stays the fp8_dots=False path and int8's.
 
-Two consumer warpgroups (`gl.warp_specialize`) share the queries and a ring of SLOTS tiles and take the split's
-tiles in turn; each writes its own partial (2 * split + consumer), so stage 2 merges twice the split count. An fp8
-tile is half a bf16 one and the dots cost the same per row, so one warpgroup per CTA could not keep enough bytes
-in flight while it computed; here, while one warpgroup works on a tile, the other's and the next copies are in
-flight. Tiles are copied by TMA, five boxes counted on the slot's barrier; a sequence's last, partial tile by
-cp.async instead, which zero-fills the rows past its end: they can hold a freed page's bytes, NaN included, and
-p = 0 does not cancel a NaN in the values' dot.
+Three partitions (`gl.warp_specialize`): a producer warpgroup copies the split's tiles into a ring of SLOTS, and two
+consumer warpgroups share the queries and take the tiles in turn; each consumer writes its own partial
+(2 * split + consumer), so stage 2 merges twice the split count. An fp8 tile is half a bf16 one and the dots cost the
+same per row, so one warpgroup per CTA could not keep enough bytes in flight while it computed; here, while one
+consumer works on a tile, the other's and the next copies are in flight. Each slot has a `ready` barrier (the copy
+landed) and an `empty` one (its consumer is done with it), so the producer refills a slot exactly once it is free.
+Tiles are copied by TMA, five boxes counted on the slot's barrier; a sequence's last, partial tile by cp.async
+instead, which zero-fills the rows past its end: they can hold a freed page's bytes, NaN included, and p = 0 does
+not cancel a NaN in the values' dot. The producer, not the consumers, waits on the block table for each copy's row,
+and the consumers are both workers, so neither runs in the partition the scheduler serves last.
 """
 
 import torch
@@ -179,18 +182,70 @@ def _scores(
 
 
 @gluon.jit
+def _producer(
+    KV,
+    DescLat,
+    DescPe,
+    BlockTable,
+    SeqLens,
+    stride_kv,
+    stride_bt,
+    num_splits,
+    k_ring,
+    pe_ring,
+    ready,
+    empty,
+    PAGE: gl.constexpr,
+    D_LAT: gl.constexpr,
+    D_ROPE: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+):
+    """Copy the split's tiles into the ring in order, each once its slot's consumer has released the tile SLOTS before.
+    Runs in the default partition with few registers: it only addresses the copies."""
+    SLOTS: gl.constexpr = k_ring.shape[0]
+    rows: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16-byte copies
+    b = gl.program_id(0)
+    split = gl.program_id(2)
+    start, end = _split_range(SeqLens, b, split, num_splits, BLOCK_N)
+    tiles = gl.cdiv(end - start, BLOCK_N)
+    for t in range(tiles):
+        slot = t % SLOTS
+        mbarrier.wait(empty.index(slot), ((t // SLOTS) & 1) ^ 1)  # a fresh barrier passes parity 1 at once
+        _fill(
+            k_ring.index(slot),
+            pe_ring.index(slot),
+            ready.index(slot),
+            DescLat,
+            DescPe,
+            KV,
+            BlockTable,
+            b,
+            start + t * BLOCK_N,
+            end,
+            stride_kv,
+            stride_bt,
+            t < tiles,
+            PAGE,
+            D_LAT,
+            D_ROPE,
+            BLOCK_N,
+            rows,
+        )
+
+
+@gluon.jit
 def _consumer(
     c: gl.constexpr,
     Scales, KV, DescLat, DescPe, BlockTable, SeqLens, MidO, MidLse,
     stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
     num_heads, scale_log2, num_splits,
-    k_ring, pe_ring, ready, q_s, qpe_s, p_his, p_los,
+    k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
 ):  # fmt: skip
     """Consumer c of 2: tiles c, c + 2, ... of the split, from ring slots of its own parity (the ring's size is even,
-    so each slot has one consumer and waiting on its barrier's parity is exact); each tile's slot is refilled with
-    the tile SLOTS ahead once both dots are done with it. A tile's score dots are issued right behind the previous
-    tile's value dots, so the two run together on the tensor cores and one wait covers both."""
+    so each slot has one consumer); it releases each tile's slot to the producer once both dots are done with it. A
+    tile's score dots are issued right behind the previous tile's value dots, so the two run together on the tensor
+    cores and one wait covers both."""
     SLOTS: gl.constexpr = k_ring.shape[0]
     # Scores against both query terms: columns [0, BLOCK_H) are hi, [BLOCK_H, 2 * BLOCK_H) lo.
     both: gl.constexpr = gl.NVMMADistributedLayout(
@@ -201,7 +256,6 @@ def _consumer(
     )
     outs: gl.constexpr = scores
     a_values: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=outs, k_width=4)
-    rows: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16-byte copies
     b = gl.program_id(0)
     head0 = gl.program_id(1) * BLOCK_H
     split = gl.program_id(2)
@@ -255,11 +309,9 @@ def _consumer(
         acc3 = _values(k8.slice(3 * CHUNK, CHUNK, dim=1), p_hi, p_lo, acc3, alpha_o, a_values)
         s2 = _scores(k_ring, pe_ring, ready, q_s, qpe_s, t + 2, start, end, tiles, both, BLOCK_N)
         acc0, acc1, acc2, acc3, s2 = warpgroup_mma_wait(0, deps=[acc0, acc1, acc2, acc3, s2])
-        _barrier()  # every warp of this warpgroup is done with the slot (and p) before it is refilled
+        _barrier()  # every warp of this warpgroup is done with the slot (and p)
         fence_async_shared()  # ... and its reads of the slot are ordered before the copy's writes
-        _fill(k8, pe_ring.index(slot), ready.index(slot), DescLat, DescPe, KV, BlockTable, b,
-              n0 + SLOTS * BLOCK_N, end, stride_kv, stride_bt, t + SLOTS < tiles, PAGE, D_LAT, D_ROPE, BLOCK_N,
-              rows)  # fmt: skip
+        mbarrier.arrive(empty.index(slot))  # the producer may refill it
 
     o_cols = _column_of(gl.arange(0, CHUNK, layout=gl.SliceLayout(1, outs)))
     _store_partials(MidO, MidLse, acc0, acc1, acc2, acc3, m, l_rows, o_cols, b, head0, 2 * split + c, num_heads,
@@ -273,7 +325,7 @@ def stage1_fp8(
     num_heads, scale_log2, num_splits,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
 ):  # fmt: skip
-    # Launched with 4 warps (the first consumer; the second is a 4-warp worker), BLOCK_H = 16 heads, BLOCK_N = 64
+    # Launched with 4 warps (the producer; the consumers are 4-warp workers), BLOCK_H = 16 heads, BLOCK_N = 64
     # rows, D_LAT = 4 * CHUNK, PAGE % 64 == 0. DescLat / DescPe: TMA descriptors over the cache's rows with boxes of
     # [64, CHUNK] and [64, D_ROPE]. Partial outputs 2 * split and 2 * split + 1 are this CTA's.
     gl.static_assert(D_LAT == 4 * CHUNK)
@@ -290,38 +342,35 @@ def stage1_fp8(
 
     b = gl.program_id(0)
     head0 = gl.program_id(1) * BLOCK_H
-    split = gl.program_id(2)
-    start, end = _split_range(SeqLens, b, split, num_splits, BLOCK_N)
-    tiles = gl.cdiv(end - start, BLOCK_N)
     k_ring = gl.allocate_shared_memory(gl.float8e4nv, [SLOTS, BLOCK_N, D_LAT], lat_smem)
     pe_ring = gl.allocate_shared_memory(gl.float8e4nv, [SLOTS, BLOCK_N, D_ROPE], pe_smem)
     ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
     q_s = gl.allocate_shared_memory(gl.float8e4nv, [2 * BLOCK_H, D_LAT], lat_smem)
     qpe_s = gl.allocate_shared_memory(gl.float8e4nv, [2 * BLOCK_H, D_ROPE], pe_smem)
     p_his = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_H, BLOCK_N], p_smem)
     p_los = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_H, BLOCK_N], p_smem)
     for i in gl.static_range(SLOTS):
         mbarrier.init(ready.index(i), count=1)
-    # The queries' copy first, so their wait below leaves the ring's copies in flight.
+        mbarrier.init(empty.index(i), count=1)
     _load_queries8(Terms, Scales, b, head0, num_heads, q_s, qpe_s, D_LAT, D_ROPE, rows,
                    gl.SliceLayout(0, scores))  # fmt: skip
-    for i in gl.static_range(SLOTS):
-        _fill(k_ring.index(i), pe_ring.index(i), ready.index(i), DescLat, DescPe, KV, BlockTable, b,
-              start + i * BLOCK_N, end, stride_kv, stride_bt, i < tiles, PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
     async_copy.wait_group(0)
     fence_async_shared()  # the queries, before the tensor cores read them
     _barrier()
     gl.warp_specialize(
         [
+            (_producer, (KV, DescLat, DescPe, BlockTable, SeqLens, stride_kv, stride_bt, num_splits, k_ring, pe_ring,
+                         ready, empty, PAGE, D_LAT, D_ROPE, BLOCK_N)),
             (_consumer, (0, Scales, KV, DescLat, DescPe, BlockTable, SeqLens, MidO, MidLse, stride_kv, stride_bt,
                          stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, num_heads, scale_log2,
-                         num_splits, k_ring, pe_ring, ready, q_s, qpe_s, p_his, p_los,
+                         num_splits, k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los,
                          PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N)),
             (_consumer, (1, Scales, KV, DescLat, DescPe, BlockTable, SeqLens, MidO, MidLse, stride_kv, stride_bt,
                          stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, num_heads, scale_log2,
-                         num_splits, k_ring, pe_ring, ready, q_s, qpe_s, p_his, p_los,
+                         num_splits, k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los,
                          PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N)),
         ],
-        [4],
-        [232],
+        [4, 4],
+        [232, 232],
     )  # fmt: skip
