@@ -6,7 +6,8 @@ Builds an instrumented copy of mlaserve/attention/triton/mla_decode_fp8.py at ru
 stores added at phase boundaries; nothing else changes, so the kernel is today's), runs it in place of the real one
 for three default-shaped fp8 decode calls per case, and reports each phase's minimum, median and maximum over the
 CTAs of the last call, in microseconds:
-  prologue       kernel start to the warp-specialized part (barriers, the queries' copy, the ring's first copies)
+  prologue       kernel start to the warp-specialized part (barriers, the queries' copy; at 4e922b1 also the
+                 ring's first copies, which the producer partition issues since 9e46b37)
   first_tile_cN  from there to consumer N's first scores
   loop_cN        consumer N's tile loop
   store_cN       consumer N writing its partial result
@@ -50,8 +51,8 @@ def patch(source: str, old: str, new: str) -> str:
 def instrumented_module():
     """mla_decode_fp8 with timestamp stores; stage1_fp8 takes one more argument, Times [CTAs, SLOTS_PER_CTA]."""
     source = Path(mla_decode_fp8.__file__).read_text()
-    source = patch(source, "    k_ring, pe_ring, ready, q_s, qpe_s, p_his, p_los,\n    PAGE:",
-                   "    k_ring, pe_ring, ready, q_s, qpe_s, p_his, p_los, Times,\n    PAGE:")  # fmt: skip
+    source = patch(source, "    k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los,\n    PAGE:",
+                   "    k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los, Times,\n    PAGE:")  # fmt: skip
     source = patch(source, "    s2 = warpgroup_mma_wait(0, deps=[s2])\n    for k in range(",
                    f"    s2 = warpgroup_mma_wait(0, deps=[s2])\n    {CTA}\n"
                    f"    gl.store(Times + cta * {SLOTS_PER_CTA} + 2 + 3 * c, {NOW})\n    for k in range(")  # fmt: skip
@@ -74,8 +75,8 @@ def instrumented_module():
         "p_his, p_los,\n                         PAGE,",
         "p_his, p_los, Times,\n                         PAGE,",
     )
-    source = patch(source, "        [232],\n    )  # fmt: skip\n",
-                   f"        [232],\n    )  # fmt: skip\n    gl.store(Times + cta * {SLOTS_PER_CTA} + 8, {NOW})\n")  # fmt: skip
+    source = patch(source, "        [232, 232],\n    )  # fmt: skip\n",
+                   f"        [232, 232],\n    )  # fmt: skip\n    gl.store(Times + cta * {SLOTS_PER_CTA} + 8, {NOW})\n")  # fmt: skip
     path = Path(os.environ.get("TMPDIR", "/tmp")) / "mlaserve_fp8_phases.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("mlaserve_fp8_phases", path)
