@@ -21,7 +21,8 @@ landed) and an `empty` one (its consumer is done with it), so the producer refil
 Tiles are copied by TMA, five boxes counted on the slot's barrier; a sequence's last, partial tile by cp.async
 instead, which zero-fills the rows past its end: they can hold a freed page's bytes, NaN included, and p = 0 does
 not cancel a NaN in the values' dot. The producer, not the consumers, waits on the block table for each copy's row,
-and the consumers are both workers, so neither runs in the partition the scheduler serves last.
+and both consumers are workers: run in the default partition, a consumer went through its tiles measurably slower
+than the worker beside it (benchmarks/fp8_phases.py).
 """
 
 import torch
@@ -182,24 +183,8 @@ def _scores(
 
 
 @gluon.jit
-def _producer(
-    KV,
-    DescLat,
-    DescPe,
-    BlockTable,
-    SeqLens,
-    stride_kv,
-    stride_bt,
-    num_splits,
-    k_ring,
-    pe_ring,
-    ready,
-    empty,
-    PAGE: gl.constexpr,
-    D_LAT: gl.constexpr,
-    D_ROPE: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-):
+def _producer(KV, DescLat, DescPe, BlockTable, SeqLens, stride_kv, stride_bt, num_splits, k_ring, pe_ring, ready, empty,
+              PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
     """Copy the split's tiles into the ring in order, each once its slot's consumer has released the tile SLOTS before.
     Runs in the default partition with few registers: it only addresses the copies."""
     SLOTS: gl.constexpr = k_ring.shape[0]
@@ -211,32 +196,14 @@ def _producer(
     for t in range(tiles):
         slot = t % SLOTS
         mbarrier.wait(empty.index(slot), ((t // SLOTS) & 1) ^ 1)  # a fresh barrier passes parity 1 at once
-        _fill(
-            k_ring.index(slot),
-            pe_ring.index(slot),
-            ready.index(slot),
-            DescLat,
-            DescPe,
-            KV,
-            BlockTable,
-            b,
-            start + t * BLOCK_N,
-            end,
-            stride_kv,
-            stride_bt,
-            t < tiles,
-            PAGE,
-            D_LAT,
-            D_ROPE,
-            BLOCK_N,
-            rows,
-        )
+        _fill(k_ring.index(slot), pe_ring.index(slot), ready.index(slot), DescLat, DescPe, KV, BlockTable, b,
+              start + t * BLOCK_N, end, stride_kv, stride_bt, t < tiles, PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
 
 
 @gluon.jit
 def _consumer(
     c: gl.constexpr,
-    Scales, KV, DescLat, DescPe, BlockTable, SeqLens, MidO, MidLse,
+    Scales, KV, BlockTable, SeqLens, MidO, MidLse,
     stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
     num_heads, scale_log2, num_splits,
     k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los,
@@ -362,11 +329,11 @@ def stage1_fp8(
         [
             (_producer, (KV, DescLat, DescPe, BlockTable, SeqLens, stride_kv, stride_bt, num_splits, k_ring, pe_ring,
                          ready, empty, PAGE, D_LAT, D_ROPE, BLOCK_N)),
-            (_consumer, (0, Scales, KV, DescLat, DescPe, BlockTable, SeqLens, MidO, MidLse, stride_kv, stride_bt,
+            (_consumer, (0, Scales, KV, BlockTable, SeqLens, MidO, MidLse, stride_kv, stride_bt,
                          stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, num_heads, scale_log2,
                          num_splits, k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los,
                          PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N)),
-            (_consumer, (1, Scales, KV, DescLat, DescPe, BlockTable, SeqLens, MidO, MidLse, stride_kv, stride_bt,
+            (_consumer, (1, Scales, KV, BlockTable, SeqLens, MidO, MidLse, stride_kv, stride_bt,
                          stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, num_heads, scale_log2,
                          num_splits, k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los,
                          PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N)),
