@@ -145,6 +145,12 @@ def ceilings() -> dict:
     return {"copy_GBps": 2 * n / ms / 1e6, "bf16_gemm_TFLOPs": 2 * 8192**3 / gemm_ms / 1e9}
 
 
+def quantize_paged(cache: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A paged cache [blocks, page, 1, width] as 8-bit rows of the same pages (the values, then the scale tail)."""
+    rows = quantize_rows(cache.view(-1, cache.shape[-1]), dtype)
+    return rows.view(*cache.shape[:3], rows.shape[-1])
+
+
 def paged_case(batch: int, heads: int, lengths: list[int], page: int, dtype, seed: int):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     blocks_per = [-(-n // page) for n in lengths]
@@ -183,7 +189,7 @@ def kernels() -> dict:
         results.append(dict(batch=batch, heads=heads, page=page, max_abs_err=err, lse_max_abs_err=lse_err))
         assert err < 2e-2 and lse_err < 1e-2, results[-1]
         for name, dtype in QUANTIZED.items():  # 8-bit rows: kernel vs reference reading the same rows
-            rows8 = quantize_rows(cache.view(-1, LAT + ROPE), dtype).view(*cache.shape[:3], LAT + ROPE + 16)
+            rows8 = quantize_paged(cache, dtype)
             ref8, _ = TorchBackend().decode(q.float(), rows8, None, meta, 0.1, LAT, need_lse=True)
             out8, _ = mla_decode(q, rows8, table, meta.seq_lens, max(lengths), LAT, 0.1)
             results[-1][f"{name}_max_abs_err"] = (out8.float() - ref8).abs().max().item()
@@ -236,9 +242,7 @@ def decode(ceil: dict, tune: bool) -> dict:
             row["triton_kernel_TFLOPs"] = flops / row["triton_kernel_ms"] / 1e9
         if heads <= 16:  # memory-bound shapes: the 8-bit caches should take about half the time
             for name, dtype in QUANTIZED.items():
-                rows8 = quantize_rows(cache.view(-1, LAT + ROPE), dtype).view(
-                    *cache.shape[:3], LAT + ROPE + 16
-                )
+                rows8 = quantize_paged(cache, dtype)
                 ms = bench_graph(lambda r=rows8: mla_decode(q, r, table, meta.seq_lens, length, LAT, scale))
                 row[f"{name}_ms"] = ms
                 row[f"{name}_vs_bf16"] = ms / t_triton

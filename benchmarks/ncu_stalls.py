@@ -29,14 +29,13 @@ def decode(batch: int, length: int, cache_dtype: str) -> None:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from benchmarks.gpu_suite import LAT, ROPE, paged_case
+    from benchmarks.gpu_suite import LAT, paged_case, quantize_paged
     from mlaserve.attention.triton.mla_decode import mla_decode
-    from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
+    from mlaserve.kvcache.quant import QUANTIZED
 
     q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, 0)
     if cache_dtype != "bfloat16":
-        rows = quantize_rows(cache.view(-1, LAT + ROPE), QUANTIZED[cache_dtype])
-        cache = rows.view(*cache.shape[:3], rows.shape[-1])
+        cache = quantize_paged(cache, QUANTIZED[cache_dtype])
     for _ in range(3):
         mla_decode(q, cache, table, meta.seq_lens, length, LAT, 0.07)
     torch.cuda.synchronize()
