@@ -8,6 +8,7 @@ bf16's precision. Split once per decode step, here, rather than in every split-K
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 
 @triton.jit
@@ -26,8 +27,11 @@ def round_e4m3(x):
 @triton.jit
 def _split_queries(
     Q, QPe, Terms, Scales, stride_qb, stride_qh, stride_pb, stride_ph, heads,
-    D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
+    D_LAT: tl.constexpr, D_ROPE: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr,
 ):  # fmt: skip
+    # the grid launched after this one with launch_pdl may start now (see split_queries)
+    if LAUNCH_DEPENDENTS:
+        gdc_launch_dependents()
     b = tl.program_id(0)
     h = tl.program_id(1)
     lat = tl.arange(0, D_LAT)
@@ -54,15 +58,21 @@ def _split_queries(
     tl.store(Scales + row + 1, lo_scale)
 
 
-def split_queries(q: torch.Tensor, q_pe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def split_queries(
+    q: torch.Tensor, q_pe: torch.Tensor, launch_dependents: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q [B, H, d_lat], q_pe [B, H, d_rope] (last dimension contiguous, widths powers of two) -> terms [B, H, 2,
-    d_lat + d_rope] e4m3 (hi, then lo; each row latent then rope) and scales [B, H, 2] float32 (a, b)."""
+    d_lat + d_rope] e4m3 (hi, then lo; each row latent then rope) and scales [B, H, 2] float32 (a, b).
+
+    launch_dependents (compiled kernels on Hopper or later, not the interpreter): every program lets the next grid
+    start at once, so a split step launched with programmatic dependent launch sets up beside this kernel and waits
+    for its results (griddepcontrol.wait) only where it reads them."""
     batch, heads, d_lat = q.shape
     d_rope = q_pe.shape[-1]
     terms = torch.empty(batch, heads, 2, d_lat + d_rope, dtype=torch.float8_e4m3fn, device=q.device)
     scales = torch.empty(batch, heads, 2, dtype=torch.float32, device=q.device)
     _split_queries[(batch, heads)](
         q, q_pe, terms, scales, q.stride(0), q.stride(1), q_pe.stride(0), q_pe.stride(1), heads,
-        D_LAT=d_lat, D_ROPE=d_rope,
+        D_LAT=d_lat, D_ROPE=d_rope, LAUNCH_DEPENDENTS=launch_dependents,
     )  # fmt: skip
     return terms, scales

@@ -437,6 +437,7 @@ def mla_decode(
     wgmma: bool | None = None,
     widen_bits: bool | None = None,
     fp8_dots: bool | None = None,
+    pdl: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, H, kv_lora_rank + rope], or [B, H, kv_lora_rank] with the rope part in q_pe [B, H, rope] (views
     of other tensors are fine, only the last dimension must be contiguous); kv_cache: [blocks, page, 1,
@@ -462,7 +463,8 @@ def mla_decode(
     bf16's precision; what remains is the fp8 tensor cores' own accumulation: on an H200, at four shapes, the LSE
     came within 1.4e-3 of the torch reference over the dequantized cache (the widening kernel: 2e-6) and outputs
     within 4.4e-3 (widening: 4.0e-3), where the cache's own fp8 rounding moved that reference by 3e-3 to 3e-2 in
-    LSE (results/h200-diagnose-2026-11-30-fp8dots-ws.json).
+    LSE (results/h200-diagnose-2026-11-30-fp8dots-ws.json). pdl: on that fp8-dot path, launch the split step with
+    programmatic dependent launch behind the query split, so its CTAs set up while the split runs (default on).
     widen_bits: 8-bit caches with fp16 dots, widen the tiles by integer operations
     instead of conversion instructions (default: on wherever it applies; exact for every byte, and on an H200 5-7%
     faster for fp8 and 11-12% for int8 at the memory-bound shapes, results/h200-diagnose-2026-11-30-widen.json).
@@ -496,8 +498,9 @@ def mla_decode(
         from mlaserve.attention.triton.mla_decode_fp8 import stage1_fp8, tma_descriptors
 
         stage1_fp8[grid](
-            *split_queries(q, q_pe), kv, *tma_descriptors(kv, d_rope), *tensors[1:], *strides, *sizes,
-            PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=16, BLOCK_N=64, num_warps=4,
+            *split_queries(q, q_pe, launch_dependents=pdl), kv, *tma_descriptors(kv, d_rope), *tensors[1:],
+            *strides, *sizes, PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=16, BLOCK_N=64, PDL=pdl,
+            num_warps=4, **({"launch_pdl": True} if pdl else {}),
         )  # fmt: skip
     elif plan.kernel == "gluon_wgmma8":
         from mlaserve.attention.triton.mla_decode_wgmma8 import stage1_wgmma8

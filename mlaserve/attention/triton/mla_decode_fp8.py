@@ -23,6 +23,9 @@ instead, which zero-fills the rows past its end: they can hold a freed page's by
 not cancel a NaN in the values' dot. The producer, not the consumers, waits on the block table for each copy's row,
 and both consumers are workers: run in the default partition, a consumer went through its tiles measurably slower
 than the worker beside it (benchmarks/fp8_phases.py).
+With PDL, the kernel is launched programmatically dependent on the query split, whose programs let it start at
+once: its CTAs are placed and set up while the split runs, and wait for it (griddepcontrol.wait) only before copying
+the query terms.
 """
 
 import torch
@@ -70,6 +73,13 @@ def _round_e4m3(x):
     step = (lead - (3 << 23)).to(gl.float32, bitcast=True)
     inv_step = ((254 << 23) - lead + (3 << 23)).to(gl.float32, bitcast=True)  # powers of two: exact products
     return gl.floor(x * inv_step + 0.5) * step
+
+
+@gluon.jit
+def _wait_for_prior_grid():
+    """griddepcontrol.wait: with programmatic dependent launch, block until the grid this one was launched behind
+    has finished and its stores are visible (at once without it)."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -291,6 +301,7 @@ def stage1_fp8(
     stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
     num_heads, scale_log2, num_splits,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+    PDL: gl.constexpr,
 ):  # fmt: skip
     # Launched with 4 warps (the producer; the consumers are 4-warp workers), BLOCK_H = 16 heads, BLOCK_N = 64
     # rows, D_LAT = 4 * CHUNK, PAGE % 64 == 0. DescLat / DescPe: TMA descriptors over the cache's rows with boxes of
@@ -320,6 +331,9 @@ def stage1_fp8(
     for i in gl.static_range(SLOTS):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
+    # launched behind the query split (split_queries(launch_dependents=True)): the terms are its output
+    if PDL:
+        _wait_for_prior_grid()
     _load_queries8(Terms, Scales, b, head0, num_heads, q_s, qpe_s, D_LAT, D_ROPE, rows,
                    gl.SliceLayout(0, scores))  # fmt: skip
     async_copy.wait_group(0)
