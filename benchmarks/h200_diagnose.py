@@ -547,7 +547,8 @@ def wgmma8() -> dict:
 def fp8_dots() -> dict:
     """fp8 caches at 16 heads: the Triton kernel (wgmma=False), the Gluon kernel that widens the tile
     (fp8_dots=False) and the one running both dots on fp8 tensor cores (the default where each CTA gets 16 tiles
-    or more; fp8_dots=True elsewhere), that one also launched plainly after the query split (pdl=False)."""
+    or more; fp8_dots=True elsewhere), that one also with plain launches of its split step and merge
+    (pdl=False)."""
     cases = [(64, 4096, 4096), (128, 8192, 8192), (32, 2048, 8192), (1, 16384, 16384)]
     variants = [
         {"wgmma": False},

@@ -27,35 +27,42 @@ def round_e4m3(x):
 @triton.jit
 def _split_queries(
     Q, QPe, Terms, Scales, stride_qb, stride_qh, stride_pb, stride_ph, heads,
-    D_LAT: tl.constexpr, D_ROPE: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr,
+    D_LAT: tl.constexpr, D_ROPE: tl.constexpr, BLOCK_H: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr,
 ):  # fmt: skip
     # the grid launched after this one with launch_pdl may start now (see split_queries)
     if LAUNCH_DEPENDENTS:
         gdc_launch_dependents()
     b = tl.program_id(0)
-    h = tl.program_id(1)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    ok = h < heads
     lat = tl.arange(0, D_LAT)
     rope = tl.arange(0, D_ROPE)
-    q = tl.load(Q + b * stride_qb + h * stride_qh + lat).to(tl.float32)
-    q_pe = tl.load(QPe + b * stride_pb + h * stride_ph + rope).to(tl.float32)
-    amax = tl.maximum(tl.max(tl.abs(q)), tl.max(tl.abs(q_pe)))
-    a = tl.where(amax > 0, amax / 448.0, 1.0)
+    q = tl.load(Q + b * stride_qb + h[:, None] * stride_qh + lat[None, :], mask=ok[:, None], other=0.0)
+    q_pe = tl.load(QPe + b * stride_pb + h[:, None] * stride_ph + rope[None, :], mask=ok[:, None], other=0.0)
+    q, q_pe = q.to(tl.float32), q_pe.to(tl.float32)
+    amax = tl.maximum(tl.max(tl.abs(q), 1), tl.max(tl.abs(q_pe), 1))
+    a = tl.where(amax > 0, amax / 448.0, 1.0)[:, None]
     hi = round_e4m3(q / a)
     hi_pe = round_e4m3(q_pe / a)
     r = q - hi * a
     r_pe = q_pe - hi_pe * a
-    rmax = tl.maximum(tl.max(tl.abs(r)), tl.max(tl.abs(r_pe)))
-    lo_scale = tl.where(rmax > 0, rmax / 448.0, 1.0)
+    rmax = tl.maximum(tl.max(tl.abs(r), 1), tl.max(tl.abs(r_pe), 1))
+    lo_scale = tl.where(rmax > 0, rmax / 448.0, 1.0)[:, None]
     row = (b * heads + h).to(tl.int64) * 2
-    out = Terms + row * (D_LAT + D_ROPE)
-    tl.store(out + lat, hi.to(tl.float8e4nv))
-    tl.store(out + D_LAT + rope, hi_pe.to(tl.float8e4nv))
+    out = Terms + row[:, None] * (D_LAT + D_ROPE)
+    tl.store(out + lat[None, :], hi.to(tl.float8e4nv), mask=ok[:, None])
+    tl.store(out + D_LAT + rope[None, :], hi_pe.to(tl.float8e4nv), mask=ok[:, None])
     # lo is rounded here too: the interpreter's fp32 -> e4m3 conversion drops the carry of a value just under a power
     # of two (7.97 -> 4.0, Triton 3.6); converting exact e4m3 values needs no rounding
-    tl.store(out + D_LAT + D_ROPE + lat, round_e4m3(r / lo_scale).to(tl.float8e4nv))
-    tl.store(out + 2 * D_LAT + D_ROPE + rope, round_e4m3(r_pe / lo_scale).to(tl.float8e4nv))
-    tl.store(Scales + row, a)
-    tl.store(Scales + row + 1, lo_scale)
+    lo = round_e4m3(r / lo_scale).to(tl.float8e4nv)
+    tl.store(out + D_LAT + D_ROPE + lat[None, :], lo, mask=ok[:, None])
+    tl.store(
+        out + 2 * D_LAT + D_ROPE + rope[None, :],
+        round_e4m3(r_pe / lo_scale).to(tl.float8e4nv),
+        mask=ok[:, None],
+    )
+    tl.store(Scales + row, tl.reshape(a, [BLOCK_H]), mask=ok)
+    tl.store(Scales + row + 1, tl.reshape(lo_scale, [BLOCK_H]), mask=ok)
 
 
 def split_queries(
@@ -71,8 +78,11 @@ def split_queries(
     d_rope = q_pe.shape[-1]
     terms = torch.empty(batch, heads, 2, d_lat + d_rope, dtype=torch.float8_e4m3fn, device=q.device)
     scales = torch.empty(batch, heads, 2, dtype=torch.float32, device=q.device)
-    _split_queries[(batch, heads)](
+    # 4 heads per program: on an H200, 2-4% faster ahead of the fp8-dot kernel than one head per program (scratch
+    # timings, stop 15 closing note)
+    block_h = 4
+    _split_queries[(batch, triton.cdiv(heads, block_h))](
         q, q_pe, terms, scales, q.stride(0), q.stride(1), q_pe.stride(0), q_pe.stride(1), heads,
-        D_LAT=d_lat, D_ROPE=d_rope, LAUNCH_DEPENDENTS=launch_dependents,
+        D_LAT=d_lat, D_ROPE=d_rope, BLOCK_H=block_h, LAUNCH_DEPENDENTS=launch_dependents,
     )  # fmt: skip
     return terms, scales

@@ -17,6 +17,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from mlaserve.kvcache.quant import is_quantized
 
@@ -198,8 +199,12 @@ def _stage2(
     MidO, MidLse, Out, Lse,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, stride_lb,
     num_splits,
-    D_LAT: tl.constexpr, BLOCK_S: tl.constexpr,
+    D_LAT: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    # Launched early behind a split step that let it (the fp8-dot kernel): wait until that grid has finished and its
+    # partials are visible.
+    if PDL:
+        gdc_wait()
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
@@ -463,8 +468,11 @@ def mla_decode(
     bf16's precision; what remains is the fp8 tensor cores' own accumulation: on an H200, at four shapes, the LSE
     came within 1.4e-3 of the torch reference over the dequantized cache (the widening kernel: 2e-6) and outputs
     within 4.4e-3 (widening: 4.0e-3), where the cache's own fp8 rounding moved that reference by 3e-3 to 3e-2 in
-    LSE (results/h200-diagnose-2026-11-30-fp8dots-ws.json). pdl: on that fp8-dot path, launch the split step with
-    programmatic dependent launch behind the query split, so its CTAs set up while the split runs (default on).
+    LSE (results/h200-diagnose-2026-11-30-fp8dots-ws.json). pdl: on that fp8-dot path, launch the split step and the
+    merge with programmatic dependent launch, each behind the kernel before it, so they are placed and start while
+    it runs (default on). The other paths launch plainly: the merge on PDL behind the bf16 kernel was no faster at
+    the memory-bound shapes and 1.5-3% slower at batch 32 with short contexts (results/h200-diagnose-2026-11-30-
+    options.json).
     widen_bits: 8-bit caches with fp16 dots, widen the tiles by integer operations
     instead of conversion instructions (default: on wherever it applies; exact for every byte, and on an H200 5-7%
     faster for fp8 and 11-12% for int8 at the memory-bound shapes, results/h200-diagnose-2026-11-30-widen.json).
@@ -528,10 +536,12 @@ def mla_decode(
         )  # fmt: skip
     out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, heads, dtype=torch.float32, device=q.device)
+    merge_pdl = pdl and plan.kernel == "gluon_fp8"
     _stage2[(batch, heads)](
         mid_o, mid_lse, out, lse,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1), lse.stride(0),
-        partials, D_LAT=kv_lora_rank, BLOCK_S=triton.next_power_of_2(partials),
+        partials, D_LAT=kv_lora_rank, BLOCK_S=triton.next_power_of_2(partials), PDL=merge_pdl,
+        **({"launch_pdl": True} if merge_pdl else {}),
     )  # fmt: skip
     return out, lse

@@ -23,9 +23,11 @@ instead, which zero-fills the rows past its end: they can hold a freed page's by
 not cancel a NaN in the values' dot. The producer, not the consumers, waits on the block table for each copy's row,
 and both consumers are workers: run in the default partition, a consumer went through its tiles measurably slower
 than the worker beside it (benchmarks/fp8_phases.py).
-With PDL, the kernel is launched programmatically dependent on the query split, whose programs let it start at
-once: its CTAs are placed and set up while the split runs, and wait for it (griddepcontrol.wait) only before copying
-the query terms.
+Consumer 0 copies the query terms into shared memory and signals consumer 1 (`q_ready`), so the producer's first
+copies are in flight while the queries come. With PDL the kernel is launched programmatically dependent on the query
+split, whose programs let it start at once: its CTAs are placed and start copying tiles while the split runs, and
+the consumers wait for it (griddepcontrol.wait) only before reading the terms. It lets the merge launch early the
+same way (`_stage2` waits for it).
 """
 
 import torch
@@ -83,10 +85,19 @@ def _wait_for_prior_grid():
 
 
 @gluon.jit
-def _load_queries8(Terms, Scales, b, head0, num_heads, q_s, qpe_s, D_LAT: gl.constexpr, D_ROPE: gl.constexpr,
-                   rows: gl.constexpr, scale_layout: gl.constexpr):  # fmt: skip
-    """Start copying heads head0 .. head0 + 16's query terms (fp8_query.split_queries) into q_s / qpe_s, hi rows
-    then lo rows (zero past num_heads); return the per-head scales of the two terms."""
+def _launch_dependents():
+    """griddepcontrol.launch_dependents: a grid launched behind this one with programmatic dependent launch may start
+    once every CTA here has made this call (or exited)."""
+    gl.inline_asm_elementwise(
+        "griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+    )
+
+
+@gluon.jit
+def _load_queries8(Terms, b, head0, num_heads, q_s, qpe_s, D_LAT: gl.constexpr, D_ROPE: gl.constexpr):
+    """Copy heads head0 .. head0 + 16's query terms (fp8_query.split_queries) into q_s / qpe_s, hi rows then lo rows
+    (zero past num_heads), and wait for them. Called by one warpgroup."""
+    rows: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16-byte copies
     BLOCK_H: gl.constexpr = q_s.shape[0] // 2
     j = gl.arange(0, 2 * BLOCK_H, layout=gl.SliceLayout(1, rows))
     head = head0 + j % BLOCK_H
@@ -98,10 +109,7 @@ def _load_queries8(Terms, Scales, b, head0, num_heads, q_s, qpe_s, D_LAT: gl.con
     rope = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, rows))
     _async_load(qpe_s, Terms + row[:, None] + D_LAT + rope[None, :], mask=ok)
     async_copy.commit_group()
-    heads = head0 + gl.arange(0, BLOCK_H, layout=scale_layout)
-    scale = Scales + (b * num_heads + heads) * 2
-    ok = heads < num_heads
-    return gl.load(scale, mask=ok, other=1.0), gl.load(scale + 1, mask=ok, other=1.0)
+    async_copy.wait_group(0)
 
 
 @gluon.jit
@@ -213,11 +221,12 @@ def _producer(KV, DescLat, DescPe, BlockTable, SeqLens, stride_kv, stride_bt, nu
 @gluon.jit
 def _consumer(
     c: gl.constexpr,
-    Scales, KV, BlockTable, SeqLens, MidO, MidLse,
+    Terms, Scales, q_ready, KV, BlockTable, SeqLens, MidO, MidLse,
     stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
     num_heads, scale_log2, num_splits,
     k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+    PDL: gl.constexpr,
 ):  # fmt: skip
     """Consumer c of 2: tiles c, c + 2, ... of the split, from ring slots of its own parity (the ring's size is even,
     so each slot has one consumer); it releases each tile's slot to the producer once both dots are done with it. A
@@ -238,6 +247,16 @@ def _consumer(
     split = gl.program_id(2)
     start, end = _split_range(SeqLens, b, split, num_splits, BLOCK_N)
     tiles = gl.cdiv(end - start, BLOCK_N)
+    if PDL:  # the query terms and scales are the output of the grid this one was launched behind
+        _wait_for_prior_grid()
+    if c == 0:
+        _load_queries8(Terms, b, head0, num_heads, q_s, qpe_s, D_LAT, D_ROPE)
+        fence_async_shared()  # the queries, before the tensor cores read them
+        _barrier()
+        mbarrier.arrive(q_ready)
+    else:
+        mbarrier.wait(q_ready, 0)
+        fence_async_shared()
     heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, scores))
     q_scales = Scales + (b * num_heads + heads) * 2
     q_hi_scale = gl.load(q_scales, mask=heads < num_heads, other=1.0)
@@ -306,20 +325,16 @@ def stage1_fp8(
     # Launched with 4 warps (the producer; the consumers are 4-warp workers), BLOCK_H = 16 heads, BLOCK_N = 64
     # rows, D_LAT = 4 * CHUNK, PAGE % 64 == 0. DescLat / DescPe: TMA descriptors over the cache's rows with boxes of
     # [64, CHUNK] and [64, D_ROPE]. Partial outputs 2 * split and 2 * split + 1 are this CTA's.
+    if PDL:  # the merge may be placed beside this grid's last CTAs, where it waits for them
+        _launch_dependents()
     gl.static_assert(D_LAT == 4 * CHUNK)
     gl.static_assert(BLOCK_N == 64)
-    scores: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_H, 32]
-    )
-    rows: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16-byte copies
     lat_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     pe_smem: gl.constexpr = gl.NVMMASharedLayout(
         swizzle_byte_width=min(D_ROPE, 128), element_bitwidth=8, rank=2
     )
     p_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_N, element_bitwidth=8, rank=2)
 
-    b = gl.program_id(0)
-    head0 = gl.program_id(1) * BLOCK_H
     k_ring = gl.allocate_shared_memory(gl.float8e4nv, [SLOTS, BLOCK_N, D_LAT], lat_smem)
     pe_ring = gl.allocate_shared_memory(gl.float8e4nv, [SLOTS, BLOCK_N, D_ROPE], pe_smem)
     ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
@@ -328,29 +343,25 @@ def stage1_fp8(
     qpe_s = gl.allocate_shared_memory(gl.float8e4nv, [2 * BLOCK_H, D_ROPE], pe_smem)
     p_his = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_H, BLOCK_N], p_smem)
     p_los = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_H, BLOCK_N], p_smem)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for i in gl.static_range(SLOTS):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
-    # launched behind the query split (split_queries(launch_dependents=True)): the terms are its output
-    if PDL:
-        _wait_for_prior_grid()
-    _load_queries8(Terms, Scales, b, head0, num_heads, q_s, qpe_s, D_LAT, D_ROPE, rows,
-                   gl.SliceLayout(0, scores))  # fmt: skip
-    async_copy.wait_group(0)
-    fence_async_shared()  # the queries, before the tensor cores read them
+    mbarrier.init(q_ready, count=1)
+    fence_async_shared()  # the initialized barriers, before the copies' arrivals
     _barrier()
     gl.warp_specialize(
         [
             (_producer, (KV, DescLat, DescPe, BlockTable, SeqLens, stride_kv, stride_bt, num_splits, k_ring, pe_ring,
                          ready, empty, PAGE, D_LAT, D_ROPE, BLOCK_N)),
-            (_consumer, (0, Scales, KV, BlockTable, SeqLens, MidO, MidLse, stride_kv, stride_bt,
+            (_consumer, (0, Terms, Scales, q_ready, KV, BlockTable, SeqLens, MidO, MidLse, stride_kv, stride_bt,
                          stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, num_heads, scale_log2,
                          num_splits, k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los,
-                         PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N)),
-            (_consumer, (1, Scales, KV, BlockTable, SeqLens, MidO, MidLse, stride_kv, stride_bt,
+                         PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N, PDL)),
+            (_consumer, (1, Terms, Scales, q_ready, KV, BlockTable, SeqLens, MidO, MidLse, stride_kv, stride_bt,
                          stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, num_heads, scale_log2,
                          num_splits, k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los,
-                         PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N)),
+                         PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N, PDL)),
         ],
         [4, 4],
         [232, 232],
