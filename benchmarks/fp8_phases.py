@@ -6,9 +6,10 @@ Builds an instrumented copy of mlaserve/attention/triton/mla_decode_fp8.py at ru
 stores added at phase boundaries; nothing else changes, so the kernel is today's), runs it in place of the real one
 for three default-shaped fp8 decode calls per case, and reports each phase's minimum, median and maximum over the
 CTAs of the last call, in microseconds:
-  prologue       kernel start to the warp-specialized part (barriers, the queries' copy; at 4e922b1 also the
-                 ring's first copies, which the producer partition issues since 9e46b37)
-  first_tile_cN  from there to consumer N's first scores
+  prologue       kernel start to the warp-specialized part (the barriers' set-up; until 16f3563 also the
+                 queries' copy, and at 4e922b1 the ring's first copies, which the producer issues since 9e46b37)
+  first_tile_cN  from there to consumer N's first scores (since 16f3563 including the queries' copy by consumer 0,
+                 which on PDL waits for the query split to finish)
   loop_cN        consumer N's tile loop
   store_cN       consumer N writing its partial result
   end            each CTA's end, from the earliest CTA start
