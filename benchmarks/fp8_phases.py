@@ -57,8 +57,8 @@ def instrumented_module():
     source = patch(source, "    s2 = warpgroup_mma_wait(0, deps=[s2])\n    for k in range(",
                    f"    s2 = warpgroup_mma_wait(0, deps=[s2])\n    {CTA}\n"
                    f"    gl.store(Times + cta * {SLOTS_PER_CTA} + 2 + 3 * c, {NOW})\n    for k in range(")  # fmt: skip
-    source = patch(source, "    o_cols = _column_of(", f"    gl.store(Times + cta * {SLOTS_PER_CTA} + 3 + 3 * c, {NOW})\n"
-                   "    o_cols = _column_of(")  # fmt: skip
+    source = patch(source, "    # this consumer's ring slots are free",
+                   f"    gl.store(Times + cta * {SLOTS_PER_CTA} + 3 + 3 * c, {NOW})\n    # this consumer's ring slots are free")  # fmt: skip
     source = patch(source, "stride_mlb, stride_mlh, P_BITS)  # fmt: skip\n",
                    "stride_mlb, stride_mlh, P_BITS)  # fmt: skip\n"
                    f"    gl.store(Times + cta * {SLOTS_PER_CTA} + 4 + 3 * c, {NOW})\n")  # fmt: skip
