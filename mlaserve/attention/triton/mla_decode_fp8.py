@@ -152,7 +152,8 @@ def _store_partial(stage, MidO, MidLse, acc0, acc1, acc2, acc3, m, l_rows, b, he
     """Write a consumer's partial result: Oᵀ over p's row sums, through `stage` (shared memory, [heads, D_LAT] fp32)
     so that each head's row goes out in 16-byte stores, and the base-2 LSE m + log2(sum) - LSE_SHIFT (-inf for an
     empty split). Written straight from the accumulators' layout (mla_decode_wgmma8._store_partials), the stores
-    were 4 bytes each, scattered over the rows, and took 5-6 us more per call on an H200 (scratch, stop 15)."""
+    were 4 bytes each, scattered over the rows, and calls on an H200 took 2-7 us longer (results/h200-diagnose-
+    2026-11-30-fp8dots-qready.json against -fp8dots-staged.json)."""
     BLOCK_H: gl.constexpr = m.shape[0]
     D_LAT: gl.constexpr = stage.shape[1]
     outs: gl.constexpr = acc0.type.layout
@@ -165,9 +166,8 @@ def _store_partial(stage, MidO, MidLse, acc0, acc1, acc2, acc3, m, l_rows, b, he
     stage.slice(2 * CHUNK, CHUNK, dim=1).store(gl.permute(_in_column_order(acc2 * inv[None, :]), (1, 0)))
     stage.slice(3 * CHUNK, CHUNK, dim=1).store(gl.permute(_in_column_order(acc3 * inv[None, :]), (1, 0)))
     _barrier()  # the warpgroup's writes, before its reads of other threads' values
-    rows: gl.constexpr = gl.BlockedLayout(
-        [1, 4], [1, 32], [4, 1], [1, 0]
-    )  # a warp writes 512 bytes of one row
+    # each warp writes 512 bytes of one head's row at a time
+    rows: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
     o = stage.load(rows)
     heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, rows))
     cols = gl.arange(0, D_LAT, layout=gl.SliceLayout(0, rows))
