@@ -560,6 +560,27 @@ def fp8_dots() -> dict:
     return eight_bit_variants(cases, variants, caches=("fp8_e4m3",))
 
 
+def fp8_rule() -> dict:
+    """Where the fp8-dot kernel should take over from the widening one by default (decode_plan's 16-tile rule): both
+    kernels at contexts whose split gives each CTA 4, 8, 12 and 16 tiles (fp8_dot_splits on 132 SMs), from batch 1 to
+    128. At 01c2dd4 the fp8-dot kernel already won at 8 tiles per CTA, batch 1 over 16,384 (-fp8dots-staged.json)."""
+    cases = [
+        (1, 8192, 8192),
+        (8, 8192, 8192),
+        (16, 4096, 4096),
+        (16, 6144, 6144),
+        (32, 2048, 2048),
+        (32, 3072, 3072),
+        (64, 1024, 1024),
+        (64, 1536, 1536),
+        (128, 512, 512),
+        (128, 768, 768),
+        (64, 256, 256),
+        (128, 1024, 1024),
+    ]
+    return eight_bit_variants(cases, [{"fp8_dots": False}, {"fp8_dots": True}], caches=("fp8_e4m3",))
+
+
 def decode_options() -> dict:
     """Today's defaults against page_ahead off and against the defaults before it. The run at f5fa3ce
     (results/h200-diagnose-2026-11-30-options.json) also timed the merge on programmatic dependent launch, since
@@ -933,6 +954,7 @@ def main() -> None:
                 "wgmma": wgmma,
                 "wgmma8": wgmma8,
                 "fp8_dots": fp8_dots,
+                "fp8_rule": fp8_rule,
                 "widen_bits": widen_bits,
                 "decode_breakdown": decode_breakdown,
                 "fp8_breakdown": fp8_breakdown,
