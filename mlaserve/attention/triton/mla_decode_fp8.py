@@ -44,7 +44,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from mlaserve.attention.triton.mla_decode_wgmma import _async_load, _barrier, _copy_tile, _split_range
-from mlaserve.attention.triton.mla_decode_wgmma8 import CHUNK, _empty_state
+from mlaserve.attention.triton.mla_decode_wgmma8 import CHUNK, _empty_state, _normalizers, _store_lse
 
 # A chunk of the value tile as read from shared memory: [rows, 128 latent columns], each thread's registers holding
 # 4 adjacent columns (one 32-bit load) of 16 rows. `_value_operand` relabels the columns so this is exactly the
@@ -157,10 +157,7 @@ def _store_partial(stage, MidO, MidLse, acc0, acc1, acc2, acc3, m, l_rows, b, he
     BLOCK_H: gl.constexpr = m.shape[0]
     D_LAT: gl.constexpr = stage.shape[1]
     outs: gl.constexpr = acc0.type.layout
-    l_sum = gl.sum(l_rows, 0)
-    has = l_sum > 0
-    lse2 = gl.where(has, m + gl.log2(gl.where(has, l_sum, 1.0)) - LSE_SHIFT, float("-inf"))
-    inv = gl.convert_layout(1.0 / gl.where(has, l_sum, 1.0), gl.SliceLayout(0, outs))
+    lse2, inv = _normalizers(m, l_rows, outs, LSE_SHIFT)
     stage.slice(0 * CHUNK, CHUNK, dim=1).store(gl.permute(_in_column_order(acc0 * inv[None, :]), (1, 0)))
     stage.slice(1 * CHUNK, CHUNK, dim=1).store(gl.permute(_in_column_order(acc1 * inv[None, :]), (1, 0)))
     stage.slice(2 * CHUNK, CHUNK, dim=1).store(gl.permute(_in_column_order(acc2 * inv[None, :]), (1, 0)))
@@ -173,8 +170,7 @@ def _store_partial(stage, MidO, MidLse, acc0, acc1, acc2, acc3, m, l_rows, b, he
     cols = gl.arange(0, D_LAT, layout=gl.SliceLayout(0, rows))
     mo = MidO + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + cols[None, :]
     gl.store(mo, o.to(MidO.dtype.element_ty), mask=(heads < num_heads)[:, None])
-    l_heads = head0 + gl.arange(0, BLOCK_H, layout=m.type.layout)
-    gl.store(MidLse + b * stride_mlb + l_heads * stride_mlh + split, lse2, mask=l_heads < num_heads)
+    _store_lse(MidLse, lse2, b, head0, split, num_heads, stride_mlb, stride_mlh)
 
 
 @gluon.jit

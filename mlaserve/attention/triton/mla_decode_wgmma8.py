@@ -61,7 +61,7 @@ def _values_chunk(v8, p_s, acc, alpha, a_layout: gl.constexpr):
 def _empty_state(outs: gl.constexpr, scores: gl.constexpr, BLOCK_N: gl.constexpr):
     """A split's running state before its first tile, for both 8-bit kernels: Oᵀ in four chunks of CHUNK latent
     columns (heads as N, in `outs`), the heads' running max, and p's sums per row (in `scores`, reduced once at the
-    end by _store_partials)."""
+    end by _normalizers)."""
     BLOCK_H: gl.constexpr = outs.instr_shape[1]
     acc0 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
     acc1 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
@@ -72,28 +72,41 @@ def _empty_state(outs: gl.constexpr, scores: gl.constexpr, BLOCK_N: gl.constexpr
 
 
 @gluon.jit
-def _store_partials(
-    MidO, MidLse, acc0, acc1, acc2, acc3, m, l_rows, o_cols, b, head0, split, num_heads,
-    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, LSE_SHIFT: gl.constexpr,
-):  # fmt: skip
-    """Write a split's result for both 8-bit kernels: Oᵀ in four chunks of CHUNK latent columns (heads as N; row r of
-    chunk k is latent column k * CHUNK + o_cols[r]) over p's row sums l_rows, and the base-2 LSE m + log2(sum) -
-    LSE_SHIFT (-inf for an empty split)."""
-    BLOCK_H: gl.constexpr = m.shape[0]
-    outs: gl.constexpr = acc0.type.layout
+def _normalizers(m, l_rows, outs: gl.constexpr, LSE_SHIFT: gl.constexpr):
+    """For both 8-bit kernels, from a split's running max m and p's row sums l_rows: each head's base-2 LSE,
+    m + log2(sum) - LSE_SHIFT (-inf for an empty split), and 1 / sum in `outs`' head slice, to scale Oᵀ by."""
     l_sum = gl.sum(l_rows, 0)
     has = l_sum > 0
     lse2 = gl.where(has, m + gl.log2(gl.where(has, l_sum, 1.0)) - LSE_SHIFT, float("-inf"))
-    inv = gl.convert_layout(1.0 / gl.where(has, l_sum, 1.0), gl.SliceLayout(0, outs))
+    return lse2, gl.convert_layout(1.0 / gl.where(has, l_sum, 1.0), gl.SliceLayout(0, outs))
+
+
+@gluon.jit
+def _store_lse(MidLse, lse2, b, head0, split, num_heads, stride_mlb, stride_mlh):
+    """Write a split's per-head LSE (_normalizers) for both 8-bit kernels."""
+    l_heads = head0 + gl.arange(0, lse2.shape[0], layout=lse2.type.layout)
+    gl.store(MidLse + b * stride_mlb + l_heads * stride_mlh + split, lse2, mask=l_heads < num_heads)
+
+
+@gluon.jit
+def _store_partials(
+    MidO, MidLse, acc0, acc1, acc2, acc3, m, l_rows, b, head0, split, num_heads,
+    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
+):  # fmt: skip
+    """Write a split's result: Oᵀ in four chunks of CHUNK latent columns (heads as N) over p's row sums, straight
+    from the accumulators' layout, and its LSE."""
+    BLOCK_H: gl.constexpr = m.shape[0]
+    outs: gl.constexpr = acc0.type.layout
+    lse2, inv = _normalizers(m, l_rows, outs, 0.0)
     o_heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, outs))
+    o_cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, outs))
     mo = MidO + b * stride_mob + o_heads[None, :] * stride_moh + split * stride_mos + o_cols[:, None]
     o_ok = (o_heads < num_heads)[None, :]
     gl.store(mo + 0 * CHUNK, (acc0 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
     gl.store(mo + 1 * CHUNK, (acc1 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
     gl.store(mo + 2 * CHUNK, (acc2 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
     gl.store(mo + 3 * CHUNK, (acc3 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
-    l_heads = head0 + gl.arange(0, BLOCK_H, layout=m.type.layout)
-    gl.store(MidLse + b * stride_mlb + l_heads * stride_mlh + split, lse2, mask=l_heads < num_heads)
+    _store_lse(MidLse, lse2, b, head0, split, num_heads, stride_mlb, stride_mlh)
 
 
 @gluon.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits"])
@@ -170,6 +183,5 @@ def stage1_wgmma8(
         acc3 = _values_chunk(k8.slice(3 * CHUNK, CHUNK, dim=1), p_s, acc3, alpha_o, a_values)
     async_copy.wait_group(0)
 
-    o_cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, outs))
-    _store_partials(MidO, MidLse, acc0, acc1, acc2, acc3, m, l_rows, o_cols, b, head0, split, num_heads,
-                    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, 0.0)  # fmt: skip
+    _store_partials(MidO, MidLse, acc0, acc1, acc2, acc3, m, l_rows, b, head0, split, num_heads,
+                    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh)  # fmt: skip
