@@ -17,7 +17,6 @@ The timestamps add a few instructions outside the tile loop; the per-tile work i
 """
 
 import argparse
-import datetime
 import importlib.util
 import json
 import os
@@ -29,7 +28,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks.gpu_suite import LAT, ROPE, paged_case, quantize_paged  # noqa: E402
+from benchmarks.gpu_suite import LAT, ROPE, paged_case, quantize_paged, run_header  # noqa: E402
 from mlaserve.attention.triton import mla_decode as md  # noqa: E402
 from mlaserve.attention.triton import mla_decode_fp8  # noqa: E402
 from mlaserve.kvcache.quant import QUANTIZED  # noqa: E402
@@ -143,10 +142,7 @@ def main() -> None:
     args = parser.parse_args()
     timed = instrumented_module()
     out = {
-        "date": datetime.date.today().isoformat(),
-        "gpu": torch.cuda.get_device_name(),
-        "commit": os.environ.get("MLASERVE_COMMIT", "unknown"),
-        "command": " ".join(sys.argv),
+        **run_header(),
         "rows": [case(timed, batch, length) for batch, length in ((64, 4096), (128, 8192), (128, 2048))],
     }
     Path(args.out).write_text(json.dumps(out, indent=1))

@@ -145,6 +145,20 @@ def ceilings() -> dict:
     return {"copy_GBps": 2 * n / ms / 1e6, "bf16_gemm_TFLOPs": 2 * 8192**3 / gemm_ms / 1e9}
 
 
+def run_header() -> dict:
+    """What every GPU results JSON starts with: date, GPU, commit and the command that wrote it. A device's copy of
+    the tree may carry a stale .git, so an explicit MLASERVE_COMMIT wins over git's HEAD."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "date": dt.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(),
+        "commit": os.environ.get("MLASERVE_COMMIT") or commit or "unknown",
+        "command": " ".join(["python", *sys.argv]),
+    }
+
+
 def quantize_paged(cache: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A paged cache [blocks, page, 1, width] as 8-bit rows of the same pages (the values, then the scale tail)."""
     rows = quantize_rows(cache.view(-1, cache.shape[-1]), dtype)
@@ -471,17 +485,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     sections = args.sections.split(",")
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    report = {
-        "date": dt.date.today().isoformat(),
-        "gpu": torch.cuda.get_device_name(),
-        # A device copy of the tree may carry a stale .git: an explicit MLASERVE_COMMIT wins.
-        "commit": os.environ.get("MLASERVE_COMMIT") or commit or "unknown",
-        "command": " ".join(["python", *sys.argv]),
-        "torch": torch.__version__,
-    }
+    report = {**run_header(), "torch": torch.__version__}
     import triton
 
     report["triton"] = triton.__version__

@@ -43,10 +43,8 @@ host          where host time goes: torch.profiler over one batch-1 prefill of 5
 """
 
 import argparse
-import datetime
 import inspect
 import json
-import os
 import sys
 import tempfile
 import time
@@ -62,6 +60,7 @@ from benchmarks.gpu_suite import (  # noqa: E402
     lite_llm,
     lite_workload,
     random_prompts,
+    run_header,
     timed_walls,
 )
 
@@ -934,12 +933,7 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--sections", default="moe,prefill_attn,steps")
     args = parser.parse_args()
-    out = {
-        "date": datetime.date.today().isoformat(),
-        "gpu": torch.cuda.get_device_name(),
-        "commit": os.environ.get("MLASERVE_COMMIT", "unknown"),  # the device's copy of .git can be stale
-        "command": " ".join(sys.argv),
-    }
+    out = run_header()
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.sections.split(","):
             fn = {

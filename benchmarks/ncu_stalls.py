@@ -12,9 +12,7 @@ gets the stall reasons' shares, the instructions with the most samples, and the 
 import argparse
 import collections
 import csv
-import datetime
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -108,16 +106,14 @@ def main() -> None:
         return
     if not args.out:
         parser.error("OUT.json is needed")
-    import torch
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.gpu_suite import run_header
 
     speed_cmd, speed = run_ncu(args, ["--section", "SpeedOfLight", "--section", "SchedulerStats"])
     source_cmd, source = run_ncu(args, ["--section", "SourceCounters", "--page", "source", "--print-source",
                                         "sass", "--csv"])  # fmt: skip
     out = {
-        "date": datetime.date.today().isoformat(),
-        "gpu": torch.cuda.get_device_name(),
-        "commit": os.environ.get("MLASERVE_COMMIT", "unknown"),
-        "command": " ".join(sys.argv),
+        **run_header(),
         "ncu_commands": [" ".join(speed_cmd), " ".join(source_cmd)],
         "case": {"batch": args.batch, "heads": 16, "length": args.length, "cache": args.cache},
         "duration_us": metric(speed, "Duration"),
