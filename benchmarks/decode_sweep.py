@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.gpu_suite import LAT, ROPE, bench, ceilings, paged_case, quantize_paged  # noqa: E402
+from benchmarks.gpu_suite import LAT, ROPE, bench, ceilings, paged_case  # noqa: E402
 from mlaserve.attention.triton.mla_decode import mla_decode  # noqa: E402
-from mlaserve.kvcache.quant import QUANTIZED  # noqa: E402
+from mlaserve.kvcache.quant import QUANTIZED, quantize_rows  # noqa: E402
 
 BF16_VARIANTS = [dict(), dict(num_splits=2), dict(num_splits=8)]
 # 8-bit caches: the default (32-row tiles, 4 warps, fp16 dots at 16 heads) against neighbours and the old default
@@ -48,7 +48,7 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
         for name, dtype in QUANTIZED.items():
-            rows8 = quantize_paged(cache, dtype)
+            rows8 = quantize_rows(cache, dtype)
             run8 = functools.partial(mla_decode, q, rows8, table, meta.seq_lens, length, LAT, 1 / 192**0.5)
             want8 = run8()[0].float()
             for kw in Q8_VARIANTS:

@@ -28,10 +28,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks.gpu_suite import LAT, ROPE, paged_case, quantize_paged, run_header  # noqa: E402
+from benchmarks.gpu_suite import LAT, ROPE, paged_case, run_header  # noqa: E402
 from mlaserve.attention.triton import mla_decode as md  # noqa: E402
 from mlaserve.attention.triton import mla_decode_fp8  # noqa: E402
-from mlaserve.kvcache.quant import QUANTIZED  # noqa: E402
+from mlaserve.kvcache.quant import QUANTIZED, quantize_rows  # noqa: E402
 
 NOW = 'gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [b], dtype=gl.int64, is_pure=False, pack=1)'
 CTA = (
@@ -96,7 +96,7 @@ def spread(values: list[float]) -> dict:
 
 def case(timed, batch: int, length: int) -> dict:
     q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, 0)
-    cache = quantize_paged(cache, QUANTIZED["fp8_e4m3"])
+    cache = quantize_rows(cache, QUANTIZED["fp8_e4m3"])
     plan = md.decode_plan(q[..., :LAT], cache, length, LAT, ROPE)
     if plan.kernel != "gluon_fp8":
         raise SystemExit(f"fp8_phases: ({batch}, {length}) takes {plan.kernel}, not the fp8-dot kernel")

@@ -159,12 +159,6 @@ def run_header() -> dict:
     }
 
 
-def quantize_paged(cache: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A paged cache [blocks, page, 1, width] as 8-bit rows of the same pages (the values, then the scale tail)."""
-    rows = quantize_rows(cache.view(-1, cache.shape[-1]), dtype)
-    return rows.view(*cache.shape[:3], rows.shape[-1])
-
-
 def paged_case(batch: int, heads: int, lengths: list[int], page: int, dtype, seed: int):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     blocks_per = [-(-n // page) for n in lengths]
@@ -203,7 +197,7 @@ def kernels() -> dict:
         results.append(dict(batch=batch, heads=heads, page=page, max_abs_err=err, lse_max_abs_err=lse_err))
         assert err < 2e-2 and lse_err < 1e-2, results[-1]
         for name, dtype in QUANTIZED.items():  # 8-bit rows: kernel vs reference reading the same rows
-            rows8 = quantize_paged(cache, dtype)
+            rows8 = quantize_rows(cache, dtype)
             ref8, _ = TorchBackend().decode(q.float(), rows8, None, meta, 0.1, LAT, need_lse=True)
             out8, _ = mla_decode(q, rows8, table, meta.seq_lens, max(lengths), LAT, 0.1)
             results[-1][f"{name}_max_abs_err"] = (out8.float() - ref8).abs().max().item()
@@ -256,7 +250,7 @@ def decode(ceil: dict, tune: bool) -> dict:
             row["triton_kernel_TFLOPs"] = flops / row["triton_kernel_ms"] / 1e9
         if heads <= 16:  # memory-bound shapes: the 8-bit caches should take about half the time
             for name, dtype in QUANTIZED.items():
-                rows8 = quantize_paged(cache, dtype)
+                rows8 = quantize_rows(cache, dtype)
                 ms = bench_graph(lambda r=rows8: mla_decode(q, r, table, meta.seq_lens, length, LAT, scale))
                 row[f"{name}_ms"] = ms
                 row[f"{name}_vs_bf16"] = ms / t_triton

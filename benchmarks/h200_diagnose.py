@@ -360,15 +360,15 @@ def skinny() -> dict:
 
 
 def decode_timing() -> dict:
-    from benchmarks.gpu_suite import LAT, paged_case, quantize_paged
+    from benchmarks.gpu_suite import LAT, paged_case
     from mlaserve.attention.triton.mla_decode import mla_decode
-    from mlaserve.kvcache.quant import QUANTIZED
+    from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     rows = []
     for rnd in range(3):
         for batch, length in ((64, 4096), (128, 8192)):
             q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, rnd)
-            caches = {"bf16": cache, "fp8_e4m3": quantize_paged(cache, QUANTIZED["fp8_e4m3"])}
+            caches = {"bf16": cache, "fp8_e4m3": quantize_rows(cache, QUANTIZED["fp8_e4m3"])}
             for name, kv in caches.items():
                 args = (q, kv, table, meta.seq_lens, length, LAT, 0.07)
                 call = lambda args=args: mla_decode(*args)  # noqa: E731
@@ -409,16 +409,16 @@ def decode_variants(
     """Decode kernel variants graph-replayed on the same inputs at `cases`, each checked against the first
     variant's output; the 16-head cases take bf16_variants (and fp8_variants on an fp8 cache), more heads
     wide_variants."""
-    from benchmarks.gpu_suite import LAT, paged_case, quantize_paged
+    from benchmarks.gpu_suite import LAT, paged_case
     from mlaserve.attention.triton.mla_decode import mla_decode
-    from mlaserve.kvcache.quant import QUANTIZED
+    from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     rows = []
     for batch, heads, length, max_len, with_fp8 in cases:
         q, cache, table, meta = paged_case(batch, heads, [length] * batch, 64, torch.bfloat16, 0)
         runs = [("bf16", cache, bf16_variants if heads <= 16 else wide_variants)]
         if with_fp8:
-            fp8 = quantize_paged(cache, QUANTIZED["fp8_e4m3"])
+            fp8 = quantize_rows(cache, QUANTIZED["fp8_e4m3"])
             runs.append(("fp8_e4m3", fp8, fp8_variants))
         bf16_ms = None
         for name, kv, variants in runs:
@@ -492,10 +492,10 @@ def eight_bit_variants(cases: list, variants: list, caches: tuple = ("fp8_e4m3",
     graph-replayed beside the bf16 cache and checked against the first variant's output and against the torch
     reference over the dequantized cache (output and LSE), beside how far the cache's own rounding moved that
     reference from the one over the bf16 cache."""
-    from benchmarks.gpu_suite import LAT, paged_case, quantize_paged
+    from benchmarks.gpu_suite import LAT, paged_case
     from mlaserve.attention.torch_ref import TorchBackend
     from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode
-    from mlaserve.kvcache.quant import QUANTIZED
+    from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     PLAN = inspect.signature(decode_plan).parameters  # noqa: N806  (the options that choose the kernel)
     rows = []
@@ -505,7 +505,7 @@ def eight_bit_variants(cases: list, variants: list, caches: tuple = ("fp8_e4m3",
         bf16_ms = bench_graph(lambda q=q, c=cache, a=args: mla_decode(q, c, *a))
         exact, exact_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
         for name in caches:
-            rows8 = quantize_paged(cache, QUANTIZED[name])
+            rows8 = quantize_rows(cache, QUANTIZED[name])
             ref, ref_lse = TorchBackend().decode(q.float(), rows8, None, meta, 0.07, LAT, need_lse=True)
             want = mla_decode(q, rows8, *args, **variants[0])[0].float()
             for kw in variants:
@@ -622,13 +622,13 @@ def breakdown_row(batch: int, length: int, cache_dtype: str = "bfloat16", **kwar
     same graph): the query split (fp8-dot kernel only), the split step and the merge."""
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.gpu_suite import LAT, paged_case, quantize_paged
+    from benchmarks.gpu_suite import LAT, paged_case
     from mlaserve.attention.triton.mla_decode import mla_decode
-    from mlaserve.kvcache.quant import QUANTIZED
+    from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, 0)
     if cache_dtype != "bfloat16":
-        cache = quantize_paged(cache, QUANTIZED[cache_dtype])
+        cache = quantize_rows(cache, QUANTIZED[cache_dtype])
     args = (q, cache, table, meta.seq_lens, length, LAT, 0.07)
     call = lambda: mla_decode(*args, **kwargs)  # noqa: E731
     replay_ms = bench_graph(call)
@@ -684,9 +684,9 @@ def decode_flush() -> dict:
     """How emptying L2 between timed runs moves the figures: the suite's bench (a read of 256 MiB), triton's
     do_bench (a 256 MiB buffer zeroed: dirty lines the timed kernels must write back first) and back-to-back graph
     replays (no emptying; 100 replays between two events), for the decode record shapes and the copy ceiling."""
-    from benchmarks.gpu_suite import LAT, bench_dirty, paged_case, quantize_paged
+    from benchmarks.gpu_suite import LAT, bench_dirty, paged_case
     from mlaserve.attention.triton.mla_decode import mla_decode
-    from mlaserve.kvcache.quant import QUANTIZED
+    from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     def back_to_back(graph: torch.cuda.CUDAGraph, n: int = 100) -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -711,7 +711,7 @@ def decode_flush() -> dict:
     ):  # fmt: skip
         q, cache, table, meta = paged_case(batch, heads, [length] * batch, 64, torch.bfloat16, 0)
         if cache_dtype != "bf16":
-            cache = quantize_paged(cache, QUANTIZED[cache_dtype])
+            cache = quantize_rows(cache, QUANTIZED[cache_dtype])
         args = (q, cache, table, meta.seq_lens, length, LAT, 0.07)
         mla_decode(*args)
         torch.cuda.synchronize()

@@ -27,13 +27,13 @@ def decode(batch: int, length: int, cache_dtype: str) -> None:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from benchmarks.gpu_suite import LAT, paged_case, quantize_paged
+    from benchmarks.gpu_suite import LAT, paged_case
     from mlaserve.attention.triton.mla_decode import mla_decode
-    from mlaserve.kvcache.quant import QUANTIZED
+    from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, 0)
     if cache_dtype != "bfloat16":
-        cache = quantize_paged(cache, QUANTIZED[cache_dtype])
+        cache = quantize_rows(cache, QUANTIZED[cache_dtype])
     for _ in range(3):
         mla_decode(q, cache, table, meta.seq_lens, length, LAT, 0.07)
     torch.cuda.synchronize()

@@ -43,7 +43,8 @@ def resolve_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype, is_mla: b
 
 
 def quantize_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x: [..., D] float -> [..., D + 4] rows of `dtype` (values, the float32 scale's bytes, zero padding)."""
+    """x: [..., D] float -> [..., D + TAIL_BYTES] rows of `dtype` (values, the float32 scale's bytes, zero
+    padding), any leading shape (a paged cache [blocks, page, 1, D] gives its pages as 8-bit rows)."""
     x = x.float()
     scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / _MAX[dtype]
     y = x / scale

@@ -90,7 +90,7 @@ def test_quantized_cache_matches_reference_on_the_same_rows(kv_dtype, block_n, l
     dtype = QUANTIZED[kv_dtype]
     seq_lens, heads, page = [9, 40, 3], 16, 16
     q, cache, table, meta = random_case(seq_lens, heads, page, seed=7)
-    rows = quantize_rows(cache.view(-1, LAT + ROPE), dtype).view(*cache.shape[:3], LAT + ROPE + 16)
+    rows = quantize_rows(cache, dtype)
     want, want_lse = TorchBackend().decode(q, rows, None, meta, 0.2, LAT, need_lse=True)
     got, lse = mla_decode(
         q, rows, table, meta.seq_lens, max(seq_lens), LAT, 0.2, block_n=block_n, num_splits=2, **loop
@@ -149,9 +149,7 @@ def test_fp16_dots_and_bf16_partials_stay_close(kv_dtype, widen_bits):
     seq_lens, heads, page = [9, 70, 3], 16, 16
     q, cache, table, meta = random_case(seq_lens, heads, page, seed=11)
     q = q.bfloat16()
-    rows = quantize_rows(cache.view(-1, LAT + ROPE), QUANTIZED[kv_dtype]).view(
-        *cache.shape[:3], LAT + ROPE + 16
-    )
+    rows = quantize_rows(cache, QUANTIZED[kv_dtype])
     want, want_lse = TorchBackend().decode(q, rows, None, meta, 0.2, LAT, need_lse=True)
     got, lse = mla_decode(
         q, rows, table, meta.seq_lens, max(seq_lens), LAT, 0.2, block_n=16, num_splits=3,

@@ -54,9 +54,7 @@ def test_matches_reference_eager_and_in_a_graph(batch, options, kv):
     lengths = torch.randint(1, 3000, (batch,), generator=gen).tolist()
     q, cache, table, meta = paged_case(batch, 16, lengths, PAGE, torch.bfloat16, seed=batch)
     if kv != "bf16":
-        cache = quantize_rows(cache.view(-1, LAT + ROPE), QUANTIZED[kv]).view(
-            *cache.shape[:3], LAT + ROPE + 16
-        )
+        cache = quantize_rows(cache, QUANTIZED[kv])
     # The split count sized for a longer max_model_len than any sequence, as the engine's decode graphs run it.
     fp8_dots = decode_plan(q, cache, 8192, LAT, ROPE, **options).kernel == "gluon_fp8"
     check_eager_and_replayed(
@@ -107,7 +105,7 @@ def test_8bit_gluon_kernel_matches_reference_eager_and_in_a_graph(batch, kv, fp8
     lengths = torch.randint(1, 3000, (batch,), generator=gen).tolist()
     lengths[0] = 1
     q, cache, table, meta = paged_case(batch, heads, lengths, PAGE, torch.bfloat16, seed=batch)
-    cache = quantize_rows(cache.view(-1, LAT + ROPE), QUANTIZED[kv]).view(*cache.shape[:3], LAT + ROPE + 16)
+    cache = quantize_rows(cache, QUANTIZED[kv])
     check_eager_and_replayed(
         q,
         cache,
@@ -126,9 +124,7 @@ def test_fp8_dots_error_is_small_beside_the_caches():
     gen = torch.Generator().manual_seed(7)
     lengths = [1, 64, 700] + torch.randint(1, 5000, (13,), generator=gen).tolist()
     q, cache, table, meta = paged_case(len(lengths), 16, lengths, PAGE, torch.bfloat16, seed=7)
-    rows8 = quantize_rows(cache.view(-1, LAT + ROPE), QUANTIZED["fp8_e4m3"]).view(
-        *cache.shape[:3], LAT + ROPE + 16
-    )
+    rows8 = quantize_rows(cache, QUANTIZED["fp8_e4m3"])
     exact, exact_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
     want, want_lse = TorchBackend().decode(q.float(), rows8, None, meta, 0.07, LAT, need_lse=True)
     got, lse = mla_decode(q, rows8, table, meta.seq_lens, 8192, LAT, 0.07, fp8_dots=True)
@@ -169,9 +165,7 @@ def test_stale_bytes_past_a_sequence_end_do_not_reach_the_result(page, kv, optio
     lengths = [1, 63, 65, 700, 2500, 130]
     q, cache, table, meta = paged_case(len(lengths), 16, lengths, page, torch.bfloat16, seed=11)
     if kv != "bf16":
-        cache = quantize_rows(cache.view(-1, LAT + ROPE), QUANTIZED[kv]).view(
-            *cache.shape[:3], LAT + ROPE + 16
-        )
+        cache = quantize_rows(cache, QUANTIZED[kv])
     want, want_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
     poison_rows_past_the_ends(cache, table, lengths)
     got, lse = mla_decode(q, cache, table, meta.seq_lens, 4096, LAT, 0.07, **options)
