@@ -492,7 +492,7 @@ def eight_bit_variants(cases: list, variants: list, caches: tuple = ("fp8_e4m3",
     graph-replayed beside the bf16 cache and checked against the first variant's output and against the torch
     reference over the dequantized cache (output and LSE), beside how far the cache's own rounding moved that
     reference from the one over the bf16 cache."""
-    from benchmarks.gpu_suite import LAT, paged_case
+    from benchmarks.gpu_suite import LAT, ROPE, paged_case
     from mlaserve.attention.torch_ref import TorchBackend
     from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
@@ -512,7 +512,7 @@ def eight_bit_variants(cases: list, variants: list, caches: tuple = ("fp8_e4m3",
                 got, lse = mla_decode(q, rows8, *args, **kw)
                 ms = bench_graph(lambda kw=kw, q=q, r=rows8, a=args: mla_decode(q, r, *a, **kw))
                 rows.append(dict(B=batch, L=length, cache=name, kwargs={k: str(v) for k, v in kw.items()},
-                                 kernel=decode_plan(q, rows8, max_len, LAT, 64, **{k: v for k, v in kw.items() if k in PLAN}).kernel,
+                                 kernel=decode_plan(q, rows8, max_len, LAT, ROPE, **{k: v for k, v in kw.items() if k in PLAN}).kernel,
                                  graph_ms=ms, bf16_ms=bf16_ms, vs_bf16=ms / bf16_ms,
                                  max_diff_vs_first=(got.float() - want).abs().max().item(),
                                  max_diff_vs_ref=(got.float() - ref).abs().max().item(),
