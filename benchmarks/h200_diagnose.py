@@ -560,9 +560,11 @@ def fp8_dots() -> dict:
 
 
 def fp8_rule() -> dict:
-    """Where the fp8-dot kernel should take over from the widening one by default (decode_plan's 16-tile rule): both
-    kernels at contexts whose split gives each CTA 4, 8, 12 and 16 tiles (fp8_dot_splits on 132 SMs), from batch 1 to
-    128. At 01c2dd4 the fp8-dot kernel already won at 8 tiles per CTA, batch 1 over 16,384 (-fp8dots-staged.json)."""
+    """Where the fp8-dot kernel should take over from the widening one by default (decode_plan's rule): both kernels
+    at contexts whose split gives each CTA 4, 8, 12 and 16 tiles (fp8_dot_splits on 132 SMs), from batch 1 to 128;
+    then 8 to 32 tiles per CTA on grids of 16 to 128 CTAs (the grid's fill), and 4 tiles on a full grid. At 52c0c31
+    the fp8-dot kernel won at 8 tiles and more on the grids of 128 CTAs and lost on those of 16 and 64
+    (results/h200-diagnose-2026-11-30-fp8-rule.json)."""
     cases = [
         (1, 8192, 8192),
         (8, 8192, 8192),
@@ -576,6 +578,17 @@ def fp8_rule() -> dict:
         (128, 768, 768),
         (64, 256, 256),
         (128, 1024, 1024),
+        (2, 8192, 8192),
+        (4, 8192, 8192),
+        (6, 8192, 8192),
+        (16, 2048, 2048),
+        (48, 1024, 1024),
+        (96, 512, 512),
+        (2, 16384, 16384),
+        (1, 32768, 32768),
+        (1, 65536, 65536),
+        (4, 65536, 65536),
+        (128, 256, 256),
     ]
     return eight_bit_variants(cases, [{"fp8_dots": False}, {"fp8_dots": True}], caches=("fp8_e4m3",))
 
