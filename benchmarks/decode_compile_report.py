@@ -41,6 +41,8 @@ POINTERS = {
     "SeqLens": "*i32",
     "MidO": "*fp32",
     "MidLse": "*fp32",
+    "Terms": "*fp8e4nv",
+    "Scales": "*fp32",
 }
 FLOATS = {"scale_log2"}
 # The fp8-dot kernel's TMA descriptors (mla_decode_fp8.tma_descriptors) over a 576-wide fp8 latent row

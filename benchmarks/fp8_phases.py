@@ -9,7 +9,7 @@ CTAs of the last call, in microseconds:
   prologue       kernel start to the warp-specialized part (the barriers' set-up; until 16f3563 also the
                  queries' copy, and at 4e922b1 the ring's first copies, which the producer issues since 9e46b37)
   first_tile_cN  from there to consumer N's first scores (since 16f3563 including the queries' copy by consumer 0,
-                 which on PDL waited for the query split kernel until 52c0c31; consumer 0 now splits them itself)
+                 which on PDL waits for the query split to finish)
   loop_cN        consumer N's tile loop
   store_cN       consumer N writing its partial result
   end            each CTA's end, from the earliest CTA start
@@ -51,8 +51,8 @@ def patch(source: str, old: str, new: str) -> str:
 def instrumented_module():
     """mla_decode_fp8 with timestamp stores; stage1_fp8 takes one more argument, Times [CTAs, SLOTS_PER_CTA]."""
     source = Path(mla_decode_fp8.__file__).read_text()
-    source = patch(source, "    k_ring, pe_ring, ready, empty, q_s, qpe_s, q_scales, p_his, p_los,\n    PAGE:",
-                   "    k_ring, pe_ring, ready, empty, q_s, qpe_s, q_scales, p_his, p_los, Times,\n    PAGE:")  # fmt: skip
+    source = patch(source, "    k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los,\n    PAGE:",
+                   "    k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los, Times,\n    PAGE:")  # fmt: skip
     source = patch(source, "    s2 = warpgroup_mma_wait(0, deps=[s2])\n    for k in range(",
                    f"    s2 = warpgroup_mma_wait(0, deps=[s2])\n    {CTA}\n"
                    f"    gl.store(Times + cta * {SLOTS_PER_CTA} + 2 + 3 * c, {NOW})\n    for k in range(")  # fmt: skip

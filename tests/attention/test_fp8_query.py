@@ -1,5 +1,5 @@
-"""The query split into two e4m3 terms (attention/triton/fp8_query.py, the torch reference of the fp8-dot kernel's
-own split): the terms rebuild the query to about bf16's precision, head by head, whatever the heads' magnitudes."""
+"""The query split into two e4m3 terms (attention/triton/fp8_query.py), under the Triton interpreter on CPU: the
+terms rebuild the query to about bf16's precision, head by head, whatever the heads' magnitudes."""
 
 import pytest
 import torch

@@ -468,9 +468,9 @@ def mla_decode(
     bf16's precision; what remains is the fp8 tensor cores' own accumulation: on an H200, at four shapes, the LSE
     came within 1.4e-3 of the torch reference over the dequantized cache (the widening kernel: 2e-6) and outputs
     within 4.4e-3 (widening: 4.0e-3), where the cache's own fp8 rounding moved that reference by 3e-3 to 3e-2 in
-    LSE (results/h200-diagnose-2026-11-30-fp8dots-ws.json). pdl: on that fp8-dot path, launch the merge with
-    programmatic dependent launch behind the split step, so it is placed and starts while the split step's last CTAs
-    run (default on). The other paths launch plainly: the merge on PDL behind the bf16 kernel was no faster at
+    LSE (results/h200-diagnose-2026-11-30-fp8dots-ws.json). pdl: on that fp8-dot path, launch the split step and the
+    merge with programmatic dependent launch, each behind the kernel before it, so they are placed and start while
+    it runs (default on). The other paths launch plainly: the merge on PDL behind the bf16 kernel was no faster at
     the memory-bound shapes and 1.5-3% slower at batch 32 with short contexts (results/h200-diagnose-2026-11-30-
     options.json).
     widen_bits: 8-bit caches with fp16 dots, widen the tiles by integer operations
@@ -502,11 +502,13 @@ def mla_decode(
     args = (q, q_pe, *tensors, q.stride(0), q.stride(1), q_pe.stride(0), q_pe.stride(1), *strides, *sizes)
     grid = (batch, triton.cdiv(heads, block_h), num_splits)
     if plan.kernel == "gluon_fp8":
+        from mlaserve.attention.triton.fp8_query import split_queries
         from mlaserve.attention.triton.mla_decode_fp8 import stage1_fp8, tma_descriptors
 
         stage1_fp8[grid](
-            *args[:3], *tma_descriptors(kv, d_rope), *args[3:],
-            PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=16, BLOCK_N=64, PDL=pdl, num_warps=4,
+            *split_queries(q, q_pe, launch_dependents=pdl), kv, *tma_descriptors(kv, d_rope), *tensors[1:],
+            *strides, *sizes, PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=16, BLOCK_N=64, PDL=pdl,
+            num_warps=4, **({"launch_pdl": True} if pdl else {}),
         )  # fmt: skip
     elif plan.kernel == "gluon_wgmma8":
         from mlaserve.attention.triton.mla_decode_wgmma8 import stage1_wgmma8

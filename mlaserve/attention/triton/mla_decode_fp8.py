@@ -4,7 +4,7 @@ both dots on fp8 tensor cores: the cache tile is never widened.
 Same work as `mla_decode._stage1` with an fp8 cache and BLOCK_H = 16, for one (sequence, head group, split) per CTA:
 - Scores, Sᵀ = K·Qᵀ: the tile in shared memory is wgmma's A operand as copied (K-major fp8), so the 64 cached rows
   are M. The query goes in as two e4m3 terms per head (fp8_query.split_queries, about bf16's precision), stacked
-  as N = 32 columns: hi terms, then lo terms. Each CTA splits its 16 heads itself (`_split_queries8`).
+  as N = 32 columns: hi terms, then lo terms.
 - Values, Oᵀ = Vᵀ·Pᵀ: the 512 latent columns are M, in four chunks of 128, read from the tile 4 bytes at a time and
   regrouped in registers into wgmma's register operand (`_value_operand`). p goes in as two e4m3 terms as well.
 - The cache's row scales enter p through the exponent: m is the running maximum of logit + log2(scale), so the
@@ -23,12 +23,11 @@ instead, which zero-fills the rows past its end: they can hold a freed page's by
 not cancel a NaN in the values' dot. The producer, not the consumers, waits on the block table for each copy's row,
 and both consumers are workers: run in the default partition, a consumer went through its tiles measurably slower
 than the worker beside it (benchmarks/fp8_phases.py).
-Consumer 0 splits the queries into shared memory and signals consumer 1 (`q_ready`), so the producer's first copies
-are in flight while it does. Through 52c0c31 a separate kernel split them once per call and this one waited for it
-(on PDL) before reading the terms; splitting in every CTA instead (each reads its 16 heads' 18 KB of bf16) saves
-that kernel and the wait: the call on an H200 became 1-2% faster at (B, L) = (64, 4,096) and (128, 2,048), the same
-elsewhere (results/h200-diagnose-2026-11-30-fp8dots-staged.json against -fp8dots-fusedq.json). With PDL the kernel
-lets the merge launch early (`_stage2` waits for it).
+Consumer 0 copies the query terms into shared memory and signals consumer 1 (`q_ready`), so the producer's first
+copies are in flight while the queries come. With PDL the kernel is launched programmatically dependent on the query
+split, whose programs let it start at once: its CTAs are placed and start copying tiles while the split runs, and
+the consumers wait for it (griddepcontrol.wait) only before reading the terms. It lets the merge launch early the
+same way (`_stage2` waits for it).
 """
 
 import torch
@@ -44,7 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from mlaserve.attention.triton.mla_decode_wgmma import _barrier, _copy_tile, _split_range
+from mlaserve.attention.triton.mla_decode_wgmma import _async_load, _barrier, _copy_tile, _split_range
 from mlaserve.attention.triton.mla_decode_wgmma8 import CHUNK, _empty_state, _normalizers, _store_lse
 
 # A chunk of the value tile as read from shared memory: [rows, 128 latent columns], each thread's registers holding
@@ -81,6 +80,13 @@ def _round_e4m3(x):
 
 
 @gluon.jit
+def _wait_for_prior_grid():
+    """griddepcontrol.wait: with programmatic dependent launch, block until the grid this one was launched behind
+    has finished and its stores are visible (at once without it)."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _launch_dependents():
     """griddepcontrol.launch_dependents: a grid launched behind this one with programmatic dependent launch may start
     once every CTA here has made this call (or exited)."""
@@ -90,42 +96,22 @@ def _launch_dependents():
 
 
 @gluon.jit
-def _split_queries8(Q, QPe, b, head0, num_heads, stride_qb, stride_qh, stride_pb, stride_ph, q_s, qpe_s, q_scales,
-                    D_LAT: gl.constexpr, D_ROPE: gl.constexpr):  # fmt: skip
-    """fp8_query.split_queries for heads head0 .. head0 + BLOCK_H of sequence b, into shared memory: hi terms in the
-    first BLOCK_H rows of q_s / qpe_s, lo terms in the next (zero past num_heads), and the scales a, b in q_scales
-    [2 * BLOCK_H]. Called by one warpgroup."""
+def _load_queries8(Terms, b, head0, num_heads, q_s, qpe_s, D_LAT: gl.constexpr, D_ROPE: gl.constexpr):
+    """Copy heads head0 .. head0 + 16's query terms (fp8_query.split_queries) into q_s / qpe_s, hi rows then lo rows
+    (zero past num_heads), and wait for them. Called by one warpgroup."""
+    rows: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16-byte copies
     BLOCK_H: gl.constexpr = q_s.shape[0] // 2
-    lat: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-    rope: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [4, 1], [1, 0])
-    heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, lat))
-    heads_pe = gl.convert_layout(heads, gl.SliceLayout(1, rope))
-    cols = gl.arange(0, D_LAT, layout=gl.SliceLayout(0, lat))
-    cols_pe = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, rope))
-    q = gl.load(Q + b * stride_qb + heads[:, None] * stride_qh + cols[None, :], mask=(heads < num_heads)[:, None],
-                other=0.0).to(gl.float32)  # fmt: skip
-    q_pe = gl.load(QPe + b * stride_pb + heads_pe[:, None] * stride_ph + cols_pe[None, :],
-                   mask=(heads_pe < num_heads)[:, None], other=0.0).to(gl.float32)  # fmt: skip
-    amax = gl.maximum(
-        gl.max(gl.abs(q), 1), gl.convert_layout(gl.max(gl.abs(q_pe), 1), gl.SliceLayout(1, lat))
+    j = gl.arange(0, 2 * BLOCK_H, layout=gl.SliceLayout(1, rows))
+    head = head0 + j % BLOCK_H
+    row = ((b * num_heads + head) * 2 + j // BLOCK_H).to(gl.int64) * (D_LAT + D_ROPE)
+    ok = (head < num_heads)[:, None]
+    _async_load(
+        q_s, Terms + row[:, None] + gl.arange(0, D_LAT, layout=gl.SliceLayout(0, rows))[None, :], mask=ok
     )
-    a = gl.where(amax > 0, amax / 448.0, 1.0)
-    a_pe = gl.convert_layout(a, gl.SliceLayout(1, rope))
-    hi = _round_e4m3(q / a[:, None])
-    hi_pe = _round_e4m3(q_pe / a_pe[:, None])
-    r = q - hi * a[:, None]
-    r_pe = q_pe - hi_pe * a_pe[:, None]
-    rmax = gl.maximum(
-        gl.max(gl.abs(r), 1), gl.convert_layout(gl.max(gl.abs(r_pe), 1), gl.SliceLayout(1, lat))
-    )
-    lo_scale = gl.where(rmax > 0, rmax / 448.0, 1.0)
-    lo_scale_pe = gl.convert_layout(lo_scale, gl.SliceLayout(1, rope))
-    q_s.slice(0, BLOCK_H, dim=0).store(hi.to(gl.float8e4nv))
-    q_s.slice(BLOCK_H, BLOCK_H, dim=0).store(_round_e4m3(r / lo_scale[:, None]).to(gl.float8e4nv))
-    qpe_s.slice(0, BLOCK_H, dim=0).store(hi_pe.to(gl.float8e4nv))
-    qpe_s.slice(BLOCK_H, BLOCK_H, dim=0).store(_round_e4m3(r_pe / lo_scale_pe[:, None]).to(gl.float8e4nv))
-    q_scales.slice(0, BLOCK_H).store(a)
-    q_scales.slice(BLOCK_H, BLOCK_H).store(lo_scale)
+    rope = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, rows))
+    _async_load(qpe_s, Terms + row[:, None] + D_LAT + rope[None, :], mask=ok)
+    async_copy.commit_group()
+    async_copy.wait_group(0)
 
 
 @gluon.jit
@@ -268,11 +254,12 @@ def _producer(KV, DescLat, DescPe, BlockTable, SeqLens, stride_kv, stride_bt, nu
 @gluon.jit
 def _consumer(
     c: gl.constexpr,
-    Q, QPe, q_ready, KV, BlockTable, SeqLens, MidO, MidLse,
-    stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
+    Terms, Scales, q_ready, KV, BlockTable, SeqLens, MidO, MidLse,
+    stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
     num_heads, scale_log2, num_splits,
-    k_ring, pe_ring, ready, empty, q_s, qpe_s, q_scales, p_his, p_los,
+    k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+    PDL: gl.constexpr,
 ):  # fmt: skip
     """Consumer c of 2: tiles c, c + 2, ... of the split, from ring slots of its own parity (the ring's size is even,
     so each slot has one consumer); it releases each tile's slot to the producer once both dots are done with it. A
@@ -293,17 +280,20 @@ def _consumer(
     split = gl.program_id(2)
     start, end = _split_range(SeqLens, b, split, num_splits, BLOCK_N)
     tiles = gl.cdiv(end - start, BLOCK_N)
+    if PDL:  # the query terms and scales are the output of the grid this one was launched behind
+        _wait_for_prior_grid()
     if c == 0:
-        _split_queries8(Q, QPe, b, head0, num_heads, stride_qb, stride_qh, stride_pb, stride_ph, q_s, qpe_s,
-                        q_scales, D_LAT, D_ROPE)  # fmt: skip
+        _load_queries8(Terms, b, head0, num_heads, q_s, qpe_s, D_LAT, D_ROPE)
         fence_async_shared()  # the queries, before the tensor cores read them
         _barrier()
         mbarrier.arrive(q_ready)
     else:
         mbarrier.wait(q_ready, 0)
         fence_async_shared()
-    q_hi_scale = q_scales.slice(0, BLOCK_H).load(gl.SliceLayout(0, scores))
-    q_lo_scale = q_scales.slice(BLOCK_H, BLOCK_H).load(gl.SliceLayout(0, scores))
+    heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, scores))
+    q_scales = Scales + (b * num_heads + heads) * 2
+    q_hi_scale = gl.load(q_scales, mask=heads < num_heads, other=1.0)
+    q_lo_scale = gl.load(q_scales + 1, mask=heads < num_heads, other=1.0)
     p_hi = p_his.index(c)  # p in two e4m3 terms, as [heads, rows] (K-major B operands)
     p_lo = p_los.index(c)
     n_idx = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, scores))
@@ -364,8 +354,7 @@ def _consumer(
 
 @gluon.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits"])
 def stage1_fp8(
-    Q, QPe, KV, DescLat, DescPe, BlockTable, SeqLens, MidO, MidLse,
-    stride_qb, stride_qh, stride_pb, stride_ph,
+    Terms, Scales, KV, DescLat, DescPe, BlockTable, SeqLens, MidO, MidLse,
     stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
     num_heads, scale_log2, num_splits,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -392,9 +381,6 @@ def stage1_fp8(
     qpe_s = gl.allocate_shared_memory(gl.float8e4nv, [2 * BLOCK_H, D_ROPE], pe_smem)
     p_his = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_H, BLOCK_N], p_smem)
     p_los = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_H, BLOCK_N], p_smem)
-    q_scales = gl.allocate_shared_memory(
-        gl.float32, [2 * BLOCK_H], gl.SwizzledSharedLayout(1, 1, 1, order=[0])
-    )
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for i in gl.static_range(SLOTS):
         mbarrier.init(ready.index(i), count=1)
@@ -406,14 +392,14 @@ def stage1_fp8(
         [
             (_producer, (KV, DescLat, DescPe, BlockTable, SeqLens, stride_kv, stride_bt, num_splits, k_ring, pe_ring,
                          ready, empty, PAGE, D_LAT, D_ROPE, BLOCK_N)),
-            (_consumer, (0, Q, QPe, q_ready, KV, BlockTable, SeqLens, MidO, MidLse, stride_qb, stride_qh,
-                         stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, num_heads, scale_log2,
-                         num_splits, k_ring, pe_ring, ready, empty, q_s, qpe_s, q_scales, p_his, p_los,
-                         PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N)),
-            (_consumer, (1, Q, QPe, q_ready, KV, BlockTable, SeqLens, MidO, MidLse, stride_qb, stride_qh,
-                         stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, num_heads, scale_log2,
-                         num_splits, k_ring, pe_ring, ready, empty, q_s, qpe_s, q_scales, p_his, p_los,
-                         PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N)),
+            (_consumer, (0, Terms, Scales, q_ready, KV, BlockTable, SeqLens, MidO, MidLse, stride_kv, stride_bt,
+                         stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, num_heads, scale_log2,
+                         num_splits, k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los,
+                         PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N, PDL)),
+            (_consumer, (1, Terms, Scales, q_ready, KV, BlockTable, SeqLens, MidO, MidLse, stride_kv, stride_bt,
+                         stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, num_heads, scale_log2,
+                         num_splits, k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los,
+                         PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N, PDL)),
         ],
         [4, 4],
         [232, 232],
