@@ -545,9 +545,8 @@ def wgmma8() -> dict:
 
 def fp8_dots() -> dict:
     """fp8 caches at 16 heads: the Triton kernel (wgmma=False), the Gluon kernel that widens the tile
-    (fp8_dots=False) and the one running both dots on fp8 tensor cores (the default where each CTA gets 16 tiles
-    or more; fp8_dots=True elsewhere), that one also with plain launches of its split step and merge
-    (pdl=False)."""
+    (fp8_dots=False) and the one running both dots on fp8 tensor cores (the default where fp8_dots_pay says so;
+    fp8_dots=True elsewhere), that one also with plain launches of its split step and merge (pdl=False)."""
     cases = [(64, 4096, 4096), (128, 8192, 8192), (32, 2048, 8192), (1, 16384, 16384)]
     variants = [
         {"wgmma": False},
@@ -563,8 +562,9 @@ def fp8_rule() -> dict:
     """Where the fp8-dot kernel should take over from the widening one by default (decode_plan's rule): both kernels
     at contexts whose split gives each CTA 4, 8, 12 and 16 tiles (fp8_dot_splits on 132 SMs), from batch 1 to 128;
     then 8 to 32 tiles per CTA on grids of 16 to 128 CTAs (the grid's fill), and 4 tiles on a full grid. At 52c0c31
-    the fp8-dot kernel won at 8 tiles and more on the grids of 128 CTAs and lost on those of 16 and 64
-    (results/h200-diagnose-2026-11-30-fp8-rule.json)."""
+    and c4426da the fp8-dot kernel won on every grid of 128 CTAs, on 64 and 96 at 8 tiles, and at batch 1 with 16
+    and 32 tiles; it lost at 8 tiles on 16 and 32 CTAs and at 4 tiles on 64 (results/h200-diagnose-2026-11-30-
+    fp8-rule.json, -fp8-rule-fill.json; -fp8-rule-fusedq.json is 7e4bfdc's in-CTA query split, since reverted)."""
     cases = [
         (1, 8192, 8192),
         (8, 8192, 8192),

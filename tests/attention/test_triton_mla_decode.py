@@ -1,7 +1,5 @@
 """The Triton MLA decode kernel against the torch reference, under TRITON_INTERPRET=1 on CPU (tiny sizes)."""
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -181,14 +179,31 @@ def test_split_rule(batch, max_len, want):
     ],
 )
 def test_fp8_dot_split_rule(batch, heads, max_len, want):
-    """The fp8-dot kernel's CTA fills an SM: about one per SM, at least 8 tiles each, at most 32 splits (64
-    partials: its two warpgroups each write one per split)."""
-    from mlaserve.attention.triton.mla_decode import DecodePlan, fp8_dot_splits
+    """The fp8-dot kernel's CTA fills an SM: about one per SM, at least 8 tiles each, at most 32 splits."""
+    from mlaserve.attention.triton.mla_decode import fp8_dot_splits
 
     assert fp8_dot_splits(batch, -(-heads // 16), max_len, 132) == want
-    plan = DecodePlan(16, 64, 4, 1, want, False, False, "gluon_fp8")
-    assert plan.num_partials == 2 * want
-    assert dataclasses.replace(plan, kernel="gluon_wgmma8").num_partials == want
+
+
+@pytest.mark.parametrize(
+    ("batch", "max_len", "pays"),
+    [
+        (1, 8192, False),  # 16 CTAs of 8 tiles: lost on the H200
+        (2, 8192, False),  # 32 of 8
+        (64, 256, False),  # 64 of 4
+        (4, 8192, True),  # 64 of 8 (512 tiles)
+        (128, 256, True),  # 128 of 4
+        (1, 32768, True),  # 32 of 16
+        (64, 4096, True),
+        (128, 64, False),  # one tile per CTA: never measured
+    ],
+)
+def test_fp8_dot_kernel_rule(batch, max_len, pays):
+    """The fp8-dot kernel is the default where the H200 diagnose found it faster than the widening one."""
+    from mlaserve.attention.triton.mla_decode import fp8_dot_splits, fp8_dots_pay
+
+    splits = fp8_dot_splits(batch, 1, max_len, 132)
+    assert fp8_dots_pay(batch, 1, max_len, splits) == pays
 
 
 def test_wgmma_kernel_is_refused_where_it_cannot_run():

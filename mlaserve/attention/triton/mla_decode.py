@@ -249,10 +249,22 @@ def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms
 
 def fp8_dot_splits(batch: int, head_groups: int, max_len: int, sms: int) -> int:
     """Splits for the fp8-dot kernel (mla_decode_fp8.py): its CTA takes a whole SM (shared memory), so about one
-    per SM, each with at least 8 tiles of 64 rows (4 per warpgroup); at most 32, so stage 2 merges at most 64
-    partials (two per split)."""
+    per SM, each with at least 8 tiles of 64 rows (4 per warpgroup); at most 32."""
     most = max(1, min(math.ceil(max_len / (8 * 64)), 32))
     return max(1, min(most, round(sms / max(batch * head_groups, 1))))
+
+
+def fp8_dots_pay(batch: int, head_groups: int, max_len: int, splits: int) -> bool:
+    """Whether the fp8-dot kernel beats the widening one for a call (the default of `fp8_dots`): when each CTA gets 16
+    tiles of 64 rows or more, or 4 or more and the call has 512 tiles in all. On an H200 (results/h200-diagnose-
+    2026-11-30-fp8-rule-fill.json) it won at 4 to 32 tiles per CTA on grids of 128 CTAs (0.64x-0.97x the bf16 kernel
+    against the widening kernel's 0.99x-1.03x), narrowly at 8 tiles on 64 CTAs (512 tiles: 1.00x-1.03x against
+    1.04x-1.07x), and at 16 and 32 tiles on the 32 CTAs of batch 1; it lost at 8 tiles on 16 and 32 CTAs (1.07x-1.11x
+    against 0.89x-0.90x) and at 4 tiles on 64 (0.93x against 0.85x). The rule sees max_len, not the lengths: a graph
+    sized for a longer context than the batch has picks by the graph's size."""
+    tiles = math.ceil(max_len / 64)
+    per_cta = math.ceil(tiles / splits)
+    return per_cta >= 16 or (per_cta >= 4 and batch * head_groups * tiles >= 512)
 
 
 @functools.cache
@@ -326,11 +338,6 @@ class DecodePlan:
     q_f16: bool
     kernel: str
 
-    @property
-    def num_partials(self) -> int:
-        """Partial results stage 2 merges: the fp8-dot kernel's two warpgroups each write one per split."""
-        return 2 * self.num_splits if self.kernel == "gluon_fp8" else self.num_splits
-
 
 def decode_plan(
     q: torch.Tensor,
@@ -402,14 +409,8 @@ def decode_plan(
                          "cache, 16 heads per program, a 512-wide latent, pages a multiple of 64 rows, rows TMA can "
                          "copy (16-byte aligned) and wgmma not False")  # fmt: skip
     fp8_splits = splits_given or fp8_dot_splits(batch, head_groups, max_seq_len, sms)
-    # By default the fp8-dot kernel takes calls whose max_seq_len gives each CTA 16 tiles or more. With 8 it lost to
-    # the widening kernel, 1.39x against 1.10x the bf16 kernel at (B, L) = (1, 16,384); with 32 and more it won,
-    # 0.79x against 0.99x at (64, 4,096) and 0.68x against 0.99x at (128, 8,192)
-    # (results/h200-diagnose-2026-11-30-fp8dots-ws.json; 9 to 31 tiles were not measured). The rule sees
-    # max_seq_len, not the lengths: batch 32 at 2,048 in a graph sized for 8,192 still takes it, at 1.08x against
-    # the widening kernel's 0.98x (-fp8dots-ws-rule.json).
-    long_splits = math.ceil(max_seq_len / 64 / fp8_splits) >= 16
-    if can_fp8_dots and (fp8_dots or (fp8_dots is None and long_splits)):
+    pays = fp8_dots_pay(batch, head_groups, max_seq_len, fp8_splits)
+    if can_fp8_dots and (fp8_dots or (fp8_dots is None and pays)):
         kernel = "gluon_fp8"
         num_splits = fp8_splits
     elif wgmma8:
@@ -463,9 +464,8 @@ def mla_decode(
     no tile or warp override); and, for an 8-bit cache at 16 heads per program, the Gluon kernel in
     mla_decode_wgmma8.py (default: fp8 caches without a tile or warp override; int8 only when asked).
     fp8_dots: with an fp8 cache on that Gluon path, run both dots on fp8 tensor cores instead of widening the tile
-    (mla_decode_fp8.py; default: on there when max_seq_len gives each of its CTAs 16 tiles or more, see
-    decode_plan). The query and p each go in as two e4m3 terms, which keeps about
-    bf16's precision; what remains is the fp8 tensor cores' own accumulation: on an H200, at four shapes, the LSE
+    (mla_decode_fp8.py; default: on there where fp8_dots_pay says it is faster). The query and p each go in as two
+    e4m3 terms, which keeps about bf16's precision; what remains is the fp8 tensor cores' own accumulation: on an H200, at four shapes, the LSE
     came within 1.4e-3 of the torch reference over the dequantized cache (the widening kernel: 2e-6) and outputs
     within 4.4e-3 (widening: 4.0e-3), where the cache's own fp8 rounding moved that reference by 3e-3 to 3e-2 in
     LSE (results/h200-diagnose-2026-11-30-fp8dots-ws.json). pdl: on that fp8-dot path, launch the split step and the
@@ -490,7 +490,7 @@ def mla_decode(
     page = kv_cache.shape[1]
     d_rope = q_pe.shape[-1]
     row = kv_cache.shape[-1]  # width, or width + a 16-byte scale tail for 8-bit rows
-    partials = plan.num_partials
+    partials = num_splits  # one partial result per split
     mid_o = torch.empty(batch, heads, partials, kv_lora_rank, dtype=partial_dtype, device=q.device)
     mid_lse = torch.empty(batch, heads, partials, dtype=torch.float32, device=q.device)
     kv = kv_cache.view(-1, row)

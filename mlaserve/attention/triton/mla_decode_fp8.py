@@ -13,21 +13,24 @@ What is left of the error is the fp8 tensor cores' own accumulation; see `fp8_do
 measured figures. The widening kernel (mla_decode_wgmma8.py) stays the fp8_dots=False path and int8's.
 
 Three partitions (`gl.warp_specialize`): a producer warpgroup copies the split's tiles into a ring of SLOTS, and two
-consumer warpgroups share the queries and take the tiles in turn; each consumer writes its own partial
-(2 * split + consumer), so stage 2 merges twice the split count. An fp8 tile is half a bf16 one and the dots cost the
-same per row, so one warpgroup per CTA could not keep enough bytes in flight while it computed; here, while one
-consumer works on a tile, the other's and the next copies are in flight. Each slot has a `ready` barrier (the copy
-landed) and an `empty` one (its consumer is done with it), so the producer refills a slot exactly once it is free.
-Tiles are copied by TMA, five boxes counted on the slot's barrier; a sequence's last, partial tile by cp.async
-instead, which zero-fills the rows past its end: they can hold a freed page's bytes, NaN included, and p = 0 does
-not cancel a NaN in the values' dot. The producer, not the consumers, waits on the block table for each copy's row,
-and both consumers are workers: run in the default partition, a consumer went through its tiles measurably slower
-than the worker beside it (benchmarks/fp8_phases.py).
-Consumer 0 copies the query terms into shared memory and signals consumer 1 (`q_ready`), so the producer's first
-copies are in flight while the queries come. With PDL the kernel is launched programmatically dependent on the query
-split, whose programs let it start at once: its CTAs are placed and start copying tiles while the split runs, and
-the consumers wait for it (griddepcontrol.wait) only before reading the terms. It lets the merge launch early the
-same way (`_stage2` waits for it).
+consumer warpgroups share the queries and take the tiles in turn. At the end consumer 1 hands its running state to
+consumer 0 through shared memory (`state_ready`), which combines the two and writes the CTA's one partial. Through
+c4426da each consumer wrote its own, and stage 2 merged twice the split count; combining first halves the partials'
+traffic, and the call on an H200 was 1-4% faster (0.7-1.1 us from (8, 8,192) to (128, 2,048), scratch graph timings
+with L2 emptied before each call; the record's diagnose has the figures). An fp8 tile is half a bf16 one and the
+dots cost the same per row, so one warpgroup per CTA could not keep enough bytes in flight while it computed; here,
+while one consumer works on a tile, the other's and the next copies are in flight. Each slot has a `ready` barrier
+(the copy landed) and an `empty` one (its consumer is done with it), so the producer refills a slot exactly once it
+is free. Tiles are copied by TMA, five boxes counted on the slot's barrier; a sequence's last, partial tile by
+cp.async instead, which zero-fills the rows past its end: they can hold a freed page's bytes, NaN included, and
+p = 0 does not cancel a NaN in the values' dot. The producer, not the consumers, waits on the block table for each
+copy's row, and both consumers are workers: run in the default partition, a consumer went through its tiles
+measurably slower than the worker beside it (benchmarks/fp8_phases.py). Consumer 0 copies the query terms into
+shared memory and signals consumer 1 (`q_ready`), so the producer's first copies are in flight while the queries
+come. With PDL the kernel is launched programmatically dependent on the query split, whose programs let it start at
+once: its CTAs are placed and start copying tiles while the split runs, and the consumers wait for it
+(griddepcontrol.wait) only before reading the terms. It lets the merge launch early the same way (`_stage2` waits
+for it).
 """
 
 import torch
@@ -147,9 +150,9 @@ def _in_column_order(acc):
 
 
 @gluon.jit
-def _store_partial(stage, MidO, MidLse, acc0, acc1, acc2, acc3, m, l_rows, b, head0, split, num_heads,
+def _store_partial(stage, MidO, MidLse, acc0, acc1, acc2, acc3, m, l_sum, b, head0, split, num_heads,
                    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, LSE_SHIFT: gl.constexpr):  # fmt: skip
-    """Write a consumer's partial result: Oᵀ over p's row sums, through `stage` (shared memory, [heads, D_LAT] fp32)
+    """Write the CTA's partial result: Oᵀ over the sums of p, through `stage` (shared memory, [heads, D_LAT] fp32)
     so that each head's row goes out in 16-byte stores, and the base-2 LSE m + log2(sum) - LSE_SHIFT (-inf for an
     empty split). Written straight from the accumulators' layout (mla_decode_wgmma8._store_partials), the stores
     were 4 bytes each, scattered over the rows, and calls on an H200 took 2-7 us longer (results/h200-diagnose-
@@ -157,7 +160,7 @@ def _store_partial(stage, MidO, MidLse, acc0, acc1, acc2, acc3, m, l_rows, b, he
     BLOCK_H: gl.constexpr = m.shape[0]
     D_LAT: gl.constexpr = stage.shape[1]
     outs: gl.constexpr = acc0.type.layout
-    lse2, inv = _normalizers(m, l_rows, outs, LSE_SHIFT)
+    lse2, inv = _normalizers(m, l_sum, outs, LSE_SHIFT)
     stage.slice(0 * CHUNK, CHUNK, dim=1).store(gl.permute(_in_column_order(acc0 * inv[None, :]), (1, 0)))
     stage.slice(1 * CHUNK, CHUNK, dim=1).store(gl.permute(_in_column_order(acc1 * inv[None, :]), (1, 0)))
     stage.slice(2 * CHUNK, CHUNK, dim=1).store(gl.permute(_in_column_order(acc2 * inv[None, :]), (1, 0)))
@@ -257,7 +260,7 @@ def _consumer(
     Terms, Scales, q_ready, KV, BlockTable, SeqLens, MidO, MidLse,
     stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
     num_heads, scale_log2, num_splits,
-    k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los,
+    k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los, m_l, state_ready,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
     PDL: gl.constexpr,
 ):  # fmt: skip
@@ -342,14 +345,42 @@ def _consumer(
         fence_async_shared()  # ... and its reads of the slot are ordered before the copy's writes
         mbarrier.arrive(empty.index(slot))  # the producer may refill it
 
-    # this consumer's ring slots are free once its last tile is done: one of them stages the partial
-    stage_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
+    # This consumer's ring slots are free once its last tile is done. Consumer 1 hands its state to consumer 0
+    # through one of them, and consumer 0 writes the CTA's one partial through another.
+    l_sum = gl.sum(l_rows, 0)
+    f32: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
     if _PUBLIC_REINTERPRET:
-        stage = k_ring.index(c).reinterpret(gl.float32, [BLOCK_H, D_LAT], stage_layout)
+        state = k_ring.index(1).reinterpret(gl.float32, [4 * CHUNK, BLOCK_H], f32)
+        stage = k_ring.index(0).reinterpret(gl.float32, [BLOCK_H, D_LAT], f32)
     else:
-        stage = k_ring.index(c)._reinterpret(gl.float32, [BLOCK_H, D_LAT], stage_layout)
-    _store_partial(stage, MidO, MidLse, acc0, acc1, acc2, acc3, m, l_rows, b, head0, 2 * split + c, num_heads,
-                   stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, P_BITS)  # fmt: skip
+        state = k_ring.index(1)._reinterpret(gl.float32, [4 * CHUNK, BLOCK_H], f32)
+        stage = k_ring.index(0)._reinterpret(gl.float32, [BLOCK_H, D_LAT], f32)
+    if c == 1:
+        state.slice(0 * CHUNK, CHUNK, dim=0).store(acc0)
+        state.slice(1 * CHUNK, CHUNK, dim=0).store(acc1)
+        state.slice(2 * CHUNK, CHUNK, dim=0).store(acc2)
+        state.slice(3 * CHUNK, CHUNK, dim=0).store(acc3)
+        m_l.slice(0, BLOCK_H).store(m)
+        m_l.slice(BLOCK_H, BLOCK_H).store(l_sum)
+        _barrier()  # every thread's part, before the one arrival
+        mbarrier.arrive(state_ready)
+    else:
+        mbarrier.wait(state_ready, 0)
+        m1 = m_l.slice(0, BLOCK_H).load(gl.SliceLayout(0, scores))
+        l1 = m_l.slice(BLOCK_H, BLOCK_H).load(gl.SliceLayout(0, scores))
+        m_both = gl.maximum(m, m1)
+        m_base = gl.where(m_both == float("-inf"), 0.0, m_both)  # both empty: keep exp2 finite (0)
+        w0 = gl.exp2(m - m_base)
+        w1 = gl.exp2(m1 - m_base)
+        l_sum = l_sum * w0 + l1 * w1
+        w0 = gl.convert_layout(w0, gl.SliceLayout(0, outs))[None, :]
+        w1 = gl.convert_layout(w1, gl.SliceLayout(0, outs))[None, :]
+        acc0 = acc0 * w0 + state.slice(0 * CHUNK, CHUNK, dim=0).load(outs) * w1
+        acc1 = acc1 * w0 + state.slice(1 * CHUNK, CHUNK, dim=0).load(outs) * w1
+        acc2 = acc2 * w0 + state.slice(2 * CHUNK, CHUNK, dim=0).load(outs) * w1
+        acc3 = acc3 * w0 + state.slice(3 * CHUNK, CHUNK, dim=0).load(outs) * w1
+        _store_partial(stage, MidO, MidLse, acc0, acc1, acc2, acc3, m_both, l_sum, b, head0, split, num_heads,
+                       stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, P_BITS)  # fmt: skip
 
 
 @gluon.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits"])
@@ -362,7 +393,7 @@ def stage1_fp8(
 ):  # fmt: skip
     # Launched with 4 warps (the producer; the consumers are 4-warp workers), BLOCK_H = 16 heads, BLOCK_N = 64
     # rows, D_LAT = 4 * CHUNK, PAGE % 64 == 0. DescLat / DescPe: TMA descriptors over the cache's rows with boxes of
-    # [64, CHUNK] and [64, D_ROPE]. Partial outputs 2 * split and 2 * split + 1 are this CTA's.
+    # [64, CHUNK] and [64, D_ROPE]. Partial output `split` is this CTA's.
     if PDL:  # the merge may be placed beside this grid's last CTAs, where it waits for them
         _launch_dependents()
     gl.static_assert(D_LAT == 4 * CHUNK)
@@ -382,10 +413,13 @@ def stage1_fp8(
     p_his = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_H, BLOCK_N], p_smem)
     p_los = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_H, BLOCK_N], p_smem)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    state_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    m_l = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_H], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
     for i in gl.static_range(SLOTS):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     mbarrier.init(q_ready, count=1)
+    mbarrier.init(state_ready, count=1)
     fence_async_shared()  # the initialized barriers, before the copies' arrivals
     _barrier()
     gl.warp_specialize(
@@ -394,11 +428,11 @@ def stage1_fp8(
                          ready, empty, PAGE, D_LAT, D_ROPE, BLOCK_N)),
             (_consumer, (0, Terms, Scales, q_ready, KV, BlockTable, SeqLens, MidO, MidLse, stride_kv, stride_bt,
                          stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, num_heads, scale_log2,
-                         num_splits, k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los,
+                         num_splits, k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los, m_l, state_ready,
                          PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N, PDL)),
             (_consumer, (1, Terms, Scales, q_ready, KV, BlockTable, SeqLens, MidO, MidLse, stride_kv, stride_bt,
                          stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, num_heads, scale_log2,
-                         num_splits, k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los,
+                         num_splits, k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los, m_l, state_ready,
                          PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N, PDL)),
         ],
         [4, 4],

@@ -72,10 +72,9 @@ def _empty_state(outs: gl.constexpr, scores: gl.constexpr, BLOCK_N: gl.constexpr
 
 
 @gluon.jit
-def _normalizers(m, l_rows, outs: gl.constexpr, LSE_SHIFT: gl.constexpr):
-    """For both 8-bit kernels, from a split's running max m and p's row sums l_rows: each head's base-2 LSE,
+def _normalizers(m, l_sum, outs: gl.constexpr, LSE_SHIFT: gl.constexpr):
+    """For both 8-bit kernels, from a split's running max m and the sum of its p per head: each head's base-2 LSE,
     m + log2(sum) - LSE_SHIFT (-inf for an empty split), and 1 / sum in `outs`' head slice, to scale Oᵀ by."""
-    l_sum = gl.sum(l_rows, 0)
     has = l_sum > 0
     lse2 = gl.where(has, m + gl.log2(gl.where(has, l_sum, 1.0)) - LSE_SHIFT, float("-inf"))
     return lse2, gl.convert_layout(1.0 / gl.where(has, l_sum, 1.0), gl.SliceLayout(0, outs))
@@ -97,7 +96,7 @@ def _store_partials(
     from the accumulators' layout, and its LSE."""
     BLOCK_H: gl.constexpr = m.shape[0]
     outs: gl.constexpr = acc0.type.layout
-    lse2, inv = _normalizers(m, l_rows, outs, 0.0)
+    lse2, inv = _normalizers(m, gl.sum(l_rows, 0), outs, 0.0)
     o_heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, outs))
     o_cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, outs))
     mo = MidO + b * stride_mob + o_heads[None, :] * stride_moh + split * stride_mos + o_cols[:, None]
