@@ -4,14 +4,16 @@
 
 Builds an instrumented copy of mlaserve/attention/triton/mla_decode_fp8.py at run time (its source with timestamp
 stores added at phase boundaries; nothing else changes, so the kernel is today's), runs it in place of the real one
-for three default-shaped fp8 decode calls per case, and reports each phase's minimum, median and maximum over the
+for three default-shaped fp8 decode calls per case (back to back: L2 is not emptied between them, as the suite's
+timings do), and reports each phase's minimum, median and maximum over the
 CTAs of the last call, in microseconds:
   prologue       kernel start to the warp-specialized part (the barriers' set-up; until 16f3563 also the
                  queries' copy, and at 4e922b1 the ring's first copies, which the producer issues since 9e46b37)
   first_tile_cN  from there to consumer N's first scores (since 16f3563 including the queries' copy by consumer 0,
                  which on PDL waits for the query split to finish)
   loop_cN        consumer N's tile loop
-  store_cN       consumer N writing its partial result
+  store_cN       consumer N writing its partial result (since 5ac47cc: consumer 1 handing its state to consumer 0,
+                 consumer 0 waiting for it, combining and writing the CTA's one partial)
   end            each CTA's end, from the earliest CTA start
 The timestamps add a few instructions outside the tile loop; the per-tile work is unchanged.
 """
@@ -51,13 +53,13 @@ def patch(source: str, old: str, new: str) -> str:
 def instrumented_module():
     """mla_decode_fp8 with timestamp stores; stage1_fp8 takes one more argument, Times [CTAs, SLOTS_PER_CTA]."""
     source = Path(mla_decode_fp8.__file__).read_text()
-    source = patch(source, "    k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los,\n    PAGE:",
-                   "    k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los, Times,\n    PAGE:")  # fmt: skip
+    source = patch(source, "    k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los, m_l, state_ready,\n    PAGE:",
+                   "    k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los, m_l, state_ready, Times,\n    PAGE:")  # fmt: skip
     source = patch(source, "    s2 = warpgroup_mma_wait(0, deps=[s2])\n    for k in range(",
                    f"    s2 = warpgroup_mma_wait(0, deps=[s2])\n    {CTA}\n"
                    f"    gl.store(Times + cta * {SLOTS_PER_CTA} + 2 + 3 * c, {NOW})\n    for k in range(")  # fmt: skip
-    source = patch(source, "    # this consumer's ring slots are free",
-                   f"    gl.store(Times + cta * {SLOTS_PER_CTA} + 3 + 3 * c, {NOW})\n    # this consumer's ring slots are free")  # fmt: skip
+    source = patch(source, "    # This consumer's ring slots are free",
+                   f"    gl.store(Times + cta * {SLOTS_PER_CTA} + 3 + 3 * c, {NOW})\n    # This consumer's ring slots are free")  # fmt: skip
     source = patch(source, "stride_mlb, stride_mlh, P_BITS)  # fmt: skip\n",
                    "stride_mlb, stride_mlh, P_BITS)  # fmt: skip\n"
                    f"    gl.store(Times + cta * {SLOTS_PER_CTA} + 4 + 3 * c, {NOW})\n")  # fmt: skip
@@ -73,8 +75,8 @@ def instrumented_module():
     source = patch(source, "    _barrier()\n    gl.warp_specialize(",
                    f"    _barrier()\n    gl.store(Times + cta * {SLOTS_PER_CTA} + 1, {NOW})\n    gl.warp_specialize(")  # fmt: skip
     source = source.replace(
-        "p_his, p_los,\n                         PAGE,",
-        "p_his, p_los, Times,\n                         PAGE,",
+        "p_his, p_los, m_l, state_ready,\n                         PAGE,",
+        "p_his, p_los, m_l, state_ready, Times,\n                         PAGE,",
     )
     source = patch(source, "        [232, 232],\n    )  # fmt: skip\n",
                    f"        [232, 232],\n    )  # fmt: skip\n    gl.store(Times + cta * {SLOTS_PER_CTA} + 8, {NOW})\n")  # fmt: skip
