@@ -16,21 +16,21 @@ Three partitions (`gl.warp_specialize`): a producer warpgroup copies the split's
 consumer warpgroups share the queries and take the tiles in turn. At the end consumer 1 hands its running state to
 consumer 0 through shared memory (`state_ready`), which combines the two and writes the CTA's one partial. Through
 c4426da each consumer wrote its own, and stage 2 merged twice the split count; combining first halves the partials'
-traffic, and the call on an H200 was 1-4% faster (0.7-1.1 us from (8, 8,192) to (128, 2,048), scratch graph timings
-with L2 emptied before each call; the record's diagnose has the figures). An fp8 tile is half a bf16 one and the
-dots cost the same per row, so one warpgroup per CTA could not keep enough bytes in flight while it computed; here,
-while one consumer works on a tile, the other's and the next copies are in flight. Each slot has a `ready` barrier
-(the copy landed) and an `empty` one (its consumer is done with it), so the producer refills a slot exactly once it
-is free. Tiles are copied by TMA, five boxes counted on the slot's barrier; a sequence's last, partial tile by
-cp.async instead, which zero-fills the rows past its end: they can hold a freed page's bytes, NaN included, and
-p = 0 does not cancel a NaN in the values' dot. The producer, not the consumers, waits on the block table for each
-copy's row, and both consumers are workers: run in the default partition, a consumer went through its tiles
-measurably slower than the worker beside it (benchmarks/fp8_phases.py). Consumer 0 copies the query terms into
-shared memory and signals consumer 1 (`q_ready`), so the producer's first copies are in flight while the queries
-come. With PDL the kernel is launched programmatically dependent on the query split, whose programs let it start at
-once: its CTAs are placed and start copying tiles while the split runs, and the consumers wait for it
-(griddepcontrol.wait) only before reading the terms. It lets the merge launch early the same way (`_stage2` waits
-for it).
+traffic: on an H200 the call went from 56.2 to 55.2 us at (B, L) = (64, 4,096) and from 23.5 to 22.0 us at batch 1
+over 16,384 (32 splits), even with one split (results/h200-diagnose-2026-11-30-fp8dots-onepart.json against
+-fp8dots-staged.json). An fp8 tile is half a bf16 one and the dots cost the same per row, so one warpgroup per CTA
+could not keep enough bytes in flight while it computed; here, while one consumer works on a tile, the other's and
+the next copies are in flight. Each slot has a `ready` barrier (the copy landed) and an `empty` one (its consumer is
+done with it), so the producer refills a slot exactly once it is free. Tiles are copied by TMA, five boxes counted
+on the slot's barrier; a sequence's last, partial tile by cp.async instead, which zero-fills the rows past its end:
+they can hold a freed page's bytes, NaN included, and p = 0 does not cancel a NaN in the values' dot. The producer,
+not the consumers, waits on the block table for each copy's row, and both consumers are workers: run in the default
+partition, a consumer went through its tiles measurably slower than the worker beside it (benchmarks/fp8_phases.py).
+Consumer 0 copies the query terms into shared memory and signals consumer 1 (`q_ready`), so the producer's first
+copies are in flight while the queries come. With PDL the kernel is launched programmatically dependent on the query
+split, whose programs let it start at once: its CTAs are placed and start copying tiles while the split runs, and
+the consumers wait for it (griddepcontrol.wait) only before reading the terms. It lets the merge launch early the
+same way (`_stage2` waits for it).
 """
 
 import torch
