@@ -467,14 +467,14 @@ def mla_decode(
     mla_decode_wgmma8.py (default: fp8 caches without a tile or warp override; int8 only when asked).
     fp8_dots: with an fp8 cache on that Gluon path, run both dots on fp8 tensor cores instead of widening the tile
     (mla_decode_fp8.py; default: on there where fp8_dots_pay says it is faster). The query and p each go in as two
-    e4m3 terms, which keeps about bf16's precision; what remains is the fp8 tensor cores' own accumulation: on an H200, at four shapes, the LSE
-    came within 1.4e-3 of the torch reference over the dequantized cache (the widening kernel: 2e-6) and outputs
-    within 4.4e-3 (widening: 4.0e-3), where the cache's own fp8 rounding moved that reference by 3e-3 to 3e-2 in
-    LSE (results/h200-diagnose-2026-11-30-fp8dots-ws.json). pdl: on that fp8-dot path, launch the split step and the
-    merge with programmatic dependent launch, each behind the kernel before it, so they are placed and start while
-    it runs (default on). The other paths launch plainly: the merge on PDL behind the bf16 kernel was no faster at
-    the memory-bound shapes and 1.5-3% slower at batch 32 with short contexts (results/h200-diagnose-2026-11-30-
-    options.json).
+    e4m3 terms, which keeps about bf16's precision; what remains is the fp8 tensor cores' own accumulation: on an
+    H200, at four shapes, the LSE came within 1.4e-3 of the torch reference over the dequantized cache (the widening
+    kernel: 2e-6) and outputs within 4.4e-3 (widening: 4.0e-3), where the cache's own fp8 rounding moved that
+    reference by 3e-3 to 3e-2 in LSE (results/h200-diagnose-2026-11-30-fp8dots-ws.json). pdl: on that fp8-dot path,
+    launch the split step and the merge with programmatic dependent launch, each behind the kernel before it, so
+    they are placed and start while it runs (default on). The other paths launch plainly: the merge on PDL behind
+    the bf16 kernel was no faster at the memory-bound shapes and 1.5-3% slower at batch 32 with short contexts
+    (results/h200-diagnose-2026-11-30-options.json).
     widen_bits: 8-bit caches with fp16 dots, widen the tiles by integer operations
     instead of conversion instructions (default: on wherever it applies; exact for every byte, and on an H200 5-7%
     faster for fp8 and 11-12% for int8 at the memory-bound shapes, results/h200-diagnose-2026-11-30-widen.json).
