@@ -558,6 +558,22 @@ def fp8_dots() -> dict:
     return eight_bit_variants(cases, variants, caches=("fp8_e4m3",))
 
 
+def fp8_splits() -> dict:
+    """The fp8-dot kernel at other split counts than fp8_dot_splits picks (about one CTA per SM): more CTAs than SMs
+    run in waves, and the block scheduler gives the later ones to whichever SMs finish first, which could even out
+    the SMs' unequal bandwidth (the per-CTA timestamps show CTAs of equal work ending over a 4.5 us spread,
+    results/h200-fp8-phases-2026-11-30-onepart.json)."""
+    rows = []
+    for case, counts in (
+        ((64, 4096, 4096), (2, 3, 4, 8)),
+        ((128, 8192, 8192), (1, 2, 3)),
+        ((32, 2048, 8192), (4, 8)),
+    ):
+        variants = [{"fp8_dots": True, "num_splits": n} for n in counts]
+        rows += eight_bit_variants([case], variants, caches=("fp8_e4m3",))["rows"]
+    return {"rows": rows}
+
+
 def fp8_rule() -> dict:
     """Where the fp8-dot kernel should take over from the widening one by default (decode_plan's rule): both kernels
     at contexts whose split gives each CTA 4, 8, 12 and 16 tiles (fp8_dot_splits on 132 SMs), from batch 1 to 128;
@@ -968,6 +984,7 @@ def main() -> None:
                 "wgmma8": wgmma8,
                 "fp8_dots": fp8_dots,
                 "fp8_rule": fp8_rule,
+                "fp8_splits": fp8_splits,
                 "widen_bits": widen_bits,
                 "decode_breakdown": decode_breakdown,
                 "fp8_breakdown": fp8_breakdown,
