@@ -249,7 +249,9 @@ def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms
 
 def fp8_dot_splits(batch: int, head_groups: int, max_len: int, sms: int) -> int:
     """Splits for the fp8-dot kernel (mla_decode_fp8.py): its CTA takes a whole SM (shared memory), so about one
-    per SM, each with at least 8 tiles of 64 rows (4 per warpgroup); at most 32."""
+    per SM, each with at least 8 tiles of 64 rows (4 per warpgroup); at most 32. More, in waves, were slower at every
+    shape timed on an H200: 54.6 us at (B, L) = (64, 4,096) with 2 splits, 63.9-77.7 us with 3, 4 or 8
+    (results/h200-diagnose-2026-11-30-fp8-splits.json)."""
     most = max(1, min(math.ceil(max_len / (8 * 64)), 32))
     return max(1, min(most, round(sms / max(batch * head_groups, 1))))
 
