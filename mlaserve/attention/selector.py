@@ -33,7 +33,7 @@ def select_backend(device: torch.device, requested: str | None = None) -> Attent
             hopper = torch.cuda.get_device_capability(device) == (9, 0)
             logger.info(
                 "attention backend: triton_mla (CUDA: Triton paged MLA decode%s; SDPA prefill and GQA decode)",
-                ", its split step in Gluon on sm_90: wgmma at 64+ heads, fp8 tensor cores for fp8 caches over long splits"
+                ", its split step in Gluon on sm_90: wgmma at 64+ heads, fp8 tensor cores for fp8 caches where they pay"
                 if hopper
                 else "",
             )

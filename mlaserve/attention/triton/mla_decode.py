@@ -494,9 +494,8 @@ def mla_decode(
     page = kv_cache.shape[1]
     d_rope = q_pe.shape[-1]
     row = kv_cache.shape[-1]  # width, or width + a 16-byte scale tail for 8-bit rows
-    partials = num_splits  # one partial result per split
-    mid_o = torch.empty(batch, heads, partials, kv_lora_rank, dtype=partial_dtype, device=q.device)
-    mid_lse = torch.empty(batch, heads, partials, dtype=torch.float32, device=q.device)
+    mid_o = torch.empty(batch, heads, num_splits, kv_lora_rank, dtype=partial_dtype, device=q.device)
+    mid_lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
     kv = kv_cache.view(-1, row)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     tensors = (kv, block_table, seq_lens, mid_o, mid_lse)
@@ -545,7 +544,7 @@ def mla_decode(
         mid_o, mid_lse, out, lse,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1), lse.stride(0),
-        partials, D_LAT=kv_lora_rank, BLOCK_S=triton.next_power_of_2(partials), PDL=merge_pdl,
+        num_splits, D_LAT=kv_lora_rank, BLOCK_S=triton.next_power_of_2(num_splits), PDL=merge_pdl,
         **({"launch_pdl": True} if merge_pdl else {}),
     )  # fmt: skip
     return out, lse
