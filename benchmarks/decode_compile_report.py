@@ -49,6 +49,7 @@ FLOATS = {"scale_log2"}
 TENSOR_DESCS = {
     "DescLat": "tensordesc<fp8e4nv[64, 128],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)>",
     "DescPe": "tensordesc<fp8e4nv[64, 64],NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)>",
+    "DescTail": "tensordesc<fp8e4nv[64, 16],NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)>",
 }
 
 # (name, cache, constexpr overrides, num_warps, num_stages): today's six defaults first, then variants. Cache

@@ -68,6 +68,9 @@ _PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinter
 # Tiles in the ring: two per warpgroup (one worked on, one in flight). An even count gives each slot one consumer;
 # six do not fit in shared memory beside the queries.
 SLOTS = gl.constexpr(4)
+# Each row's 16-byte tail (its float32 scale, then padding) comes with the tile, unswizzled: row r at byte 16 * r.
+TAIL = gl.constexpr(16)
+TAIL_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2))
 P_BITS = gl.constexpr(8.0)  # p goes in as p * 2^8 <= 256: e4m3 keeps 3 mantissa bits from 2^-6 up to 448
 
 
@@ -118,14 +121,25 @@ def _load_queries8(Terms, b, head0, num_heads, q_s, qpe_s, D_LAT: gl.constexpr, 
 
 
 @gluon.jit
-def _row_scales(KV, BlockTable, b, n0, end, stride_kv, stride_bt, PAGE: gl.constexpr, OFFSET: gl.constexpr,
-                BLOCK_N: gl.constexpr, layout: gl.constexpr):  # fmt: skip
-    """The fp8 row scales of rows n0 .. n0 + BLOCK_N (1 past `end`), in `layout` (a row slice)."""
-    pos = n0 + gl.arange(0, BLOCK_N, layout=layout)
-    ok = pos < end
-    page = gl.load(BlockTable + b * stride_bt + n0 // PAGE, mask=n0 < end, other=0).to(gl.int64)
-    scale = (KV + (page * PAGE + pos % PAGE) * stride_kv + OFFSET).to(gl.pointer_type(gl.float32))
-    return gl.load(scale, mask=ok, other=1.0)
+def _slot_scales(tails, layout: gl.constexpr):
+    """The row scales of a tile from its tails in shared memory ([rows, 16] bytes, each row's float32 scale first), as
+    one float per row in `layout`, the scores' row slice: each thread reads the scales of its own two rows."""
+    BLOCK_N: gl.constexpr = tails.shape[0]
+    f32: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    if _PUBLIC_REINTERPRET:
+        words = tails.reinterpret(gl.float32, [BLOCK_N, TAIL // 4], f32)
+    else:
+        words = tails._reinterpret(gl.float32, [BLOCK_N, TAIL // 4], f32)
+    # The rows of the scores' layout (16 per warp, lane // 4 and 8 more per thread), the four lanes of a row alike.
+    rows: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[8, 0]],
+        lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16, 0], [32, 0]],
+        block_bases=[],
+        shape=[BLOCK_N, 1],
+    )
+    scale = words.slice(0, 1, dim=1).load(rows)
+    return gl.convert_layout(gl.sum(scale, 1), layout)  # the same registers: no data moves
 
 
 @gluon.jit
@@ -184,39 +198,48 @@ def _values(v8, p_hi, p_lo, acc, alpha, a_layout: gl.constexpr):
     return warpgroup_mma(a, p_lo.permute((1, 0)), acc, is_async=True)
 
 
-def tma_descriptors(kv: torch.Tensor, d_rope: int) -> tuple[TensorDescriptor, TensorDescriptor]:
-    """TMA descriptors over the fp8 cache's rows kv [rows, width] (d_lat + d_rope values, then the row scale) for
-    stage1_fp8: boxes of 64 rows by CHUNK latent columns, and 64 rows by the rope part."""
+def tma_descriptors(
+    kv: torch.Tensor, d_rope: int
+) -> tuple[TensorDescriptor, TensorDescriptor, TensorDescriptor]:
+    """TMA descriptors over the fp8 cache's rows kv [rows, width] (d_lat + d_rope values, then the 16-byte tail that
+    starts with the row scale) for stage1_fp8: boxes of 64 rows by CHUNK latent columns, 64 rows by the rope part,
+    and 64 rows by the tail."""
     shape, strides = list(kv.shape), [kv.stride(0), 1]
     lat = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     rope = gl.NVMMASharedLayout(swizzle_byte_width=min(d_rope, 128), element_bitwidth=8, rank=2)
     return (
         TensorDescriptor(kv, shape, strides, [64, CHUNK.value], lat),
         TensorDescriptor(kv, shape, strides, [64, d_rope], rope),
+        TensorDescriptor(kv, shape, strides, [64, TAIL.value], TAIL_SMEM.value),
     )
 
 
 @gluon.jit
-def _fill(slot_k, slot_pe, bar, DescLat, DescPe, KV, BlockTable, b, n0, end, stride_kv, stride_bt, go,
-          PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_N: gl.constexpr,
+def _fill(slot_k, slot_pe, slot_tail, bar, DescLat, DescPe, DescTail, KV, BlockTable, b, n0, end, page, stride_kv,
+          stride_bt, PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_N: gl.constexpr,
           rows: gl.constexpr):  # fmt: skip
-    """If `go`, start copying rows n0 .. n0 + BLOCK_N of sequence b into a ring slot; its barrier `bar` (count 1)
-    completes when they have landed. Called by one warpgroup (128 threads, `rows`)."""
-    page = gl.load(BlockTable + b * stride_bt + n0 // PAGE, mask=n0 < end, other=0)
+    """Start copying rows n0 .. n0 + BLOCK_N of sequence b, which lie in cache page `page`, into a ring slot; its
+    barrier `bar` (count 1) completes when they have landed. Called by one warpgroup (128 threads, `rows`)."""
     if n0 + BLOCK_N > end:  # the sequence's last tile: cp.async zero-fills the rows past its end
-        if go:
-            _copy_tile(slot_k, slot_pe, KV, BlockTable, b, n0, end, stride_kv, stride_bt,
-                       PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
-            # counted as pending now, it arrives once this thread's copies have landed
-            async_copy.mbarrier_arrive(bar)
-            _barrier()  # ... for every thread, before the one arrival that completes the phase
-            mbarrier.arrive(bar)
+        _copy_tile(slot_k, slot_pe, KV, BlockTable, b, n0, end, stride_kv, stride_bt,
+                   PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
+        tails: gl.constexpr = gl.BlockedLayout([1, TAIL], [32, 1], [4, 1], [1, 0])  # a 16-byte copy per row
+        pos = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, tails))
+        tail = KV + (page.to(gl.int64) * PAGE + pos % PAGE) * stride_kv + D_LAT + D_ROPE
+        cols = gl.arange(0, TAIL, layout=gl.SliceLayout(0, tails))
+        _async_load(slot_tail, tail[:, None] + cols[None, :], mask=(pos < end)[:, None])
+        async_copy.commit_group()
+        # counted as pending now, it arrives once this thread's copies have landed
+        async_copy.mbarrier_arrive(bar)
+        _barrier()  # ... for every thread, before the one arrival that completes the phase
+        mbarrier.arrive(bar)
     else:
         row = page * PAGE + n0 % PAGE
-        mbarrier.expect(bar, BLOCK_N * (D_LAT + D_ROPE), pred=go)
+        mbarrier.expect(bar, BLOCK_N * (D_LAT + D_ROPE + TAIL))
         for c in gl.static_range(D_LAT // CHUNK):
-            _tma_load(DescLat, [row, c * CHUNK], bar, slot_k.slice(c * CHUNK, CHUNK, dim=1), pred=go)
-        _tma_load(DescPe, [row, D_LAT], bar, slot_pe, pred=go)
+            _tma_load(DescLat, [row, c * CHUNK], bar, slot_k.slice(c * CHUNK, CHUNK, dim=1))
+        _tma_load(DescPe, [row, D_LAT], bar, slot_pe)
+        _tma_load(DescTail, [row, D_LAT + D_ROPE], bar, slot_tail)
 
 
 @gluon.jit
@@ -237,30 +260,39 @@ def _scores(
 
 
 @gluon.jit
-def _producer(KV, DescLat, DescPe, BlockTable, SeqLens, stride_kv, stride_bt, num_splits, k_ring, pe_ring, ready, empty,
-              PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
+def _producer(KV, DescLat, DescPe, DescTail, BlockTable, SeqLens, stride_kv, stride_bt, num_splits, k_ring, pe_ring,
+              tail_ring, ready, empty, PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr,
+              BLOCK_N: gl.constexpr):  # fmt: skip
     """Copy the split's tiles into the ring in order, each once its slot's consumer has released the tile SLOTS before.
-    Runs in the default partition with few registers: it only addresses the copies."""
+    Runs in the default partition with few registers: it only addresses the copies. Each tile's block-table entry is
+    read one tile ahead, before the wait for its slot, so the lookup's latency is not between the slot's release and
+    the copy's start."""
     SLOTS: gl.constexpr = k_ring.shape[0]
     rows: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16-byte copies
     b = gl.program_id(0)
     split = gl.program_id(2)
     start, end = _split_range(SeqLens, b, split, num_splits, BLOCK_N)
     tiles = gl.cdiv(end - start, BLOCK_N)
+    pages = BlockTable + b * stride_bt
+    page = gl.load(pages + start // PAGE, mask=start < end, other=0)
     for t in range(tiles):
         slot = t % SLOTS
+        n0 = start + t * BLOCK_N
+        next_page = gl.load(pages + (n0 + BLOCK_N) // PAGE, mask=n0 + BLOCK_N < end, other=0)
         mbarrier.wait(empty.index(slot), ((t // SLOTS) & 1) ^ 1)  # a fresh barrier passes parity 1 at once
-        _fill(k_ring.index(slot), pe_ring.index(slot), ready.index(slot), DescLat, DescPe, KV, BlockTable, b,
-              start + t * BLOCK_N, end, stride_kv, stride_bt, t < tiles, PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
+        _fill(k_ring.index(slot), pe_ring.index(slot), tail_ring.index(slot), ready.index(slot), DescLat, DescPe,
+              DescTail, KV, BlockTable, b, n0, end, page, stride_kv, stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N,
+              rows)  # fmt: skip
+        page = next_page
 
 
 @gluon.jit
 def _consumer(
     c: gl.constexpr,
-    Terms, Scales, q_ready, KV, BlockTable, SeqLens, MidO, MidLse,
-    stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
+    Terms, Scales, q_ready, SeqLens, MidO, MidLse,
+    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
     num_heads, scale_log2, num_splits,
-    k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los, m_l, state_ready,
+    k_ring, pe_ring, tail_ring, ready, empty, q_s, qpe_s, p_his, p_los, m_l, state_ready,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
     PDL: gl.constexpr,
 ):  # fmt: skip
@@ -302,17 +334,14 @@ def _consumer(
     n_idx = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, scores))
 
     acc0, acc1, acc2, acc3, m, l_rows = _empty_state(outs, scores, BLOCK_N)
-    row_scale = _row_scales(KV, BlockTable, b, start + c * BLOCK_N, end, stride_kv, stride_bt, PAGE,
-                            D_LAT + D_ROPE, BLOCK_N, gl.SliceLayout(1, scores))  # fmt: skip
     s2 = _scores(k_ring, pe_ring, ready, q_s, qpe_s, c, start, end, tiles, both, BLOCK_N)
     s2 = warpgroup_mma_wait(0, deps=[s2])
     for k in range(gl.cdiv(tiles - c, 2)):
         t = c + 2 * k
         n0 = start + t * BLOCK_N
         slot = t % SLOTS
-        scale_i = row_scale
-        row_scale = _row_scales(KV, BlockTable, b, n0 + 2 * BLOCK_N, end, stride_kv, stride_bt, PAGE,
-                                D_LAT + D_ROPE, BLOCK_N, gl.SliceLayout(1, scores))  # fmt: skip
+        # the row scales came with the tile (the scores' wait covered them)
+        scale_i = _slot_scales(tail_ring.index(slot), gl.SliceLayout(1, scores))
         k8 = k_ring.index(slot)
         s_hi, s_lo = gl.split(gl.permute(gl.reshape(s2, [BLOCK_N, 2, BLOCK_H]), (0, 2, 1)))
         s = (
@@ -385,15 +414,15 @@ def _consumer(
 
 @gluon.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits"])
 def stage1_fp8(
-    Terms, Scales, KV, DescLat, DescPe, BlockTable, SeqLens, MidO, MidLse,
+    Terms, Scales, KV, DescLat, DescPe, DescTail, BlockTable, SeqLens, MidO, MidLse,
     stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
     num_heads, scale_log2, num_splits,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
     PDL: gl.constexpr,
 ):  # fmt: skip
     # Launched with 4 warps (the producer; the consumers are 4-warp workers), BLOCK_H = 16 heads, BLOCK_N = 64
-    # rows, D_LAT = 4 * CHUNK, PAGE % 64 == 0. DescLat / DescPe: TMA descriptors over the cache's rows with boxes of
-    # [64, CHUNK] and [64, D_ROPE]. Partial output `split` is this CTA's.
+    # rows, D_LAT = 4 * CHUNK, PAGE % 64 == 0. DescLat / DescPe / DescTail: TMA descriptors over the cache's rows with
+    # boxes of [64, CHUNK], [64, D_ROPE] and [64, TAIL] (tma_descriptors). Partial output `split` is this CTA's.
     if PDL:  # the merge may be placed beside this grid's last CTAs, where it waits for them
         _launch_dependents()
     gl.static_assert(D_LAT == 4 * CHUNK)
@@ -406,6 +435,7 @@ def stage1_fp8(
 
     k_ring = gl.allocate_shared_memory(gl.float8e4nv, [SLOTS, BLOCK_N, D_LAT], lat_smem)
     pe_ring = gl.allocate_shared_memory(gl.float8e4nv, [SLOTS, BLOCK_N, D_ROPE], pe_smem)
+    tail_ring = gl.allocate_shared_memory(gl.float8e4nv, [SLOTS, BLOCK_N, TAIL], TAIL_SMEM)
     ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
     q_s = gl.allocate_shared_memory(gl.float8e4nv, [2 * BLOCK_H, D_LAT], lat_smem)
@@ -424,16 +454,16 @@ def stage1_fp8(
     _barrier()
     gl.warp_specialize(
         [
-            (_producer, (KV, DescLat, DescPe, BlockTable, SeqLens, stride_kv, stride_bt, num_splits, k_ring, pe_ring,
-                         ready, empty, PAGE, D_LAT, D_ROPE, BLOCK_N)),
-            (_consumer, (0, Terms, Scales, q_ready, KV, BlockTable, SeqLens, MidO, MidLse, stride_kv, stride_bt,
-                         stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, num_heads, scale_log2,
-                         num_splits, k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los, m_l, state_ready,
-                         PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N, PDL)),
-            (_consumer, (1, Terms, Scales, q_ready, KV, BlockTable, SeqLens, MidO, MidLse, stride_kv, stride_bt,
-                         stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, num_heads, scale_log2,
-                         num_splits, k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los, m_l, state_ready,
-                         PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N, PDL)),
+            (_producer, (KV, DescLat, DescPe, DescTail, BlockTable, SeqLens, stride_kv, stride_bt, num_splits, k_ring,
+                         pe_ring, tail_ring, ready, empty, PAGE, D_LAT, D_ROPE, BLOCK_N)),
+            (_consumer, (0, Terms, Scales, q_ready, SeqLens, MidO, MidLse, stride_mob, stride_moh, stride_mos,
+                         stride_mlb, stride_mlh, num_heads, scale_log2, num_splits, k_ring, pe_ring, tail_ring,
+                         ready, empty, q_s, qpe_s, p_his, p_los, m_l, state_ready, PAGE, D_LAT, D_ROPE, BLOCK_H,
+                         BLOCK_N, PDL)),
+            (_consumer, (1, Terms, Scales, q_ready, SeqLens, MidO, MidLse, stride_mob, stride_moh, stride_mos,
+                         stride_mlb, stride_mlh, num_heads, scale_log2, num_splits, k_ring, pe_ring, tail_ring,
+                         ready, empty, q_s, qpe_s, p_his, p_los, m_l, state_ready, PAGE, D_LAT, D_ROPE, BLOCK_H,
+                         BLOCK_N, PDL)),
         ],
         [4, 4],
         [232, 232],
