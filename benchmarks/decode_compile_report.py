@@ -47,7 +47,7 @@ POINTERS = {
 FLOATS = {"scale_log2"}
 # The fp8-dot kernel's TMA descriptors (mla_decode_fp8.tma_descriptors) over a 576-wide fp8 latent row
 TENSOR_DESCS = {
-    "DescLat": "tensordesc<fp8e4nv[64, 128],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)>",
+    "DescLat": "tensordesc<fp8e4nv[4, 64, 128],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=3)>",
     "DescPe": "tensordesc<fp8e4nv[64, 64],NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)>",
     "DescTail": "tensordesc<fp8e4nv[64, 16],NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)>",
 }

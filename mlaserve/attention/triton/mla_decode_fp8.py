@@ -68,6 +68,9 @@ _PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinter
 # Tiles in the ring: two per warpgroup (one worked on, one in flight). An even count gives each slot one consumer;
 # six do not fit in shared memory beside the queries.
 SLOTS = gl.constexpr(4)
+# A tile's latent part as TMA copies it: [LAT_CHUNKS, rows, CHUNK], chunk by chunk.
+LAT_CHUNKS = gl.constexpr(4)
+LAT_SMEM3 = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=3))
 # Each row's 16-byte tail (its float32 scale, then padding) comes with the tile, unswizzled: row r at byte 16 * r.
 TAIL = gl.constexpr(16)
 TAIL_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2))
@@ -202,13 +205,22 @@ def tma_descriptors(
     kv: torch.Tensor, d_rope: int
 ) -> tuple[TensorDescriptor, TensorDescriptor, TensorDescriptor]:
     """TMA descriptors over the fp8 cache's rows kv [rows, width] (d_lat + d_rope values, then the 16-byte tail that
-    starts with the row scale) for stage1_fp8: boxes of 64 rows by CHUNK latent columns, 64 rows by the rope part,
-    and 64 rows by the tail."""
+    starts with the row scale) for stage1_fp8: the latent part as [chunks, rows, CHUNK] (d_lat / CHUNK column
+    chunks, each its own dimension) in boxes of [chunks, 64, CHUNK], and boxes of 64 rows by the rope part and by the
+    tail. One box copies a tile's latent part in the layout that four [64, CHUNK] boxes give it (the 128-byte
+    swizzle keeps each chunk of CHUNK columns whole, one after another), with one copy instruction and none of the
+    barriers the compiler puts between copies into one buffer."""
     shape, strides = list(kv.shape), [kv.stride(0), 1]
-    lat = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    chunks = LAT_CHUNKS.value
     rope = gl.NVMMASharedLayout(swizzle_byte_width=min(d_rope, 128), element_bitwidth=8, rank=2)
     return (
-        TensorDescriptor(kv, shape, strides, [64, CHUNK.value], lat),
+        TensorDescriptor(
+            kv,
+            [chunks, shape[0], CHUNK.value],
+            [CHUNK.value, strides[0], 1],
+            [chunks, 64, CHUNK.value],
+            LAT_SMEM3.value,
+        ),
         TensorDescriptor(kv, shape, strides, [64, d_rope], rope),
         TensorDescriptor(kv, shape, strides, [64, TAIL.value], TAIL_SMEM.value),
     )
@@ -236,8 +248,11 @@ def _fill(slot_k, slot_pe, slot_tail, bar, DescLat, DescPe, DescTail, KV, BlockT
     else:
         row = page * PAGE + n0 % PAGE
         mbarrier.expect(bar, BLOCK_N * (D_LAT + D_ROPE + TAIL))
-        for c in gl.static_range(D_LAT // CHUNK):
-            _tma_load(DescLat, [row, c * CHUNK], bar, slot_k.slice(c * CHUNK, CHUNK, dim=1))
+        if _PUBLIC_REINTERPRET:
+            chunks = slot_k.reinterpret(gl.float8e4nv, [LAT_CHUNKS, BLOCK_N, CHUNK], LAT_SMEM3)
+        else:
+            chunks = slot_k._reinterpret(gl.float8e4nv, [LAT_CHUNKS, BLOCK_N, CHUNK], LAT_SMEM3)
+        _tma_load(DescLat, [0, row, 0], bar, chunks)
         _tma_load(DescPe, [row, D_LAT], bar, slot_pe)
         _tma_load(DescTail, [row, D_LAT + D_ROPE], bar, slot_tail)
 
@@ -421,11 +436,12 @@ def stage1_fp8(
     PDL: gl.constexpr,
 ):  # fmt: skip
     # Launched with 4 warps (the producer; the consumers are 4-warp workers), BLOCK_H = 16 heads, BLOCK_N = 64
-    # rows, D_LAT = 4 * CHUNK, PAGE % 64 == 0. DescLat / DescPe / DescTail: TMA descriptors over the cache's rows with
-    # boxes of [64, CHUNK], [64, D_ROPE] and [64, TAIL] (tma_descriptors). Partial output `split` is this CTA's.
+    # rows, D_LAT = 4 * CHUNK, PAGE % 64 == 0. DescLat / DescPe / DescTail: TMA descriptors over the cache's rows
+    # with boxes of [LAT_CHUNKS, 64, CHUNK], [64, D_ROPE] and [64, TAIL] (tma_descriptors). Partial output `split`
+    # is this CTA's.
     if PDL:  # the merge may be placed beside this grid's last CTAs, where it waits for them
         _launch_dependents()
-    gl.static_assert(D_LAT == 4 * CHUNK)
+    gl.static_assert(D_LAT == LAT_CHUNKS * CHUNK)
     gl.static_assert(BLOCK_N == 64)
     lat_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     pe_smem: gl.constexpr = gl.NVMMASharedLayout(
