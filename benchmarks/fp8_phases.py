@@ -44,8 +44,8 @@ SLOTS_PER_CTA = (
 )
 
 
-def patch(source: str, old: str, new: str) -> str:
-    if source.count(old) != 1:
+def patch(source: str, old: str, new: str, count: int = 1) -> str:
+    if source.count(old) != count:
         raise SystemExit(f"fp8_phases: the kernel's source changed; no unique anchor {old.strip()[:60]!r}")
     return source.replace(old, new)
 
@@ -53,8 +53,11 @@ def patch(source: str, old: str, new: str) -> str:
 def instrumented_module():
     """mla_decode_fp8 with timestamp stores; stage1_fp8 takes one more argument, Times [CTAs, SLOTS_PER_CTA]."""
     source = Path(mla_decode_fp8.__file__).read_text()
-    source = patch(source, "    k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los, m_l, state_ready,\n    PAGE:",
-                   "    k_ring, pe_ring, ready, empty, q_s, qpe_s, p_his, p_los, m_l, state_ready, Times,\n    PAGE:")  # fmt: skip
+    source = patch(
+        source,
+        "p_his, p_los, m_l, state_ready,\n    PAGE:",
+        "p_his, p_los, m_l, state_ready, Times,\n    PAGE:",
+    )
     source = patch(source, "    s2 = warpgroup_mma_wait(0, deps=[s2])\n    for k in range(",
                    f"    s2 = warpgroup_mma_wait(0, deps=[s2])\n    {CTA}\n"
                    f"    gl.store(Times + cta * {SLOTS_PER_CTA} + 2 + 3 * c, {NOW})\n    for k in range(")  # fmt: skip
@@ -74,10 +77,7 @@ def instrumented_module():
                    f"    gl.store(Times + cta * {SLOTS_PER_CTA} + 9, sm.to(gl.int64))\n    # Launched")  # fmt: skip
     source = patch(source, "    _barrier()\n    gl.warp_specialize(",
                    f"    _barrier()\n    gl.store(Times + cta * {SLOTS_PER_CTA} + 1, {NOW})\n    gl.warp_specialize(")  # fmt: skip
-    source = source.replace(
-        "p_his, p_los, m_l, state_ready,\n                         PAGE,",
-        "p_his, p_los, m_l, state_ready, Times,\n                         PAGE,",
-    )
+    source = patch(source, "m_l, state_ready, PAGE, D_LAT,", "m_l, state_ready, Times, PAGE, D_LAT,", count=2)
     source = patch(source, "        [232, 232],\n    )  # fmt: skip\n",
                    f"        [232, 232],\n    )  # fmt: skip\n    gl.store(Times + cta * {SLOTS_PER_CTA} + 8, {NOW})\n")  # fmt: skip
     path = Path(os.environ.get("TMPDIR", "/tmp")) / "mlaserve_fp8_phases.py"
