@@ -21,11 +21,17 @@ over 16,384 (32 splits), even with one split (results/h200-diagnose-2026-11-30-f
 -fp8dots-staged.json). An fp8 tile is half a bf16 one and the dots cost the same per row, so one warpgroup per CTA
 could not keep enough bytes in flight while it computed; here, while one consumer works on a tile, the other's and
 the next copies are in flight. Each slot has a `ready` barrier (the copy landed) and an `empty` one (its consumer is
-done with it), so the producer refills a slot exactly once it is free. Tiles are copied by TMA, five boxes counted
-on the slot's barrier; a sequence's last, partial tile by cp.async instead, which zero-fills the rows past its end:
-they can hold a freed page's bytes, NaN included, and p = 0 does not cancel a NaN in the values' dot. The producer,
-not the consumers, waits on the block table for each copy's row, and both consumers are workers: run in the default
-partition, a consumer went through its tiles measurably slower than the worker beside it (benchmarks/fp8_phases.py).
+done with it), so the producer refills a slot exactly once it is free. Tiles are copied by TMA, three boxes counted
+on the slot's barrier (the latent part, the rope part, and the rows' 16-byte tails, whose row scales the consumers
+then read from the slot); a sequence's last, partial tile by cp.async instead, which zero-fills the rows past its
+end: they can hold a freed page's bytes, NaN included, and p = 0 does not cancel a NaN in the values' dot. The
+producer, not the consumers, reads the block table, one tile ahead, and both consumers are workers: run in the
+default partition, a consumer went through its tiles measurably slower than the worker beside it
+(benchmarks/fp8_phases.py). Until 8e356fd each consumer loaded its next tile's row scales from global memory behind
+a block-table lookup of its own, and the producer looked up each tile's page after its slot came free; with the
+tails copied and the lookups ahead (and the latent part in one box) the call went from 55.2 to 53.2 us at (64,
+4,096) and from 183.1 to 173.8 us at (128, 8,192) (results/h200-diagnose-2026-11-30-fp8dots-tails.json against
+-fp8dots-onepart.json).
 Consumer 0 copies the query terms into shared memory and signals consumer 1 (`q_ready`), so the producer's first
 copies are in flight while the queries come. With PDL the kernel is launched programmatically dependent on the query
 split, whose programs let it start at once: its CTAs are placed and start copying tiles while the split runs, and
