@@ -54,6 +54,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from mlaserve.attention.triton.mla_decode_wgmma import _async_load, _barrier, _copy_tile, _split_range
 from mlaserve.attention.triton.mla_decode_wgmma8 import CHUNK, _empty_state, _normalizers, _store_lse
+from mlaserve.kvcache.quant import TAIL_BYTES
 
 # A chunk of the value tile as read from shared memory: [rows, 128 latent columns], each thread's registers holding
 # 4 adjacent columns (one 32-bit load) of 16 rows. `_value_operand` relabels the columns so this is exactly the
@@ -69,7 +70,7 @@ V_CHUNK = gl.constexpr(
 )
 # Triton 3.6 calls the TMA copy async_copy_global_to_shared, 3.9 async_load.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-# ... and a shared-memory view as another dtype _reinterpret, 3.9 reinterpret
+# ... and a shared-memory view as another dtype _reinterpret, 3.9 reinterpret (`_view_as`)
 _PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 # Tiles in the ring: two per warpgroup (one worked on, one in flight). An even count gives each slot one consumer;
 # six do not fit in shared memory beside the queries.
@@ -78,9 +79,18 @@ SLOTS = gl.constexpr(4)
 LAT_CHUNKS = gl.constexpr(4)
 LAT_SMEM3 = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=3))
 # Each row's 16-byte tail (its float32 scale, then padding) comes with the tile, unswizzled: row r at byte 16 * r.
-TAIL = gl.constexpr(16)
+TAIL = gl.constexpr(TAIL_BYTES)
 TAIL_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2))
 P_BITS = gl.constexpr(8.0)  # p goes in as p * 2^8 <= 256: e4m3 keeps 3 mantissa bits from 2^-6 up to 448
+
+
+@gluon.jit
+def _view_as(smem, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+    """The shared memory `smem` viewed as `dtype` in `shape` and `layout`, under either Triton's name for it."""
+    if _PUBLIC_REINTERPRET:
+        return smem.reinterpret(dtype, shape, layout)
+    else:
+        return smem._reinterpret(dtype, shape, layout)
 
 
 @gluon.jit
@@ -135,10 +145,7 @@ def _slot_scales(tails, layout: gl.constexpr):
     one float per row in `layout`, the scores' row slice: each thread reads the scales of its own two rows."""
     BLOCK_N: gl.constexpr = tails.shape[0]
     f32: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    if _PUBLIC_REINTERPRET:
-        words = tails.reinterpret(gl.float32, [BLOCK_N, TAIL // 4], f32)
-    else:
-        words = tails._reinterpret(gl.float32, [BLOCK_N, TAIL // 4], f32)
+    words = _view_as(tails, gl.float32, [BLOCK_N, TAIL // 4], f32)
     # The rows of the scores' layout (16 per warp, lane // 4 and 8 more per thread), the four lanes of a row alike.
     rows: gl.constexpr = gl.DistributedLinearLayout(
         reg_bases=[[8, 0]],
@@ -254,10 +261,7 @@ def _fill(slot_k, slot_pe, slot_tail, bar, DescLat, DescPe, DescTail, KV, BlockT
     else:
         row = page * PAGE + n0 % PAGE
         mbarrier.expect(bar, BLOCK_N * (D_LAT + D_ROPE + TAIL))
-        if _PUBLIC_REINTERPRET:
-            chunks = slot_k.reinterpret(gl.float8e4nv, [LAT_CHUNKS, BLOCK_N, CHUNK], LAT_SMEM3)
-        else:
-            chunks = slot_k._reinterpret(gl.float8e4nv, [LAT_CHUNKS, BLOCK_N, CHUNK], LAT_SMEM3)
+        chunks = _view_as(slot_k, gl.float8e4nv, [LAT_CHUNKS, BLOCK_N, CHUNK], LAT_SMEM3)
         _tma_load(DescLat, [0, row, 0], bar, chunks)
         _tma_load(DescPe, [row, D_LAT], bar, slot_pe)
         _tma_load(DescTail, [row, D_LAT + D_ROPE], bar, slot_tail)
@@ -399,12 +403,8 @@ def _consumer(
     # through one of them, and consumer 0 writes the CTA's one partial through another.
     l_sum = gl.sum(l_rows, 0)
     f32: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
-    if _PUBLIC_REINTERPRET:
-        state = k_ring.index(1).reinterpret(gl.float32, [4 * CHUNK, BLOCK_H], f32)
-        stage = k_ring.index(0).reinterpret(gl.float32, [BLOCK_H, D_LAT], f32)
-    else:
-        state = k_ring.index(1)._reinterpret(gl.float32, [4 * CHUNK, BLOCK_H], f32)
-        stage = k_ring.index(0)._reinterpret(gl.float32, [BLOCK_H, D_LAT], f32)
+    state = _view_as(k_ring.index(1), gl.float32, [4 * CHUNK, BLOCK_H], f32)
+    stage = _view_as(k_ring.index(0), gl.float32, [BLOCK_H, D_LAT], f32)
     if c == 1:
         state.slice(0 * CHUNK, CHUNK, dim=0).store(acc0)
         state.slice(1 * CHUNK, CHUNK, dim=0).store(acc1)
