@@ -31,3 +31,6 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: dict | None = None
+    # With SamplingParams(prompt_logprobs=k): one dict per prompt token (its own id first, then the top k), the
+    # first None (nothing precedes it), as vLLM returns them.
+    prompt_logprobs: list[dict[int, float] | None] | None = None

@@ -103,13 +103,36 @@ def save_word_tokenizer(path: Path, vocab_size: int = VOCAB) -> None:
     fast.save_pretrained(str(path))
 
 
-def build_tiny(name: str, path: Path, seed: int = 0, **overrides: object) -> Path:
+BYTE_EOS, BYTE_BOS = 256, 257
+
+
+def save_byte_tokenizer(path: Path) -> None:
+    """A byte-level BPE with no merges (one token per UTF-8 byte, ids 0-255) plus <eos> 256 and <bos> 257: the
+    layout of GPT-2-style tokenizers, which grammar libraries (structured outputs) can read."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken("<eos>", special=True), AddedToken("<bos>", special=True)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", bos_token="<bos>")
+    fast.save_pretrained(str(path))
+
+
+def build_tiny(name: str, path: Path, seed: int = 0, tokenizer: str = "word", **overrides: object) -> Path:
+    """tokenizer: "word" (w0 w1 ..., VOCAB ids) or "bytes" (save_byte_tokenizer; the vocabulary grows to 260)."""
     import transformers
 
     family, kwargs = CONFIGS[name]
     config_cls = getattr(transformers, f"{family}Config")
     model_cls = getattr(transformers, f"{family}ForCausalLM")
-    cfg = config_cls(**{**COMMON, **kwargs, **overrides}, bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    special = dict(bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    if tokenizer == "bytes":
+        overrides = {"vocab_size": 260, **overrides}
+        special = dict(bos_token_id=BYTE_BOS, eos_token_id=BYTE_EOS, pad_token_id=0)
+    cfg = config_cls(**{**COMMON, **kwargs, **overrides}, **special)
     torch.manual_seed(seed)
     model = model_cls(cfg).float().eval()
     if name.startswith("deepseek_v3"):
@@ -118,7 +141,10 @@ def build_tiny(name: str, path: Path, seed: int = 0, **overrides: object) -> Pat
                 if hasattr(layer.mlp, "gate"):
                     layer.mlp.gate.e_score_correction_bias.normal_(0, 0.05)
     model.save_pretrained(str(path))
-    save_word_tokenizer(path, cfg.vocab_size)
+    if tokenizer == "bytes":
+        save_byte_tokenizer(path)
+    else:
+        save_word_tokenizer(path, cfg.vocab_size)
     return path
 
 

@@ -169,7 +169,7 @@ class KVCacheManager:
         The lookup enters the stats when allocate_slots succeeds for the request (once per admission).
         """
         empty: list[list[KVBlock]] = [[] for _ in self.managers]
-        if not self.enable_caching or request.num_computed_tokens > 0:
+        if not self.enable_caching or request.num_computed_tokens > 0 or not request.read_prefix_cache:
             return empty, 0
         hashes = [update_block_hashes(request, m.block_size, m.group_id) for m in self.managers]
         step = self._hit_granularity

@@ -48,11 +48,19 @@ class Request:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     sampling_params: object = None
+    # False for a request that wants its prompt's logprobs: those need every prompt position's hidden state, so
+    # it computes its whole prompt (its full blocks are still offered to the cache for others), as vLLM does.
+    read_prefix_cache: bool = True
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1
     num_preemptions: int = 0
     status: RequestStatus = RequestStatus.WAITING
+    # time.monotonic() stamps for the serving metrics (queue, prefill and decode times): set by the engine when
+    # the request arrives, by the scheduler when it is first scheduled, by the engine at its first token.
+    arrival_time: float = 0.0
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
     # group_id -> chained hashes of the full blocks of all_token_ids. Per group because the group id is
     # mixed into every hash and groups may use different block sizes. Token ids only ever grow, so the
     # lists are extended lazily and never invalidated (see block_pool.update_block_hashes).

@@ -8,6 +8,7 @@ When the pool runs dry, the newest running request is preempted (its KV dropped,
 from __future__ import annotations
 
 import bisect
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -140,6 +141,8 @@ class Scheduler:
             request.num_computed_tokens += num_hit_tokens
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit_tokens
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = time.monotonic()
             request.status = RequestStatus.RUNNING
             bisect.insort(self.running, request, key=_arrival)
             scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens, block_ids))

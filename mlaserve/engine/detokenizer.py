@@ -55,14 +55,15 @@ class RequestText:
         hold = max(len(s) for s in self.stop) - 1
         return self.text[: len(self.text) - hold] if hold else self.text
 
-    def update(self, tokenizer: object, output_ids: list[int]) -> bool:
-        """Refresh the text after a new token; True if a stop string now ends the output."""
+    def update(self, tokenizer: object, output_ids: list[int], check_stop: bool = True) -> bool:
+        """Refresh the text after a new token; True if a stop string now ends the output (searched only with
+        check_stop: min_tokens holds stop strings back)."""
         previous = len(self.text)
         if getattr(tokenizer, "clean_up_tokenization_spaces", False):
             self.text = tokenizer.decode(output_ids, skip_special_tokens=self.skip_special_tokens)
         else:
             self._append_new_text(tokenizer, output_ids)
-        if not self.stop:
+        if not self.stop or not check_stop:
             return False
         longest = max(len(s) for s in self.stop)
         search_from = max(0, previous - longest + 1)

@@ -2,6 +2,7 @@
 
 import itertools
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +15,7 @@ from mlaserve.core.request import Request, RequestStatus
 from mlaserve.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from mlaserve.engine.detokenizer import RequestText
 from mlaserve.engine.kv_sizing import num_kv_blocks
+from mlaserve.engine.structured_output import GrammarCompiler
 from mlaserve.kvcache.allocate import allocate_kv_caches
 from mlaserve.kvcache.quant import resolve_cache_dtype
 from mlaserve.loader.model_files import resolve_model
@@ -84,6 +86,8 @@ class LLMEngine:
             self.runner.enable_cuda_graphs(max_len, config.max_num_seqs, min(2048, batched) if half else 0)
         self._texts: dict[str, RequestText] = {}
         self._prompts: dict[str, str | None] = {}
+        self._prompt_logprobs: dict[str, list[dict[int, float] | None]] = {}
+        self._grammar_compiler: GrammarCompiler | None = None
         self._ids = itertools.count()
         self.num_generated_tokens = 0
         # Off on CPU by default: there the host and the "device" are the same cores, so nothing overlaps.
@@ -137,12 +141,26 @@ class LLMEngine:
         bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
+        bad = [t for t in (params.logit_bias or {}) if t >= vocab]
+        if bad:
+            raise ValueError(f"logit_bias token ids out of range [0, {vocab}): {bad[:5]}")
+        if params.structured_outputs is not None:
+            self.grammar_compiler().validate(params.structured_outputs)
         limit = self.model_config.max_model_len
         if len(ids) >= limit:
             raise ValueError(
                 f"the prompt has {len(ids)} tokens; it must be shorter than max_model_len={limit}"
             )
         return PreparedRequest(text, ids, params)
+
+    def grammar_compiler(self) -> GrammarCompiler:
+        if self.tokenizer is None:
+            raise ValueError(
+                "structured outputs need a tokenizer; they are not available with skip_tokenizer_init"
+            )
+        if self._grammar_compiler is None:
+            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
+        return self._grammar_compiler
 
     def add_prepared(self, prepared: PreparedRequest, request_id: str | None = None) -> str:
         params = prepared.params
@@ -164,7 +182,12 @@ class LLMEngine:
             stop_token_ids=tuple(stop_ids),
             ignore_eos=params.ignore_eos,
             sampling_params=params,
+            read_prefix_cache=params.prompt_logprobs is None,
+            arrival_time=time.monotonic(),
         )
+        grammar = None
+        if params.structured_outputs is not None:
+            grammar = self.grammar_compiler().new(params.structured_outputs)
         self.scheduler.add_request(request)  # first: it rejects a duplicate id before any state is replaced
         self._texts[request_id] = RequestText(
             params.stop, params.include_stop_str_in_output, params.skip_special_tokens
@@ -172,6 +195,10 @@ class LLMEngine:
         self._prompts[request_id] = prepared.prompt
         if params.seed is not None:
             self.runner.add_generator(request_id, params.seed)
+        if grammar is not None:
+            self.runner.add_grammar(request_id, grammar)
+        if params.prompt_logprobs is not None:
+            self._prompt_logprobs[request_id] = [None] * len(prepared.prompt_token_ids)
         return request_id
 
     def add_request(self, prompt: str | dict, params: SamplingParams, request_id: str | None = None) -> str:
@@ -202,7 +229,7 @@ class LLMEngine:
                 if output.is_empty:
                     return []
                 launched = self.runner.launch(output)
-            if self.async_scheduling and not launched.wants_logprobs:
+            if self.async_scheduling and not launched.needs_host:
                 ahead = self.scheduler.schedule_lookahead(launched.output)
                 if ahead is not None:
                     self._in_flight = self.runner.launch(ahead, previous=launched)
@@ -218,6 +245,10 @@ class LLMEngine:
 
     def _apply(self, output: SchedulerOutput, result: StepResult, stream: bool) -> list[RequestOutput]:
         self.num_generated_tokens += len(result.token_ids)
+        for rid, (first, entries) in result.prompt_logprobs.items():
+            slots = self._prompt_logprobs.get(rid)
+            if slots is not None:  # positions recomputed after a preemption overwrite equal values
+                slots[first : first + len(entries)] = entries
         finished = self.scheduler.update_from_output(output, result.token_ids)
         finished_ids = {r.request_id for r in finished}
         progressed = []
@@ -228,10 +259,16 @@ class LLMEngine:
             # lookahead step) has nothing more to report.
             if rid not in result.token_ids or (request.is_finished and rid not in finished_ids):
                 continue
+            if request.first_token_time is None:
+                request.first_token_time = time.monotonic()
             text = self._texts[rid]
             if rid in result.logprobs:
                 text.logprobs.append(result.logprobs[rid])
-            stop_hit = self.tokenizer is not None and text.update(self.tokenizer, request.output_token_ids)
+            # min_tokens holds back stop strings too (vLLM): the text still grows, nothing is searched.
+            check_stop = request.num_output_tokens >= request.sampling_params.min_tokens
+            stop_hit = self.tokenizer is not None and text.update(
+                self.tokenizer, request.output_token_ids, check_stop
+            )
             if stop_hit and rid not in finished_ids:
                 stopped = self.scheduler.finish_request(rid, RequestStatus.FINISHED_STOPPED)
                 if stopped is not None:
@@ -247,6 +284,7 @@ class LLMEngine:
         out = self._output(request, finished=True)
         self.runner.drop_request(request.request_id)
         del self._texts[request.request_id], self._prompts[request.request_id]
+        self._prompt_logprobs.pop(request.request_id, None)
         return out
 
     def _output(self, request: Request, finished: bool) -> RequestOutput:
@@ -268,8 +306,24 @@ class LLMEngine:
             0, text.visible_text(finished), out_ids, cumulative, logprobs, reason, stop_reason
         )
         cached = max(request.num_cached_tokens, 0)
+        prompt_logprobs = self._prompt_logprobs.get(rid)
+        metrics = None
+        if finished:  # vLLM's RequestOutput.metrics, as time.monotonic() stamps
+            metrics = {
+                "arrival_time": request.arrival_time,
+                "first_scheduled_time": request.first_scheduled_time,
+                "first_token_time": request.first_token_time,
+                "finished_time": time.monotonic(),
+            }
         return RequestOutput(
-            rid, self._prompts[rid], list(request.prompt_token_ids), [completion], finished, cached
+            rid,
+            self._prompts[rid],
+            list(request.prompt_token_ids),
+            [completion],
+            finished,
+            cached,
+            metrics,
+            None if prompt_logprobs is None else list(prompt_logprobs),
         )
 
     # ---- introspection ---------------------------------------------------------------------------------------
@@ -282,6 +336,7 @@ class LLMEngine:
             "kv_bytes_per_token": self.bytes_per_token,
             "kv_capacity_tokens": self.kv_manager.num_total_blocks * self.config.block_size,
             "block_size": self.config.block_size,
+            "enable_prefix_caching": self.config.enable_prefix_caching,
             "attention_backend": self.backend.name,
             "num_running": self.scheduler.num_running,
             "num_waiting": self.scheduler.num_waiting,

@@ -34,12 +34,13 @@ class Sampler:
         return self.finish(logits, params, token_ids, token_ids.tolist())
 
     def prepare(self, logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-        """Checks the shapes; widens 16-bit logits to float32 when any row samples or wants logprobs."""
+        """Checks the shapes; widens 16-bit logits to float32 when any row samples, wants logprobs or has its
+        logits processed."""
         if logits.dim() != 2:
             raise ValueError(f"logits must be 2-D [num_rows, vocab_size], got shape {tuple(logits.shape)}")
         if len(params) != logits.shape[0]:
             raise ValueError(f"params need one entry per logits row ({logits.shape[0]}), got {len(params)}")
-        if any(not p.is_greedy or p.logprobs is not None for p in params):
+        if any(not p.is_greedy or p.logprobs is not None or p.needs_processing for p in params):
             # bf16/fp16 logits have too few mantissa bits for a faithful softmax tail and cumulative top-p mass.
             # Greedy rows alone need no copy: widening is exact, so argmax picks the same token either way.
             return logits.float()
@@ -81,10 +82,20 @@ def _sample(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
 ) -> torch.Tensor:
     temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=logits.device)
-    scaled = _apply_top_k_top_p(logits / temperature.unsqueeze(1), params)
+    scaled = _apply_top_k_top_p(_apply_min_p(logits / temperature.unsqueeze(1), params), params)
     probs = scaled.softmax(dim=-1)
     noise = _exponential_noise(probs, generators)
     return probs.div_(noise).argmax(dim=-1)
+
+
+def _apply_min_p(scaled: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Drops tokens less likely than min_p times the most likely one (after temperature, as vLLM does)."""
+    if all(p.min_p == 0 for p in params):
+        return scaled
+    min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=scaled.device)
+    probs = scaled.softmax(dim=-1)
+    threshold = min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
+    return scaled.masked_fill_(probs < threshold, float("-inf"))
 
 
 def _apply_top_k_top_p(scaled: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

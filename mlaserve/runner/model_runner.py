@@ -1,21 +1,29 @@
 """Runs one scheduled step: build the batch, forward, logits for the rows that finish a prompt or decode, sample."""
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 
 import torch
 
 from mlaserve.attention.metadata import build_metadata
 from mlaserve.core.scheduler import ScheduledRequest, SchedulerOutput
+from mlaserve.engine.structured_output import Grammar
+from mlaserve.layers.logits_processors import process_logits
 from mlaserve.layers.sampler import Sampler
 from mlaserve.models.base import CausalLM
 from mlaserve.runner.batch import plan_batch, to_device
+from mlaserve.runner.prompt_logprobs import ScoredSpan, prompt_spans, score_prompt_spans
 from mlaserve.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
 class StepResult:
     token_ids: dict[str, int]  # request id -> sampled token
     logprobs: dict[str, dict[int, float]]  # request id -> logprobs of this token (when asked for)
+    # request id -> (prompt position of the first token scored, one logprobs dict per scored prompt token)
+    prompt_logprobs: dict[str, tuple[int, list[dict[int, float]]]] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -26,6 +34,7 @@ class ModelRunner:
         self.device = device
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}  # per-request RNG so a seed fixes the output
+        self.grammars: dict[str, Grammar] = {}  # structured-output requests' matchers
         self.graphs = None  # DecodeGraphs, when enabled
         self.prefill_graphs = None  # PrefillGraphs, when enabled
         self._turn = 0
@@ -69,8 +78,12 @@ class ModelRunner:
     def add_generator(self, request_id: str, seed: int) -> None:
         self.generators[request_id] = torch.Generator(device=self.device).manual_seed(seed)
 
+    def add_grammar(self, request_id: str, grammar: Grammar) -> None:
+        self.grammars[request_id] = grammar
+
     def drop_request(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
+        self.grammars.pop(request_id, None)
 
     @torch.inference_mode()
     def launch(self, output: SchedulerOutput, previous: "LaunchedStep | None" = None) -> "LaunchedStep":
@@ -85,9 +98,11 @@ class ModelRunner:
             rows = {s.request.request_id: i for i, s in enumerate(previous.sampled)}
             source = (previous.token_ids, [rows[s.request.request_id] for s in host.order])
         prefills = self.prefill_graphs
-        if graphs is not None and graphs.can_run(host):
+        spans = prompt_spans(host.order)  # graphs keep only the sampled rows' hidden states
+        scored: list[ScoredSpan] = []
+        if graphs is not None and not spans and graphs.can_run(host):
             logits = graphs.run(host, source)  # every decode row samples, in row order
-        elif prefills is not None and host.sampled and prefills.can_run(host):
+        elif prefills is not None and not spans and host.sampled and prefills.can_run(host):
             logits = prefills.run(host)  # the sampled sequences' rows, in order
         else:
             batch = to_device(host, self.block_size, self.device, with_gather_index=graphs is None)
@@ -95,31 +110,48 @@ class ModelRunner:
                 index = torch.tensor(source[1], dtype=torch.long, device=self.device)
                 batch.input_ids = source[0].index_select(0, index)
             hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
+            scored = score_prompt_spans(self.model, hidden, spans)
             if not host.sampled:
-                return LaunchedStep(output, [], [], None, None, None, None)
+                return LaunchedStep(output, [], [], None, None, None, None, scored)
             logits = self.model.compute_logits(hidden[batch.sample_rows])
         params = [s.request.sampling_params for s in host.sampled]
         generators = [self.generators.get(s.request.request_id) for s in host.sampled]
         logits = self.sampler.prepare(logits, params)
-        token_ids = self.sampler.sample(logits, params, generators)
+        requests = [s.request for s in host.sampled]
+        grammars = [self.grammars.get(r.request_id) for r in requests]
+        processed = process_logits(logits, params, requests, grammars)
+        token_ids = self.sampler.sample(processed, params, generators)
         host_ids, done = self._copy_out(token_ids)
-        return LaunchedStep(output, host.sampled, params, logits, token_ids, host_ids, done)
+        return LaunchedStep(output, host.sampled, params, logits, token_ids, host_ids, done, scored)
 
     def collect(self, step: "LaunchedStep") -> StepResult:
         """Waits for a launched step's tokens (and reads the logprobs asked for)."""
+        prompt_logprobs = {s.span.request_id: (s.span.first_position, s.entries()) for s in step.scored}
         if not step.sampled:
-            return StepResult({}, {})
+            return StepResult({}, {}, prompt_logprobs)
         if step.done is not None:
             step.done.synchronize()
             token_list = step.host_ids[: len(step.sampled)].tolist()
         else:
             token_list = step.token_ids.tolist()
         ids = [s.request.request_id for s in step.sampled]
-        if not step.wants_logprobs:
-            return StepResult(dict(zip(ids, token_list)), {})
+        self._advance_grammars(ids, token_list)
+        if not any(p.logprobs is not None for p in step.params):
+            return StepResult(dict(zip(ids, token_list)), {}, prompt_logprobs)
         result = self.sampler.finish(step.logits, step.params, step.token_ids, token_list)
         logprobs = {i: lp for i, lp in zip(ids, result.logprobs) if lp is not None}
-        return StepResult(dict(zip(ids, result.token_ids)), logprobs)
+        return StepResult(dict(zip(ids, result.token_ids)), logprobs, prompt_logprobs)
+
+    def _advance_grammars(self, request_ids: list[str], token_ids: list[int]) -> None:
+        """Every sampled token is kept by its request (tokens of aborted requests go with their grammar)."""
+        if not self.grammars:
+            return
+        for rid, token in zip(request_ids, token_ids, strict=True):
+            grammar = self.grammars.get(rid)
+            if grammar is not None and not grammar.accept(token):
+                # Only when the mask left nothing to sample: the request goes on, unconstrained from here.
+                logger.warning("request %s: token %d breaks its grammar (%s)", rid, token, grammar.error)
+                del self.grammars[rid]
 
     def _copy_out(self, token_ids: torch.Tensor) -> tuple[torch.Tensor | None, torch.cuda.Event | None]:
         """Starts the copy of a CUDA step's token ids into pinned memory, with an event that marks it done.
@@ -152,7 +184,10 @@ class LaunchedStep:
     token_ids: torch.Tensor | None  # [num_sampled] on the device
     host_ids: torch.Tensor | None  # pinned copy of token_ids (CUDA), filled once `done` has fired
     done: torch.cuda.Event | None
+    scored: list[ScoredSpan] = field(default_factory=list)  # prompt logprobs computed in this step
 
     @property
-    def wants_logprobs(self) -> bool:
-        return any(p.logprobs is not None for p in self.params)
+    def needs_host(self) -> bool:
+        """Whether the next step must wait for this one's results on the host: logprobs are read from this
+        step's logits, and penalties, min_tokens and grammars need the token sampled here."""
+        return any(p.logprobs is not None or p.needs_history for p in self.params)

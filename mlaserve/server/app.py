@@ -17,6 +17,7 @@ from mlaserve.server.errors import install_error_handlers
 from mlaserve.server.settings import ServerSettings
 from mlaserve.server.sse import EventStreamResponse
 from mlaserve.server.state import ServerState
+from mlaserve.server.tokenization import detokenize, tokenize, tokenizer_info, version
 
 Handler = Callable[[ServerState, Request, float], Awaitable[Response]]
 
@@ -29,7 +30,29 @@ def build_app(engine: AsyncEngine, settings: ServerSettings, startup_report: dic
     install_error_handlers(app)
     _add_ops_routes(app, state)
 
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(api_key_dependency(settings.api_keys))])
+    auth = [Depends(api_key_dependency(settings.api_keys))]
+    v1 = APIRouter(prefix="/v1", dependencies=auth)
+    # vLLM's tokenizer endpoints sit outside /v1; they take the same keys (they use the engine's thread).
+    tokens = APIRouter(dependencies=auth)
+
+    @tokens.post("/tokenize")
+    async def tokenize_route(request: Request) -> dict:
+        state.check_accepting()
+        return await tokenize(state, request)
+
+    @tokens.post("/detokenize")
+    async def detokenize_route(request: Request) -> dict:
+        state.check_accepting()
+        return await detokenize(state, request)
+
+    @tokens.get("/tokenizer_info")
+    async def tokenizer_info_route() -> dict:
+        state.check_accepting()
+        return await tokenizer_info(state)
+
+    @app.get("/version")
+    async def version_route() -> dict:
+        return version()
 
     @v1.get("/models")
     async def list_models() -> dict:
@@ -53,6 +76,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings, startup_report: dic
         return await _generate(state, request, create_chat_completion)
 
     app.include_router(v1)
+    app.include_router(tokens)
     return app
 
 

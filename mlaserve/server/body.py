@@ -113,6 +113,8 @@ def _describe(error: ValidationError) -> tuple[str, str | None]:
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     if first["type"] == "missing":
         return f"'{path}' is required", param
+    if first["type"] == "extra_forbidden":
+        return f"'{path}' is not supported by this server", param
     union = next((part for part in loc if isinstance(part, str) and part in _UNION_HINTS), None)
     if union is not None and len(error.errors()) > 1:  # one error per union member: say what was allowed
         return f"invalid '{path}': must be {_UNION_HINTS[union]} (got {shown})", param

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -21,7 +22,7 @@ from mlaserve.server.protocol import (
     ChatCompletionResponse,
     Delta,
 )
-from mlaserve.server.sampling import build_params, chat_max_tokens, prepare_choices
+from mlaserve.server.sampling import build_params, chat_max_tokens, constraint_field, prepare_choices
 from mlaserve.server.sampling import chat_logprobs as requested_logprobs
 from mlaserve.server.sse import DONE, EventStreamResponse, sse
 from mlaserve.server.state import ServerState
@@ -31,18 +32,21 @@ async def create_chat_completion(state: ServerState, request: Request, arrival: 
     body = parse_json_object(await read_body(request, state.settings.max_body_bytes))
     req = validate(ChatCompletionRequest, body)
     state.check_model(req.model)
+    created = int(time.time())
     if not req.messages:
         raise bad_request("messages must be a non-empty list of chat messages", "messages")
     max_tokens, field = chat_max_tokens(req)
     top = requested_logprobs(req)
     params = build_params(req, max_tokens, top, field)
-    prepared, prompt_tokens = await prepare_choices(state.engine, req, params, field)
+    prepared, prompt_tokens = await prepare_choices(
+        state.engine, req, params, field, grammar_field=constraint_field(req)
+    )
     table = await state.token_texts.table() if top is not None else []
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     gen = Generation.for_request(state, prepared, request_id, prompt_tokens, arrival)
     model = state.settings.served_model_name
     if req.stream:
-        events = _events(gen, len(prepared), request_id, state.created, model, table, top or 0)
+        events = _events(gen, len(prepared), request_id, created, model, table, top or 0)
         return EventStreamResponse(events, gen.close)
     try:
         results = await gen.collect(request)
@@ -59,7 +63,7 @@ async def create_chat_completion(state: ServerState, request: Request, arrival: 
     ]
     usage = gen.usage()
     response = ChatCompletionResponse(
-        id=request_id, created=state.created, model=model, choices=choices, usage=usage
+        id=request_id, created=created, model=model, choices=choices, usage=usage
     )
     return JSONResponse(response.model_dump())
 

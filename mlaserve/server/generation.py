@@ -36,6 +36,8 @@ class ChoiceUpdate:
     token_ids: list[int]
     logprobs: list[dict[int, float]] | None
     finish_reason: str | None
+    # The prompt's logprobs (first entry None), in the first update after the prompt was computed.
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
 @dataclass(slots=True)
@@ -46,6 +48,7 @@ class ChoiceResult:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, float]] | None = None
     finish_reason: str | None = None
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
 @dataclass(slots=True)
@@ -53,6 +56,7 @@ class _ChoiceState:
     sent_text: str = ""
     num_tokens: int = 0
     last_token_at: float | None = None
+    sent_prompt_logprobs: bool = False
 
 
 if TYPE_CHECKING:
@@ -70,6 +74,7 @@ class Generation:
         request_id: str,
         prompt_tokens: int,
         arrival: float,
+        discard_output: bool = False,
     ) -> Generation:
         """The one way both endpoints start a generation: the server's engine, metrics and timeout."""
         return cls(
@@ -80,6 +85,7 @@ class Generation:
             prompt_tokens,
             state.settings.request_timeout_s,
             arrival,
+            discard_output,
         )
 
     def __init__(
@@ -91,8 +97,12 @@ class Generation:
         usage_prompt_tokens: int,
         timeout_s: float,
         arrival: float,
+        discard_output: bool = False,
     ) -> None:
+        """discard_output: the engine runs one token only to get the prompt scored (echo with max_tokens 0);
+        the choices then hold no generated token."""
         self.request_id = request_id
+        self._discard = discard_output
         self.prompt_tokens = usage_prompt_tokens
         self.completion_tokens = 0
         self._metrics = metrics
@@ -110,6 +120,7 @@ class Generation:
         except EngineDeadError as error:
             raise OpenAIError(503, str(error), code="engine_dead", status="error") from None
         metrics.prompt_tokens.inc(usage_prompt_tokens)
+        metrics.request_started(len(prepared), prepared[0].params.max_tokens)
 
     def usage(self) -> Usage:
         total = self.prompt_tokens + self.completion_tokens
@@ -154,6 +165,20 @@ class Generation:
     def _update(self, out: RequestOutput) -> ChoiceUpdate:
         index = self._index[out.request_id]
         state, choice = self._choices[index], out.outputs[0]
+        if out.finished:
+            self._metrics.request_finished(out)
+        prompt_logprobs = None
+        if (
+            out.prompt_logprobs is not None
+            and not state.sent_prompt_logprobs
+            and (choice.token_ids or out.finished)
+        ):
+            prompt_logprobs, state.sent_prompt_logprobs = out.prompt_logprobs, True
+        if self._discard:
+            finish = choice.finish_reason if out.finished else None
+            return ChoiceUpdate(
+                index, "", [], None if choice.logprobs is None else [], finish, prompt_logprobs
+            )
         new_ids = choice.token_ids[state.num_tokens :]
         now = time.monotonic()
         if new_ids:
@@ -185,7 +210,7 @@ class Generation:
         finish = choice.finish_reason if out.finished else None
         if finish == "abort" and self.outcome is None:
             self.outcome = "aborted"  # aborted by the server (shutdown grace over), not by the client
-        return ChoiceUpdate(index, delta, list(new_ids), logprobs, finish)
+        return ChoiceUpdate(index, delta, list(new_ids), logprobs, finish, prompt_logprobs)
 
     async def collect(self, request: Request | None = None) -> list[ChoiceResult]:
         """Run to the end; abort at once if the client disconnects first (when `request` is given)."""
@@ -212,6 +237,8 @@ class Generation:
                 result.token_ids += update.token_ids
                 if update.logprobs is not None:
                     result.logprobs = (result.logprobs or []) + update.logprobs
+                if update.prompt_logprobs is not None:
+                    result.prompt_logprobs = update.prompt_logprobs
                 result.finish_reason = update.finish_reason or result.finish_reason
         return results
 

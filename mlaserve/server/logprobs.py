@@ -52,16 +52,26 @@ def _ranked(entry: dict[int, float]) -> list[tuple[int, float]]:
 
 
 def completion_logprobs(
-    token_ids: list[int], logprobs: list[dict[int, float]], table: list[str], text_offset: int
+    token_ids: list[int],
+    logprobs: list[dict[int, float] | None],
+    table: list[str],
+    text_offset: int,
+    out: CompletionLogprobs | None = None,
 ) -> CompletionLogprobs:
-    """Legacy completions shape; `text_offset` is where these tokens start in the choice's text."""
-    out = CompletionLogprobs()
+    """Legacy completions shape; `text_offset` is where these tokens start in the choice's text. An entry of
+    None (an echoed prompt's first token) is a null logprob and null top_logprobs, as in OpenAI's API.
+    Appends to `out` when given (echo: the prompt's tokens, then the generated ones)."""
+    out = CompletionLogprobs() if out is None else out
     offset = text_offset
-    for token_id, entry in zip(token_ids, logprobs):
+    for token_id, entry in zip(token_ids, logprobs, strict=True):
         text = _text(table, token_id)
         out.tokens.append(text)
-        out.token_logprobs.append(_finite(entry.get(token_id, -math.inf)))
-        out.top_logprobs.append({_text(table, t): _finite(lp) for t, lp in _ranked(entry)})
+        if entry is None:
+            out.token_logprobs.append(None)
+            out.top_logprobs.append(None)
+        else:
+            out.token_logprobs.append(_finite(entry.get(token_id, -math.inf)))
+            out.top_logprobs.append({_text(table, t): _finite(lp) for t, lp in _ranked(entry)})
         out.text_offset.append(offset)
         offset += len(text)
     return out

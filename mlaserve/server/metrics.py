@@ -1,7 +1,11 @@
 """Prometheus metrics for one app, in its own registry (two apps in one process must not share counters).
 
-Request and token counts are updated by the handlers; engine gauges are read from the AsyncEngine's stats
-snapshot at scrape time, so a scrape never waits for a step.
+What mlaserve shares with vLLM carries vLLM's names, types, buckets and labels (`model_name`, `engine`), so a
+vLLM dashboard or alert works unchanged: request counts by finish reason, token counters, latency histograms,
+running/waiting gauges, KV-cache usage, prefix-cache and preemption counters. What only mlaserve measures keeps
+an `mlaserve_` name: HTTP outcomes (throttled, timeout, unauthorized, ...), requests in flight, KV blocks and
+bytes per token, engine liveness. Engine gauges are read from the AsyncEngine's stats snapshot at scrape time,
+so a scrape never waits for a step.
 """
 
 from __future__ import annotations
@@ -12,90 +16,229 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from mlaserve.outputs import RequestOutput
+
 # Label values of mlaserve_requests_total, set by whoever ends a request.
 STATUSES = ("ok", "aborted", "timeout", "error", "rejected", "throttled", "unavailable", "unauthorized")
+FINISH_REASONS = ("stop", "length", "abort")
 
-_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# vLLM's buckets, so histogram quantiles computed over both engines agree.
+_TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+    160.0, 640.0, 2560.0,
+)  # fmt: skip
+_ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
+    1920.0, 7680.0,
+)  # fmt: skip
+_N_BUCKETS = (1, 2, 5, 10, 20)
+
+
+def one_two_five_buckets(max_value: int) -> tuple[int, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's token-count buckets)."""
+    buckets, scale = [], 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_value:
+                return tuple(buckets)
+            buckets.append(mantissa * scale)
+        scale *= 10
 
 
 class _EngineCollector(Collector):
-    """Engine gauges from a stats snapshot; preemptions and prefix-cache counts are monotonic counters."""
+    """Gauges and counters the engine keeps, read from a stats snapshot at scrape time."""
 
     def __init__(
-        self, stats: Callable[[], dict], alive: Callable[[], bool], in_flight: Callable[[], int]
+        self,
+        stats: Callable[[], dict],
+        alive: Callable[[], bool],
+        in_flight: Callable[[], int],
+        labels: dict[str, str],
     ) -> None:
-        self._stats, self._alive, self._in_flight = stats, alive, in_flight
+        self._stats, self._alive, self._in_flight, self._labels = stats, alive, in_flight, labels
+
+    def _gauge(
+        self, name: str, doc: str, value: float, labels: dict[str, str] | None = None
+    ) -> GaugeMetricFamily:
+        labels = labels or self._labels
+        family = GaugeMetricFamily(name, doc, labels=list(labels))
+        family.add_metric(list(labels.values()), float(value))
+        return family
+
+    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
+        family = CounterMetricFamily(name, doc, labels=list(self._labels))
+        family.add_metric(list(self._labels.values()), float(value))
+        return family
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         s = self._stats()
-        gauges = (
-            ("num_requests_running", "Engine requests being stepped", s.get("num_running", 0)),
-            (
-                "num_requests_waiting",
-                "Engine requests queued for KV space or a batch slot",
-                s.get("num_waiting", 0),
-            ),
+        total = s.get("kv_blocks_total", 0)
+        usage = s.get("kv_blocks_used", 0) / total if total else 0.0
+        yield self._gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            s.get("num_running", 0),
+        )
+        yield self._gauge(
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            s.get("num_waiting", 0),
+        )
+        yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage)
+        yield self._counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in queried tokens.",
+            s.get("prefix_cache_queries", 0),
+        )
+        yield self._counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in cached tokens.", s.get("prefix_cache_hits", 0)
+        )
+        yield self._counter(
+            "vllm:num_preemptions", "Cumulative number of preemptions.", s.get("num_preemptions", 0)
+        )
+        info = {
+            **self._labels,
+            "block_size": str(s.get("block_size", "")),
+            "cache_dtype": str(s.get("kv_cache_dtype", "")),
+            "num_gpu_blocks": str(total),
+            "enable_prefix_caching": str(s.get("enable_prefix_caching", "")),
+        }
+        yield self._gauge(
+            "vllm:cache_config_info", "Information of the engine's KV-cache configuration.", 1, info
+        )
+        # Ours: no vLLM counterpart.
+        mine = (
             ("kv_blocks_used", "KV-cache blocks in use", s.get("kv_blocks_used", 0)),
-            ("kv_blocks_total", "KV-cache blocks in the pool", s.get("kv_blocks_total", 0)),
+            ("kv_blocks_total", "KV-cache blocks in the pool", total),
+            ("kv_bytes_per_token", "KV-cache bytes per token, all layers", s.get("kv_bytes_per_token", 0)),
             (
                 "prefix_cache_hit_rate",
-                "Prefix-cache hits / queries since start",
+                "Prefix-cache hit tokens / queried tokens since start",
                 s.get("prefix_cache_hit_rate", 0.0),
             ),
-            ("kv_bytes_per_token", "KV-cache bytes per token, all layers", s.get("kv_bytes_per_token", 0)),
             ("engine_alive", "1 while the engine loop runs", 1.0 if self._alive() else 0.0),
             ("http_requests_in_flight", "Generation requests being served", self._in_flight()),
         )
-        for name, doc, value in gauges:
+        for name, doc, value in mine:
             yield GaugeMetricFamily(f"mlaserve_{name}", doc, value=float(value))
-        counters = (
-            ("num_preemptions", "Requests preempted for KV space", s.get("num_preemptions", 0)),
-            ("prefix_cache_queries", "Prefix-cache lookups", s.get("prefix_cache_queries", 0)),
-            ("prefix_cache_hits", "Prefix-cache hits", s.get("prefix_cache_hits", 0)),
-        )
-        for name, doc, value in counters:
-            yield CounterMetricFamily(f"mlaserve_{name}", doc, value=float(value))
 
 
 class ServerMetrics:
     def __init__(
-        self, stats: Callable[[], dict], alive: Callable[[], bool], in_flight: Callable[[], int]
+        self,
+        stats: Callable[[], dict],
+        alive: Callable[[], bool],
+        in_flight: Callable[[], int],
+        model_name: str = "mlaserve",
+        max_model_len: int = 4096,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        labels = {"model_name": model_name, "engine": "0"}
+        self._labels = labels
         self.requests = Counter(
             "mlaserve_requests", "Generation requests by how they ended", ["status"], registry=self.registry
         )
         for status in STATUSES:  # present at 0, so dashboards and alerts see the series from the start
             self.requests.labels(status)
-        self.prompt_tokens = Counter(
-            "mlaserve_prompt_tokens", "Prompt tokens admitted", registry=self.registry
-        )
-        self.generation_tokens = Counter(
-            "mlaserve_generation_tokens", "Tokens generated and delivered", registry=self.registry
-        )
-        self.ttft = Histogram(
-            "mlaserve_time_to_first_token_seconds",
-            "From request arrival to its first generated token",
-            buckets=_TTFT_BUCKETS,
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, list(labels), registry=self.registry).labels(**labels)
+
+        def histogram(name: str, doc: str, buckets: tuple) -> Histogram:
+            return Histogram(name, doc, list(labels), buckets=buckets, registry=self.registry).labels(
+                **labels
+            )
+
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*labels, "finished_reason"],
             registry=self.registry,
         )
-        self.itl = Histogram(
-            "mlaserve_inter_token_latency_seconds",
-            "Time between consecutive generated tokens of one choice",
-            buckets=_ITL_BUCKETS,
-            registry=self.registry,
+        self._success = {
+            reason: success.labels(**labels, finished_reason=reason) for reason in FINISH_REASONS
+        }
+        tokens = one_two_five_buckets(max_model_len)
+        self.ttft = histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", _TTFT_BUCKETS
         )
-        self.e2e = Histogram(
-            "mlaserve_request_latency_seconds",
-            "From request arrival to its end",
-            buckets=_TTFT_BUCKETS,
-            registry=self.registry,
+        self.itl = histogram(
+            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", _ITL_BUCKETS
         )
-        self.registry.register(_EngineCollector(stats, alive, in_flight))
+        self.e2e = histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            _LATENCY_BUCKETS,
+        )
+        self._tpot = histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            _ITL_BUCKETS,
+        )
+        self._queue = histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            _LATENCY_BUCKETS,
+        )
+        self._prefill = histogram(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            _LATENCY_BUCKETS,
+        )
+        self._decode = histogram(
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            _LATENCY_BUCKETS,
+        )
+        self._inference = histogram(
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            _LATENCY_BUCKETS,
+        )
+        self._prompt_len = histogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens
+        )
+        self._output_len = histogram(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", tokens
+        )
+        self._max_tokens = histogram(
+            "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", tokens
+        )
+        self._n = histogram("vllm:request_params_n", "Histogram of the n request parameter.", _N_BUCKETS)
+        self.registry.register(_EngineCollector(stats, alive, in_flight, labels))
 
     def count(self, status: str) -> None:
         self.requests.labels(status).inc()
+
+    def request_started(self, n: int, max_tokens: int | None) -> None:
+        self._n.observe(n)
+        if max_tokens is not None:
+            self._max_tokens.observe(max_tokens)
+
+    def request_finished(self, out: RequestOutput) -> None:
+        """One engine request (one choice) ended: vLLM's per-request histograms from the engine's time stamps."""
+        choice = out.outputs[0]
+        reason = choice.finish_reason if choice.finish_reason in self._success else "abort"
+        self._success[reason].inc()
+        self._prompt_len.observe(len(out.prompt_token_ids))
+        self._output_len.observe(len(choice.token_ids))
+        times = out.metrics or {}
+        arrival, scheduled = times.get("arrival_time"), times.get("first_scheduled_time")
+        first, done = times.get("first_token_time"), times.get("finished_time")
+        if arrival is None or scheduled is None or done is None:
+            return  # aborted before it was ever scheduled
+        self._queue.observe(scheduled - arrival)
+        self._inference.observe(done - scheduled)
+        if first is not None:
+            self._prefill.observe(first - scheduled)
+            self._decode.observe(done - first)
+            if len(choice.token_ids) > 1:
+                self._tpot.observe((done - first) / (len(choice.token_ids) - 1))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,8 +1,9 @@
 """OpenAI `/v1/completions` and `/v1/chat/completions` bodies as pydantic models.
 
-Unknown fields are ignored, as OpenAI does (clients send `user`, `presence_penalty`, ... freely), but the
-fields we read are strict: `"max_tokens": "5"` or `true` is a 400, not a silent conversion.
-Range checks live in SamplingParams and sampling.py, so each message names the field and its allowed values.
+The fields we read are strict: `"max_tokens": "5"` or `true` is a 400, not a silent conversion. A field we do not
+read is never dropped in silence: fields.py accepts it only where it cannot change the output, else it is a 400
+that names it. Range checks live in SamplingParams and sampling.py, so each message names the field and its
+allowed values.
 """
 
 from __future__ import annotations
@@ -15,33 +16,81 @@ TokenIds = list[int]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    """Nested objects: an unknown key is an error (pydantic names it)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+
+class _Body(BaseModel):
+    """A request body: unknown top-level keys are kept, then each is accepted or refused by fields.py."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class StreamOptions(_Strict):
-    include_usage: bool = False
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None  # vLLM's; usage comes in the final chunk either way
 
 
-class _SamplingFields(_Strict):
-    """Fields both endpoints share; None means "the default"."""
+class JsonSchemaFormat(_Strict):
+    name: str
+    description: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's `structured_outputs` request field (one of these set)."""
+
+    json_: dict | str | None = Field(default=None, alias="json")
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+
+class _SamplingFields(_Body):
+    """Fields both endpoints share; None (or absent) means "the default", as in OpenAI's API."""
 
     model: str | None = None  # None: the one model served
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None  # extension (vLLM has it too)
-    n: int = 1
+    n: int | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
-    stream: bool = False
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
-    ignore_eos: bool = False  # extension: benchmarks and tests need fixed-length outputs
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
+    # vLLM's extensions, with vLLM's names.
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None  # benchmarks and tests need fixed-length outputs
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict | str | None = None  # vLLM's older names for structured_outputs
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | TokenIds | list[TokenIds]
-    max_tokens: int | None = 16  # OpenAI's default for this endpoint
+    max_tokens: int | None = None  # None: OpenAI's default for this endpoint, 16
     logprobs: int | None = None
-    echo: bool = False
+    echo: bool | None = None
+    best_of: int | None = None  # only best_of == n (one sample per choice) is served
 
 
 class TextPart(_Strict):
@@ -64,7 +113,7 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage]
     max_tokens: int | None = None  # None: up to the context left
     max_completion_tokens: int | None = None  # OpenAI's newer name; wins over max_tokens
-    logprobs: bool = False
+    logprobs: bool | None = None
     top_logprobs: int | None = None
 
 
@@ -77,8 +126,9 @@ class Usage(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    # None for an echoed prompt's first token: nothing precedes it.
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
 
 

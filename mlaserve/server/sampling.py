@@ -9,8 +9,9 @@ from collections.abc import Sequence
 
 from mlaserve.engine.async_engine import AsyncEngine, EngineDeadError
 from mlaserve.engine.llm_engine import LLMEngine, PreparedRequest
-from mlaserve.sampling_params import SamplingParams
+from mlaserve.sampling_params import SamplingParams, StructuredOutputsParams
 from mlaserve.server.errors import OpenAIError, bad_request
+from mlaserve.server.fields import check_unread_fields
 from mlaserve.server.protocol import ChatCompletionRequest, CompletionRequest
 
 # One HTTP request may not fan out into more engine requests than this (prompts x n).
@@ -27,7 +28,50 @@ _PARAM_FIELDS = (
     "stop",
     "seed",
     "logprobs",
+    "prompt_logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_p",
+    "min_tokens",
+    "logit_bias",
+    "stop_token_ids",
 )
+
+
+def _or(value: object, default: object) -> object:
+    return default if value is None else value
+
+
+def structured_outputs(req: CompletionRequest | ChatCompletionRequest) -> StructuredOutputsParams | None:
+    """The request's grammar, from OpenAI's response_format or vLLM's structured_outputs / guided_* fields."""
+    found: list[tuple[str, dict]] = []
+    fmt = req.response_format
+    if fmt is not None and fmt.type == "json_object":
+        found.append(("response_format", {"json_object": True}))
+    elif fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise bad_request(
+                "response_format of type 'json_schema' needs json_schema.schema", "response_format"
+            )
+        found.append(("response_format", {"json": fmt.json_schema.schema_}))
+    if req.structured_outputs is not None:
+        fields = req.structured_outputs.model_dump(exclude_none=True)
+        found.append(("structured_outputs", {"json" if k == "json_" else k: v for k, v in fields.items()}))
+    for kind in ("json", "regex", "choice", "grammar"):
+        value = getattr(req, f"guided_{kind}")
+        if value is not None:
+            found.append((f"guided_{kind}", {kind: value}))
+    if not found:
+        return None
+    if len(found) > 1:
+        names = ", ".join(name for name, _ in found)
+        raise bad_request(f"only one output constraint may be set, got {names}", found[1][0])
+    name, fields = found[0]
+    try:
+        return StructuredOutputsParams(**fields)
+    except (ValueError, TypeError) as e:
+        raise bad_request(str(e), name) from None
 
 
 def build_params(
@@ -35,34 +79,51 @@ def build_params(
     max_tokens: int | None,
     logprobs: int | None,
     max_tokens_field: str = "max_tokens",
+    prompt_logprobs: int | None = None,
 ) -> list[SamplingParams]:
     """One SamplingParams per choice (n of them): seeds seed+i, so choices differ but runs repeat."""
-    if not 1 <= req.n <= MAX_CHOICES:
-        raise bad_request(f"n must be between 1 and {MAX_CHOICES}, got {req.n}", "n")
-    if req.seed is not None and not _INT64_MIN <= req.seed <= _INT64_MAX - (req.n - 1):
+    check_unread_fields(req)
+    n = _or(req.n, 1)
+    if not 1 <= n <= MAX_CHOICES:
+        raise bad_request(f"n must be between 1 and {MAX_CHOICES}, got {n}", "n")
+    if req.seed is not None and not _INT64_MIN <= req.seed <= _INT64_MAX - (n - 1):
         raise bad_request(
             f"seed must be a 64-bit signed integer (seed + n - 1 included), got {req.seed}", "seed"
         )
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise bad_request(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {logprobs}", "logprobs")
+    grammar = structured_outputs(req)
     params = []
-    for i in range(req.n):
+    for i in range(n):
         try:
             params.append(
                 SamplingParams(
-                    temperature=1.0 if req.temperature is None else req.temperature,
-                    top_p=1.0 if req.top_p is None else req.top_p,
-                    top_k=0 if req.top_k is None else req.top_k,
+                    temperature=_or(req.temperature, 1.0),
+                    top_p=_or(req.top_p, 1.0),
+                    top_k=_or(req.top_k, 0),
+                    min_p=_or(req.min_p, 0.0),
                     max_tokens=max_tokens,
+                    min_tokens=_or(req.min_tokens, 0),
                     stop=req.stop,
+                    stop_token_ids=req.stop_token_ids,
                     seed=None if req.seed is None else req.seed + i,
                     logprobs=logprobs,
-                    ignore_eos=req.ignore_eos,
+                    prompt_logprobs=prompt_logprobs,
+                    ignore_eos=_or(req.ignore_eos, False),
+                    presence_penalty=_or(req.presence_penalty, 0.0),
+                    frequency_penalty=_or(req.frequency_penalty, 0.0),
+                    repetition_penalty=_or(req.repetition_penalty, 1.0),
+                    logit_bias=req.logit_bias,
+                    skip_special_tokens=_or(req.skip_special_tokens, True),
+                    include_stop_str_in_output=_or(req.include_stop_str_in_output, False),
+                    structured_outputs=grammar,
                 )
             )
         except (ValueError, TypeError) as e:
             message = str(e)
             param = message.split(" ", 1)[0]
+            if param == "min_tokens" and "max_tokens" in message and max_tokens_field != "max_tokens":
+                message = message.replace("max_tokens", max_tokens_field)
             if param == "max_tokens" and max_tokens_field != param:  # chat's max_completion_tokens
                 message, param = message.replace("max_tokens", max_tokens_field, 1), max_tokens_field
             raise bad_request(message, param if param in _PARAM_FIELDS else None) from None
@@ -87,7 +148,7 @@ def chat_max_tokens(req: ChatCompletionRequest) -> tuple[int | None, str]:
 
 
 def chat_logprobs(req: ChatCompletionRequest) -> int | None:
-    if req.top_logprobs is not None and not req.logprobs:
+    if req.top_logprobs is not None and req.top_logprobs > 0 and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
     if not req.logprobs:
         return None
@@ -97,7 +158,7 @@ def chat_logprobs(req: ChatCompletionRequest) -> int | None:
     return top
 
 
-def render_chat(engine: LLMEngine, req: ChatCompletionRequest) -> dict:
+def render_chat(engine: LLMEngine, req: ChatCompletionRequest, add_generation_prompt: bool = True) -> dict:
     """The chat template applied to the messages (runs on the engine thread: it uses the tokenizer)."""
     tokenizer = engine.tokenizer
     if not getattr(tokenizer, "chat_template", None):
@@ -106,10 +167,23 @@ def render_chat(engine: LLMEngine, req: ChatCompletionRequest) -> dict:
         )
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
     except Exception as e:  # noqa: BLE001 - a template that rejects these messages (raise_exception, ...)
         raise ValueError(f"the chat template could not render these messages: {e}") from None
     return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+
+
+def constraint_field(req: CompletionRequest | ChatCompletionRequest) -> str | None:
+    """The request field that set an output constraint (for errors found when the grammar is compiled)."""
+    if req.response_format is not None and req.response_format.type != "text":
+        return "response_format"
+    if req.structured_outputs is not None:
+        return "structured_outputs"
+    return next(
+        (f"guided_{k}" for k in ("json", "regex", "choice", "grammar") if getattr(req, f"guided_{k}")), None
+    )
 
 
 async def prepare_choices(
@@ -117,30 +191,45 @@ async def prepare_choices(
     prompts: Sequence[str | dict] | ChatCompletionRequest,
     params: list[SamplingParams],
     max_tokens_field: str | None,
+    with_prompt_text: bool = False,
+    grammar_field: str | None = None,
 ) -> tuple[list[PreparedRequest], int]:
     """Tokenize and validate every prompt once on the engine thread; returns (choices, usage prompt tokens).
 
     `max_tokens_field` names the field the client set, or is None when max_tokens is a default: a default
-    is quietly cut to the context left, an explicit value that does not fit is an error."""
-    n_prompts = 1 if isinstance(prompts, ChatCompletionRequest) else len(prompts)
+    is quietly cut to the context left, an explicit value that does not fit is an error. `with_prompt_text`
+    decodes prompts given as token ids (echo shows the prompt as text); `grammar_field` is the field to
+    blame for a grammar that does not compile."""
+    is_chat = isinstance(prompts, ChatCompletionRequest)
+    n_prompts = 1 if is_chat else len(prompts)
     if n_prompts * len(params) > MAX_CHOICES:
         raise bad_request(
             f"{n_prompts} prompt(s) x n={len(params)} is more than {MAX_CHOICES} choices in one request", "n"
         )
 
     def prepare(engine: LLMEngine) -> list[PreparedRequest]:
-        if isinstance(prompts, ChatCompletionRequest):
+        if is_chat:
             return [engine.prepare(render_chat(engine, prompts), params[0])]
-        return [engine.prepare(p, params[0]) for p in prompts]
+        bases = [engine.prepare(p, params[0]) for p in prompts]
+        if with_prompt_text and engine.tokenizer is not None:
+            for base in bases:
+                if base.prompt is None:
+                    base.prompt = engine.tokenizer.decode(base.prompt_token_ids)
+        return bases
 
     try:
         bases = await engine.run(prepare)
     except EngineDeadError as e:
         raise OpenAIError(503, str(e), code="engine_dead", status="error") from None
     except (ValueError, TypeError) as e:
-        param = "messages" if isinstance(prompts, ChatCompletionRequest) else "prompt"
-        code = "context_length_exceeded" if "max_model_len" in str(e) else None
-        raise OpenAIError(400, str(e), param, code) from None
+        message = str(e)
+        param = "messages" if is_chat else "prompt"
+        if message.startswith("structured output"):
+            param = grammar_field
+        elif message.startswith("logit_bias"):
+            param = "logit_bias"
+        code = "context_length_exceeded" if "max_model_len" in message else None
+        raise OpenAIError(400, message, param, code) from None
     limit = engine.engine.model_config.max_model_len
     choices = []
     for base in bases:

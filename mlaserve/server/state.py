@@ -22,7 +22,13 @@ class ServerState:
         self.created = int(time.time())
         self.draining = False  # set once shutdown begins: health 503, new /v1 calls 503
         self.in_flight = 0  # generation requests admitted and not yet answered (event-loop side only)
-        self.metrics = ServerMetrics(engine.stats, lambda: engine.is_alive, lambda: self.in_flight)
+        self.metrics = ServerMetrics(
+            engine.stats,
+            lambda: engine.is_alive,
+            lambda: self.in_flight,
+            settings.served_model_name,
+            engine.engine.model_config.max_model_len,
+        )
         self.token_texts = TokenTexts(engine)
 
     @property

@@ -103,6 +103,23 @@ def metric(text: str, name: str) -> float:
     raise KeyError(name)
 
 
+def vllm_samples(text: str, model_name: str = "mlaserve") -> dict[str, float]:
+    """Samples of vLLM-named metrics (`vllm:...`) labelled for `model_name` and engine "0", by sample name (label
+    sets other than those two, such as finished_reason, are appended as name{key=value,...})."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = dict(sample.labels)
+            if not sample.name.startswith("vllm:"):
+                continue
+            assert labels.pop("model_name") == model_name and labels.pop("engine") == "0", sample
+            extra = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+            out[f"{sample.name}{{{extra}}}" if extra else sample.name] = sample.value
+    return out
+
+
 async def sse_events(response: httpx.Response) -> list[dict | str]:
     """Parsed `data:` payloads of a streamed response ("[DONE]" stays a string)."""
     events: list[dict | str] = []

@@ -43,6 +43,8 @@ def assert_openai_error(r: httpx.Response, status: int, param: str | None = None
 
 
 LONG_PROMPT = " ".join(["w7"] * 300)  # 300 tokens > max_model_len 256
+CHAT = {"messages": [{"role": "user", "content": "w1"}], "max_tokens": 2}
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 
 BAD_BODIES = [
     ("malformed json", "/v1/completions", b'{"prompt": "w1", ', 400, None),
@@ -192,7 +194,150 @@ BAD_BODIES = [
         400,
         "seed",
     ),
-    ("echo", "/v1/completions", json.dumps({"prompt": "w1", "echo": True}).encode(), 400, "echo"),
+    (
+        "max_tokens 0 without echo",
+        "/v1/completions",
+        json.dumps({"prompt": "w1", "max_tokens": 0, "echo": False}).encode(),
+        400,
+        "max_tokens",
+    ),
+    ("tools", "/v1/chat/completions", json.dumps({**CHAT, "tools": [TOOL]}).encode(), 400, "tools"),
+    (
+        "tool_choice required",
+        "/v1/chat/completions",
+        json.dumps({**CHAT, "tool_choice": "required"}).encode(),
+        400,
+        "tool_choice",
+    ),
+    (
+        "functions",
+        "/v1/chat/completions",
+        json.dumps({**CHAT, "functions": [TOOL]}).encode(),
+        400,
+        "functions",
+    ),
+    (
+        "audio modality",
+        "/v1/chat/completions",
+        json.dumps({**CHAT, "modalities": ["text", "audio"]}).encode(),
+        400,
+        "modalities",
+    ),
+    ("store true", "/v1/chat/completions", json.dumps({**CHAT, "store": True}).encode(), 400, "store"),
+    (
+        "reasoning_effort",
+        "/v1/chat/completions",
+        json.dumps({**CHAT, "reasoning_effort": "high"}).encode(),
+        400,
+        "reasoning_effort",
+    ),
+    ("suffix", "/v1/completions", json.dumps({"prompt": "w1", "suffix": "w2"}).encode(), 400, "suffix"),
+    ("best_of 3", "/v1/completions", json.dumps({"prompt": "w1", "best_of": 3}).encode(), 400, "best_of"),
+    (
+        "unknown field",
+        "/v1/completions",
+        json.dumps({"prompt": "w1", "frobnicate": [1]}).encode(),
+        400,
+        "frobnicate",
+    ),
+    (
+        "assistant tool_calls",
+        "/v1/chat/completions",
+        json.dumps(
+            {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]}
+        ).encode(),
+        400,
+        "messages",
+    ),
+    (
+        "presence_penalty 3",
+        "/v1/completions",
+        json.dumps({"prompt": "w1", "presence_penalty": 3}).encode(),
+        400,
+        "presence_penalty",
+    ),
+    (
+        "frequency_penalty -2.5",
+        "/v1/chat/completions",
+        json.dumps({**CHAT, "frequency_penalty": -2.5}).encode(),
+        400,
+        "frequency_penalty",
+    ),
+    (
+        "repetition_penalty 0",
+        "/v1/completions",
+        json.dumps({"prompt": "w1", "repetition_penalty": 0}).encode(),
+        400,
+        "repetition_penalty",
+    ),
+    (
+        "logit_bias 200",
+        "/v1/completions",
+        json.dumps({"prompt": "w1", "logit_bias": {"5": 200}}).encode(),
+        400,
+        "logit_bias",
+    ),
+    (
+        "logit_bias not a token id",
+        "/v1/completions",
+        json.dumps({"prompt": "w1", "logit_bias": {"w5": 1}}).encode(),
+        400,
+        "logit_bias",
+    ),
+    (
+        "logit_bias past the vocabulary",
+        "/v1/completions",
+        json.dumps({"prompt": "w1", "logit_bias": {"99999": 1}}).encode(),
+        400,
+        "logit_bias",
+    ),
+    (
+        "min_tokens over max_tokens",
+        "/v1/completions",
+        json.dumps({"prompt": "w1", "max_tokens": 2, "min_tokens": 5}).encode(),
+        400,
+        "min_tokens",
+    ),
+    (
+        "response_format unknown type",
+        "/v1/chat/completions",
+        json.dumps({**CHAT, "response_format": {"type": "yaml"}}).encode(),
+        400,
+        "response_format",
+    ),
+    (
+        "json_schema without schema",
+        "/v1/chat/completions",
+        json.dumps(
+            {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}
+        ).encode(),
+        400,
+        "response_format",
+    ),
+    (
+        "json_schema with a tokenizer llguidance cannot read",
+        "/v1/chat/completions",
+        json.dumps(
+            {
+                **CHAT,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": 5}},
+                },
+            }
+        ).encode(),
+        400,
+        "response_format",
+    ),
+    (
+        "two constraints",
+        "/v1/completions",
+        json.dumps(
+            {"prompt": "w1", "response_format": {"type": "json_object"}, "guided_regex": "w1"}
+        ).encode(),
+        400,
+        "guided_regex",
+    ),
     (
         "image content",
         "/v1/chat/completions",
@@ -212,16 +357,36 @@ def test_bad_body_is_a_4xx_openai_error_and_the_server_keeps_serving(server, nam
     good_completion(client)
 
 
-def test_unknown_fields_are_ignored(server):
+def test_fields_that_cannot_change_the_output_and_nulls_are_accepted(server):
     client, _ = server
     body = {
         "prompt": "w1",
         "max_tokens": 2,
-        "user": {"any": "thing"},
-        "presence_penalty": 0,
-        "frobnicate": [1],
+        "user": "someone",
+        "metadata": {"any": "thing"},
+        "suffix": None,
+        "tools": None,
+        "n": None,
+        "stream": None,
+        "echo": None,
+        "logprobs": None,
+        "temperature": None,
+        "best_of": 1,
     }
-    assert client.post("/v1/completions", json=body, headers=AUTH).status_code == 200
+    assert client.post("/v1/completions", json=body, headers=AUTH).status_code == 200, body
+    chat = {
+        **CHAT,
+        "logprobs": None,
+        "n": None,
+        "stream": None,
+        "tool_choice": "none",
+        "parallel_tool_calls": False,
+        "store": False,
+        "service_tier": "auto",
+        "modalities": ["text"],
+        "response_format": {"type": "text"},
+    }
+    assert client.post("/v1/chat/completions", json=chat, headers=AUTH).status_code == 200, chat
 
 
 def test_ten_megabyte_body_is_413(server):
