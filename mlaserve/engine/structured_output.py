@@ -32,14 +32,18 @@ def _llguidance() -> Any:
     return llguidance
 
 
+# JSON is written one way, with json.dumps' default separators: with free whitespace a model (or a random one in a
+# test) can fill max_tokens with blanks and never close the object. A schema's own "x-guidance" can override it.
+_JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
 def grammar_text(params: StructuredOutputsParams) -> str:
     """The request's grammar in llguidance's serialized form."""
     llg = _llguidance()
     kind = params.kind
-    if kind == "json":
-        return llg.LLMatcher.grammar_from_json_schema(params.json)
-    if kind == "json_object":
-        return llg.grammar_from("json_schema", json.dumps({"type": "object"}))
+    if kind in ("json", "json_object"):
+        schema = params.json if kind == "json" else {"type": "object"}
+        return llg.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_STYLE)
     if kind == "regex":
         return llg.grammar_from("regex", params.regex)
     if kind == "choice":

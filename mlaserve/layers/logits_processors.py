@@ -47,7 +47,7 @@ def process_logits(
     masks: Sequence[TokenMask | None],
 ) -> torch.Tensor:
     """The logits to sample from: `logits` itself when no row asks for processing, else a processed copy."""
-    rows = [i for i, p in enumerate(params) if p.needs_processing]
+    rows = [i for i, p in enumerate(params) if p.needs_processing or masks[i] is not None]
     if not rows:
         return logits
     out = logits.clone()
