@@ -1,4 +1,5 @@
-"""Command line: `mlaserve generate` (prompts in, text out) and `mlaserve chat` (interactive, streamed)."""
+"""Command line: `mlaserve generate` (prompts in, text out), `mlaserve chat` (interactive, streamed),
+`mlaserve serve` (the OpenAI server) and `mlaserve export-tokenizer` (the served model's tokenizer as a folder)."""
 
 import argparse
 import json
@@ -69,13 +70,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
         [llm.apply_chat_template([{"role": "user", "content": p}]) for p in prompts] if args.chat else prompts
     )
     outputs = llm.generate(inputs, params, use_tqdm=args.verbose)
-    for prompt, out in zip(prompts, outputs):
+    for number, (prompt, out) in enumerate(zip(prompts, outputs), 1):
         completion = out.outputs[0]
         if args.json:
             record = {"prompt": prompt, "text": completion.text, "finish_reason": completion.finish_reason}
             print(json.dumps(record, ensure_ascii=False))
-        else:
-            print(completion.text)
+            continue
+        # Headed blocks: a completion may span lines, and the prompt says which answer is which.
+        if number > 1:
+            print()
+        print(f"### prompt {number}\n{prompt}")
+        tokens = len(completion.token_ids)
+        print(
+            f"### completion {number} ({tokens} tokens, finish: {completion.finish_reason})\n{completion.text}"
+        )
     return 0
 
 
@@ -126,6 +134,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(options, deploy.server_settings())
 
 
+def cmd_export_tokenizer(args: argparse.Namespace) -> int:
+    """The served model's tokenizer (and chat template) as a Hugging Face tokenizer folder, for tools that take a
+    tokenizer path (lm-eval's --model_args tokenizer=..., guidellm's --processor)."""
+    from mlaserve.loader.model_files import resolve_model
+    from mlaserve.loader.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(resolve_model(args.model, need_weights=False))
+    files = tokenizer.save_pretrained(args.output)
+    print(f"wrote the tokenizer of {args.model or 'the default model'} to {args.output}: {len(files)} files")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mlaserve", description="An MLA-first LLM inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -141,15 +161,25 @@ def main(argv: list[str] | None = None) -> int:
     from mlaserve.server.cli_args import add_serve_args
 
     add_serve_args(sub.add_parser("serve", help="OpenAI-compatible HTTP server"))
+    export = sub.add_parser("export-tokenizer", help="write the model's tokenizer as a Hugging Face folder")
+    export.add_argument("output", help="folder to write (created if missing)")
+    export.add_argument(
+        "--model", default=None, help="HF model folder or .gguf file (default: SmolLM2-135M-Instruct)"
+    )
     args = parser.parse_args(argv)
-    verbose = args.command == "serve" or args.verbose  # a server logs its start-up report
+    verbose = args.command == "serve" or getattr(args, "verbose", False)  # a server logs its start-up report
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s"
     )
-    commands = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve}
+    commands = {
+        "generate": cmd_generate,
+        "chat": cmd_chat,
+        "serve": cmd_serve,
+        "export-tokenizer": cmd_export_tokenizer,
+    }
     try:
         return commands[args.command](args)
-    except (ValueError, TypeError, FileNotFoundError) as e:
+    except (ValueError, TypeError, OSError) as e:
         print(f"mlaserve: error: {e}", file=sys.stderr)
         return 2
 
