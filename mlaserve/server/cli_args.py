@@ -26,6 +26,9 @@ _ENGINE_FLAGS = [
     ("--kv-cache-dtype", str, "auto, fp8_e4m3, int8 (MLA latent caches)"),
     ("--kv-cache-memory-bytes", int, "KV cache budget (CPU default 1 GiB)"),
     ("--num-kv-blocks", int, "exact KV block count (overrides the budget)"),
+    ("--max-num-batched-tokens", int, "tokens per step, prompt chunks included (default: 2048-8192)"),
+    ("--enable-chunked-prefill", bool, "split long prompts across steps (default on)"),
+    ("--enable-prefix-caching", bool, "reuse the KV of shared prompt prefixes (default on)"),
 ]
 _SERVER_FLAGS = [
     ("--host", str, "address to listen on (default 127.0.0.1)"),
@@ -48,7 +51,8 @@ _ENGINE_OPTIONS = (
     "block_size",
     "kv_cache_dtype",
 )
-_ENGINE_OPTIONS += ("kv_cache_memory_bytes", "num_kv_blocks")
+_ENGINE_OPTIONS += ("kv_cache_memory_bytes", "num_kv_blocks", "max_num_batched_tokens")
+_ENGINE_OPTIONS += ("enable_chunked_prefill", "enable_prefix_caching")
 _SETTINGS = ("host", "port", "metrics_port", "served_model_name", "max_concurrent_requests")
 _SETTINGS += ("request_timeout_s", "shutdown_grace_s", "max_body_bytes")
 
@@ -58,6 +62,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     for title, flags in (("model", _MODEL_FLAGS), ("engine", _ENGINE_FLAGS), ("server", _SERVER_FLAGS)):
         group = parser.add_argument_group(title)
         for flag, kind, text in flags:
+            if kind is bool:  # --flag / --no-flag, as vLLM spells them; None when neither is given
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
+                continue
             metavar = _METAVARS.get(flag)
             group.add_argument(flag, type=kind, default=None, help=text, metavar=metavar)
 

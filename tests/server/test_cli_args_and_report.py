@@ -28,6 +28,7 @@ def test_flags_become_settings_and_engine_options(monkeypatch):
         "--host", "0.0.0.0", "--port", "9000", "--served-model-name", "smol", "--api-keys-env", "MY_KEYS",
         "--max-concurrent-requests", "8", "--request-timeout-s", "30", "--shutdown-grace-s", "5",
         "--kv-cache-memory-bytes", "1000000", "--num-kv-blocks", "64", "--config", "deploy.yaml",
+        "--max-num-batched-tokens", "256", "--no-enable-prefix-caching", "--enable-chunked-prefill",
     )  # fmt: skip
     settings, options = settings_and_options_from_args(args)
     assert settings == ServerSettings(
@@ -46,6 +47,9 @@ def test_flags_become_settings_and_engine_options(monkeypatch):
         max_model_len=512,
         kv_cache_memory_bytes=1000000,
         num_kv_blocks=64,
+        max_num_batched_tokens=256,
+        enable_chunked_prefill=True,
+        enable_prefix_caching=False,
     )
     assert args.config == "deploy.yaml"  # passed through for the YAML loader
     EngineConfig.from_kwargs(**options)  # every option is one the engine knows
@@ -60,6 +64,16 @@ def test_api_keys_file_and_body_limit(tmp_path):
     assert settings.api_keys == ("sk-one", "sk-two") and settings.max_body_bytes == 1024
     with pytest.raises(ValueError, match="--api-keys-file"):
         settings_and_options_from_args(parse("--api-keys-file", str(tmp_path / "missing.txt")))
+
+
+def test_scheduler_flags_reach_the_deploy_config():
+    from mlaserve.config.deploy import load_deploy_config
+    from mlaserve.config.deploy_overrides import overrides_from_flags
+
+    args = parse("--max-num-batched-tokens", "64", "--no-enable-prefix-caching")
+    options = load_deploy_config(None, overrides_from_flags(vars(args))).engine_options()
+    assert options["max_num_batched_tokens"] == 64 and options["enable_prefix_caching"] is False
+    assert options["enable_chunked_prefill"] is True
 
 
 def test_flag_names_are_the_ones_the_deploy_overrides_know():
