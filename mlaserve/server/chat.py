@@ -46,7 +46,8 @@ async def create_chat_completion(state: ServerState, request: Request, arrival: 
     gen = Generation.for_request(state, prepared, request_id, prompt_tokens, arrival)
     model = state.settings.served_model_name
     if req.stream:
-        events = _events(gen, len(prepared), request_id, created, model, table, top or 0)
+        continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        events = _events(gen, len(prepared), request_id, created, model, table, top or 0, continuous)
         return EventStreamResponse(events, gen.close)
     try:
         results = await gen.collect(request)
@@ -69,11 +70,21 @@ async def create_chat_completion(state: ServerState, request: Request, arrival: 
 
 
 async def _events(
-    gen: Generation, num_choices: int, request_id: str, created: int, model: str, table: list[str], top: int
+    gen: Generation,
+    num_choices: int,
+    request_id: str,
+    created: int,
+    model: str,
+    table: list[str],
+    top: int,
+    continuous_usage: bool = False,
 ) -> AsyncIterator[str]:
     def chunk(choice: ChatChunkChoice) -> str:
+        usage = gen.usage() if continuous_usage else None  # vLLM's stream_options.continuous_usage_stats
         return sse(
-            ChatCompletionChunk(id=request_id, created=created, model=model, choices=[choice]).model_dump()
+            ChatCompletionChunk(
+                id=request_id, created=created, model=model, choices=[choice], usage=usage
+            ).model_dump()
         )
 
     try:

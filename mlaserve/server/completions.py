@@ -78,7 +78,9 @@ async def create_completion(state: ServerState, request: Request, arrival: float
     gen = Generation.for_request(state, prepared, request_id, prompt_tokens, arrival, score_only)
     model = state.settings.served_model_name
     if req.stream:
-        return EventStreamResponse(_events(gen, request_id, created, model, table, echoed), gen.close)
+        continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        events = _events(gen, request_id, created, model, table, echoed, continuous)
+        return EventStreamResponse(events, gen.close)
     try:
         results = await gen.collect(request)
     finally:
@@ -107,11 +109,20 @@ def _echo_of(prepared: list[PreparedRequest], with_logprobs: bool) -> _Echo:
 
 
 async def _events(
-    gen: Generation, request_id: str, created: int, model: str, table: list[str], echoed: _Echo | None
+    gen: Generation,
+    request_id: str,
+    created: int,
+    model: str,
+    table: list[str],
+    echoed: _Echo | None,
+    continuous_usage: bool = False,
 ) -> AsyncIterator[str]:
     def chunk(choice: CompletionChoice) -> str:
+        usage = gen.usage() if continuous_usage else None  # vLLM's stream_options.continuous_usage_stats
         return sse(
-            CompletionResponse(id=request_id, created=created, model=model, choices=[choice]).model_dump()
+            CompletionResponse(
+                id=request_id, created=created, model=model, choices=[choice], usage=usage
+            ).model_dump()
         )
 
     offsets: dict[int, int] = {}

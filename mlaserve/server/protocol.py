@@ -29,7 +29,7 @@ class _Body(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool | None = None
-    continuous_usage_stats: bool | None = None  # vLLM's; usage comes in the final chunk either way
+    continuous_usage_stats: bool | None = None  # vLLM's: usage so far in every chunk
 
 
 class JsonSchemaFormat(_Strict):

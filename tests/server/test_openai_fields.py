@@ -236,3 +236,20 @@ def test_langchain_chat_openai(server, offline):
             [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
         ).invoke("hi")
     assert e.value.body["param"] == "tools"
+
+
+def test_continuous_usage_stats_puts_usage_in_every_chunk(client):
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = list(
+        client.completions.create(
+            model="tiny", prompt=PROMPT, max_tokens=4, stream=True, stream_options=options
+        )
+    )
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert all(c.usage is not None for c in chunks) and counts == sorted(counts) and counts[-1] == 4
+    chat = list(
+        client.chat.completions.create(
+            model="tiny", messages=CHAT, max_tokens=3, stream=True, stream_options=options
+        )
+    )
+    assert all(c.usage is not None for c in chat) and chat[-1].usage.completion_tokens == 3
