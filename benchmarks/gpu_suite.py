@@ -89,8 +89,8 @@ def timed_walls(llm, prompts: list, params, repeats: int) -> tuple[list[float], 
 def bench(fn, warmup_ms: float = 25, rep_ms: float = 100) -> float:
     """Median milliseconds of fn, CUDA events around each run, L2 emptied before each run by reading a 256 MiB
     buffer. (triton.testing.do_bench empties it by zeroing a buffer, which leaves L2 full of dirty lines that the
-    timed kernels then write back: on an H200 that added 7-12 us to a 0.1 ms decode call, results/h200-diagnose-
-    2026-11-30-flush.json.)"""
+    timed kernels then write back: on an H200 that added 3-10 us to decode calls of 0.09-0.3 ms, results/h200-
+    diagnose-2026-11-30-flush.json.)"""
     flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda").fill_(1)
     fn()
     torch.cuda.synchronize()
@@ -124,8 +124,8 @@ def bench_dirty(fn) -> float:
 def bench_graph(fn) -> float:
     """Median milliseconds of fn replayed from a CUDA graph (as the engine runs decode): the timed span holds the
     kernels only. Eager timing of a 0.1 ms kernel also times the host's launch work whenever the host falls
-    behind, which moved the (64, 16, 4,096) decode figure between 0.106 and 0.174 ms from run to run
-    (results/h200-diagnose-2026-11-30-timing.json)."""
+    behind: three rounds of one run timed the (64, 16, 4,096) decode at 0.106-0.141 ms eagerly and 0.105 ms from a
+    graph (results/h200-diagnose-2026-11-30-timing.json)."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

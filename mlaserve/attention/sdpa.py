@@ -2,8 +2,8 @@
 elsewhere); decode as the reference, or SDPA when no LSE is needed.
 
 cuDNN's attention, which SDPA prefers on Hopper, builds an execution plan for every new shape: about 100 ms
-each on an H200 (benchmarks/results/h200-diagnose-2026-11-30.json), and chunked prefill makes new shapes all the
-time. So on CUDA one varlen flash call covers every prefill sequence, and SDPA calls exclude cuDNN.
+each on an H200, and chunked prefill makes new shapes all the time. So on CUDA one varlen flash call covers every
+prefill sequence, and SDPA calls exclude cuDNN.
 """
 
 import contextlib
@@ -27,9 +27,8 @@ def varlen_prefill(q, k, v, meta: AttentionMetadata, scale: float) -> torch.Tens
     """Every prefill sequence in one flash-attention call, bottom-right causal.
 
     The aten op under torch.nn.attention.varlen.varlen_attn, called directly: that wrapper is a Python custom op
-    that also logs and allocates an RNG-state tensor on every call, which the batch-1 prefill's cProfile on the
-    H200 showed at about 150 us per layer (results/h200-diagnose-2026-11-30-overlap.json, custom_ops
-    backend_impl), all of it host time while the GPU waited."""
+    that also logs and allocates an RNG-state tensor on every call: about 150 us of host time per layer in a
+    batch-1 prefill on an H200 (cProfile), while the GPU waited."""
     heads, dk, dv = q.shape[1], q.shape[-1], v.shape[-1]
     if k.shape[1] != heads:  # GQA: flash's varlen entry point takes equal head counts
         k, v = k.repeat_interleave(heads // k.shape[1], 1), v.repeat_interleave(heads // v.shape[1], 1)

@@ -19,27 +19,30 @@ BACKENDS: dict[str, type[AttentionBackend]] = {
 
 
 def select_backend(device: torch.device, requested: str | None = None) -> AttentionBackend:
+    name, why = choose_backend(device, requested)
+    logger.info("attention backend: %s (%s)", name, why)
+    return BACKENDS[name]()
+
+
+def choose_backend(device: torch.device, requested: str | None = None) -> tuple[str, str]:
+    """(backend name, why), without building the backend: select_backend logs it, and the server's start-up
+    report states it in its own place. Raises ValueError for an unknown or unavailable requested backend."""
     if requested is not None:
         if requested not in BACKENDS:
             raise ValueError(f"unknown attention_backend {requested!r}; choose one of {sorted(BACKENDS)}")
         reason = BACKENDS[requested].unavailable_reason(device)
         if reason is not None:
             raise ValueError(f"attention_backend {requested!r} cannot run on {device}: {reason}")
-        logger.info("attention backend: %s (requested by attention_backend option)", requested)
-        return BACKENDS[requested]()
+        return requested, "requested by attention_backend option"
     if device.type == "cuda":
         reason = TritonMLABackend.unavailable_reason(device)
         if reason is None:
             hopper = torch.cuda.get_device_capability(device) == (9, 0)
-            logger.info(
-                "attention backend: triton_mla (CUDA: Triton paged MLA decode%s; SDPA prefill and GQA decode)",
+            gluon = (
                 ", its split step in Gluon on sm_90: wgmma at 64+ heads, fp8 tensor cores for fp8 caches where they pay"
                 if hopper
-                else "",
+                else ""
             )
-            return TritonMLABackend()
-        why = f"CUDA, but triton_mla is unavailable: {reason}"
-    else:
-        why = f"{device.type}: fused SDPA prefill, paged torch decode (Triton kernels need a GPU)"
-    logger.info("attention backend: sdpa (%s)", why)
-    return SdpaBackend()
+            return "triton_mla", f"CUDA: Triton paged MLA decode{gluon}; SDPA prefill and GQA decode"
+        return "sdpa", f"CUDA, but triton_mla is unavailable: {reason}"
+    return "sdpa", f"{device.type}: fused SDPA prefill, paged torch decode (Triton kernels need a GPU)"

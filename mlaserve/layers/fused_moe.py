@@ -189,10 +189,9 @@ def grouped_gemm(
 
 
 def tile_config(block_m: int, k: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_K, warps, stages), from the H200 sweep at V2-Lite's w13 shape (benchmarks/
-    grouped_gemm_sweep.py, results/grouped-gemm-sweep-h200-2026-11-30.json): decode-sized 16-row tiles stream
-    weights best with long K steps (1 token: 29.7 us vs 35.6 us for 64x64 tiles), 64-row tiles with wide N
-    (4,096 tokens: 0.78 ms vs 0.94 ms)."""
+    """(BLOCK_N, BLOCK_K, warps, stages), from a sweep on an H200 at V2-Lite's w13 shape
+    (benchmarks/diagnose/grouped_gemm_sweep.py): decode-sized 16-row tiles stream weights best with long K steps
+    (1 token: 29.7 us vs 35.6 us for 64x64 tiles), 64-row tiles with wide N (4,096 tokens: 0.78 ms vs 0.94 ms)."""
     if block_m >= 128:
         block_n, block_k, warps, stages = 128, 64, 8, 3
     elif block_m >= 64:

@@ -6,9 +6,9 @@ H200; here one program per token does all of it. The gate itself cannot join tha
 did it there streamed the float32 gate weight through a single SM and took 45 us. For a few tokens `gate_logits`
 spreads it over programs of a few experts each instead, one launch where cuBLAS took three (the cast of the
 activations to float32, a dot and a reduce kernel: 6 us per layer at one token); tl.dot's float32 mode was no
-option, it ran 42 us (benchmarks/h200_diagnose.py, skinny section). Greedy routing only (softmax, or sigmoid with
-its correction bias and a single group); the torch functions in moe.py are the reference and the path for
-group-limited routing.
+option, it ran 42 us (benchmarks/diagnose/h200_diagnose.py, skinny section). Greedy routing only (softmax, or
+sigmoid with its correction bias and a single group); the torch functions in moe.py are the reference and the path
+for group-limited routing.
 """
 
 import torch

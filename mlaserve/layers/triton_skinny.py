@@ -3,10 +3,10 @@
 With one to sixteen rows a linear layer is a weight stream. Every program here takes all rows as one 16-row
 tensor-core tile and a narrow block of output columns, so the grid covers the GPU even for a few hundred outputs
 and each weight row is read once. Against cuBLAS on an H200, inside CUDA graphs over weights beyond L2
-(benchmarks/h200_diagnose.py, skinny section; results/h200-diagnose-2026-11-30-skinny.json), it won where cuBLAS
-is weakest: narrow outputs, which cuBLAS splits over K into a GEMM plus a reduce kernel (V2-Lite's 576-wide kv_a
-projection: 5.1 vs 6.0 us), and LM-head-wide ones (102,400 x 2,048: 106 vs 115 us). For the widths in between
-cuBLAS was as fast or faster (q_proj 6.5 vs 6.8 us), so linear.py sends only the first two kinds here.
+(benchmarks/diagnose/h200_diagnose.py, skinny section), it won where cuBLAS is weakest: narrow outputs, which
+cuBLAS splits over K into a GEMM plus a reduce kernel (V2-Lite's 576-wide kv_a projection: 5.1 vs 6.0 us), and
+LM-head-wide ones (102,400 x 2,048: 106 vs 115 us). For the widths in between cuBLAS was as fast or faster
+(q_proj 6.5 vs 6.8 us), so linear.py sends only the first two kinds here.
 
 `skinny_linear_reference` is the torch definition it is tested against.
 """

@@ -1,8 +1,8 @@
 """CUDA graphs of short fresh prefills: steps whose sequences all start at position 0, one graph per padded size.
 
 Launched op by op, a 512-token prompt of DeepSeek-V2-Lite is about 800 kernels and took 25-50 ms of host time on
-the H200 machines against 19 ms of GPU work (benchmarks/results/h200-diagnose-2026-11-30-overlap.json): a short
-request spent most of its time to first token waiting for Python. Replayed from a graph it is one launch.
+an H200 machine against 19 ms of GPU work: a short request spent most of its time to first token waiting for
+Python. Replayed from a graph it is one launch.
 
 A step qualifies when it only prefills, every sequence's context is exactly this step's tokens (no prefix-cache hit,
 no earlier chunk), it has at most MAX_SEQS sequences and its tokens fit the largest captured size. Those steps read

@@ -1,10 +1,13 @@
 """The start-up report: what an operator checks first (weights, layout, backend, KV capacity, address).
 
-Logged at start and served under `mlaserve` on /v1/models, so a deployment can be verified over HTTP.
+Logged at start and served under `mlaserve` on /v1/models, so a deployment can be verified over HTTP. The engine
+logs its backend, weights and KV cache as it builds them (what an offline run shows); `serve()` keeps those lines
+quiet and this report says each once, in the order below.
 """
 
 from __future__ import annotations
 
+from mlaserve.attention.selector import choose_backend
 from mlaserve.engine.llm_engine import LLMEngine
 from mlaserve.server.settings import ServerSettings
 
@@ -23,18 +26,22 @@ def startup_report(engine: LLMEngine, settings: ServerSettings) -> dict:
         mha = stats["mha_kv_bytes_per_token"]
         kv["mha_bytes_per_token"] = mha
         kv["saving_ratio"] = round(mha / stats["kv_bytes_per_token"], 2)
+    _, why = choose_backend(engine.device, engine.config.attention_backend)
     report = {
         "model": engine.config.model or "default (SmolLM2-135M-Instruct)",
+        "architecture": engine.model_config.architecture,
         "served_model_name": settings.served_model_name,
         "weights": {
             "num_tensors": load.num_tensors,
             "num_parameters": load.num_parameters,
+            "ignored": load.ignored,
             "missing": list(load.missing[:10]),
             "unexpected": list(load.unexpected[:10]),
             "shape_mismatches": list(load.shape_mismatches[:10]),
         },
         "parallel": {"tensor_parallel_size": engine.config.tensor_parallel_size, "pipeline_parallel_size": 1},
         "attention_backend": stats["attention_backend"],
+        "attention_backend_reason": why,
         "device": stats["device"],
         "max_model_len": engine.model_config.max_model_len,
         "kv_cache": kv,
@@ -53,14 +60,15 @@ def format_report(report: dict) -> list[str]:
         return ", ".join(items) if items else "none"
 
     lines = [
-        f"model {report['model']} served as '{report['served_model_name']}' on {report['device']}, "
-        f"max_model_len {report['max_model_len']}",
-        f"weights: {w['num_tensors']} tensors ({w['num_parameters'] / 1e6:.1f}M parameters) loaded; "
+        f"model {report['architecture']} from {report['model']} served as '{report['served_model_name']}' on "
+        f"{report['device']}, max_model_len {report['max_model_len']}",
+        f"weights: {w['num_tensors']} tensors ({w['num_parameters'] / 1e6:.1f}M parameters) loaded, "
+        f"{w['ignored']} ignored; "
         f"missing: {names(w['missing'])}; unexpected: {names(w['unexpected'])}; "
         f"shape mismatches: {names(w['shape_mismatches'])}",
         f"parallel layout: tensor parallel {par['tensor_parallel_size']}, "
         f"pipeline parallel {par['pipeline_parallel_size']}",
-        f"attention backend: {report['attention_backend']}",
+        f"attention backend: {report['attention_backend']} ({report['attention_backend_reason']})",
         f"KV cache: {kv['blocks']} blocks x {kv['block_size']} tokens = {kv['capacity_tokens']} tokens, "
         f"{kv['bytes_per_token']} bytes/token ({kv['dtype']})",
     ]

@@ -30,6 +30,13 @@ logger = logging.getLogger("mlaserve.server")
 
 # After the drain, uvicorn gets this long to flush the last responses and close connections.
 _CLOSE_TIMEOUT_S = 5
+# What these modules log at INFO while the engine is built (the attention backend, the weights loaded, the KV
+# cache) is what the start-up report says again, in an operator's order: serve() builds the engine with them quiet.
+_REPORTED_BY_THE_ENGINE = (
+    "mlaserve.attention.selector",
+    "mlaserve.loader.model_loader",
+    "mlaserve.engine.llm_engine",
+)
 
 
 class _Server(uvicorn.Server):
@@ -53,7 +60,8 @@ def serve(engine_options: dict, settings: ServerSettings) -> int:
         return 1
     # Port 0 (tests) asks the OS for a free port: report the one we got.
     settings = _with_bound_ports(settings, sockets)
-    engine = LLMEngine(EngineConfig.from_kwargs(**engine_options))
+    with _quiet(_REPORTED_BY_THE_ENGINE):
+        engine = LLMEngine(EngineConfig.from_kwargs(**engine_options))
     report = startup_report(engine, settings)
     for line in format_report(report):
         logger.info(line)
@@ -63,6 +71,20 @@ def serve(engine_options: dict, settings: ServerSettings) -> int:
         return asyncio.run(_serve(app, async_engine, settings, sockets))
     finally:
         async_engine.shutdown()
+
+
+@contextlib.contextmanager
+def _quiet(names: tuple[str, ...]) -> Iterator[None]:
+    """These loggers pass warnings and errors only, for the duration."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -208,7 +208,7 @@ def test_fp8_dot_kernel_rule(batch, max_len, pays):
 
 def test_wgmma_kernel_is_refused_where_it_cannot_run():
     """The Gluon split kernel (Hopper only) is never picked on CPU, and asking for it names what it needs. Its
-    compiled form is checked in tests/benchmarks/test_decode_compile_report.py, its results in tests/gpu."""
+    compiled form is checked in tests/benchmarks/diagnose/test_decode_compile_report.py, its results in tests/gpu."""
     q, cache, table, meta = random_case([9, 30], 64, 16, seed=3)
     default, _ = mla_decode(q, cache, table, meta.seq_lens, 30, LAT, 0.2, block_n=16)
     want, _ = TorchBackend().decode(q, cache, None, meta, 0.2, LAT, need_lse=True)

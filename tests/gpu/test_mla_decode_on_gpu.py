@@ -17,7 +17,7 @@ PAGE = 64
 
 
 # The LSE tolerance of the fp8-dot kernel (mla_decode_fp8.py): its scores carry the fp8 tensor cores' accumulation
-# error (LSE within 1.4e-3 at four shapes in results/h200-diagnose-2026-11-30-fp8dots-ws.json). A one-row
+# error (LSE within 1.4e-3 at four shapes in results/h200-diagnose-2026-11-30-fp8dots-tails.json). A one-row
 # context's LSE is a single score, with no averaging, so the tolerance leaves room; the last test here bounds the
 # error against the cache's own rounding.
 FP8_DOTS_LSE_ATOL = 8e-3

@@ -163,7 +163,7 @@ def _stage1(
     elif PAGE_AHEAD:
         # The page of tile i + 1 is looked up while tile i is worked on. With the lookup in the same iteration as
         # the tile's load, Triton's pipeliner spends a stage on it and gives the tile one shared-memory buffer
-        # (compiled for sm_90: benchmarks/decode_compile_report.py); one tile ahead, the tile gets two.
+        # (as compiled for sm_90, benchmarks/diagnose/decode_compile_report.py); one tile ahead, the tile gets two.
         page = _page_of(BlockTable, b, start, end, stride_bt, PAGE)
         for n0 in range(start, end, BLOCK_N):
             page_next = _page_of(BlockTable, b, n0 + BLOCK_N, end, stride_bt, PAGE)
@@ -228,12 +228,11 @@ def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms
     """How many slices of the context each (sequence, head group) is split into; no slice under 4 KV tiles.
 
     The memory-bound kernel (16 heads per program) gets about two programs per SM, which is what fits at once. On
-    an H200, block 64, 16 heads, timed as CUDA-graph replays (benchmarks/h200_diagnose.py decode_timing,
-    results/h200-diagnose-2026-11-30-splits.json, two rounds within 1%): (B, L) = (64, 4,096) took 0.098 ms at 4
-    splits, 0.104 at 8, 0.115 at 3, 0.119 at 6 and 0.130 at 2; (128, 8,192) took 0.322 ms at 2, 0.326 at 4 and
-    0.399 at 3. (Eager timings of the same kernel had spread 0.099-0.174 ms between runs: host launch time.)
-    The compute-bound kernel (64 heads per program) was fastest unsplit when one wave holds every program, so it
-    takes the fewest splits whose last wave is within 5% of the best fill."""
+    an H200, block 64, 16 heads, timed as CUDA-graph replays (two rounds within 1%): (B, L) = (64, 4,096) took
+    0.098 ms at 4 splits, 0.104 at 8, 0.115 at 3, 0.119 at 6 and 0.130 at 2; (128, 8,192) took 0.322 ms at 2,
+    0.326 at 4 and 0.399 at 3. (Eager timings of the same kernel had spread 0.099-0.174 ms between runs: host
+    launch time.) The compute-bound kernel (64 heads per program) was fastest unsplit when one wave holds every
+    program, so it takes the fewest splits whose last wave is within 5% of the best fill."""
     most = max(1, min(math.ceil(max_len / (4 * block_n)), 64))
     work = max(batch * head_groups, 1)
     if block_h <= 16:
@@ -250,22 +249,21 @@ def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms
 def fp8_dot_splits(batch: int, head_groups: int, max_len: int, sms: int) -> int:
     """Splits for the fp8-dot kernel (mla_decode_fp8.py): its CTA takes a whole SM (shared memory), so about one
     per SM, each with at least 8 tiles of 64 rows (4 per warpgroup); at most 32. More, in waves, were slower at every
-    shape timed on an H200: 54.6 us at (B, L) = (64, 4,096) with 2 splits, 63.9-77.7 us with 3, 4 or 8
-    (results/h200-diagnose-2026-11-30-fp8-splits.json)."""
+    shape timed on an H200: 54.6 us at (B, L) = (64, 4,096) with 2 splits, 63.9-77.7 us with 3, 4 or 8: waves do
+    not make up for the SMs' unequal bandwidth."""
     most = max(1, min(math.ceil(max_len / (8 * 64)), 32))
     return max(1, min(most, round(sms / max(batch * head_groups, 1))))
 
 
 def fp8_dots_pay(batch: int, head_groups: int, max_len: int, splits: int) -> bool:
     """Whether the fp8-dot kernel beats the widening one for a call (the default of `fp8_dots`): when each CTA gets 16
-    tiles of 64 rows or more, or 4 or more and the call has 512 tiles in all. On an H200 (results/h200-diagnose-
-    2026-11-30-fp8-rule-fill.json) it won at 4 to 32 tiles per CTA on grids of 128 CTAs (0.64x-0.97x the bf16 kernel
-    against the widening kernel's 0.99x-1.03x), narrowly at 8 tiles on 64 CTAs (512 tiles: 1.00x-1.03x against
-    1.04x-1.07x), and at 16 and 32 tiles on the 32 CTAs of batch 1; it lost at 8 tiles on 16 and 32 CTAs (1.07x-1.11x
-    against 0.89x-0.90x) and at 4 tiles on 64 (0.93x against 0.85x). Rerun after one partial per CTA (-fp8-rule-
-    onepart.json), it picked the faster kernel at 26 of 27 shapes, all but batch 1 over 16,384 (1.01x against 1.10x).
-    The rule sees max_len, not the lengths: a graph sized for a longer context than the batch has picks by the
-    graph's size."""
+    tiles of 64 rows or more, or 4 or more and the call has 512 tiles in all. On an H200 it won at 4 to 32 tiles
+    per CTA on grids of 128 CTAs (0.64x-0.97x the bf16 kernel against the widening kernel's 0.99x-1.03x), narrowly
+    at 8 tiles on 64 CTAs (512 tiles: 1.00x-1.03x against 1.04x-1.07x), and at 16 and 32 tiles on the 32 CTAs of
+    batch 1; it lost at 8 tiles on 16 and 32 CTAs (1.07x-1.11x against 0.89x-0.90x) and at 4 tiles on 64 (0.93x
+    against 0.85x). Timed again once the kernel wrote one partial per CTA, the rule picked the faster kernel at 26
+    of 27 shapes, all but batch 1 over 16,384 (1.01x against 1.10x). The rule sees max_len, not the lengths: a
+    graph sized for a longer context than the batch has picks by the graph's size."""
     tiles = math.ceil(max_len / 64)
     per_cta = math.ceil(tiles / splits)
     return per_cta >= 16 or (per_cta >= 4 and batch * head_groups * tiles >= 512)
@@ -367,8 +365,8 @@ def decode_plan(
     quantized = is_quantized(kv_cache.dtype)
     # 8-bit tiles are widened in registers; at 16 heads per program that conversion, not HBM, bounds the
     # kernel, and smaller tiles with fewer warps and fp16 dots (a cheaper widening) were fastest: fp8 at (B, L)
-    # = (64, 4,096) took 0.140 ms against 0.181 ms with the bf16-cache defaults (benchmarks/results/
-    # decode-sweep-h200-2026-11-30b.json). The 64-head kernel keeps the measured defaults of bf16 caches.
+    # = (64, 4,096) took 0.140 ms against 0.181 ms with the bf16-cache defaults in a sweep on an H200
+    # (benchmarks/diagnose/decode_sweep.py). The 64-head kernel keeps the measured defaults of bf16 caches.
     light = quantized and block_h <= 16
     tile_given = block_n is not None or num_warps is not None
     q_f16 = light and q.dtype != torch.float32 if q_f16 is None else q_f16  # fp32 models keep fp32 dots
@@ -382,10 +380,10 @@ def decode_plan(
     if light:
         block_n, num_warps = block_n or 32, num_warps or 4
     elif block_h <= 16 and page_ahead and page % 32 == 0:
-        # 16-bit tiles, two buffers each (page ahead). On an H200 (results/h200-diagnose-2026-11-30-pageahead.json,
-        # graph replays), 32-row tiles with 4 warps fit two programs per SM and were fastest once the grid fills
-        # the GPU: (B, L) = (64, 4,096) 0.093 ms against 0.097 for the 64-row single-buffered default, (128,
-        # 8,192) 0.308 against 0.321, batch 32 at 512 / 2,048 even. A grid under one program per SM (batch 1)
+        # 16-bit tiles, two buffers each (page ahead). On an H200 (graph replays), 32-row tiles with 4 warps fit
+        # two programs per SM and were fastest once the grid fills the GPU: (B, L) = (64, 4,096) 0.093 ms against
+        # 0.097 for the 64-row single-buffered default, (128, 8,192) 0.308 against 0.321, batch 32 at 512 / 2,048
+        # even. A grid under one program per SM (batch 1)
         # wants 64-row tiles and 8 warps: 0.023 ms against 0.025 (32 rows) and 0.028 (old default) at 16,384.
         # Pages under 32 rows keep the old defaults: their tiles span pages, so there is no page to look up ahead.
         wide = num_splits or num_splits_for(batch, head_groups, max_seq_len, 64, sms, block_h)
@@ -402,8 +400,8 @@ def decode_plan(
         raise ValueError("wgmma=True needs an sm_90 GPU, a bf16/fp16 query and pages a multiple of 64 rows; with a "
                          "16-bit cache in q's dtype, 64 heads per program in 64-row tiles with 8 warps; with an "
                          "8-bit cache, 16 heads per program and a 512-wide latent")  # fmt: skip
-    # By default the Gluon 8-bit kernels take fp8 caches only; int8 gained 0-5% from the widening one
-    # (results/h200-diagnose-2026-11-30-wgmma8.json) and stays on the Triton kernel unless asked.
+    # By default the Gluon 8-bit kernels take fp8 caches only; int8 gained 0-5% from the widening one (and lost 1%
+    # at small batches), so it stays on the Triton kernel unless asked.
     fp8 = kv_cache.dtype == torch.float8_e4m3fn
     wgmma8 = can_wgmma8 and (wgmma if wgmma is not None else (fp8 and not tile_given) or bool(fp8_dots))
     # fp8 wgmma's K step; TMA copies the rows, which wants 16-byte aligned rows
@@ -472,14 +470,13 @@ def mla_decode(
     e4m3 terms, which keeps about bf16's precision; what remains is the fp8 tensor cores' own accumulation: on an
     H200, at four shapes, the LSE came within 1.4e-3 of the torch reference over the dequantized cache (the widening
     kernel: 2e-6) and outputs within 4.4e-3 (widening: 4.0e-3), where the cache's own fp8 rounding moved that
-    reference by 3e-3 to 3e-2 in LSE (results/h200-diagnose-2026-11-30-fp8dots-ws.json). pdl: on that fp8-dot path,
-    launch the split step and the merge with programmatic dependent launch, each behind the kernel before it, so
-    they are placed and start while it runs (default on). The other paths launch plainly: the merge on PDL behind
-    the bf16 kernel was no faster at the memory-bound shapes and 1.5-3% slower at batch 32 with short contexts
-    (results/h200-diagnose-2026-11-30-options.json).
-    widen_bits: 8-bit caches with fp16 dots, widen the tiles by integer operations
-    instead of conversion instructions (default: on wherever it applies; exact for every byte, and on an H200 5-7%
-    faster for fp8 and 11-12% for int8 at the memory-bound shapes, results/h200-diagnose-2026-11-30-widen.json).
+    reference by 3e-3 to 3e-2 in LSE. pdl: on that fp8-dot path, launch the split step and the merge with
+    programmatic dependent launch, each behind the kernel before it, so they are placed and start while it runs
+    (default on; at (64, 16, 4,096) 53 us against 55 us launched plainly). The other paths launch plainly: the
+    merge on PDL behind the bf16 kernel was no faster at the memory-bound shapes and 1.5-3% slower at batch 32 with
+    short contexts. widen_bits: 8-bit caches with fp16 dots, widen the tiles by integer operations instead of
+    conversion instructions (default: on wherever it applies; exact for every byte, and on an H200 5-7% faster for
+    fp8 and 11-12% for int8 at the memory-bound shapes).
 
     Defaults come from the H200 sweep in benchmarks/gpu_suite.py --tune: 16 heads per program when there are few
     (memory-bound: one latent read per 16 heads), 64 with many (each latent tile then feeds 64 heads' dots)."""

@@ -34,8 +34,8 @@ def _copy_tile8(
 
 @gluon.jit
 def _widen(x):
-    """8-bit operand -> fp16. fp8 takes the paired conversion instruction (integer operations were 1.4-1.6x slower
-    here), int8 integer operations packed two to a register (results/h200-diagnose-2026-11-30-wgmma8.json)."""
+    """8-bit operand -> fp16. fp8 takes the paired conversion instruction (integer operations took 1.4-1.6x its
+    time here on an H200), int8 integer operations packed two to a register."""
     if x.dtype == gl.int8:
         y = _widen_bits(x, gl.float16)
     else:
