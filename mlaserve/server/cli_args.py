@@ -18,7 +18,11 @@ _MODEL_FLAGS = [
     ("--dtype", str, "auto, float32, bfloat16, float16 (default auto)"),
     ("--device", str, "auto, cpu, cuda (default auto)"),
     ("--max-model-len", int, "longest prompt + output (default: the model's)"),
-    ("--served-model-name", str, "the model name clients send (default mlaserve)"),
+    (
+        "--served-model-name",
+        str,
+        "the model name clients send (default: the model folder's name, or mlaserve)",
+    ),
 ]
 _ENGINE_FLAGS = [
     ("--max-num-seqs", int, "requests stepped together (default 256)"),
