@@ -131,8 +131,9 @@ class SamplingParams:
             if not _is_real(value) or not -2.0 <= value <= 2.0:
                 raise ValueError(f"{name} must be a number in [-2, 2], got {value!r}")
         rep = self.repetition_penalty
-        if not _is_real(rep) or not math.isfinite(rep) or rep <= 0:
-            raise ValueError(f"repetition_penalty must be a finite number > 0 (1 = off), got {rep!r}")
+        # Bounded so that logits divided or multiplied by it stay finite in float32 (and in bf16 logits).
+        if not _is_real(rep) or not 0.01 <= rep <= 100:
+            raise ValueError(f"repetition_penalty must be in [0.01, 100] (1 = off), got {rep!r}")
         if not _is_real(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:

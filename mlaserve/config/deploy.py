@@ -138,6 +138,10 @@ class ServerSection(_Section):
     request_timeout_s: Annotated[float, Field(gt=0)] = _SERVER["request_timeout_s"]
     shutdown_grace_s: Annotated[float, Field(ge=0)] = _SERVER["shutdown_grace_s"]
     max_body_bytes: PositiveInt = _SERVER["max_body_bytes"]
+    header_timeout_s: Annotated[float, Field(gt=0)] = _SERVER["header_timeout_s"]
+    body_timeout_s: Annotated[float, Field(gt=0)] = _SERVER["body_timeout_s"]
+    keep_alive_timeout_s: Annotated[float, Field(gt=0)] = _SERVER["keep_alive_timeout_s"]
+    max_connections: PositiveInt = _SERVER["max_connections"]
     # Read at validation time, so a DeployConfig can never exist with auth configured but keys unread.
     _api_keys: tuple[str, ...] = PrivateAttr(default=())
 
@@ -210,6 +214,10 @@ class DeployConfig(_Section):
             request_timeout_s=server.request_timeout_s,
             shutdown_grace_s=server.shutdown_grace_s,
             max_body_bytes=server.max_body_bytes,
+            header_timeout_s=server.header_timeout_s,
+            body_timeout_s=server.body_timeout_s,
+            keep_alive_timeout_s=server.keep_alive_timeout_s,
+            max_connections=server.max_connections,
         )
 
 

@@ -37,6 +37,10 @@ FLAG_KEYS: dict[str, str] = {
     "request_timeout_s": "server.request_timeout_s",
     "shutdown_grace_s": "server.shutdown_grace_s",
     "max_body_bytes": "server.max_body_bytes",
+    "header_timeout_s": "server.header_timeout_s",
+    "body_timeout_s": "server.body_timeout_s",
+    "keep_alive_timeout_s": "server.keep_alive_timeout_s",
+    "max_connections": "server.max_connections",
 }
 
 

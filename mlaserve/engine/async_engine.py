@@ -17,7 +17,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from mlaserve.engine.llm_engine import LLMEngine, PreparedRequest
+from mlaserve.engine.intake import PreparedRequest
+from mlaserve.engine.llm_engine import LLMEngine
 from mlaserve.engine.output_stream import EngineDeadError, EngineStepError, OutputStream
 from mlaserve.outputs import RequestOutput
 from mlaserve.sampling_params import SamplingParams

@@ -3,7 +3,6 @@
 import itertools
 import logging
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -14,6 +13,7 @@ from mlaserve.core.kv_cache_manager import CacheGroupSpec, KVCacheManager
 from mlaserve.core.request import Request, RequestStatus
 from mlaserve.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from mlaserve.engine.detokenizer import RequestText
+from mlaserve.engine.intake import PreparedRequest, RequestIntake
 from mlaserve.engine.kv_sizing import num_kv_blocks
 from mlaserve.engine.structured_output import GrammarCompiler
 from mlaserve.kvcache.allocate import allocate_kv_caches
@@ -35,15 +35,6 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={name!r} requested but no CUDA device is available; use device='cpu'")
     return device
-
-
-@dataclass(slots=True)
-class PreparedRequest:
-    """A validated, tokenized request that has not touched the engine yet."""
-
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
 
 
 class LLMEngine:
@@ -88,6 +79,7 @@ class LLMEngine:
         self._prompts: dict[str, str | None] = {}
         self._prompt_logprobs: dict[str, list[dict[int, float] | None]] = {}
         self._grammar_compiler: GrammarCompiler | None = None
+        self.intake = RequestIntake(self.tokenizer, self.model_config, self.grammar_compiler)
         self._ids = itertools.count()
         self.num_generated_tokens = 0
         # Off on CPU by default: there the host and the "device" are the same cores, so nothing overlaps.
@@ -123,35 +115,7 @@ class LLMEngine:
     # ---- requests -------------------------------------------------------------------------------------------
     def prepare(self, prompt: str | dict, params: SamplingParams) -> PreparedRequest:
         """Validate and tokenize without side effects, so a bad request in a batch starts no work."""
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
-        if isinstance(prompt, str) and self.tokenizer is None:
-            raise ValueError("text prompts need a tokenizer; with skip_tokenizer_init pass prompt_token_ids")
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; with skip_tokenizer_init use stop_token_ids")
-        if isinstance(prompt, str):
-            text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
-        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
-        else:
-            raise TypeError("a prompt is a str or a dict with 'prompt_token_ids'")
-        vocab = self.model_config.vocab_size
-        if not ids:
-            raise ValueError("the prompt is empty (0 tokens)")
-        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
-        bad = [t for t in (params.logit_bias or {}) if t >= vocab]
-        if bad:
-            raise ValueError(f"logit_bias token ids out of range [0, {vocab}): {bad[:5]}")
-        if params.structured_outputs is not None:
-            self.grammar_compiler().validate(params.structured_outputs)
-        limit = self.model_config.max_model_len
-        if len(ids) >= limit:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens; it must be shorter than max_model_len={limit}"
-            )
-        return PreparedRequest(text, ids, params)
+        return self.intake.prepare(prompt, params)
 
     def grammar_compiler(self) -> GrammarCompiler:
         if self.tokenizer is None:

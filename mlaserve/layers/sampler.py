@@ -115,11 +115,12 @@ def _apply_top_k_top_p(scaled: torch.Tensor, params: list[SamplingParams]) -> to
     drop = ranks.unsqueeze(0) >= torch.tensor(top_k, device=device).unsqueeze(1)
     if any(p != float("inf") for p in top_p):
         # Nucleus over the top-k survivors, renormalised: keep a token while the mass strictly above it is
-        # still short of top_p, i.e. the smallest prefix whose mass reaches top_p. The top token's mass_before
-        # is exactly 0 < top_p, so it always survives.
+        # still short of top_p, i.e. the smallest prefix whose mass reaches top_p. The top token always survives.
         probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
         mass_before = probs.cumsum(dim=-1) - probs
         drop |= mass_before >= torch.tensor(top_p, dtype=torch.float32, device=device).unsqueeze(1)
+        # A top_p below float32's range rounds to 0, and 0 >= 0 would drop the top token too (every row -inf).
+        drop[:, 0] = False
     mask = torch.empty_like(drop).scatter_(1, sorted_ids, drop)
     return scaled.masked_fill_(mask, float("-inf"))
 

@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from mlaserve.engine.async_engine import AsyncEngine
 from mlaserve.server.auth import api_key_dependency
+from mlaserve.server.body import parse_json_object, read_body, sequences_asked
 from mlaserve.server.chat import create_chat_completion
 from mlaserve.server.completions import create_completion
 from mlaserve.server.errors import install_error_handlers
@@ -19,7 +20,7 @@ from mlaserve.server.sse import EventStreamResponse
 from mlaserve.server.state import ServerState
 from mlaserve.server.tokenization import detokenize, tokenize, tokenizer_info, version
 
-Handler = Callable[[ServerState, Request, float], Awaitable[Response]]
+Handler = Callable[[ServerState, Request, dict, float], Awaitable[Response]]
 
 
 def build_app(engine: AsyncEngine, settings: ServerSettings, startup_report: dict) -> FastAPI:
@@ -89,10 +90,14 @@ def build_ops_app(app: FastAPI) -> FastAPI:
 
 
 async def _generate(state: ServerState, request: Request, handler: Handler) -> Response:
+    """Body first, then a concurrency slot: a slow body holds no slot, and every answer (429 and the draining 503
+    included) comes after the body was read, so closing the connection never resets a client still sending."""
     arrival = time.monotonic()
-    release = state.admit()
+    settings = state.settings
+    body = parse_json_object(await read_body(request, settings.max_body_bytes, settings.body_timeout_s))
+    release = state.admit(sequences_asked(body))
     try:
-        response = await handler(state, request, arrival)
+        response = await handler(state, request, body, arrival)
     except BaseException:
         release()
         raise

@@ -5,7 +5,9 @@ FastAPI's own body parsing answers 422 with `{"detail": [...]}` and reads bodies
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -20,7 +22,23 @@ M = TypeVar("M", bound=BaseModel)
 _DRAIN_FACTOR = 8
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
+async def read_body(request: Request, max_bytes: int, timeout_s: float | None = None) -> bytes:
+    """The whole body, or a 413 past max_bytes, or a 408 when it did not all arrive within timeout_s (a client
+    trickling its body must not hold the connection, nor anything else, for long)."""
+    if timeout_s is None:
+        return await _read_body(request, max_bytes)
+    try:
+        return await asyncio.wait_for(_read_body(request, max_bytes), timeout_s)
+    except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
+        raise OpenAIError(
+            408,
+            f"the request body did not arrive within body_timeout_s={timeout_s:g} s",
+            code="body_timeout",
+            headers={"Connection": "close"},
+        ) from None
+
+
+async def _read_body(request: Request, max_bytes: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         await _drain(request, max_bytes * _DRAIN_FACTOR)
@@ -78,7 +96,63 @@ def parse_json_object(raw: bytes) -> dict:
         raise bad_request(
             f"the request body must be a JSON object, got {type(body).__name__}", code="invalid_json"
         )
+    bad = _lone_surrogate(body)
+    if bad is not None:
+        path, char = bad
+        field = _path_text(path)
+        raise bad_request(
+            f"'{field}' contains a lone UTF-16 surrogate (U+{ord(char):04X}), which is not valid Unicode text",
+            _escape(str(path[0])) if path else None,
+            "invalid_unicode",
+        )
     return body
+
+
+def sequences_asked(body: dict) -> int:
+    """How many sequences a generation body asks for (prompts x max(n, best_of)), read loosely before validation:
+    a malformed field counts as 1 and is rejected by validation later."""
+
+    def count(name: str) -> int:
+        value = body.get(name)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 1 else 1
+
+    prompt = body.get("prompt")
+    prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
+    return prompts * max(count("n"), count("best_of"))
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(body: dict) -> tuple[tuple, str] | None:
+    """(path, the character) of the first string (value or key) holding a lone surrogate: JSON's \\uXXXX escapes
+    can spell one, Python keeps it, and no tokenizer or UTF-8 encoder accepts it. Iterative: a body nested as
+    deep as json.loads allows must not overflow the stack here."""
+    stack: list[tuple[tuple, object]] = [((), body)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            found = _SURROGATE.search(value)
+            if found is not None:
+                return path, found.group()
+        elif isinstance(value, dict):
+            for key, item in reversed(value.items()):
+                stack.append((path + (key,), item))
+                stack.append((path + (key,), key))
+        elif isinstance(value, list):
+            stack.extend((path + (i,), item) for i, item in reversed(list(enumerate(value))))
+    return None
+
+
+def _escape(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _path_text(path: tuple) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return _escape(text) or "the body"
 
 
 def validate(model: type[M], body: dict) -> M:

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from mlaserve.server.body import parse_json_object, read_body, validate
+from mlaserve.server.body import validate
 from mlaserve.server.errors import OpenAIError, bad_request
 from mlaserve.server.generation import Generation
 from mlaserve.server.logprobs import chat_logprobs
@@ -28,8 +28,9 @@ from mlaserve.server.sse import DONE, EventStreamResponse, sse
 from mlaserve.server.state import ServerState
 
 
-async def create_chat_completion(state: ServerState, request: Request, arrival: float) -> Response:
-    body = parse_json_object(await read_body(request, state.settings.max_body_bytes))
+async def create_chat_completion(
+    state: ServerState, request: Request, body: dict, arrival: float
+) -> Response:
     req = validate(ChatCompletionRequest, body)
     state.check_model(req.model)
     created = int(time.time())
@@ -39,7 +40,7 @@ async def create_chat_completion(state: ServerState, request: Request, arrival: 
     top = requested_logprobs(req)
     params = build_params(req, max_tokens, top, field)
     prepared, prompt_tokens = await prepare_choices(
-        state.engine, req, params, field, grammar_field=constraint_field(req)
+        state.intake, req, params, field, grammar_field=constraint_field(req)
     )
     table = await state.token_texts.table() if top is not None else []
     request_id = f"chatcmpl-{uuid.uuid4().hex}"

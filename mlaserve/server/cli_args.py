@@ -44,6 +44,10 @@ _SERVER_FLAGS = [
     ("--request-timeout-s", float, "abort a request running longer (default 600)"),
     ("--shutdown-grace-s", float, "on SIGTERM, time running requests get to finish (default 30)"),
     ("--max-body-bytes", int, "larger request bodies get 413 (default 4 MiB)"),
+    ("--header-timeout-s", float, "time to send the request line and headers (default 10)"),
+    ("--body-timeout-s", float, "time to send the whole body (default 30)"),
+    ("--keep-alive-timeout-s", float, "idle keep-alive connections close after this (default 5)"),
+    ("--max-connections", int, "open connections past this get a 503 and are closed (default 1024)"),
 ]
 _METAVARS = {"--api-keys-env": "NAME", "--api-keys-file": "PATH"}
 _ENGINE_OPTIONS = (
@@ -59,6 +63,7 @@ _ENGINE_OPTIONS += ("kv_cache_memory_bytes", "num_kv_blocks", "max_num_batched_t
 _ENGINE_OPTIONS += ("enable_chunked_prefill", "enable_prefix_caching")
 _SETTINGS = ("host", "port", "metrics_port", "served_model_name", "max_concurrent_requests")
 _SETTINGS += ("request_timeout_s", "shutdown_grace_s", "max_body_bytes")
+_SETTINGS += ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "max_connections")
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -106,6 +111,10 @@ def settings_and_options_from_args(args: argparse.Namespace) -> tuple[ServerSett
         ("max_body_bytes", lambda v: v >= 1, ">= 1"),
         ("request_timeout_s", lambda v: v > 0, "> 0"),
         ("shutdown_grace_s", lambda v: v > 0, "> 0"),
+        ("header_timeout_s", lambda v: v > 0, "> 0"),
+        ("body_timeout_s", lambda v: v > 0, "> 0"),
+        ("keep_alive_timeout_s", lambda v: v > 0, "> 0"),
+        ("max_connections", lambda v: v >= 1, ">= 1"),
     ]
     for name, ok, allowed in checks:
         if name in fields and not ok(fields[name]):

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from mlaserve.engine.llm_engine import PreparedRequest
-from mlaserve.server.body import parse_json_object, read_body, validate
+from mlaserve.engine.intake import PreparedRequest
+from mlaserve.server.body import validate
 from mlaserve.server.errors import OpenAIError, bad_request
 from mlaserve.server.generation import ChoiceUpdate, Generation
 from mlaserve.server.logprobs import completion_logprobs
@@ -47,11 +47,9 @@ class _Echo:
         return completion_logprobs(ids, entries, table, 0)
 
 
-async def create_completion(state: ServerState, request: Request, arrival: float) -> Response:
-    """Admission is done by the caller; on return or raise the response owns `Generation.close`."""
-    req = validate(
-        CompletionRequest, parse_json_object(await read_body(request, state.settings.max_body_bytes))
-    )
+async def create_completion(state: ServerState, request: Request, body: dict, arrival: float) -> Response:
+    """Body reading and admission are the caller's; on return or raise the response owns `Generation.close`."""
+    req = validate(CompletionRequest, body)
     state.check_model(req.model)
     created = int(time.time())
     n = 1 if req.n is None else req.n
@@ -70,7 +68,7 @@ async def create_completion(state: ServerState, request: Request, arrival: float
     params = build_params(req, 1 if score_only else max_tokens, req.logprobs, prompt_logprobs=prompt_logprobs)
     explicit = "max_tokens" if req.max_tokens is not None else None
     prepared, prompt_tokens = await prepare_choices(
-        state.engine, completion_prompts(req), params, explicit, echo, constraint_field(req)
+        state.intake, completion_prompts(req), params, explicit, echo, constraint_field(req)
     )
     table = await state.token_texts.table() if req.logprobs is not None else []
     echoed = _echo_of(prepared, req.logprobs is not None) if echo else None

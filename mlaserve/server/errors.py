@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -22,6 +24,14 @@ _TYPES = {
     429: "rate_limit_error",
     503: "service_unavailable",
 }
+
+
+class SafeJSONResponse(JSONResponse):
+    """JSON with non-ASCII escaped: an error message may quote what the client sent, and a lone surrogate in it
+    (which UTF-8 cannot encode) must not turn a 4xx into a 500."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 class OpenAIError(Exception):
@@ -49,7 +59,7 @@ class OpenAIError(Exception):
         return error_body(self.status_code, self.message, self.param, self.code)
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
+        return SafeJSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
 
 
 def error_body(status_code: int, message: str, param: str | None = None, code: str | None = None) -> dict:
@@ -78,18 +88,20 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         body = error_body(exc.status_code, str(exc.detail))
-        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+        return SafeJSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         first = errors[0] if errors else {}
         param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
-        return JSONResponse(error_body(400, f"{param}: {first.get('msg', 'invalid request')}", param), 400)
+        return SafeJSONResponse(
+            error_body(400, f"{param}: {first.get('msg', 'invalid request')}", param), 400
+        )
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error on %s %s", request.method, request.url.path)
         _count(request, "error")
-        return JSONResponse(error_body(500, f"internal server error: {type(exc).__name__}"), 500)
+        return SafeJSONResponse(error_body(500, f"internal server error: {type(exc).__name__}"), 500)
 
     app.add_exception_handler(OpenAIError, on_openai_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 
 from mlaserve.engine.async_engine import AsyncEngine, EngineDeadError, EngineStepError
-from mlaserve.engine.llm_engine import PreparedRequest
+from mlaserve.engine.intake import PreparedRequest
 from mlaserve.outputs import RequestOutput
 from mlaserve.server.errors import OpenAIError
 from mlaserve.server.metrics import ServerMetrics

@@ -1,40 +1,37 @@
 """Engine logprobs (one {token_id: logprob} dict per token) in the two OpenAI shapes.
 
-Token strings come from a table of the whole vocabulary decoded once, on the engine thread (the tokenizer
-belongs to it), the first time a request asks for logprobs; after that formatting never touches the tokenizer.
+Token strings come from a table of the whole vocabulary decoded once, on an intake thread, the first time a
+request asks for logprobs; after that formatting never touches the tokenizer.
 """
 
 from __future__ import annotations
 
 import math
 
-from mlaserve.engine.async_engine import AsyncEngine
-from mlaserve.engine.llm_engine import LLMEngine
+from mlaserve.engine.intake import RequestIntake
+from mlaserve.server.intake import ServerIntake
 from mlaserve.server.protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
 
 
-def _decode_vocabulary(engine: LLMEngine) -> list[str]:
-    tokenizer = engine.tokenizer
+def _decode_vocabulary(intake: RequestIntake) -> list[str]:
+    tokenizer = intake.tokenizer
+    vocab_size = intake.model_config.vocab_size
     if tokenizer is None:  # skip_tokenizer_init: name tokens by id, as vLLM does
-        return [f"token_id:{i}" for i in range(engine.model_config.vocab_size)]
-    size = max(len(tokenizer), engine.model_config.vocab_size)
-    texts = []
-    for token_id in range(size):
-        try:
-            texts.append(tokenizer.decode([token_id]))
-        except Exception:  # noqa: BLE001 - padded embedding rows have no token
-            texts.append("")
-    return texts
+        return [f"token_id:{i}" for i in range(vocab_size)]
+    known = len(tokenizer)
+    # One batch call (it releases the GIL, see engine/intake.py); ids past the tokenizer are padded rows.
+    texts = list(tokenizer.batch_decode([[i] for i in range(known)]))
+    return texts + [""] * max(0, vocab_size - known)
 
 
 class TokenTexts:
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
+    def __init__(self, intake: ServerIntake) -> None:
+        self._intake = intake
         self._table: list[str] | None = None
 
     async def table(self) -> list[str]:
         if self._table is None:  # two first callers may both build it; same result, no harm
-            self._table = await self._engine.run(_decode_vocabulary)
+            self._table = await self._intake.run(_decode_vocabulary)
         return self._table
 
 

@@ -120,7 +120,11 @@ class _EngineCollector(Collector):
                 s.get("prefix_cache_hit_rate", 0.0),
             ),
             ("engine_alive", "1 while the engine loop runs", 1.0 if self._alive() else 0.0),
-            ("http_requests_in_flight", "Generation requests being served", self._in_flight()),
+            (
+                "http_requests_in_flight",
+                "Sequences being served (a request counts prompts x n)",
+                self._in_flight(),
+            ),
         )
         for name, doc, value in mine:
             yield GaugeMetricFamily(f"mlaserve_{name}", doc, value=float(value))

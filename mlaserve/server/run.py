@@ -22,6 +22,13 @@ from mlaserve.config.engine_config import EngineConfig
 from mlaserve.engine.async_engine import AsyncEngine
 from mlaserve.engine.llm_engine import LLMEngine
 from mlaserve.server.app import build_app, build_ops_app
+from mlaserve.server.connections import (
+    ConnectionLimits,
+    connection_cap,
+    listening_socket,
+    quiet_accept_errors,
+    uvicorn_config,
+)
 from mlaserve.server.report import format_report, startup_report
 from mlaserve.server.settings import ServerSettings
 from mlaserve.server.state import ServerState
@@ -52,9 +59,9 @@ def serve(engine_options: dict, settings: ServerSettings) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        sockets = [_bind(settings.host, settings.port)]
+        sockets = [listening_socket(settings.host, settings.port)]
         if settings.metrics_port is not None:
-            sockets.append(_bind(settings.host, settings.metrics_port))
+            sockets.append(listening_socket(settings.host, settings.metrics_port))
     except OSError as e:
         logger.error("cannot listen: %s", e)
         return 1
@@ -70,6 +77,7 @@ def serve(engine_options: dict, settings: ServerSettings) -> int:
     try:
         return asyncio.run(_serve(app, async_engine, settings, sockets))
     finally:
+        app.state.server.intake.shutdown()
         async_engine.shutdown()
 
 
@@ -87,19 +95,6 @@ def _quiet(names: tuple[str, ...]) -> Iterator[None]:
             lg.setLevel(level)
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise OSError(f"{host}:{port} is not available ({e.strerror}); pick another --port") from None
-    sock.set_inheritable(True)
-    return sock
-
-
 def _with_bound_ports(settings: ServerSettings, sockets: list[socket.socket]) -> ServerSettings:
     from dataclasses import replace
 
@@ -112,14 +107,18 @@ async def _serve(
     app: FastAPI, engine: AsyncEngine, settings: ServerSettings, sockets: list[socket.socket]
 ) -> int:
     apps = [app] + ([build_ops_app(app)] if len(sockets) > 1 else [])
+    # One cap for all listeners: the descriptors are the process's.
+    limits = ConnectionLimits(settings.header_timeout_s, connection_cap(settings.max_connections))
+    app.state.server.connection_limits = limits
     servers = [
         _Server(
-            uvicorn.Config(a, lifespan="off", timeout_graceful_shutdown=_CLOSE_TIMEOUT_S, log_config=None)
+            uvicorn_config(a, settings, limits, timeout_graceful_shutdown=_CLOSE_TIMEOUT_S, log_config=None)
         )
         for a in apps
     ]
     drain = _Drain(app.state.server, engine, servers, settings.shutdown_grace_s)
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(quiet_accept_errors())
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, drain.begin, sig)
     try:

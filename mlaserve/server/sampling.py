@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mlaserve.engine.async_engine import AsyncEngine, EngineDeadError
-from mlaserve.engine.llm_engine import LLMEngine, PreparedRequest
+from mlaserve.engine.intake import PreparedRequest, RequestIntake
 from mlaserve.sampling_params import SamplingParams, StructuredOutputsParams
 from mlaserve.server.errors import OpenAIError, bad_request
 from mlaserve.server.fields import check_unread_fields
+from mlaserve.server.intake import ServerIntake
 from mlaserve.server.protocol import ChatCompletionRequest, CompletionRequest
 
 # One HTTP request may not fan out into more engine requests than this (prompts x n).
@@ -158,9 +158,11 @@ def chat_logprobs(req: ChatCompletionRequest) -> int | None:
     return top
 
 
-def render_chat(engine: LLMEngine, req: ChatCompletionRequest, add_generation_prompt: bool = True) -> dict:
-    """The chat template applied to the messages (runs on the engine thread: it uses the tokenizer)."""
-    tokenizer = engine.tokenizer
+def render_chat(
+    intake: RequestIntake, req: ChatCompletionRequest, add_generation_prompt: bool = True
+) -> dict:
+    """The chat template applied to the messages, then tokenized (on an intake thread, never the engine's)."""
+    tokenizer = intake.tokenizer
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             "this model's tokenizer has no chat template; use /v1/completions with a plain prompt"
@@ -172,7 +174,7 @@ def render_chat(engine: LLMEngine, req: ChatCompletionRequest, add_generation_pr
         )
     except Exception as e:  # noqa: BLE001 - a template that rejects these messages (raise_exception, ...)
         raise ValueError(f"the chat template could not render these messages: {e}") from None
-    return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+    return {"prompt": text, "prompt_token_ids": intake.encode(text, add_special_tokens=False)}
 
 
 def constraint_field(req: CompletionRequest | ChatCompletionRequest) -> str | None:
@@ -187,14 +189,14 @@ def constraint_field(req: CompletionRequest | ChatCompletionRequest) -> str | No
 
 
 async def prepare_choices(
-    engine: AsyncEngine,
+    intake: ServerIntake,
     prompts: Sequence[str | dict] | ChatCompletionRequest,
     params: list[SamplingParams],
     max_tokens_field: str | None,
     with_prompt_text: bool = False,
     grammar_field: str | None = None,
 ) -> tuple[list[PreparedRequest], int]:
-    """Tokenize and validate every prompt once on the engine thread; returns (choices, usage prompt tokens).
+    """Tokenize and validate every prompt once, on an intake thread; returns (choices, usage prompt tokens).
 
     `max_tokens_field` names the field the client set, or is None when max_tokens is a default: a default
     is quietly cut to the context left, an explicit value that does not fit is an error. `with_prompt_text`
@@ -207,20 +209,18 @@ async def prepare_choices(
             f"{n_prompts} prompt(s) x n={len(params)} is more than {MAX_CHOICES} choices in one request", "n"
         )
 
-    def prepare(engine: LLMEngine) -> list[PreparedRequest]:
+    def prepare(intake: RequestIntake) -> list[PreparedRequest]:
         if is_chat:
-            return [engine.prepare(render_chat(engine, prompts), params[0])]
-        bases = [engine.prepare(p, params[0]) for p in prompts]
-        if with_prompt_text and engine.tokenizer is not None:
+            return [intake.prepare(render_chat(intake, prompts), params[0])]
+        bases = [intake.prepare(p, params[0]) for p in prompts]
+        if with_prompt_text and intake.tokenizer is not None:
             for base in bases:
                 if base.prompt is None:
-                    base.prompt = engine.tokenizer.decode(base.prompt_token_ids)
+                    base.prompt = intake.tokenizer.decode(base.prompt_token_ids)
         return bases
 
     try:
-        bases = await engine.run(prepare)
-    except EngineDeadError as e:
-        raise OpenAIError(503, str(e), code="engine_dead", status="error") from None
+        bases = await intake.run(prepare)
     except (ValueError, TypeError) as e:
         message = str(e)
         param = "messages" if is_chat else "prompt"
@@ -230,7 +230,7 @@ async def prepare_choices(
             param = "logit_bias"
         code = "context_length_exceeded" if "max_model_len" in message else None
         raise OpenAIError(400, message, param, code) from None
-    limit = engine.engine.model_config.max_model_len
+    limit = intake.max_model_len
     choices = []
     for base in bases:
         if max_tokens_field is not None:

@@ -15,3 +15,10 @@ class ServerSettings:
     request_timeout_s: float = 600.0
     shutdown_grace_s: float = 30.0
     max_body_bytes: int = 4 * 1024 * 1024
+    # Connection limits (connections.py): a client gets this long to send its request line and headers, and its
+    # whole body; an idle keep-alive connection is closed after keep_alive_timeout_s; past max_connections open
+    # connections (capped below the process's open-files limit) a new one gets a 503 and is closed.
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keep_alive_timeout_s: float = 5.0
+    max_connections: int = 1024

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from mlaserve.engine.async_engine import AsyncEngine
 from mlaserve.server.errors import OpenAIError
+from mlaserve.server.intake import ServerIntake
 from mlaserve.server.logprobs import TokenTexts
 from mlaserve.server.metrics import ServerMetrics
 from mlaserve.server.settings import ServerSettings
@@ -29,7 +30,9 @@ class ServerState:
             settings.served_model_name,
             engine.engine.model_config.max_model_len,
         )
-        self.token_texts = TokenTexts(engine)
+        self.intake = ServerIntake(engine.engine)
+        self.token_texts = TokenTexts(self.intake)
+        self.connection_limits = None  # ConnectionLimits, set by serve() (tests may run without)
 
     @property
     def healthy(self) -> bool:
@@ -51,26 +54,34 @@ class ServerState:
         if not self.engine.is_alive:
             raise OpenAIError(503, "the engine loop is not running", code="engine_dead", status="error")
 
-    def admit(self) -> Callable[[], None]:
-        """Take a concurrency slot or raise 429; returns the (idempotent) release."""
+    def admit(self, sequences: int = 1) -> Callable[[], None]:
+        """Take `sequences` concurrency slots (one per sequence the request generates: prompts x n) or raise 429;
+        returns the (idempotent) release. A request that could never fit is a 400 naming n."""
         self.check_accepting()
         limit = self.settings.max_concurrent_requests
-        if self.in_flight >= limit:
+        if sequences > limit:
+            raise OpenAIError(
+                400,
+                f"this request asks for {sequences} sequences (prompts x n), more than max_concurrent_requests="
+                f"{limit} can ever run at once",
+                "n",
+            )
+        if self.in_flight + sequences > limit:
             raise OpenAIError(
                 429,
-                f"too many requests in flight (max_concurrent_requests={limit}); retry shortly",
+                f"too many sequences in flight (max_concurrent_requests={limit}); retry shortly",
                 code="too_many_requests",
                 headers={"Retry-After": "1"},
                 status="throttled",
             )
-        self.in_flight += 1
+        self.in_flight += sequences
         released = False
 
         def release() -> None:
             nonlocal released
             if not released:
                 released = True
-                self.in_flight -= 1
+                self.in_flight -= sequences
 
         return release
 

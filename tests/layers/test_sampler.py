@@ -49,6 +49,14 @@ def test_greedy_is_argmax_in_any_dtype() -> None:
     assert Sampler()(logits, [GREEDY] * 6, [None] * 6).token_ids == expected
 
 
+@pytest.mark.parametrize("top_p", [1e-46, 1e-45, 5e-324, 1e-39])
+def test_top_p_below_float32_range_still_keeps_the_top_token(top_p: float) -> None:
+    logits = torch.randn(3, 64)
+    gen = torch.Generator().manual_seed(0)
+    out = Sampler()(logits, [SamplingParams(temperature=1.0, top_p=top_p)] * 3, [gen] * 3)
+    assert out.token_ids == logits.argmax(dim=-1).tolist()
+
+
 def test_top_k_one_and_tiny_top_p_are_greedy() -> None:
     logits = torch.randn(64, 100, generator=_gen(1))
     params = [SamplingParams(temperature=5.0, top_k=1)] * 32 + [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from mlaserve.config.engine_config import EngineConfig
 from mlaserve.engine.async_engine import AsyncEngine
 from mlaserve.engine.llm_engine import LLMEngine
 from mlaserve.server.app import build_app
+from mlaserve.server.connections import ConnectionLimits, connection_cap, listening_socket, uvicorn_config
 from mlaserve.server.settings import ServerSettings
 from tests.tiny_models import build_tiny
 
@@ -66,14 +66,16 @@ def wait_for(predicate: object, timeout: float = 10.0, interval: float = 0.02) -
 
 
 class LiveServer:
-    """uvicorn serving `app` on 127.0.0.1 (a free port) in a background thread."""
+    """uvicorn serving `app` on 127.0.0.1 (a free port) in a background thread, configured as serve() does
+    (the guarded protocol with the app's connection limits, TCP_NODELAY)."""
 
     def __init__(self, app: FastAPI) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock = listening_socket("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(app, lifespan="off", log_level="warning", timeout_graceful_shutdown=2)
+        settings = app.state.server.settings
+        self.limits = ConnectionLimits(settings.header_timeout_s, connection_cap(settings.max_connections))
+        app.state.server.connection_limits = self.limits
+        config = uvicorn_config(app, settings, self.limits, log_level="warning", timeout_graceful_shutdown=2)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 

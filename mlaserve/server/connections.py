@@ -1,0 +1,178 @@
+"""Connection-level limits that uvicorn does not set by itself, as production HTTP servers do.
+
+- A header deadline: a connection gets `header_timeout_s` to send a request line and headers, on a new connection
+  and between requests on a kept-alive one. uvicorn closes idle kept-alive connections (its keep-alive timeout)
+  but never a connection that sent nothing, or half a header: those used to stay open for good.
+- A cap on open connections, kept below the process's open-files limit: past it a new connection gets a 503 with
+  Retry-After and is closed at once, so the process never runs out of descriptors (which stalled /health and filled
+  the log with accept() tracebacks).
+- Accept failures (EMFILE and friends) are logged at most once per interval, with a count.
+- Listening sockets are created with IPPROTO_TCP, so asyncio sets TCP_NODELAY on every accepted connection; with
+  protocol 0 it does not, and each reply on a kept-alive connection waited ~40 ms for Nagle's algorithm.
+
+The body deadline is the app's (body.read_body): only the app knows when it has read a body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+logger = logging.getLogger("mlaserve.server")
+
+# Descriptors kept free for everything that is not a client connection (model files, logs, the tokenizer...).
+_RESERVED_FDS = 128
+_BUSY_BODY = (
+    b'{"error":{"message":"too many open connections; retry shortly","type":"service_unavailable",'
+    b'"param":null,"code":"too_many_connections"}}'
+)
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\nconnection: close\r\n"
+    b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
+)
+_TIMED_OUT = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+
+
+@dataclass
+class ConnectionLimits:
+    header_timeout_s: float
+    max_connections: int
+    refused: int = 0  # connections closed at once: the cap was reached
+    timed_out: int = 0  # connections closed because headers did not arrive in time
+    open: set = field(default_factory=set)  # the guarded connections open now (all servers)
+
+
+def connection_cap(requested: int) -> int:
+    """`requested`, but below the open-files limit (raised to the hard limit first, as servers do)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return max(1, min(requested, soft - _RESERVED_FDS))
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a header deadline and a connection cap (`limits`, set by `guarded_protocol`)."""
+
+    limits: ClassVar[ConnectionLimits]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._refused = False
+        self._bytes_since_request = 0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        limits = self.limits
+        if len(limits.open) >= limits.max_connections:
+            self._refused = True
+            limits.refused += 1
+            transport.write(_BUSY)
+            transport.close()
+            return
+        limits.open.add(self)
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._header_timer is None and (self.cycle is None or self.cycle.response_complete):
+            self._arm()  # the first bytes of another request on a kept-alive connection
+        self._bytes_since_request += len(data)
+        super().data_received(data)
+
+    def handle_events(self) -> None:
+        cycle = self.cycle
+        super().handle_events()
+        if self.cycle is not cycle:  # a request line and its headers arrived: a new cycle began
+            self._disarm()
+            self._bytes_since_request = 0
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._refused:
+            return
+        self._disarm()
+        self.limits.open.discard(self)
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_timer = self.loop.call_later(self.limits.header_timeout_s, self._headers_late)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing() or (self.cycle is not None and not self.cycle.response_complete):
+            return
+        self.limits.timed_out += 1
+        if self._bytes_since_request:  # half a request: say why; a connection that sent nothing just closes
+            self.transport.write(_TIMED_OUT)
+        self.transport.close()
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[GuardedH11Protocol]:
+    return type("GuardedH11", (GuardedH11Protocol,), {"limits": limits})
+
+
+def uvicorn_config(app: Any, settings: Any, limits: ConnectionLimits, **options: Any) -> Any:
+    """The uvicorn Config every mlaserve listener uses (ServerSettings' keep-alive; the guarded protocol)."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        http=guarded_protocol(limits),
+        timeout_keep_alive=settings.keep_alive_timeout_s,
+        lifespan="off",
+        **options,
+    )
+
+
+def quiet_accept_errors(interval_s: float = 10.0) -> Callable[[asyncio.AbstractEventLoop, dict], None]:
+    """An event-loop exception handler that logs accept() failures once per interval, with a count; every other
+    error goes to asyncio's default handler."""
+    state = {"last": -interval_s, "suppressed": 0}
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        if "socket.accept()" not in str(context.get("message", "")):
+            loop.default_exception_handler(context)
+            return
+        now = time.monotonic()
+        if now - state["last"] < interval_s:
+            state["suppressed"] += 1
+            return
+        extra = f" ({state['suppressed']} more since the last report)" if state["suppressed"] else ""
+        logger.warning("accept() failed: %s%s", context.get("exception") or context["message"], extra)
+        state["last"], state["suppressed"] = now, 0
+
+    return handler
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A bound TCP socket for uvicorn: IPPROTO_TCP so that accepted connections get TCP_NODELAY."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"{host}:{port} is not available ({e.strerror}); pick another --port") from None
+    sock.set_inheritable(True)
+    return sock

@@ -1,0 +1,37 @@
+"""The server's request intake: tokenizing, chat templates and token texts on worker threads, never the engine's.
+
+The engine's thread steps the model; anything it does between steps delays every stream's next token. A copy of
+the tokenizer serves these threads, so the engine's own (detokenizing outputs) is never used by two threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from mlaserve.engine.intake import RequestIntake
+from mlaserve.engine.llm_engine import LLMEngine
+
+T = TypeVar("T")
+
+
+class ServerIntake:
+    def __init__(self, engine: LLMEngine, workers: int = 2) -> None:
+        tokenizer = copy.deepcopy(engine.tokenizer) if engine.tokenizer is not None else None
+        self.intake = RequestIntake(tokenizer, engine.model_config, engine.grammar_compiler)
+        self.max_model_len = engine.model_config.max_model_len
+        self.vocab_size = engine.model_config.vocab_size
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="mlaserve-intake")
+
+    @property
+    def tokenizer(self) -> object | None:
+        return self.intake.tokenizer
+
+    async def run(self, fn: Callable[[RequestIntake], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, self.intake)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
