@@ -17,6 +17,17 @@ from mlaserve.engine.structured_output import GrammarCompiler
 from mlaserve.sampling_params import SamplingParams
 
 
+def _plain_encodes() -> tuple:
+    """transformers' own encode of fast tokenizers, which is the Rust encode plus bookkeeping; a tokenizer class
+    that overrides encode keeps its own (and holds the GIL)."""
+    from transformers import PreTrainedTokenizerBase
+
+    return (PreTrainedTokenizerBase.encode,)
+
+
+_PLAIN_ENCODES = _plain_encodes()
+
+
 @dataclass(slots=True)
 class PreparedRequest:
     """A validated, tokenized request that has not touched the engine yet."""
@@ -40,8 +51,9 @@ class RequestIntake:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; never holds the GIL long (see the module docstring)."""
-        if getattr(self.tokenizer, "is_fast", False):
-            return list(self.tokenizer([text], add_special_tokens=add_special_tokens)["input_ids"][0])
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None and type(self.tokenizer).encode in _PLAIN_ENCODES:
+            return backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def prepare(self, prompt: str | dict, params: SamplingParams) -> PreparedRequest:
@@ -63,6 +75,10 @@ class RequestIntake:
         vocab = self.model_config.vocab_size
         if not ids:
             raise ValueError("the prompt is empty (0 tokens)")
+        if len(ids) >= limit:  # before the per-token check: a huge prompt costs no Python loop
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens; it must be shorter than max_model_len={limit}"
+            )
         bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
@@ -71,10 +87,6 @@ class RequestIntake:
             raise ValueError(f"logit_bias token ids out of range [0, {vocab}): {bad[:5]}")
         if params.structured_outputs is not None:
             self.grammar_compiler().validate(params.structured_outputs)
-        if len(ids) >= limit:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens; it must be shorter than max_model_len={limit}"
-            )
         return PreparedRequest(text, ids, params)
 
     def _check_length_bound(self, text: str, limit: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -95,6 +96,9 @@ def live_server(engine: AsyncEngine, **settings: object) -> Iterator[tuple[LiveS
     app = build_app(engine, ServerSettings(**settings), {"test": True})
     with LiveServer(app) as server:
         yield server, app
+
+
+serving = contextlib.contextmanager(live_server)  # `with serving(engine, **settings) as (live, app):`
 
 
 def metric(text: str, name: str) -> float:

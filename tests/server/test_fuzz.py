@@ -27,6 +27,9 @@ junk = st.one_of(
     st.integers(-(2**70), 2**70),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=12),
+    # Any code point, lone surrogates included: JSON's \\uXXXX escapes can spell them, and a 400 (never a 500)
+    # must name the field that holds one.
+    st.text(st.one_of(st.characters(), st.integers(0xD800, 0xDFFF).map(chr)), max_size=8),
     st.lists(st.integers(-2, 300), max_size=4),
     st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
 )

@@ -3,6 +3,7 @@ are refused, and the process exits 0 in time."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import signal
@@ -154,3 +155,29 @@ def test_requests_past_the_grace_period_are_aborted_with_an_error_event(serve_pr
         s.join(timeout=5)
         assert s.events[-1] == "[DONE]"
         assert s.events[-2]["error"]["code"] == "aborted"
+
+
+def test_posts_on_kept_alive_connections_while_draining_get_a_503(serve_process):
+    """Every request that arrives during the drain gets its 503, on new and on reused connections: the body is
+    read before the answer, so closing the connection afterwards never resets a client still sending it."""
+    server = serve_process(10.0)
+    host, port = server.url.removeprefix("http://").split(":")
+    connections = []
+    for _ in range(30):  # kept-alive connections, each used once before the signal
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        conn.request("GET", "/health")
+        assert conn.getresponse().read() == b'{"status":"ok"}'
+        connections.append(conn)
+    streams = start_streams(server.url, 1, max_tokens=240)  # keeps the drain going for ~2.4 s
+    server.proc.send_signal(signal.SIGTERM)
+    assert wait_for(lambda: server._health() == 503, timeout=5)
+    body = json.dumps({"prompt": "w5 w6 " * 200, "max_tokens": 4}).encode()  # a body of a few kB
+    statuses = []
+    for conn in connections:
+        conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        statuses.append((response.status, json.loads(response.read())["error"]["code"]))
+        conn.close()
+    assert statuses == [(503, "server_shutting_down")] * len(connections)
+    streams[0].join(timeout=15)
+    assert server.proc.wait(timeout=15) == 0
