@@ -19,3 +19,12 @@ if _interpreter is not None:
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
     _interpreter._patch_lang_tensor = _patch_with_scalar_index
+
+
+def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001 - pytest's hook signature
+    """Everything under tests/gpu is marked `gpu`, so `-m "not slow and not gpu"` is the fast CPU subset."""
+    import pytest
+
+    for item in items:
+        if "/tests/gpu/" in str(item.fspath):
+            item.add_marker(pytest.mark.gpu)

@@ -50,6 +50,7 @@ def test_generate_reads_prompt_file_and_keeps_prompts_and_completions_apart(mode
         assert lines[2].startswith(f"### completion {number} (")
 
 
+@pytest.mark.slow
 def test_a_completion_with_newlines_stays_inside_its_block(capsys):
     code = main(
         ["generate", "def fibonacci(n):", "Name a color.", "--max-tokens", "24", "--dtype", "float32"]
@@ -62,6 +63,7 @@ def test_a_completion_with_newlines_stays_inside_its_block(capsys):
     assert second.startswith("Name a color.\n### completion 2 (")
 
 
+@pytest.mark.slow
 def test_export_tokenizer_writes_a_folder_transformers_loads(tmp_path, capsys):
     from transformers import AutoTokenizer
 
@@ -97,6 +99,7 @@ def test_chat_needs_a_template(model_dir, monkeypatch, capsys):
     assert "chat template" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_chat_streams_with_the_smollm2_template(monkeypatch, capsys):
     monkeypatch.setattr("sys.stdin", io.StringIO("What is the capital of France?\n\n"))
     assert main(["chat", "--max-tokens", "24", "--dtype", "float32"]) == 0

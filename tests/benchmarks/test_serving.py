@@ -102,6 +102,7 @@ def _serve_exists() -> bool:
 
 
 @pytest.mark.skipif(not _serve_exists(), reason="`mlaserve serve` is not built yet")
+@pytest.mark.slow
 def test_launch_against_tiny_model(tmp_path: Path) -> None:
     from tests.tiny_models import build_tiny
 

@@ -1,6 +1,7 @@
 """Asynchronous scheduling (the next decode step queued before this step's tokens are read) against the plain
 step loop on tiny models: the same tokens, stops and finish reasons, and no block left behind."""
 
+import pytest
 import torch
 
 from mlaserve import LLM, SamplingParams
@@ -34,6 +35,7 @@ def engines(path, **kwargs) -> dict[bool, LLM]:
     return {flag: LLM(str(path), async_scheduling=flag, **base) for flag in (False, True)}
 
 
+@pytest.mark.slow
 def test_same_outputs_with_mixed_sampling_and_stops(llama, monkeypatch):
     llms = engines(llama)
     batch = prompts(10, seed=1)

@@ -19,6 +19,7 @@ def tokens(outputs) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outputs]
 
 
+@pytest.mark.slow
 def test_small_kv_budget_preempts_and_finishes_everything(deepseek):
     prompts = random_prompts(32)
     big = LLM(str(deepseek), dtype="float32", device="cpu", num_kv_blocks=512, max_model_len=128)
@@ -194,6 +195,7 @@ def test_skip_tokenizer_init_takes_token_ids_only(deepseek):
         llm.generate(["w3 w4"], use_tqdm=False)
 
 
+@pytest.mark.slow
 def test_mla_disable_caches_per_head_kv_with_the_same_tokens(deepseek, llama):
     cfg = config_dict(deepseek)
     prompts = random_prompts(4, seed=11)

@@ -8,6 +8,8 @@ import torch
 from mlaserve import LLM, SamplingParams
 from mlaserve.loader.model_files import default_model_path
 
+pytestmark = pytest.mark.slow
+
 PROMPTS = [
     "What is the capital of France?",
     "Write a haiku about the sea.",

@@ -10,6 +10,8 @@ import torch
 from mlaserve import LLM, SamplingParams
 from tests.tiny_models import CONFIGS, build_tiny, load_reference
 
+pytestmark = pytest.mark.slow
+
 NEW_TOKENS = 32
 
 

@@ -15,6 +15,8 @@ from mlaserve.engine.llm_engine import LLMEngine
 from mlaserve.loader.model_files import default_model_path
 from tests.server.conftest import live_server
 
+pytestmark = pytest.mark.slow
+
 TEXTS = [
     "The Eiffel Tower is in Paris. It was finished in 1889 and is made of wrought iron.",
     "Question: What is the boiling point of water at sea level?\nAnswer: 100 degrees Celsius.",

@@ -17,6 +17,8 @@ from mlaserve.server.app import build_app
 from mlaserve.server.settings import ServerSettings
 from tests.server.conftest import fresh_stats, make_engine
 
+pytestmark = pytest.mark.slow
+
 EXAMPLES_PER_ENDPOINT = 260
 
 junk = st.one_of(

@@ -176,6 +176,7 @@ def smollm2():
     return llm, llm.engine
 
 
+@pytest.mark.slow
 def test_smollm2_chat_template_over_http(smollm2):
     llm, engine = smollm2
     messages = [{"role": "user", "content": "What is the capital of France?"}]

@@ -18,6 +18,8 @@ import pytest
 
 from tests.server.conftest import wait_for
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 
 # Each step sleeps 10 ms so that the streams are still running when the signal arrives.

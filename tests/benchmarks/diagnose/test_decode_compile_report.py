@@ -12,6 +12,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "diagnose" / "decode_compile_report.py"
 
 
+@pytest.mark.slow
 def test_every_configuration_compiles_and_reports(tmp_path):
     triton = pytest.importorskip("triton")
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
