@@ -207,7 +207,7 @@ def kernels() -> dict:
 
 
 def decode(ceil: dict, tune: bool) -> dict:
-    from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode
+    from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode, mla_decode_tuned
 
     def time_case(batch: int, heads: int, length: int) -> dict:
         q, cache, table, meta = paged_case(batch, heads, [length] * batch, 64, torch.bfloat16, 0)
@@ -215,18 +215,15 @@ def decode(ceil: dict, tune: bool) -> dict:
         t_triton = bench_graph(lambda: mla_decode(q, cache, table, meta.seq_lens, length, LAT, scale))
         t_eager = bench(lambda: mla_decode(q, cache, table, meta.seq_lens, length, LAT, scale))
         sweep = []
-        if tune:
+        if tune:  # the Triton kernel's tile (the Gluon kernels' tiles are fixed)
+            args = (q, cache, table, meta.seq_lens, length, LAT, scale)
             for bh in [b for b in (16, 32, 64) if b <= max(16, heads)]:
                 for bn in (32, 64):
                     for warps in (4, 8):
                         for stages in (1, 2, 3):
                             kw = dict(block_h=bh, block_n=bn, num_warps=warps, num_stages=stages)
                             try:
-                                ms = bench(
-                                    lambda kw=kw: mla_decode(
-                                        q, cache, table, meta.seq_lens, length, LAT, scale, **kw
-                                    )
-                                )
+                                ms = bench(lambda kw=kw: mla_decode_tuned(*args, kernel="triton", **kw))
                             except Exception as e:  # out of shared memory / registers for this tile
                                 ms = float("inf")
                                 kw["error"] = type(e).__name__
@@ -245,7 +242,7 @@ def decode(ceil: dict, tune: bool) -> dict:
         if heads > 16:  # the Gluon split kernel (default on sm_90) against the Triton one it replaces there
             row["split_kernel"] = decode_plan(q, cache, length, LAT, ROPE).kernel
             row["triton_kernel_ms"] = bench_graph(
-                lambda: mla_decode(q, cache, table, meta.seq_lens, length, LAT, scale, wgmma=False)
+                lambda: mla_decode_tuned(q, cache, table, meta.seq_lens, length, LAT, scale, kernel="triton")
             )
             row["triton_kernel_TFLOPs"] = flops / row["triton_kernel_ms"] / 1e9
         if heads <= 16:  # memory-bound shapes: the 8-bit caches should take about half the time
@@ -257,8 +254,8 @@ def decode(ceil: dict, tune: bool) -> dict:
                 if dtype == torch.float8_e4m3fn:  # the Gluon fp8 kernel (default on sm_90) against Triton's
                     row[f"{name}_split_kernel"] = decode_plan(q, rows8, length, LAT, ROPE).kernel
                     row[f"{name}_triton_kernel_ms"] = bench_graph(
-                        lambda r=rows8: mla_decode(
-                            q, r, table, meta.seq_lens, length, LAT, scale, wgmma=False
+                        lambda r=rows8: mla_decode_tuned(
+                            q, r, table, meta.seq_lens, length, LAT, scale, kernel="triton"
                         )
                     )
                 del rows8

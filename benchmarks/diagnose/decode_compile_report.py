@@ -63,7 +63,7 @@ CONFIGS = [
     ("bf16 64 heads (default where the Gluon kernel cannot run)", "bf16", dict(BLOCK_H=64, BLOCK_N=64), 8, 2),
     ("bf16 64 heads, Gluon split kernel (default on sm_90)", "gluon", {}, 8, 1),
     ("fp8 16 heads, Gluon fp8-dot kernel (default on sm_90)", "gluonfp8", dict(PDL=True), 4, 1),
-    ("fp8 16 heads, Gluon 8-bit widening kernel (fp8_dots=False; int8 with wgmma=True)", "gluon8", {}, 4, 1),
+    ("fp8 16 heads, Gluon 8-bit widening kernel (fp8 where fp8 dots do not pay; int8 when named)", "gluon8", {}, 4, 1),
     ("bf16 16 heads, page ahead, 32-row tiles, 4 warps, 4 stages", "bf16", AHEAD | dict(BLOCK_N=32), 4, 4),
     ("bf16 16 heads, page looked up in the loop (the old default)", "bf16", dict(BLOCK_H=16, BLOCK_N=64), 8, 3),
     ("bf16 16 heads, page looked up in the loop, 32-row tiles", "bf16", dict(BLOCK_H=16, BLOCK_N=32), 4, 3),
@@ -86,7 +86,7 @@ def compile_stage1(
     heads = 16 if cache in ("gluon8", "gluonfp8") else 64
     consts = dict(PAGE=64, D_LAT=512, D_ROPE=64, BLOCK_H=heads, BLOCK_N=64) if gluon else dict(
         PAGE=64, D_LAT=512, D_ROPE=64, PRECISION="tf32", QUANTIZED=cache != "bf16", TILE_IN_PAGE=True,
-        PREFETCH=False, Q_F16=False, PAGE_AHEAD=False, WIDEN_BITS=False,
+        PREFETCH=False, Q_F16=False, PAGE_AHEAD=False, WIDEN_BITS=False, LAT_TILE=512, ROPE_TILE=64,
     )  # fmt: skip
     consts |= constexprs
     signature, attrs = {}, {}

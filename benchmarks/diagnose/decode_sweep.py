@@ -15,13 +15,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.gpu_suite import LAT, ROPE, bench, ceilings, paged_case  # noqa: E402
-from mlaserve.attention.triton.mla_decode import mla_decode  # noqa: E402
+from mlaserve.attention.triton.mla_decode import mla_decode, mla_decode_tuned  # noqa: E402
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows  # noqa: E402
 
+# mla_decode_tuned's kernel and tuning knobs
 BF16_VARIANTS = [dict(), dict(num_splits=2), dict(num_splits=8)]
-# 8-bit caches: the default (32-row tiles, 4 warps, fp16 dots at 16 heads) against neighbours and the old default
+# 8-bit caches, the Triton kernel: its default (32-row tiles, 4 warps, fp16 dots at 16 heads) against neighbours and
+# its old default
 Q8_VARIANTS = [dict(), dict(block_n=16), dict(block_n=16, num_warps=2), dict(num_warps=2), dict(num_stages=2),
                dict(num_stages=4), dict(block_n=64, num_warps=8, q_f16=False)]  # fmt: skip
+Q8_VARIANTS = [dict(kernel="triton", **kw) for kw in Q8_VARIANTS]
 
 
 def _plain(kw: dict) -> dict:
@@ -35,7 +38,7 @@ def main() -> None:
     rows = []
     for batch, length in ((64, 4096), (128, 8192)):
         q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, 0)
-        run = functools.partial(mla_decode, q, cache, table, meta.seq_lens, length, LAT, 1 / 192**0.5)
+        run = functools.partial(mla_decode_tuned, q, cache, table, meta.seq_lens, length, LAT, 1 / 192**0.5)
         want = run()[0].float()
         nbytes = batch * length * (LAT + ROPE) * 2
         for kw in BF16_VARIANTS:
@@ -49,8 +52,10 @@ def main() -> None:
             print(json.dumps(row), flush=True)
         for name, dtype in QUANTIZED.items():
             rows8 = quantize_rows(cache, dtype)
-            run8 = functools.partial(mla_decode, q, rows8, table, meta.seq_lens, length, LAT, 1 / 192**0.5)
-            want8 = run8()[0].float()
+            run8 = functools.partial(
+                mla_decode_tuned, q, rows8, table, meta.seq_lens, length, LAT, 1 / 192**0.5
+            )
+            want8 = mla_decode(q, rows8, table, meta.seq_lens, length, LAT, 1 / 192**0.5)[0].float()
             for kw in Q8_VARIANTS:
                 try:
                     err = (run8(**kw)[0].float() - want8).abs().max().item()

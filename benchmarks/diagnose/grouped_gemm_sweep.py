@@ -17,7 +17,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.gpu_suite import LAT, bench, paged_case  # noqa: E402
-from mlaserve.attention.triton.mla_decode import mla_decode  # noqa: E402
+from mlaserve.attention.triton.mla_decode import mla_decode_tuned  # noqa: E402
 from mlaserve.layers.fused_moe import _grouped_gemm, sort_by_expert  # noqa: E402
 
 out = {}
@@ -94,7 +94,7 @@ for batch, length in [(1, 576), (32, 576), (1, 4096)]:
     for splits in (1, 3, 5, 9, 18):
         ms = bench(
             functools.partial(
-                mla_decode, q, cache, table, meta.seq_lens, length, LAT, 0.07, num_splits=splits
+                mla_decode_tuned, q, cache, table, meta.seq_lens, length, LAT, 0.07, num_splits=splits
             )
         )
         drows.append(dict(batch=batch, length=length, splits=splits, ms=ms))

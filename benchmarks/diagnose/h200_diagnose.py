@@ -43,7 +43,6 @@ host          where host time goes: torch.profiler over one batch-1 prefill of 5
 """
 
 import argparse
-import inspect
 import json
 import sys
 import tempfile
@@ -361,7 +360,7 @@ def skinny() -> dict:
 
 def decode_timing() -> dict:
     from benchmarks.gpu_suite import LAT, paged_case
-    from mlaserve.attention.triton.mla_decode import mla_decode
+    from mlaserve.attention.triton.mla_decode import mla_decode, mla_decode_tuned
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     rows = []
@@ -378,10 +377,14 @@ def decode_timing() -> dict:
                 row["latent_GBps_graph"] = batch * length * (LAT + 64) * 2 / replay / 1e6
                 if name == "bf16" and rnd < 2:  # split counts and pipeline depths, graph-timed
                     for kw in ({"num_splits": n} for n in (2, 3, 4, 6, 8)):
-                        row[f"graph_ms_{kw}"] = bench_graph(lambda kw=kw, args=args: mla_decode(*args, **kw))
+                        row[f"graph_ms_{kw}"] = bench_graph(
+                            lambda kw=kw, args=args: mla_decode_tuned(*args, **kw)
+                        )
                     for stages in (2, 4):
-                        kw = dict(num_splits=4, num_stages=stages)
-                        row[f"graph_ms_{kw}"] = bench_graph(lambda kw=kw, args=args: mla_decode(*args, **kw))
+                        kw = dict(kernel="triton", num_splits=4, num_stages=stages)
+                        row[f"graph_ms_{kw}"] = bench_graph(
+                            lambda kw=kw, args=args: mla_decode_tuned(*args, **kw)
+                        )
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             del caches, cache
@@ -400,17 +403,17 @@ DECODE_CASES = [
     (128, 128, 8192, 8192, False),
 ]
 # The defaults before page_ahead (5b4c9a8, whose run labelled them {}).
-OLD_DEFAULTS = {"page_ahead": False, "block_n": 64, "num_warps": 8}
+OLD_DEFAULTS = {"kernel": "triton", "page_ahead": False, "block_n": 64, "num_warps": 8}
 
 
 def decode_variants(
     bf16_variants: list, fp8_variants: list, wide_variants: list, cases: list = DECODE_CASES
 ) -> dict:
-    """Decode kernel variants graph-replayed on the same inputs at `cases`, each checked against the first
-    variant's output; the 16-head cases take bf16_variants (and fp8_variants on an fp8 cache), more heads
-    wide_variants."""
+    """Decode kernel variants (mla_decode_tuned's kernel and tuning knobs) graph-replayed on the same inputs at
+    `cases`, each checked against the first variant's output; the 16-head cases take bf16_variants (and
+    fp8_variants on an fp8 cache), more heads wide_variants."""
     from benchmarks.gpu_suite import LAT, paged_case
-    from mlaserve.attention.triton.mla_decode import mla_decode
+    from mlaserve.attention.triton.mla_decode import mla_decode_tuned
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     rows = []
@@ -423,12 +426,12 @@ def decode_variants(
         bf16_ms = None
         for name, kv, variants in runs:
             args = (q, kv, table, meta.seq_lens, max_len, LAT, 0.07)
-            want = mla_decode(*args, **variants[0])[0].float()
+            want = mla_decode_tuned(*args, **variants[0])[0].float()
             for kw in variants:
                 label = {k: str(v) for k, v in kw.items()}
                 try:
-                    got = mla_decode(*args, **kw)[0].float()
-                    ms = bench_graph(lambda kw=kw, args=args: mla_decode(*args, **kw))
+                    got = mla_decode_tuned(*args, **kw)[0].float()
+                    ms = bench_graph(lambda kw=kw, args=args: mla_decode_tuned(*args, **kw))
                 except Exception as err:  # a variant that does not compile is a result too
                     rows.append(
                         dict(B=batch, H=heads, L=length, cache=name, kwargs=label, error=repr(err)[:300])
@@ -447,12 +450,12 @@ def decode_variants(
 
 
 def page_ahead() -> dict:
-    """The page lookup one tile ahead, with tile, warp, stage, split and partial-dtype variants."""
-    ahead32 = {"page_ahead": True, "block_n": 32, "num_warps": 4}
+    """The Triton kernel's page lookup one tile ahead, with tile, warp, stage, split and partial-dtype variants."""
+    ahead32 = {"kernel": "triton", "page_ahead": True, "block_n": 32, "num_warps": 4}
     return decode_variants(
         bf16_variants=[
             OLD_DEFAULTS,
-            {"page_ahead": True},
+            {"kernel": "triton", "page_ahead": True},
             ahead32,
             {**ahead32, "num_warps": 8},
             {**ahead32, "num_stages": 4},
@@ -460,14 +463,14 @@ def page_ahead() -> dict:
             *({**ahead32, "num_splits": n} for n in (2, 3, 6, 8)),
         ],
         fp8_variants=[
-            {},
-            {"page_ahead": True, "prefetch": False},
-            {"page_ahead": True, "prefetch": False, "block_n": 64, "num_warps": 8},
+            {"kernel": "triton"},
+            {"kernel": "triton", "page_ahead": True, "prefetch": False},
+            {"kernel": "triton", "page_ahead": True, "prefetch": False, "block_n": 64, "num_warps": 8},
         ],
         wide_variants=[
-            {},
-            {"page_ahead": True},
-            {"page_ahead": True, "block_n": 32, "num_stages": 3},
+            {"kernel": "triton"},
+            {"kernel": "triton", "page_ahead": True},
+            {"kernel": "triton", "page_ahead": True, "block_n": 32, "num_stages": 3},
         ],
     )
 
@@ -483,21 +486,21 @@ def wgmma() -> dict:
         (64, 64, 4096, 4096, False),
     ]
     return decode_variants(
-        bf16_variants=[{}], fp8_variants=[{}], wide_variants=[{"wgmma": False}, {}], cases=cases
+        bf16_variants=[{}], fp8_variants=[{}], wide_variants=[{"kernel": "triton"}, {}], cases=cases
     )
 
 
 def eight_bit_variants(cases: list, variants: list, caches: tuple = ("fp8_e4m3", "int8")) -> dict:
-    """8-bit caches at 16 heads, at (batch, context, max_seq_len) `cases`: each of `variants` (mla_decode kwargs)
+    """8-bit caches at 16 heads, at (batch, context, max_seq_len) `cases`: each of `variants` (mla_decode_tuned's
+    kernel and tuning knobs)
     graph-replayed beside the bf16 cache and checked against the first variant's output and against the torch
     reference over the dequantized cache (output and LSE), beside how far the cache's own rounding moved that
     reference from the one over the bf16 cache."""
     from benchmarks.gpu_suite import LAT, ROPE, paged_case
     from mlaserve.attention.torch_ref import TorchBackend
-    from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode
+    from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode, mla_decode_tuned
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
-    PLAN = inspect.signature(decode_plan).parameters  # noqa: N806  (the options that choose the kernel)
     rows = []
     for batch, length, max_len in cases:
         q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, 0)
@@ -507,12 +510,12 @@ def eight_bit_variants(cases: list, variants: list, caches: tuple = ("fp8_e4m3",
         for name in caches:
             rows8 = quantize_rows(cache, QUANTIZED[name])
             ref, ref_lse = TorchBackend().decode(q.float(), rows8, None, meta, 0.07, LAT, need_lse=True)
-            want = mla_decode(q, rows8, *args, **variants[0])[0].float()
+            want = mla_decode_tuned(q, rows8, *args, **variants[0])[0].float()
             for kw in variants:
-                got, lse = mla_decode(q, rows8, *args, **kw)
-                ms = bench_graph(lambda kw=kw, q=q, r=rows8, a=args: mla_decode(q, r, *a, **kw))
+                got, lse = mla_decode_tuned(q, rows8, *args, **kw)
+                ms = bench_graph(lambda kw=kw, q=q, r=rows8, a=args: mla_decode_tuned(q, r, *a, **kw))
                 rows.append(dict(B=batch, L=length, cache=name, kwargs={k: str(v) for k, v in kw.items()},
-                                 kernel=decode_plan(q, rows8, max_len, LAT, ROPE, **{k: v for k, v in kw.items() if k in PLAN}).kernel,
+                                 kernel=decode_plan(q, rows8, max_len, LAT, ROPE, **kw).kernel,
                                  graph_ms=ms, bf16_ms=bf16_ms, vs_bf16=ms / bf16_ms,
                                  max_diff_vs_first=(got.float() - want).abs().max().item(),
                                  max_diff_vs_ref=(got.float() - ref).abs().max().item(),
@@ -528,32 +531,33 @@ def eight_bit_variants(cases: list, variants: list, caches: tuple = ("fp8_e4m3",
 
 
 def widen_bits() -> dict:
-    """8-bit caches at the memory-bound shapes: tiles widened to fp16 by conversion instructions
-    (widen_bits=False) against integer operations (the default since the run at 74c9aa9, which timed them in the
-    other order and named the check column max_diff_vs_default)."""
-    return eight_bit_variants([(64, 4096, 4096), (128, 8192, 8192)], [{"widen_bits": False}, {}])
+    """8-bit caches at the memory-bound shapes, in the Triton kernel: tiles widened to fp16 by conversion
+    instructions (widen_bits=False) against integer operations (its default since the run at 74c9aa9, which timed
+    them in the other order and named the check column max_diff_vs_default)."""
+    variants = [{"kernel": "triton", "widen_bits": False}, {"kernel": "triton"}]
+    return eight_bit_variants([(64, 4096, 4096), (128, 8192, 8192)], variants)
 
 
 def wgmma8() -> dict:
-    """8-bit caches at 16 heads: the Triton kernel (wgmma=False), today's default (the Gluon 8-bit kernel for fp8
-    on sm_90, the Triton kernel for int8) and the Gluon kernel (wgmma=True). The run at a5aa549 (check column
+    """8-bit caches at 16 heads: the Triton kernel, today's default (the dispatcher's: a Gluon kernel for fp8 on
+    sm_90, the Triton kernel for int8) and the widening Gluon kernel. The run at a5aa549 (check column
     max_diff_vs_triton) also timed fp8 widened by integer operations inside the Gluon kernel: 1.4-1.6x the
     paired conversion's time."""
     cases = [(64, 4096, 4096), (128, 8192, 8192), (32, 2048, 8192), (1, 16384, 16384)]
-    return eight_bit_variants(cases, [{"wgmma": False}, {}, {"wgmma": True}])
+    return eight_bit_variants(cases, [{"kernel": "triton"}, {}, {"kernel": "gluon_wgmma8"}])
 
 
 def fp8_dots() -> dict:
-    """fp8 caches at 16 heads: the Triton kernel (wgmma=False), the Gluon kernel that widens the tile
-    (fp8_dots=False) and the one running both dots on fp8 tensor cores (the default where fp8_dots_pay says so;
-    fp8_dots=True elsewhere), that one also with plain launches of its split step and merge (pdl=False)."""
+    """fp8 caches at 16 heads: the Triton kernel, the Gluon kernel that widens the tile (gluon_wgmma8), the
+    dispatcher's choice, and the one running both dots on fp8 tensor cores (gluon_fp8: the default where
+    fp8_dots_pay says so), that one also with plain launches of its split step and merge (pdl=False)."""
     cases = [(64, 4096, 4096), (128, 8192, 8192), (32, 2048, 8192), (1, 16384, 16384)]
     variants = [
-        {"wgmma": False},
-        {"fp8_dots": False},
+        {"kernel": "triton"},
+        {"kernel": "gluon_wgmma8"},
         {},
-        {"fp8_dots": True},
-        {"fp8_dots": True, "pdl": False},
+        {"kernel": "gluon_fp8"},
+        {"kernel": "gluon_fp8", "pdl": False},
     ]
     return eight_bit_variants(cases, variants, caches=("fp8_e4m3",))
 
@@ -570,13 +574,13 @@ def fp8_splits() -> dict:
         ((128, 8192, 8192), (1, 2, 3)),
         ((32, 2048, 8192), (4, 8)),
     ):
-        variants = [{"fp8_dots": True, "num_splits": n} for n in counts]
+        variants = [{"kernel": "gluon_fp8", "num_splits": n} for n in counts]
         rows += eight_bit_variants([case], variants, caches=("fp8_e4m3",))["rows"]
     return {"rows": rows}
 
 
 def fp8_rule() -> dict:
-    """Where the fp8-dot kernel should take over from the widening one by default (decode_plan's rule): both kernels
+    """Where the fp8-dot kernel should take over from the widening one by default (decode_rules.fp8_dots_pay): both kernels
     at contexts whose split gives each CTA 4, 8, 12 and 16 tiles (fp8_dot_splits on 132 SMs), from batch 1 to 128;
     then 8 to 32 tiles per CTA on grids of 16 to 128 CTAs (the grid's fill), and 4 tiles on a full grid. At 52c0c31
     and c4426da the fp8-dot kernel won on every grid of 128 CTAs, on 64 and 96 at 8 tiles, and at batch 1 with 16
@@ -611,7 +615,8 @@ def fp8_rule() -> dict:
         (2, 4096, 4096),
         (8, 2048, 2048),
     ]
-    return eight_bit_variants(cases, [{"fp8_dots": False}, {"fp8_dots": True}], caches=("fp8_e4m3",))
+    variants = [{"kernel": "gluon_wgmma8"}, {"kernel": "gluon_fp8"}]
+    return eight_bit_variants(cases, variants, caches=("fp8_e4m3",))
 
 
 def decode_options() -> dict:
@@ -619,7 +624,12 @@ def decode_options() -> dict:
     timed the merge on programmatic dependent launch, since
     removed: 3-5% faster at batch 1, even at the large shapes, 1.5-3% slower at batch 32 with short contexts."""
     return decode_variants(
-        bf16_variants=[{}, {"page_ahead": False}, OLD_DEFAULTS, {"partial_dtype": torch.bfloat16}],
+        bf16_variants=[
+            {},
+            {"kernel": "triton", "page_ahead": False},
+            OLD_DEFAULTS,
+            {"partial_dtype": torch.bfloat16},
+        ],
         fp8_variants=[{}],
         wide_variants=[{}],
     )
@@ -631,7 +641,11 @@ def wide_warps() -> dict:
     return decode_variants(
         bf16_variants=[{}],
         fp8_variants=[{}],
-        wide_variants=[{}, {"num_warps": 16}, {"num_warps": 16, "block_n": 32, "num_stages": 3}],
+        wide_variants=[
+            {},
+            {"kernel": "triton", "num_warps": 16},
+            {"kernel": "triton", "num_warps": 16, "block_n": 32, "num_stages": 3},
+        ],
     )
 
 
@@ -641,11 +655,11 @@ def fp8_tiles() -> dict:
     return decode_variants(
         bf16_variants=[{}],
         fp8_variants=[
-            {},
-            {"num_splits": 8},
-            {"block_n": 16},
-            {"block_n": 16, "num_warps": 2},
-            {"block_n": 16, "num_warps": 2, "num_splits": 8},
+            {"kernel": "triton"},
+            {"kernel": "triton", "num_splits": 8},
+            {"kernel": "triton", "block_n": 16},
+            {"kernel": "triton", "block_n": 16, "num_warps": 2},
+            {"kernel": "triton", "block_n": 16, "num_warps": 2, "num_splits": 8},
         ],
         wide_variants=[{}],
     )
@@ -653,18 +667,19 @@ def fp8_tiles() -> dict:
 
 def breakdown_row(batch: int, length: int, cache_dtype: str = "bfloat16", **kwargs) -> dict:
     """One decode call's graph replay median against its kernels' own durations (torch.profiler over replays of the
-    same graph): the query split (fp8-dot kernel only), the split step and the merge."""
+    same graph): the query split (fp8-dot kernel only), the split step and the merge. kwargs: mla_decode_tuned's
+    kernel and tuning knobs."""
     from torch.profiler import ProfilerActivity, profile
 
     from benchmarks.gpu_suite import LAT, paged_case
-    from mlaserve.attention.triton.mla_decode import mla_decode
+    from mlaserve.attention.triton.mla_decode import mla_decode_tuned
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, 0)
     if cache_dtype != "bfloat16":
         cache = quantize_rows(cache, QUANTIZED[cache_dtype])
     args = (q, cache, table, meta.seq_lens, length, LAT, 0.07)
-    call = lambda: mla_decode(*args, **kwargs)  # noqa: E731
+    call = lambda: mla_decode_tuned(*args, **kwargs)  # noqa: E731
     replay_ms = bench_graph(call)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -700,16 +715,16 @@ def decode_breakdown() -> dict:
 
 
 def fp8_breakdown() -> dict:
-    """The same for the fp8-dot kernel (fp8 cache, fp8_dots=True) beside the bf16 default: batch 128 with one split
+    """The same for the fp8-dot kernel (fp8 cache, gluon_fp8) beside the bf16 default: batch 128 with one split
     per sequence (128 CTAs, one per SM) at 32 to 256 tiles per CTA, then (64, 16, 4,096) with the defaults.
     Fitting the split step's duration against tiles per CTA gives its per-tile time and its fixed cost. The fp8
     calls launch plainly (pdl=False): on programmatic dependent launch each kernel starts while the one before runs,
     so its duration would include that wait (the fp8_dots section times both launches)."""
     rows = []
     for length in (2048, 4096, 8192, 16384):
-        rows.append(breakdown_row(128, length, "fp8_e4m3", fp8_dots=True, num_splits=1, pdl=False))
+        rows.append(breakdown_row(128, length, "fp8_e4m3", kernel="gluon_fp8", num_splits=1, pdl=False))
         rows.append(breakdown_row(128, length))
-    rows.append(breakdown_row(64, 4096, "fp8_e4m3", pdl=False))
+    rows.append(breakdown_row(64, 4096, "fp8_e4m3", kernel="gluon_fp8", pdl=False))
     rows.append(breakdown_row(64, 4096))
     return {"rows": rows}
 

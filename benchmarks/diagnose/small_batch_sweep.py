@@ -17,7 +17,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.gpu_suite import LAT, bench, paged_case  # noqa: E402
-from mlaserve.attention.triton.mla_decode import mla_decode  # noqa: E402
+from mlaserve.attention.triton.mla_decode import mla_decode_tuned  # noqa: E402
 from mlaserve.layers.fused_moe import _grouped_gemm  # noqa: E402
 
 E, HID, INTER, TOPK, REPEAT = 64, 2048, 1408, 6, 20
@@ -81,7 +81,7 @@ def decode_rows() -> list[dict]:
                dict(num_splits=4), dict(num_splits=9), dict(num_splits=9, num_warps=4)]:  # fmt: skip
 
         def run(kw=kw):
-            return mla_decode(q, cache, table, meta.seq_lens, 4096, LAT, 1 / 192**0.5, **kw)
+            return mla_decode_tuned(q, cache, table, meta.seq_lens, 4096, LAT, 1 / 192**0.5, **kw)
 
         got = run()[0].float()
         want = got if want is None else want

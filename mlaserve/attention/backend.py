@@ -17,11 +17,28 @@ class AttentionBackend(ABC):
     name: str = ""
     # True when decode has no data-dependent shapes or host syncs for latent (MLA) caches: CUDA-graph safe.
     supports_cuda_graphs: bool = False
+    # What decode runs, as the start-up log and stats() name it; a backend that picks by shape overrides
+    # decode_kernel for latent caches.
+    decode_kernel_name: str = ""
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:
         """None if the backend can run on `device`, else why not."""
         return None
+
+    def decode_kernel(
+        self,
+        num_heads: int,
+        kv_lora_rank: int,
+        rope_dim: int,
+        cache_dtype: torch.dtype,
+        block_size: int,
+        device: torch.device,
+        query_dtype: torch.dtype | None = None,
+    ) -> str:
+        """The kernel that runs absorbed MLA decode for this shape (heads per rank, latent and rotary widths, cache
+        dtype, page size) on `device`; query_dtype defaults to the cache's (bfloat16 for 8-bit caches)."""
+        return self.decode_kernel_name
 
     @abstractmethod
     def decode(

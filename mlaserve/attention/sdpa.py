@@ -61,6 +61,7 @@ def can_use_varlen(q: torch.Tensor) -> bool:
 
 class SdpaBackend(TorchBackend):
     name = "sdpa"
+    decode_kernel_name = "sdpa (paged torch decode)"
 
     def decode(
         self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, v_dim: int, need_lse: bool = False

@@ -24,6 +24,22 @@ def select_backend(device: torch.device, requested: str | None = None) -> Attent
     return BACKENDS[name]()
 
 
+def attention_kernel(
+    backend: AttentionBackend,
+    model: object,
+    cache_dtype: torch.dtype,
+    block_size: int,
+    device: torch.device,
+    model_dtype: torch.dtype,
+) -> str:
+    """The decode kernel `backend` runs for `model`, for the start-up log and stats(): for a latent (MLA) cache the
+    one the backend picks for the model's heads per rank, latent and rotary widths, cache dtype and page size."""
+    shape = model.latent_attention_shape()
+    if shape is None:  # per-head K/V caches
+        return backend.decode_kernel_name
+    return backend.decode_kernel(*shape, cache_dtype, block_size, device, query_dtype=model_dtype)
+
+
 def choose_backend(device: torch.device, requested: str | None = None) -> tuple[str, str]:
     """(backend name, why), without building the backend: select_backend logs it, and the server's start-up
     report states it in its own place. Raises ValueError for an unknown or unavailable requested backend."""

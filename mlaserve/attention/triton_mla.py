@@ -1,4 +1,5 @@
-"""GPU backend: the Triton paged MLA decode kernel for latent caches; SDPA for prefill and for GQA decode."""
+"""GPU backend: paged MLA decode by the kernel the dispatch table picks for the shape (triton/dispatch.py); SDPA
+for prefill and for GQA decode."""
 
 import os
 
@@ -6,6 +7,7 @@ import torch
 
 from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.attention.sdpa import SdpaBackend
+from mlaserve.kvcache.quant import is_quantized
 
 
 class TritonMLABackend(SdpaBackend):
@@ -21,6 +23,24 @@ class TritonMLABackend(SdpaBackend):
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             return "it needs a CUDA GPU (or TRITON_INTERPRET=1, the slow CPU interpreter used by tests)"
         return None
+
+    def decode_kernel(
+        self,
+        num_heads: int,
+        kv_lora_rank: int,
+        rope_dim: int,
+        cache_dtype: torch.dtype,
+        block_size: int,
+        device: torch.device,
+        query_dtype: torch.dtype | None = None,
+    ) -> str:
+        from mlaserve.attention.triton.decode_rules import DecodeShape
+        from mlaserve.attention.triton.dispatch import decode_device, describe
+
+        if query_dtype is None:
+            query_dtype = torch.bfloat16 if is_quantized(cache_dtype) else cache_dtype
+        shape = DecodeShape(num_heads, kv_lora_rank, rope_dim, cache_dtype, query_dtype, block_size)
+        return describe(shape, decode_device(torch.device(device)))
 
     def decode(
         self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, v_dim: int, need_lse: bool = False

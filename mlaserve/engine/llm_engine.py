@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from mlaserve.attention.selector import select_backend
+from mlaserve.attention.selector import attention_kernel, select_backend
 from mlaserve.config.engine_config import EngineConfig
 from mlaserve.config.model_config import ModelConfig
 from mlaserve.core.kv_cache_manager import CacheGroupSpec, KVCacheManager
@@ -110,7 +110,10 @@ class LLMEngine:
         if self.kv_spec.is_mla:
             mha = self.kv_spec.mha_bytes_per_token(model_dtype)
             line += f"; per-head K/V would cost {mha} bytes/token ({mha / self.bytes_per_token:.1f}x)"
-        logger.info(line)
+        self.attention_kernel = attention_kernel(
+            self.backend, self.model, dtype, cfg.block_size, self.device, model_dtype
+        )
+        logger.info(line + f"; attention {self.backend.name}, decode kernel {self.attention_kernel}")
 
     # ---- requests -------------------------------------------------------------------------------------------
     def prepare(self, prompt: str | dict, params: SamplingParams) -> PreparedRequest:
@@ -302,6 +305,7 @@ class LLMEngine:
             "block_size": self.config.block_size,
             "enable_prefix_caching": self.config.enable_prefix_caching,
             "attention_backend": self.backend.name,
+            "attention_kernel": self.attention_kernel,
             "num_running": self.scheduler.num_running,
             "num_waiting": self.scheduler.num_waiting,
             "num_preemptions": self.scheduler.num_preemptions,

@@ -39,6 +39,11 @@ class CausalLM(nn.Module):
     def kv_cache_spec(self) -> KVCacheSpec:
         raise NotImplementedError
 
+    def latent_attention_shape(self) -> tuple[int, int, int] | None:
+        """(query heads per rank, kv_lora_rank, qk_rope_head_dim) of absorbed MLA decode over a latent cache, which
+        picks the decode kernel; None where the cache holds per-head K/V."""
+        return None
+
     def map_checkpoint_name(self, name: str) -> tuple[str, object] | None:
         """(parameter name, shard id) for a checkpoint tensor, or None if it is not a weight we use."""
         if any(fragment in name for fragment in self.ignored_fragments):

@@ -101,6 +101,11 @@ class DeepseekV2ForCausalLM(CausalLM):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)
 
+    def latent_attention_shape(self) -> tuple[int, int, int] | None:
+        if self.mla_disable:
+            return None
+        return self.model.layers[0].self_attn.num_heads, self.cfg.kv_lora_rank, self.cfg.qk_rope_head_dim
+
     def kv_cache_spec(self) -> KVCacheSpec:
         cfg = self.cfg
         per_head = cfg.num_attention_heads * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim)

@@ -42,6 +42,7 @@ def startup_report(engine: LLMEngine, settings: ServerSettings) -> dict:
         "parallel": {"tensor_parallel_size": engine.config.tensor_parallel_size, "pipeline_parallel_size": 1},
         "attention_backend": stats["attention_backend"],
         "attention_backend_reason": why,
+        "attention_kernel": stats["attention_kernel"],
         "device": stats["device"],
         "max_model_len": engine.model_config.max_model_len,
         "kv_cache": kv,
@@ -68,7 +69,8 @@ def format_report(report: dict) -> list[str]:
         f"shape mismatches: {names(w['shape_mismatches'])}",
         f"parallel layout: tensor parallel {par['tensor_parallel_size']}, "
         f"pipeline parallel {par['pipeline_parallel_size']}",
-        f"attention backend: {report['attention_backend']} ({report['attention_backend_reason']})",
+        f"attention backend: {report['attention_backend']} ({report['attention_backend_reason']}); "
+        f"decode kernel: {report['attention_kernel']}",
         f"KV cache: {kv['blocks']} blocks x {kv['block_size']} tokens = {kv['capacity_tokens']} tokens, "
         f"{kv['bytes_per_token']} bytes/token ({kv['dtype']})",
     ]

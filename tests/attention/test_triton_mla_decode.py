@@ -10,7 +10,7 @@ import triton.language as tl  # noqa: E402
 
 from mlaserve.attention.metadata import build_metadata  # noqa: E402
 from mlaserve.attention.torch_ref import TorchBackend  # noqa: E402
-from mlaserve.attention.triton.mla_decode import _widen_bits, mla_decode  # noqa: E402
+from mlaserve.attention.triton.mla_decode import _widen_bits, mla_decode, mla_decode_tuned  # noqa: E402
 
 LAT, ROPE = 32, 16
 
@@ -44,7 +44,7 @@ def random_case(seq_lens, heads, page, seed, num_blocks=48):
 def test_matches_reference(seq_lens, heads, page, splits):
     q, cache, table, meta = random_case(seq_lens, heads, page, seed=len(seq_lens) + heads)
     want, want_lse = TorchBackend().decode(q, cache, None, meta, 0.2, LAT, need_lse=True)
-    got, lse = mla_decode(
+    got, lse = mla_decode_tuned(
         q, cache, table, meta.seq_lens, max(seq_lens), LAT, 0.2, block_n=16, num_splits=splits
     )
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
@@ -90,7 +90,7 @@ def test_quantized_cache_matches_reference_on_the_same_rows(kv_dtype, block_n, l
     q, cache, table, meta = random_case(seq_lens, heads, page, seed=7)
     rows = quantize_rows(cache, dtype)
     want, want_lse = TorchBackend().decode(q, rows, None, meta, 0.2, LAT, need_lse=True)
-    got, lse = mla_decode(
+    got, lse = mla_decode_tuned(
         q, rows, table, meta.seq_lens, max(seq_lens), LAT, 0.2, block_n=block_n, num_splits=2, **loop
     )
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
@@ -108,17 +108,8 @@ def test_tiles_inside_or_across_pages(page, block_n, loop):
     seq_lens, heads = [5, 70, 33], 16
     q, cache, table, meta = random_case(seq_lens, heads, page, seed=page + block_n)
     want, want_lse = TorchBackend().decode(q, cache, None, meta, 0.2, LAT, need_lse=True)
-    got, lse = mla_decode(
-        q,
-        cache,
-        table,
-        meta.seq_lens,
-        max(seq_lens),
-        LAT,
-        0.2,
-        block_n=block_n,
-        num_splits=3,
-        **loop,
+    got, lse = mla_decode_tuned(
+        q, cache, table, meta.seq_lens, max(seq_lens), LAT, 0.2, block_n=block_n, num_splits=3, **loop
     )
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(lse, want_lse, atol=2e-5, rtol=2e-5)
@@ -149,7 +140,7 @@ def test_fp16_dots_and_bf16_partials_stay_close(kv_dtype, widen_bits):
     q = q.bfloat16()
     rows = quantize_rows(cache, QUANTIZED[kv_dtype])
     want, want_lse = TorchBackend().decode(q, rows, None, meta, 0.2, LAT, need_lse=True)
-    got, lse = mla_decode(
+    got, lse = mla_decode_tuned(
         q, rows, table, meta.seq_lens, max(seq_lens), LAT, 0.2, block_n=16, num_splits=3,
         partial_dtype=torch.bfloat16, q_f16=True, widen_bits=widen_bits,
     )  # fmt: skip
@@ -162,7 +153,7 @@ def test_fp16_dots_and_bf16_partials_stay_close(kv_dtype, widen_bits):
     [(64, 4096, 4), (128, 8192, 2), (1, 576, 3), (1, 10240, 40), (32, 4096, 8)],
 )
 def test_split_rule(batch, max_len, want):
-    from mlaserve.attention.triton.mla_decode import num_splits_for
+    from mlaserve.attention.triton.decode_rules import num_splits_for
 
     assert num_splits_for(batch, 1, max_len, 64, 132, 16) == want
 
@@ -180,7 +171,7 @@ def test_split_rule(batch, max_len, want):
 )
 def test_fp8_dot_split_rule(batch, heads, max_len, want):
     """The fp8-dot kernel's CTA fills an SM: about one per SM, at least 8 tiles each, at most 32 splits."""
-    from mlaserve.attention.triton.mla_decode import fp8_dot_splits
+    from mlaserve.attention.triton.decode_rules import fp8_dot_splits
 
     assert fp8_dot_splits(batch, -(-heads // 16), max_len, 132) == want
 
@@ -200,20 +191,24 @@ def test_fp8_dot_split_rule(batch, heads, max_len, want):
 )
 def test_fp8_dot_kernel_rule(batch, max_len, pays):
     """The fp8-dot kernel is the default where the H200 diagnose found it faster than the widening one."""
-    from mlaserve.attention.triton.mla_decode import fp8_dot_splits, fp8_dots_pay
+    from mlaserve.attention.triton.decode_rules import fp8_dot_splits, fp8_dots_pay
 
     splits = fp8_dot_splits(batch, 1, max_len, 132)
     assert fp8_dots_pay(batch, 1, max_len, splits) == pays
 
 
-def test_wgmma_kernel_is_refused_where_it_cannot_run():
-    """The Gluon split kernel (Hopper only) is never picked on CPU, and asking for it names what it needs. Its
-    compiled form is checked in tests/benchmarks/diagnose/test_decode_compile_report.py, its results in tests/gpu."""
+def test_gluon_kernels_are_refused_where_they_cannot_run():
+    """The Gluon split kernels (Hopper only) are never picked on CPU, and naming one says what it needs. Their
+    compiled form is checked in tests/benchmarks/diagnose/test_decode_compile_report.py, their results in tests/gpu."""
     q, cache, table, meta = random_case([9, 30], 64, 16, seed=3)
-    default, _ = mla_decode(q, cache, table, meta.seq_lens, 30, LAT, 0.2, block_n=16)
+    default, _ = mla_decode(q, cache, table, meta.seq_lens, 30, LAT, 0.2)
     want, _ = TorchBackend().decode(q, cache, None, meta, 0.2, LAT, need_lse=True)
     torch.testing.assert_close(default, want, atol=2e-5, rtol=2e-5)
-    with pytest.raises(ValueError, match="wgmma=True needs an sm_90 GPU"):
-        mla_decode(q, cache, table, meta.seq_lens, 30, LAT, 0.2, wgmma=True)
-    with pytest.raises(ValueError, match="fp8_dots=True needs the Gluon 8-bit path"):
-        mla_decode(q, cache, table, meta.seq_lens, 30, LAT, 0.2, fp8_dots=True)
+    with pytest.raises(ValueError, match="'gluon_wgmma' cannot run .* needs gluon"):
+        mla_decode_tuned(q, cache, table, meta.seq_lens, 30, LAT, 0.2, kernel="gluon_wgmma")
+    with pytest.raises(ValueError, match="'gluon_fp8' cannot run"):
+        mla_decode_tuned(q, cache, table, meta.seq_lens, 30, LAT, 0.2, kernel="gluon_fp8")
+    with pytest.raises(ValueError, match="'triton' takes no pdl; its tuning knobs: block_h"):
+        mla_decode_tuned(q, cache, table, meta.seq_lens, 30, LAT, 0.2, pdl=False)
+    with pytest.raises(ValueError, match="unknown decode kernel 'wgmma'"):
+        mla_decode_tuned(q, cache, table, meta.seq_lens, 30, LAT, 0.2, kernel="wgmma")

@@ -8,12 +8,18 @@ import torch
 
 from benchmarks.gpu_suite import LAT, ROPE, paged_case
 from mlaserve.attention.torch_ref import TorchBackend
-from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode
+from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode, mla_decode_tuned
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 PAGE = 64
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def skip_gluon_off_hopper(options: dict) -> None:
+    if str(options.get("kernel", "")).startswith("gluon") and not HOPPER:
+        pytest.skip("the Gluon split kernels need sm_90")
 
 
 # The LSE tolerance of the fp8-dot kernel (mla_decode_fp8.py): its scores carry the fp8 tensor cores' accumulation
@@ -46,7 +52,13 @@ def check_eager_and_replayed(
 
 @pytest.mark.parametrize("batch", [1, 48])  # a grid under one program per SM, and one that fills the GPU
 @pytest.mark.parametrize(
-    "options", [{}, {"page_ahead": False}, {"block_n": 64, "num_warps": 8}, {"block_n": 32, "num_warps": 4}]
+    "options",
+    [
+        {},
+        {"kernel": "triton", "page_ahead": False},
+        {"kernel": "triton", "block_n": 64, "num_warps": 8},
+        {"kernel": "triton", "block_n": 32, "num_warps": 4},
+    ],
 )
 @pytest.mark.parametrize("kv", ["bf16", "fp8_e4m3"])
 def test_matches_reference_eager_and_in_a_graph(batch, options, kv):
@@ -61,46 +73,50 @@ def test_matches_reference_eager_and_in_a_graph(batch, options, kv):
         q,
         cache,
         meta,
-        lambda: mla_decode(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, **options),
+        lambda: mla_decode_tuned(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, **options),
         lse_atol=FP8_DOTS_LSE_ATOL if fp8_dots else 2e-3,
     )
-
-
-HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
 @pytest.mark.parametrize("batch", [1, 9])
 @pytest.mark.parametrize("heads", [128, 96])  # 96: the second head group is half masked
 @pytest.mark.parametrize("page", [64, 128])
-@pytest.mark.parametrize("wgmma", [True, False])  # the Gluon split kernel, and the Triton kernel it replaces
+@pytest.mark.parametrize(
+    "kernel", ["gluon_wgmma", "triton"]
+)  # the Gluon split kernel, and the one it replaces
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_many_heads_match_reference_eager_and_in_a_graph(batch, heads, page, wgmma, dtype):
-    if wgmma and not HOPPER:
-        pytest.skip("the Gluon split kernel needs sm_90")
+def test_many_heads_match_reference_eager_and_in_a_graph(batch, heads, page, kernel, dtype):
+    skip_gluon_off_hopper({"kernel": kernel})
     gen = torch.Generator().manual_seed(batch + heads + page)
     lengths = torch.randint(1, 3000, (batch,), generator=gen).tolist()
     lengths[0] = 1  # a one-row context: one masked tile
     q, cache, table, meta = paged_case(batch, heads, lengths, page, dtype, seed=batch + heads)
     check_eager_and_replayed(
-        q, cache, meta, lambda: mla_decode(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, wgmma=wgmma)
+        q,
+        cache,
+        meta,
+        lambda: mla_decode_tuned(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, kernel=kernel),
     )
 
 
 @pytest.mark.skipif(not HOPPER, reason="the Gluon split kernel needs sm_90")
 def test_wgmma_is_the_default_for_many_heads_on_hopper():
     q, cache, table, meta = paged_case(2, 128, [100, 200], 64, torch.bfloat16, seed=0)
+    assert decode_plan(q, cache, 256, LAT, ROPE).kernel == "gluon_wgmma"
     default, _ = mla_decode(q, cache, table, meta.seq_lens, 256, LAT, 0.07)
-    gluon, _ = mla_decode(q, cache, table, meta.seq_lens, 256, LAT, 0.07, wgmma=True)
+    gluon, _ = mla_decode_tuned(q, cache, table, meta.seq_lens, 256, LAT, 0.07, kernel="gluon_wgmma")
     assert torch.equal(default, gluon)
-    with pytest.raises(ValueError, match="wgmma=True needs"):
-        mla_decode(q, cache, table, meta.seq_lens, 256, LAT, 0.07, wgmma=True, block_n=32)
+    with pytest.raises(ValueError, match="'gluon_wgmma' takes no block_n"):
+        mla_decode_tuned(q, cache, table, meta.seq_lens, 256, LAT, 0.07, kernel="gluon_wgmma", block_n=32)
 
 
 @pytest.mark.skipif(not HOPPER, reason="the Gluon split kernels need sm_90")
 @pytest.mark.parametrize("batch", [1, 48])
-@pytest.mark.parametrize("kv, fp8_dots", [("fp8_e4m3", None), ("fp8_e4m3", False), ("int8", None)])
+@pytest.mark.parametrize(
+    "kv, kernel", [("fp8_e4m3", "gluon_fp8"), ("fp8_e4m3", "gluon_wgmma8"), ("int8", "gluon_wgmma8")]
+)
 @pytest.mark.parametrize("heads", [16, 20])  # 20: a second head group, mostly masked
-def test_8bit_gluon_kernel_matches_reference_eager_and_in_a_graph(batch, kv, fp8_dots, heads):
+def test_8bit_gluon_kernel_matches_reference_eager_and_in_a_graph(batch, kv, kernel, heads):
     gen = torch.Generator().manual_seed(batch + heads)
     lengths = torch.randint(1, 3000, (batch,), generator=gen).tolist()
     lengths[0] = 1
@@ -110,10 +126,8 @@ def test_8bit_gluon_kernel_matches_reference_eager_and_in_a_graph(batch, kv, fp8
         q,
         cache,
         meta,
-        lambda: mla_decode(
-            q, cache, table, meta.seq_lens, 8192, LAT, 0.07, block_h=16, wgmma=True, fp8_dots=fp8_dots
-        ),
-        lse_atol=FP8_DOTS_LSE_ATOL if kv == "fp8_e4m3" and fp8_dots is None else 2e-3,
+        lambda: mla_decode_tuned(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, kernel=kernel),
+        lse_atol=FP8_DOTS_LSE_ATOL if kernel == "gluon_fp8" else 2e-3,
     )
 
 
@@ -127,8 +141,8 @@ def test_fp8_dots_error_is_small_beside_the_caches():
     rows8 = quantize_rows(cache, QUANTIZED["fp8_e4m3"])
     exact, exact_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
     want, want_lse = TorchBackend().decode(q.float(), rows8, None, meta, 0.07, LAT, need_lse=True)
-    got, lse = mla_decode(q, rows8, table, meta.seq_lens, 8192, LAT, 0.07, fp8_dots=True)
-    widened, _ = mla_decode(q, rows8, table, meta.seq_lens, 8192, LAT, 0.07, fp8_dots=False)
+    got, lse = mla_decode_tuned(q, rows8, table, meta.seq_lens, 8192, LAT, 0.07, kernel="gluon_fp8")
+    widened, _ = mla_decode_tuned(q, rows8, table, meta.seq_lens, 8192, LAT, 0.07, kernel="gluon_wgmma8")
     assert (got.float() - want).abs().max() < 0.25 * (want - exact).abs().max()
     assert (lse - want_lse).abs().max() < 0.25 * (want_lse - exact_lse).abs().max()
     # and within a small multiple of the widening kernel's output error
@@ -152,23 +166,24 @@ def poison_rows_past_the_ends(rows: torch.Tensor, table: torch.Tensor, lengths: 
     [
         ("bf16", {}),
         ("fp8_e4m3", {}),
-        ("fp8_e4m3", {"fp8_dots": True}),
+        ("fp8_e4m3", {"kernel": "gluon_fp8"}),
         ("fp8_e4m3", {"num_splits": 3}),
-        ("fp8_e4m3", {"fp8_dots": False}),
-        ("fp8_e4m3", {"block_n": 32, "num_warps": 4}),  # the Triton kernel
-        ("int8", {"wgmma": True}),
+        ("fp8_e4m3", {"kernel": "gluon_wgmma8"}),
+        ("fp8_e4m3", {"kernel": "triton", "block_n": 32, "num_warps": 4}),
+        ("int8", {"kernel": "gluon_wgmma8"}),
     ],
 )
 def test_stale_bytes_past_a_sequence_end_do_not_reach_the_result(page, kv, options):
     """A sequence's last page holds rows past its end that the kernels copy with the tile but must never let in:
     a NaN there times p = 0 is still NaN. The 8-bit rows' scales are poisoned too."""
+    skip_gluon_off_hopper(options)
     lengths = [1, 63, 65, 700, 2500, 130]
     q, cache, table, meta = paged_case(len(lengths), 16, lengths, page, torch.bfloat16, seed=11)
     if kv != "bf16":
         cache = quantize_rows(cache, QUANTIZED[kv])
     want, want_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
     poison_rows_past_the_ends(cache, table, lengths)
-    got, lse = mla_decode(q, cache, table, meta.seq_lens, 4096, LAT, 0.07, **options)
+    got, lse = mla_decode_tuned(q, cache, table, meta.seq_lens, 4096, LAT, 0.07, **options)
     fp8_dots = decode_plan(q, cache, 4096, LAT, ROPE, **options).kernel == "gluon_fp8"
     torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse, want_lse, atol=FP8_DOTS_LSE_ATOL if fp8_dots else 2e-3, rtol=2e-3)

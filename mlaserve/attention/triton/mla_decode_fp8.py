@@ -9,8 +9,8 @@ Same work as `mla_decode._stage1` with an fp8 cache and BLOCK_H = 16, for one (s
   regrouped in registers into wgmma's register operand (`_value_operand`). p goes in as two e4m3 terms as well.
 - The cache's row scales enter p through the exponent: m is the running maximum of logit + log2(scale), so the
   scaled p stays within 2^8 and needs no separate rescaling.
-What is left of the error is the fp8 tensor cores' own accumulation; see `fp8_dots` in mla_decode.py for the
-measured figures. The widening kernel (mla_decode_wgmma8.py) stays the fp8_dots=False path and int8's.
+What is left of the error is the fp8 tensor cores' own accumulation; see mla_decode.mla_decode_tuned for the
+measured figures. The widening kernel (mla_decode_wgmma8.py) takes the fp8 calls where this one does not pay.
 
 Three partitions (`gl.warp_specialize`): a producer warpgroup copies the split's tiles into a ring of SLOTS, and two
 consumer warpgroups share the queries and take the tiles in turn. An fp8 tile is half a bf16 one and the dots cost

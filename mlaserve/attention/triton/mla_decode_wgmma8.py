@@ -6,8 +6,8 @@ likewise runs as Oᵀ = Vᵀ·Pᵀ with the 512 latent columns as M, in four chu
 as their register operand: 8-bit rows are copied to shared memory as they are, read straight into wgmma's operand
 layout and widened to fp16 there, so the widened tile never goes back through shared memory. Row scales are applied
 to the scores and folded into p, as in the Triton kernel. fp8 caches take mla_decode_fp8.py by default, which
-converts nothing, where mla_decode.fp8_dots_pay says it is faster; this kernel runs the others, those with
-fp8_dots=False, and int8 caches with wgmma=True.
+converts nothing, where decode_rules.fp8_dots_pay says it is faster; this kernel runs the other fp8 calls, and int8
+caches where a benchmark names it (dispatch.py: for int8 it does not pay).
 """
 
 from triton.experimental import gluon

@@ -1,0 +1,271 @@
+"""What a paged MLA decode call is (its shape, its step, its device) and the measured rules that launch it: split
+counts, when each kernel pays, and each kernel's parameters (`DecodePlan`). Plain Python, no Triton: the table in
+dispatch.py reads these, and the backend can name its kernel before anything is compiled.
+
+The H200 figures behind each rule are in its docstring; benchmarks/gpu_suite.py and benchmarks/diagnose re-measure
+them through mla_decode.mla_decode_tuned.
+"""
+
+import dataclasses
+import math
+
+import torch
+
+from mlaserve.kvcache.quant import is_quantized
+
+FP8 = torch.float8_e4m3fn
+# Shared memory the Triton kernel's default tiles may take, as _shared_bytes estimates it: that of the largest
+# default measured to build on sm_90 (64 heads x 64 rows of 16-bit 576-wide rows, two tile buffers: 221,184 bytes,
+# under the 232,448 a program may have). Estimates matched the compiled kernels' figures exactly at the defaults
+# (benchmarks/diagnose/decode_compile_report.py) and at wider rows that failed to build before tiles shrank (64
+# heads x 64 rows: int8 rows under fp32 queries, 295,168 bytes; fp8 rows of a 1,024-wide latent, 278,528).
+SHARED_BUDGET = 221_184
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DecodeShape:
+    """What the model fixes at start-up: heads per rank, latent and rotary widths, cache and query dtypes, page."""
+
+    num_heads: int
+    kv_lora_rank: int
+    rope_dim: int
+    cache_dtype: torch.dtype
+    query_dtype: torch.dtype
+    block_size: int
+
+    @property
+    def quantized(self) -> bool:
+        return is_quantized(self.cache_dtype)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DecodeCall:
+    """What changes from step to step: the batch, the longest context the call is sized for (a CUDA graph sizes
+    it for max_model_len), and whether TMA can copy the cache's rows (16-byte aligned start)."""
+
+    batch: int
+    max_seq_len: int
+    tma_rows: bool = True
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DecodeDevice:
+    """What the device offers the kernels: its GPU generation ("sm_90"; None off CUDA), SM count, whether Triton
+    kernels run there (a CUDA GPU, or the CPU interpreter under TRITON_INTERPRET=1) and whether Gluon's do."""
+
+    arch: str | None
+    sms: int
+    triton: bool
+    gluon: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DecodePlan:
+    """How one call is launched: the kernel (a name in dispatch.DECODE_KERNELS), the grid's split count, the tile
+    and, for the Triton kernel, its padded widths and loop options (see mla_decode._stage1)."""
+
+    kernel: str
+    num_splits: int
+    block_h: int = 16
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 1
+    lat_tile: int = 0  # kv_lora_rank padded to a power of two >= 16 (Triton kernel)
+    rope_tile: int = 0  # rope_dim likewise
+    page_ahead: bool = False
+    prefetch: bool = False
+    q_f16: bool = False
+    widen_bits: bool = False
+    tile_in_page: bool = True
+    pdl: bool = False
+    partial_dtype: torch.dtype = torch.float32
+
+
+def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms: int, block_h: int) -> int:
+    """How many slices of the context each (sequence, head group) is split into; no slice under 4 KV tiles.
+
+    The memory-bound kernel (16 heads per program) gets about two programs per SM, which is what fits at once. On
+    an H200, block 64, 16 heads, timed as CUDA-graph replays (two rounds within 1%): (B, L) = (64, 4,096) took
+    0.098 ms at 4 splits, 0.104 at 8, 0.115 at 3, 0.119 at 6 and 0.130 at 2; (128, 8,192) took 0.322 ms at 2,
+    0.326 at 4 and 0.399 at 3. (Eager timings of the same kernel had spread 0.099-0.174 ms between runs: host
+    launch time.) The compute-bound kernel (64 heads per program) was fastest unsplit when one wave holds every
+    program, so it takes the fewest splits whose last wave is within 5% of the best fill."""
+    most = max(1, min(math.ceil(max_len / (4 * block_n)), 64))
+    work = max(batch * head_groups, 1)
+    if block_h <= 16:
+        return max(1, min(most, round(2 * sms / work)))
+
+    def fill(splits: int) -> float:
+        programs = work * splits
+        return programs / (math.ceil(programs / sms) * sms)
+
+    best = max(fill(n) for n in range(1, most + 1))
+    return next(n for n in range(1, most + 1) if fill(n) >= 0.95 * best)
+
+
+def fp8_dot_splits(batch: int, head_groups: int, max_len: int, sms: int) -> int:
+    """Splits for the fp8-dot kernel (mla_decode_fp8.py): its CTA takes a whole SM (shared memory), so about one
+    per SM, each with at least 8 tiles of 64 rows (4 per warpgroup); at most 32. More, in waves, were slower at every
+    shape timed on an H200: 54.6 us at (B, L) = (64, 4,096) with 2 splits, 63.9-77.7 us with 3, 4 or 8: waves do
+    not make up for the SMs' unequal bandwidth."""
+    most = max(1, min(math.ceil(max_len / (8 * 64)), 32))
+    return max(1, min(most, round(sms / max(batch * head_groups, 1))))
+
+
+def fp8_dots_pay(batch: int, head_groups: int, max_len: int, splits: int) -> bool:
+    """Whether the fp8-dot kernel beats the widening one for a call: when each CTA gets 16 tiles of 64 rows or
+    more, or 4 or more and the call has 512 tiles in all. On an H200 it won at 4 to 32 tiles per CTA on grids of
+    128 CTAs (0.64x-0.97x the bf16 kernel against the widening kernel's 0.99x-1.03x), narrowly at 8 tiles on 64
+    CTAs (512 tiles: 1.00x-1.03x against 1.04x-1.07x), and at 16 and 32 tiles on the 32 CTAs of batch 1; it lost
+    at 8 tiles on 16 and 32 CTAs (1.07x-1.11x against 0.89x-0.90x) and at 4 tiles on 64 (0.93x against 0.85x).
+    Timed again once the kernel wrote one partial per CTA, the rule picked the faster kernel at 26 of 27 shapes,
+    all but batch 1 over 16,384 (1.01x against 1.10x). The rule sees max_len, not the lengths: a graph sized for a
+    longer context than the batch has picks by the graph's size."""
+    tiles = math.ceil(max_len / 64)
+    per_cta = math.ceil(tiles / splits)
+    return per_cta >= 16 or (per_cta >= 4 and batch * head_groups * tiles >= 512)
+
+
+def _groups(shape: DecodeShape, block_h: int) -> int:
+    return -(-shape.num_heads // block_h)
+
+
+def _tile(width: int) -> int:
+    """A width as a Triton tile takes it: a power of two (tl.arange), at least 16 (tl.dot's smallest K and N)."""
+    return max(16, 1 << max(width - 1, 0).bit_length())
+
+
+# ---- when each kernel pays (the dispatcher takes the first kernel that fits and pays) ----------------------------
+
+
+def always(shape: DecodeShape, device: DecodeDevice) -> bool:
+    return True
+
+
+def many_heads(shape: DecodeShape, device: DecodeDevice) -> bool:
+    """The 64-head rule: with 64 heads or more each latent tile feeds 64 heads' dots, and the Gluon kernel's two
+    warpgroups split the scores (Triton's both computed all of them: mla_decode_wgmma.py)."""
+    return shape.num_heads >= 64
+
+
+def few_heads(shape: DecodeShape, device: DecodeDevice) -> bool:
+    """The 8-bit Gluon kernels run 16 heads per program: with more heads the Triton kernel's 32- and 64-head
+    programs read each latent tile fewer times."""
+    return shape.num_heads <= 16
+
+
+def fp8_few_heads(shape: DecodeShape, device: DecodeDevice) -> bool:
+    """The widening 8-bit Gluon kernel pays for fp8 caches; int8 gained 0-5% over the Triton kernel (and lost 1% at
+    small batches), so int8 stays on the Triton kernel unless named."""
+    return few_heads(shape, device) and shape.cache_dtype == FP8
+
+
+def fp8_dots_pay_for(shape: DecodeShape, call: DecodeCall, device: DecodeDevice) -> bool:
+    """fp8_dots_pay at the split count the fp8-dot kernel would take for this call."""
+    groups = _groups(shape, 16)
+    splits = fp8_dot_splits(call.batch, groups, call.max_seq_len, device.sms)
+    return fp8_dots_pay(call.batch, groups, call.max_seq_len, splits)
+
+
+# ---- each kernel's parameters: the defaults, and the tuning a benchmark passes (mla_decode_tuned) ---------------
+
+
+def plan_triton(shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuning: dict) -> DecodePlan:
+    """The Triton kernel (mla_decode._stage1), any shape. Defaults from the H200 sweep in gpu_suite.py --tune: 16
+    heads per program when there are few (memory-bound: one latent read per 16 heads), 64 with many (each latent
+    tile then feeds 64 heads' dots)."""
+    heads, page, quantized = shape.num_heads, shape.block_size, shape.quantized
+    block_h = tuning.get("block_h") or (16 if heads <= 16 else 32 if heads < 64 else 64)
+    # 8-bit tiles are widened in registers; at 16 heads per program that conversion, not HBM, bounds the kernel,
+    # and smaller tiles with fewer warps and fp16 dots (a cheaper widening) were fastest: fp8 at (B, L) = (64,
+    # 4,096) took 0.140 ms against 0.181 ms with the bf16-cache defaults (benchmarks/diagnose/decode_sweep.py). The
+    # 64-head kernel keeps the measured defaults of 16-bit caches.
+    light = quantized and block_h <= 16
+    q_f16 = tuning.get("q_f16")
+    q_f16 = light and shape.query_dtype != torch.float32 if q_f16 is None else q_f16  # fp32 keeps fp32 dots
+    num_stages = tuning.get("num_stages") or (3 if block_h <= 16 else 2)
+    page_ahead = tuning.get("page_ahead")
+    page_ahead = block_h <= 16 and not quantized if page_ahead is None else page_ahead
+    block_n, num_warps, splits = tuning.get("block_n"), tuning.get("num_warps"), tuning.get("num_splits")
+    if light:
+        block_n, num_warps = block_n or 32, num_warps or 4
+    elif block_h <= 16 and page_ahead and page % 32 == 0:
+        # 16-bit tiles, two buffers each (page ahead). On an H200 (graph replays), 32-row tiles with 4 warps fit
+        # two programs per SM and were fastest once the grid fills the GPU: (B, L) = (64, 4,096) 0.093 ms against
+        # 0.097 for 64-row single-buffered tiles, (128, 8,192) 0.308 against 0.321, batch 32 at 512 / 2,048 even. A
+        # grid under one program per SM (batch 1) wants 64-row tiles and 8 warps: 0.023 ms against 0.025 (32 rows)
+        # and 0.028 (single-buffered) at 16,384. Pages under 32 rows keep 64-row tiles: they span pages, so there
+        # is no page to look up ahead.
+        wide = splits or num_splits_for(call.batch, _groups(shape, block_h), call.max_seq_len, 64, device.sms,
+                                        block_h)  # fmt: skip
+        small = call.batch * _groups(shape, block_h) * wide < device.sms and page % 64 == 0
+        block_n, num_warps = block_n or (64 if small else 32), num_warps or (8 if small else 4)
+    else:
+        block_n, num_warps = block_n or 64, num_warps or 8
+    lat_tile, rope_tile = _tile(shape.kv_lora_rank), _tile(shape.rope_dim)
+    prefetch = tuning.get("prefetch")
+    prefetch = quantized if prefetch is None else prefetch
+    # Wider rows than DeepSeek's 16-bit ones (fp32 dots, a wider latent) take fewer rows, then fewer heads, then one
+    # tile buffer, per program than the defaults above, until its shared memory is within what the defaults take.
+    row_bytes = (lat_tile + rope_tile) * (4 if shape.query_dtype == torch.float32 else 2)
+    while _shared_bytes(block_h, block_n, lat_tile, row_bytes, prefetch or num_stages == 1) > SHARED_BUDGET:
+        if tuning.get("block_n") is None and block_n > 16 and (block_n >= block_h or block_h == 16):
+            block_n //= 2
+        elif tuning.get("block_h") is None and block_h > 16:
+            block_h //= 2
+        elif tuning.get("num_stages") is None and num_stages > 1:
+            num_stages = 1
+        else:
+            break
+    splits = splits or num_splits_for(call.batch, _groups(shape, block_h), call.max_seq_len, block_n, device.sms,
+                                      block_h)  # fmt: skip
+    in_page = page % block_n == 0
+    return DecodePlan(
+        "triton", splits, block_h, block_n, num_warps, num_stages, lat_tile, rope_tile,
+        page_ahead=page_ahead and in_page, prefetch=prefetch,
+        q_f16=q_f16 and quantized, widen_bits=tuning.get("widen_bits") is not False and quantized and q_f16,
+        tile_in_page=in_page, partial_dtype=tuning.get("partial_dtype", torch.float32),
+    )  # fmt: skip
+
+
+def _shared_bytes(block_h: int, block_n: int, lat_tile: int, row_bytes: int, one_buffer: bool) -> int:
+    """The Triton kernel's shared memory: the queries and the KV tile, in two buffers where Triton's pipeliner
+    streams it (one where the tile is prefetched into registers and only the dots' operand goes through, or nothing
+    is pipelined); or, where larger, a layout conversion of the float32 [block_h, latent] accumulator (on an H200 a
+    64-head program over a 1,024-wide latent asked for 262,144 bytes with tiles of 32 rows)."""
+    tiles = (block_h + (1 if one_buffer else 2) * block_n) * row_bytes
+    return max(tiles, block_h * lat_tile * 4)
+
+
+def plan_gluon_wgmma(shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuning: dict) -> DecodePlan:
+    """mla_decode_wgmma.py: fixed tile (64 heads, 64 rows, 8 warps), splits as the 64-head rule fills the GPU."""
+    splits = tuning.get("num_splits") or num_splits_for(call.batch, _groups(shape, 64), call.max_seq_len, 64,
+                                                        device.sms, 64)  # fmt: skip
+    return DecodePlan(
+        "gluon_wgmma", splits, 64, 64, 8, partial_dtype=tuning.get("partial_dtype", torch.float32)
+    )
+
+
+def plan_gluon_wgmma8(shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuning: dict) -> DecodePlan:
+    """mla_decode_wgmma8.py: fixed tile (16 heads, 64 rows, 4 warps); the split count of the Triton 8-bit
+    kernel's 32-row tiles, with which it was measured."""
+    splits = tuning.get("num_splits") or num_splits_for(call.batch, _groups(shape, 16), call.max_seq_len, 32,
+                                                        device.sms, 16)  # fmt: skip
+    return DecodePlan(
+        "gluon_wgmma8", splits, 16, 64, 4, partial_dtype=tuning.get("partial_dtype", torch.float32)
+    )
+
+
+def plan_gluon_fp8(shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuning: dict) -> DecodePlan:
+    """mla_decode_fp8.py: fixed tile (16 heads, 64 rows, 4 warps), about one CTA per SM (fp8_dot_splits), launched
+    on programmatic dependent launch behind the query split unless pdl=False."""
+    splits = tuning.get("num_splits") or fp8_dot_splits(
+        call.batch, _groups(shape, 16), call.max_seq_len, device.sms
+    )
+    return DecodePlan("gluon_fp8", splits, 16, 64, 4, pdl=tuning.get("pdl", True),
+                      partial_dtype=tuning.get("partial_dtype", torch.float32))  # fmt: skip
+
+
+def plan_torch(shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuning: dict) -> DecodePlan:
+    """The torch reference reads whole block tables: nothing to tune."""
+    return DecodePlan("torch reference", 1)

@@ -1,0 +1,240 @@
+"""Which paged MLA decode kernel runs a call: an ordered table in which every kernel declares what it supports and
+when it pays; the first that fits and pays takes the call. The Triton kernel takes any heads and page size, latent
+ranks up to 1,024 and rotary widths up to 256, wherever Triton runs, and the torch reference anything at all, so
+every shape has a kernel; the start-up log and stats() name it (`describe`).
+
+Each entry is data: the runtime and GPU generations it needs, cache and query dtypes, the widths it takes (heads per
+rank, latent rank, rotary width, page size), a static `pays` rule and, where the choice depends on the step (batch,
+context), a per-call one. Tuning knobs are not part of the engine's call: benchmarks reach them through
+mla_decode.mla_decode_tuned, which names a kernel and passes the knobs listed here in `tunables`.
+"""
+
+import dataclasses
+import functools
+import os
+from collections.abc import Callable
+
+import torch
+
+from mlaserve.attention.triton import decode_rules as rules
+from mlaserve.attention.triton.decode_rules import DecodeCall, DecodeDevice, DecodePlan, DecodeShape
+
+HALF = frozenset({torch.bfloat16, torch.float16})
+FLOATS = HALF | {torch.float32}
+EIGHT_BIT = frozenset({torch.float8_e4m3fn, torch.int8})
+
+
+@dataclasses.dataclass(frozen=True)
+class Widths:
+    """A set of sizes: low..high (high None: unbounded), powers of two only if pow2, multiples of multiple_of."""
+
+    low: int = 1
+    high: int | None = None
+    pow2: bool = False
+    multiple_of: int = 1
+
+    def __contains__(self, n: int) -> bool:
+        return (
+            n >= self.low
+            and (self.high is None or n <= self.high)
+            and (not self.pow2 or n & (n - 1) == 0)
+            and n % self.multiple_of == 0
+        )
+
+    def __str__(self) -> str:
+        if self.low == self.high:
+            return str(self.low)
+        kind = (
+            "powers of two"
+            if self.pow2
+            else f"multiples of {self.multiple_of}"
+            if self.multiple_of > 1
+            else ""
+        )
+        bounds = f"{self.low}+" if self.high is None else f"{self.low}-{self.high}"
+        return f"{kind} {bounds}".strip()
+
+
+ANY = Widths(1)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeKernel:
+    name: str
+    about: str
+    runtime: str  # "gluon", "triton" or "torch": what the device must run (DecodeDevice)
+    archs: frozenset[str] | None  # GPU generations; None: wherever the runtime runs
+    cache_dtypes: frozenset[torch.dtype] | None  # None: any
+    query_dtypes: frozenset[torch.dtype] | None
+    heads: Widths
+    ranks: Widths
+    ropes: Widths
+    pages: Widths
+    pays: Callable[[DecodeShape, DecodeDevice], bool]
+    plan: Callable[[DecodeShape, DecodeCall, DecodeDevice, dict], DecodePlan]
+    # where the choice depends on the step: pays only for the calls this says yes to, a rule named by pays_when
+    pays_per_call: Callable[[DecodeShape, DecodeCall, DecodeDevice], bool] | None = None
+    pays_when: str = ""
+    tunables: frozenset[str] = frozenset({"num_splits", "partial_dtype"})
+    tma_rows: bool = False  # copies rows with TMA: 16-byte aligned rows
+
+
+# What the Gluon kernels share: Hopper, a 16-bit query, any heads (in groups), tiles of 64 rows inside a page.
+GLUON = dict(runtime="gluon", archs=frozenset({"sm_90"}), query_dtypes=HALF, heads=ANY,
+             pages=Widths(multiple_of=64))  # fmt: skip
+TRITON_TUNABLES = frozenset({"block_h", "block_n", "num_warps", "num_stages", "num_splits", "prefetch", "page_ahead",
+                             "q_f16", "widen_bits", "partial_dtype"})  # fmt: skip
+
+# Ordered: the first kernel that fits a call and pays runs it. The Gluon kernels' widths are those that built and
+# matched the reference on an H200: rope tiles narrower than 64 (32 for fp8 dots) break their 128-byte swizzled
+# layouts, and the 16-bit kernel's shared memory overflows at rank 512 with rope 128.
+DECODE_KERNELS: tuple[DecodeKernel, ...] = (
+    DecodeKernel(
+        "gluon_fp8", "fp8 cache, both dots on fp8 tensor cores (mla_decode_fp8.py)", **GLUON,
+        cache_dtypes=frozenset({torch.float8_e4m3fn}), ranks=Widths(512, 512), ropes=Widths(32, 128, pow2=True),
+        pays=rules.few_heads, pays_per_call=rules.fp8_dots_pay_for, pays_when="fp8_dots_pay",
+        plan=rules.plan_gluon_fp8, tunables=frozenset({"num_splits", "partial_dtype", "pdl"}), tma_rows=True,
+    ),
+    DecodeKernel(
+        "gluon_wgmma8", "8-bit cache widened in wgmma's operand registers (mla_decode_wgmma8.py)", **GLUON,
+        cache_dtypes=EIGHT_BIT, ranks=Widths(512, 512), ropes=Widths(64, 128, pow2=True),
+        pays=rules.fp8_few_heads, plan=rules.plan_gluon_wgmma8,
+    ),
+    DecodeKernel(
+        "gluon_wgmma", "16-bit cache, 64 heads per program, warpgroups split the scores (mla_decode_wgmma.py)",
+        **GLUON, cache_dtypes=HALF, ranks=Widths(64, 512, pow2=True), ropes=Widths(64, 64),
+        pays=rules.many_heads, plan=rules.plan_gluon_wgmma,
+    ),
+    DecodeKernel(
+        "triton", "general: any heads, widths and page, tiles padded to powers of two (mla_decode._stage1)",
+        runtime="triton", archs=None, cache_dtypes=FLOATS | EIGHT_BIT, query_dtypes=FLOATS,
+        heads=ANY, ranks=Widths(1, 1024), ropes=Widths(0, 256), pages=ANY,
+        pays=rules.always, plan=rules.plan_triton, tunables=TRITON_TUNABLES,
+    ),
+    DecodeKernel(
+        "torch reference", "plain torch over whole block tables (torch_ref.paged_latent_decode)",
+        runtime="torch", archs=None, cache_dtypes=None, query_dtypes=None,
+        heads=ANY, ranks=ANY, ropes=Widths(0), pages=ANY,
+        pays=rules.always, plan=rules.plan_torch, tunables=frozenset(),
+    ),
+)  # fmt: skip
+KERNELS_BY_NAME = {kernel.name: kernel for kernel in DECODE_KERNELS}
+
+
+@functools.cache
+def decode_device(device: torch.device) -> DecodeDevice:
+    """What `device` offers the decode kernels (see DecodeDevice)."""
+    if device.type != "cuda":
+        return DecodeDevice(None, 4, os.environ.get("TRITON_INTERPRET") == "1" and _has_triton(), False)
+    major, minor = torch.cuda.get_device_capability(device)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    arch = f"sm_{major}{minor}"
+    return DecodeDevice(arch, sms, _has_triton(), arch == "sm_90" and _has_gluon())
+
+
+def _has_triton() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _has_gluon() -> bool:
+    """Gluon is experimental: a Triton without what the kernels use keeps the Triton kernel."""
+    try:
+        from mlaserve.attention.triton import mla_decode_fp8  # noqa: F401  (imports the other two Gluon modules)
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
+def unsupported(kernel: DecodeKernel, shape: DecodeShape, device: DecodeDevice) -> str | None:
+    """None if `kernel` declares support for `shape` on `device`, else the first reason it does not."""
+    runs = {"gluon": device.gluon, "triton": device.triton, "torch": True}[kernel.runtime]
+    checks = (
+        (runs, f"needs {kernel.runtime}, which this device does not run"),
+        (kernel.archs is None or device.arch in kernel.archs, f"needs {'/'.join(sorted(kernel.archs or ()))}"),
+        (kernel.cache_dtypes is None or shape.cache_dtype in kernel.cache_dtypes,
+         f"takes caches of {_names(kernel.cache_dtypes)}"),
+        (kernel.query_dtypes is None or shape.query_dtype in kernel.query_dtypes,
+         f"takes queries of {_names(kernel.query_dtypes)}"),
+        (kernel.runtime == "torch" or shape.quantized or shape.cache_dtype == shape.query_dtype,
+         "needs a 16- or 32-bit cache in the query's dtype"),
+        (shape.num_heads in kernel.heads, f"takes heads {kernel.heads}"),
+        (shape.kv_lora_rank in kernel.ranks, f"takes kv_lora_rank {kernel.ranks}"),
+        (shape.rope_dim in kernel.ropes, f"takes qk_rope_head_dim {kernel.ropes}"),
+        (shape.block_size in kernel.pages, f"takes pages (block_size) {kernel.pages}"),
+    )  # fmt: skip
+    return next((why for ok, why in checks if not ok), None)
+
+
+def _names(dtypes: frozenset[torch.dtype] | None) -> str:
+    return "/".join(sorted(str(d).removeprefix("torch.") for d in dtypes or ()))
+
+
+@functools.cache
+def candidates(shape: DecodeShape, device: DecodeDevice) -> tuple[DecodeKernel, ...]:
+    """The kernels that fit `shape` and pay for it, in table order, up to the first that pays for every call."""
+    found = []
+    for kernel in DECODE_KERNELS:
+        if unsupported(kernel, shape, device) is None and kernel.pays(shape, device):
+            found.append(kernel)
+            if kernel.pays_per_call is None:
+                break
+    return tuple(found)
+
+
+def choose_kernel(shape: DecodeShape, call: DecodeCall, device: DecodeDevice) -> DecodeKernel:
+    """The first kernel in DECODE_KERNELS that fits the call and pays for it."""
+    for kernel in candidates(shape, device):
+        if kernel.tma_rows and not call.tma_rows:
+            continue
+        if kernel.pays_per_call is None or kernel.pays_per_call(shape, call, device):
+            return kernel
+    # not reached while the torch reference, which takes every call, ends the table
+    raise RuntimeError(f"no decode kernel takes {describe_shape(shape, device)}")  # pragma: no cover
+
+
+@functools.lru_cache(maxsize=4096)
+def default_plan(shape: DecodeShape, call: DecodeCall, device: DecodeDevice) -> DecodePlan:
+    """plan() without a named kernel or tuning: the engine's call. Every layer of a step makes the same call, so
+    all but the first find it here."""
+    return plan(shape, call, device)
+
+
+def plan(
+    shape: DecodeShape, call: DecodeCall, device: DecodeDevice, kernel: str | None = None, **tuning: object
+) -> DecodePlan:
+    """The launch of one call: the dispatcher's kernel, or the one named (where it can run: ValueError otherwise,
+    pays rules aside), with `tuning` (knobs the kernel lists in `tunables`) over its defaults."""
+    if kernel is None:
+        chosen = choose_kernel(shape, call, device)
+    elif kernel not in KERNELS_BY_NAME:
+        raise ValueError(f"unknown decode kernel {kernel!r}; choose one of {list(KERNELS_BY_NAME)}")
+    else:
+        chosen = KERNELS_BY_NAME[kernel]
+        why = unsupported(chosen, shape, device)
+        if why is None and chosen.tma_rows and not call.tma_rows:
+            why = "copies rows by TMA: the cache's rows must start 16-byte aligned"
+        if why is not None:
+            raise ValueError(f"decode kernel {kernel!r} cannot run {describe_shape(shape, device)}: it {why}")
+    extra = set(tuning) - chosen.tunables
+    if extra:
+        raise ValueError(f"decode kernel {chosen.name!r} takes no {', '.join(sorted(extra))}; its tuning knobs: "
+                         f"{', '.join(sorted(chosen.tunables)) or 'none'}")  # fmt: skip
+    return chosen.plan(shape, call, device, tuning)
+
+
+def describe(shape: DecodeShape, device: DecodeDevice) -> str:
+    """The kernel that runs `shape` on `device`, for the start-up log and stats(): one name, or where the choice
+    depends on the step, "A where <rule>, else B"."""
+    found = candidates(shape, device)
+    parts = [f"{k.name} where {k.pays_when}" if k.pays_per_call else k.name for k in found]
+    return ", else ".join(parts)
+
+
+def describe_shape(shape: DecodeShape, device: DecodeDevice) -> str:
+    dtype = str(shape.cache_dtype).removeprefix("torch.")
+    return (f"{shape.num_heads} heads x ({shape.kv_lora_rank} latent + {shape.rope_dim} rope), {dtype} cache, "
+            f"pages of {shape.block_size} on {device.arch or 'cpu'}")  # fmt: skip
