@@ -14,7 +14,7 @@ needs_onednn = pytest.mark.skipif(
 
 
 @needs_onednn
-@pytest.mark.parametrize("rows", [1, 5, 16, 37])
+@pytest.mark.parametrize("rows", [1, 5, 16, 37, 64, 65, 200])  # past MAX_ROWS: in slices
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_packed_linear_matches_f_linear(rows: int, with_bias: bool) -> None:
     g = torch.Generator().manual_seed(rows)
