@@ -1,0 +1,58 @@
+"""On a GPU: the sampling fields (penalties, logit_bias, min_tokens, structured outputs) and prompt logprobs with
+CUDA graphs and asynchronous scheduling on (the CUDA defaults), against the torch backend run eagerly on the same
+GPU with asynchronous scheduling off. float32 tiny DeepSeek models: tokens identical, logprobs within 1e-3."""
+
+import pytest
+import torch
+
+from mlaserve import LLM, SamplingParams
+from mlaserve.sampling_params import StructuredOutputsParams
+from tests.tiny_models import build_tiny
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+OPTIONS = dict(dtype="float32", device="cuda", num_kv_blocks=64, block_size=64, max_model_len=256)
+FIELDS = [
+    dict(presence_penalty=1.5, frequency_penalty=0.5),
+    dict(repetition_penalty=1.7),
+    dict(logit_bias={7: 3.0, 11: -100.0}),
+    dict(min_tokens=12, logit_bias={1: 100.0}),  # EOS forced, then held back until 12 tokens
+    dict(temperature=0.8, seed=5, min_p=0.2, top_k=20),
+]
+
+
+def pair(path, **extra: object) -> tuple[LLM, LLM]:
+    fast = LLM(str(path), attention_backend="triton_mla", **OPTIONS, **extra)
+    ref = LLM(
+        str(path), attention_backend="torch", enforce_eager=True, async_scheduling=False, **OPTIONS, **extra
+    )
+    return fast, ref
+
+
+@pytest.mark.parametrize("name", ["deepseek_v2", "deepseek_v3"])
+def test_sampling_fields_and_prompt_logprobs_match_the_reference(tmp_path, name):
+    fast, ref = pair(build_tiny(name, tmp_path))
+    gen = torch.Generator().manual_seed(0)
+    prompts = [{"prompt_token_ids": torch.randint(3, 250, (n,), generator=gen).tolist()} for n in (3, 30, 90)]
+    for fields in FIELDS:
+        params = SamplingParams(**{"temperature": 0, "max_tokens": 24, "prompt_logprobs": 2, **fields})
+        got, want = (
+            fast.generate(prompts, params, use_tqdm=False),
+            ref.generate(prompts, params, use_tqdm=False),
+        )
+        for g, w in zip(got, want):
+            assert g.outputs[0].token_ids == w.outputs[0].token_ids, fields
+            for a, b, token in zip(g.prompt_logprobs[1:], w.prompt_logprobs[1:], w.prompt_token_ids[1:]):
+                assert abs(a[token] - b[token]) < 1e-3
+    assert fast.stats()["kv_blocks_used"] == 0
+
+
+def test_structured_output_with_graphs(tmp_path):
+    pytest.importorskip("llguidance")
+    fast, ref = pair(build_tiny("deepseek_v2", tmp_path, tokenizer="bytes"))
+    constraint = StructuredOutputsParams(regex=r"[a-d]{2}-[0-9]{3}")
+    params = SamplingParams(temperature=0, max_tokens=20, structured_outputs=constraint)
+    got = fast.generate(["Code: ", "Another: "], params, use_tqdm=False)
+    want = ref.generate(["Code: ", "Another: "], params, use_tqdm=False)
+    assert [o.outputs[0].text for o in got] == [o.outputs[0].text for o in want]
+    assert all(len(o.outputs[0].text) == 6 for o in got)
