@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("triton")
 
@@ -148,32 +150,43 @@ def test_fp16_dots_and_bf16_partials_stay_close(kv_dtype, widen_bits):
     torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-2)
 
 
-@pytest.mark.parametrize(
-    "batch, max_len, want",
-    [(64, 4096, 4), (128, 8192, 2), (1, 576, 3), (1, 10240, 40), (32, 4096, 8)],
+SHAPES = dict(
+    batch=st.integers(1, 512),
+    groups=st.integers(1, 8),
+    max_len=st.integers(1, 131072),
+    sms=st.sampled_from([78, 108, 132, 144]),
 )
-def test_split_rule(batch, max_len, want):
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(**SHAPES, block_h=st.sampled_from([16, 32, 64]))
+def test_split_rule_properties(batch, groups, max_len, sms, block_h):
+    """Whatever the shape: 1 to 64 splits, no slice under 4 KV tiles, and for the memory-bound kernel (16 heads
+    per program) about two programs per SM, never more splits for a bigger batch."""
     from mlaserve.attention.triton.decode_rules import num_splits_for
 
-    assert num_splits_for(batch, 1, max_len, 64, 132, 16) == want
+    block_n = 64
+    splits = num_splits_for(batch, groups, max_len, block_n, sms, block_h)
+    assert 1 <= splits <= 64
+    assert (splits - 1) * 4 * block_n < max_len  # a split is added only for another 4 tiles of context
+    assert num_splits_for(batch + 1, groups, max_len, block_n, sms, block_h) <= splits or block_h > 16
+    if block_h <= 16 and splits > 1:
+        assert batch * groups * splits <= 3 * sms
 
 
-@pytest.mark.parametrize(
-    "batch, heads, max_len, want",
-    [
-        (64, 16, 4096, 2),
-        (128, 16, 8192, 1),
-        (32, 16, 2048, 4),
-        (1, 16, 16384, 32),
-        (1, 16, 100, 1),
-        (8, 32, 4096, 8),
-    ],
-)
-def test_fp8_dot_split_rule(batch, heads, max_len, want):
-    """The fp8-dot kernel's CTA fills an SM: about one per SM, at least 8 tiles each, at most 32 splits."""
+@settings(max_examples=300, deadline=None, database=None)
+@given(**SHAPES)
+def test_fp8_dot_split_rule_properties(batch, groups, max_len, sms):
+    """The fp8-dot kernel's CTA fills an SM: at most about one CTA per SM, at least 8 tiles each, at most 32 splits,
+    never more splits for a bigger batch."""
     from mlaserve.attention.triton.decode_rules import fp8_dot_splits
 
-    assert fp8_dot_splits(batch, -(-heads // 16), max_len, 132) == want
+    splits = fp8_dot_splits(batch, groups, max_len, sms)
+    tiles = -(-max_len // 64)
+    assert 1 <= splits <= 32
+    assert (splits - 1) * 8 < tiles  # a split is added only for another 8 tiles of context
+    assert splits == 1 or batch * groups * splits <= 1.5 * sms
+    assert fp8_dot_splits(batch + 1, groups, max_len, sms) <= splits
 
 
 @pytest.mark.parametrize(
