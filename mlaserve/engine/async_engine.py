@@ -17,8 +17,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from mlaserve.core.request import RequestStatus
+from mlaserve.engine.core_output import CoreOutput
 from mlaserve.engine.intake import PreparedRequest
 from mlaserve.engine.llm_engine import LLMEngine
+from mlaserve.engine.output_processor import OutputProcessor
 from mlaserve.engine.output_stream import EngineDeadError, EngineStepError, OutputStream
 from mlaserve.outputs import RequestOutput
 from mlaserve.sampling_params import SamplingParams
@@ -41,6 +44,7 @@ class _Add:
 @dataclass(slots=True)
 class _Abort:
     request_ids: list[str]
+    status: RequestStatus = RequestStatus.FINISHED_ABORTED
 
 
 @dataclass(slots=True)
@@ -116,12 +120,21 @@ class AsyncEngine:
     async def generate(
         self, prompt: str | dict, params: SamplingParams, request_id: str
     ) -> AsyncIterator[RequestOutput]:
-        """Cumulative outputs of one request; closing the iterator early (client gone) aborts it at once."""
+        """Cumulative outputs of one request (its deltas processed here, on the event loop); closing the iterator
+        early (client gone) aborts it at once."""
         prepared = await self.prepare(prompt, params)
         stream = self.submit([prepared], [request_id])
+        processor = OutputProcessor(self.engine.tokenizer)
+        processor.add(request_id, prepared)
         try:
-            async for output in stream:
-                yield output
+            while outputs := await stream.next_outputs():
+                deltas, stopped, finished = processor.process(outputs)
+                stream.finish(stopped)
+                if deltas:  # one output for everything that arrived together
+                    state = finished.get(request_id) or processor.states[request_id]
+                    yield state.output(request_id)
+                if finished:
+                    return
         finally:
             stream.abort()
 
@@ -140,8 +153,9 @@ class AsyncEngine:
         if not self.is_alive:
             raise EngineDeadError(f"the engine loop is not running (last error: {self.last_error!r})")
 
-    def _abort_ids(self, request_ids: list[str]) -> None:
-        self._inbox.put(_Abort(request_ids))
+    def _abort_ids(self, request_ids: list[str], reason: str = "abort") -> None:
+        status = RequestStatus.FINISHED_STOPPED if reason == "stop" else RequestStatus.FINISHED_ABORTED
+        self._inbox.put(_Abort(request_ids, status))
 
     # ---- the loop thread -------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -151,7 +165,7 @@ class AsyncEngine:
                 if not self._drain_inbox(block=not self.engine.has_unfinished_requests()):
                     break
                 if self.engine.has_unfinished_requests():
-                    self._dispatch(self.engine.step())
+                    self._dispatch(self.engine.step_core())
                     consecutive_errors = 0
                 self._stats = self.engine.stats()
             except Exception as error:  # noqa: BLE001 - any step failure is reported to its requests
@@ -188,11 +202,11 @@ class AsyncEngine:
         elif isinstance(item, _Abort):
             # The final 'abort' outputs go to their streams: a server-side abort (end of a shutdown grace)
             # must end the response; a client's own abort finds its stream closed and is not told.
-            finals: dict[OutputStream, list[RequestOutput]] = {}
+            finals: dict[OutputStream, list[CoreOutput]] = {}
             for rid in item.request_ids or list(self._streams):
                 stream = self._streams.get(rid)
                 if stream is not None:
-                    finals.setdefault(stream, []).extend(self._abort(rid))
+                    finals.setdefault(stream, []).extend(self._abort(rid, item.status))
             for stream, outs in finals.items():
                 stream.deliver_threadsafe(outs, None)
         elif item.stream.closed:  # the client left before the loop got to it
@@ -201,7 +215,7 @@ class AsyncEngine:
             added: list[str] = []
             try:
                 for prepared, rid in zip(item.prepared, item.request_ids):
-                    self.engine.add_prepared(prepared, rid)
+                    self.engine.add_core(prepared, rid)
                     self._streams[rid] = item.stream
                     added.append(rid)
             except Exception as error:  # noqa: BLE001 - e.g. a duplicate request id
@@ -210,14 +224,15 @@ class AsyncEngine:
                 self._release(len(item.request_ids) - len(added))
                 item.stream.deliver_threadsafe([], error)
 
-    def _abort(self, request_id: str) -> list[RequestOutput]:
+    def _abort(
+        self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED
+    ) -> list[CoreOutput]:
         self._streams.pop(request_id)
         self._release(1)
-        final = self.engine.abort_request(request_id)
-        return [] if final is None else [final]
+        return self.engine.abort_core([request_id], status)
 
-    def _dispatch(self, outputs: list[RequestOutput]) -> None:
-        by_stream: dict[OutputStream, list[RequestOutput]] = {}
+    def _dispatch(self, outputs: list[CoreOutput]) -> None:
+        by_stream: dict[OutputStream, list[CoreOutput]] = {}
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:

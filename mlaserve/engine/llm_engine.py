@@ -1,322 +1,52 @@
-"""LLMEngine: model, KV cache, scheduler and runner wired together, stepped by the offline API or a server."""
+"""LLMEngine: the engine core with its output processor in one process, for the offline API and the CLI.
 
-import itertools
-import logging
-import time
+`step()` returns vLLM's cumulative RequestOutputs (text, stop strings, logprobs). A server reads the core's deltas
+instead (AsyncEngine in a thread, or the core in its own process) and processes them itself.
+"""
 
-import torch
+from __future__ import annotations
 
-from mlaserve.attention.selector import attention_kernel, select_backend
 from mlaserve.config.engine_config import EngineConfig
-from mlaserve.config.model_config import ModelConfig
-from mlaserve.core.kv_cache_manager import CacheGroupSpec, KVCacheManager
-from mlaserve.core.request import Request, RequestStatus
-from mlaserve.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from mlaserve.engine.detokenizer import RequestText
-from mlaserve.engine.intake import PreparedRequest, RequestIntake
-from mlaserve.engine.kv_sizing import num_kv_blocks
-from mlaserve.engine.structured_output import GrammarCompiler
-from mlaserve.kvcache.allocate import allocate_kv_caches
-from mlaserve.kvcache.quant import resolve_cache_dtype
-from mlaserve.loader.model_files import resolve_model
-from mlaserve.loader.model_loader import build_model
-from mlaserve.loader.tokenizer import load_tokenizer
-from mlaserve.outputs import CompletionOutput, RequestOutput
-from mlaserve.runner.model_runner import LaunchedStep, ModelRunner, StepResult
+from mlaserve.core.request import RequestStatus
+from mlaserve.engine.core import EngineCore, resolve_device
+from mlaserve.engine.intake import PreparedRequest
+from mlaserve.engine.output_processor import OutputProcessor
+from mlaserve.outputs import RequestOutput
 from mlaserve.sampling_params import SamplingParams
 
-logger = logging.getLogger(__name__)
+__all__ = ["LLMEngine", "PreparedRequest", "resolve_device"]
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={name!r} requested but no CUDA device is available; use device='cpu'")
-    return device
-
-
-class LLMEngine:
+class LLMEngine(EngineCore):
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config
-        self.device = resolve_device(config.device)
-        torch.manual_seed(config.seed)
-        files = resolve_model(config.model, need_weights=config.load_format != "dummy")
-        self.model_config = ModelConfig.from_hf(
-            files.config_dict, config.dtype, self.device, config.max_model_len
-        )
-        # skip_tokenizer_init (as vLLM): token ids in, token ids out; for speed runs on configs with no tokenizer.
-        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(files)
-        self.backend = select_backend(self.device, config.attention_backend)
-        self.model, self.load_report = build_model(
-            self.model_config,
-            files,
-            self.backend,
-            self.device,
-            config.load_format,
-            config.seed,
-            config.mla_disable,
-        )
-        self._init_kv_cache()
-        max_len = self.model_config.max_model_len
-        batched = config.max_num_batched_tokens or (
-            max(8192, max_len) if not config.enable_chunked_prefill else max(2048, min(8192, max_len))
-        )
-        self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, batched, max_len, config.enable_chunked_prefill),
-            self.kv_manager,
-        )
-        self.runner = ModelRunner(self.model, self.kv_caches, config.block_size, self.device)
-        if self.device.type == "cuda":
-            self.runner.warm_up(batched, max_len)
-        graphable = self.backend.supports_cuda_graphs and self.kv_spec.is_mla
-        if self.device.type == "cuda" and not config.enforce_eager and graphable:
-            # Fresh-prefill graphs need the varlen flash attention, which takes 16-bit inputs only.
-            half = self.model_config.dtype in (torch.float16, torch.bfloat16)
-            self.runner.enable_cuda_graphs(max_len, config.max_num_seqs, min(2048, batched) if half else 0)
-        self._texts: dict[str, RequestText] = {}
-        self._prompts: dict[str, str | None] = {}
-        self._prompt_logprobs: dict[str, list[dict[int, float] | None]] = {}
-        self._grammar_compiler: GrammarCompiler | None = None
-        self.intake = RequestIntake(self.tokenizer, self.model_config, self.grammar_compiler)
-        self._ids = itertools.count()
-        self.num_generated_tokens = 0
-        # Off on CPU by default: there the host and the "device" are the same cores, so nothing overlaps.
-        auto = self.device.type == "cuda"
-        self.async_scheduling = auto if config.async_scheduling is None else config.async_scheduling
-        self._in_flight: LaunchedStep | None = None  # the lookahead step queued by the last step() call
-
-    def _init_kv_cache(self) -> None:
-        cfg, model_dtype = self.config, self.model_config.dtype
-        self.kv_spec = self.model.kv_cache_spec()
-        self.cache_dtype = dtype = resolve_cache_dtype(cfg.kv_cache_dtype, model_dtype, self.kv_spec.is_mla)
-        num_blocks = num_kv_blocks(cfg, self.kv_spec, dtype, self.device)
-        capacity = (num_blocks - 1) * cfg.block_size
-        if capacity < self.model_config.max_model_len:
-            raise ValueError(
-                f"the KV cache holds {capacity} tokens ({num_blocks - 1} blocks of {cfg.block_size}), fewer than "
-                f"max_model_len={self.model_config.max_model_len}: raise the KV budget "
-                "(kv_cache_memory_bytes / gpu_memory_utilization / num_kv_blocks) or lower max_model_len"
-            )
-        self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks, cfg.block_size, dtype, self.device)
-        groups = [CacheGroupSpec(group_id=0, kind="full", block_size=cfg.block_size)]
-        self.kv_manager = KVCacheManager(groups, num_blocks, cfg.enable_prefix_caching)
-        self.bytes_per_token = self.kv_spec.bytes_per_token(dtype)
-        line = (
-            f"KV cache: {num_blocks - 1} blocks x {cfg.block_size} tokens = {capacity} tokens, "
-            f"{self.bytes_per_token} bytes/token ({dtype})"
-        )
-        if self.kv_spec.is_mla:
-            mha = self.kv_spec.mha_bytes_per_token(model_dtype)
-            line += f"; per-head K/V would cost {mha} bytes/token ({mha / self.bytes_per_token:.1f}x)"
-        self.attention_kernel = attention_kernel(
-            self.backend, self.model, dtype, cfg.block_size, self.device, model_dtype
-        )
-        logger.info(line + f"; attention {self.backend.name}, decode kernel {self.attention_kernel}")
-
-    # ---- requests -------------------------------------------------------------------------------------------
-    def prepare(self, prompt: str | dict, params: SamplingParams) -> PreparedRequest:
-        """Validate and tokenize without side effects, so a bad request in a batch starts no work."""
-        return self.intake.prepare(prompt, params)
-
-    def grammar_compiler(self) -> GrammarCompiler:
-        if self.tokenizer is None:
-            raise ValueError(
-                "structured outputs need a tokenizer; they are not available with skip_tokenizer_init"
-            )
-        if self._grammar_compiler is None:
-            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
-        return self._grammar_compiler
+        super().__init__(config)
+        self.outputs = OutputProcessor(self.tokenizer)
 
     def add_prepared(self, prepared: PreparedRequest, request_id: str | None = None) -> str:
-        params = prepared.params
-        request_id = request_id or str(next(self._ids))
-        room = self.model_config.max_model_len - len(prepared.prompt_token_ids)
-        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-        eos_ids = self.model_config.eos_token_ids
-        tok_eos = getattr(self.tokenizer, "eos_token_id", None)
-        eos = tok_eos if tok_eos is not None else (eos_ids[0] if eos_ids else None)
-        stop_ids = list(params.stop_token_ids or [])
-        if not params.ignore_eos:
-            stop_ids += [e for e in eos_ids if e != eos]
-        request = Request(
-            request_id,
-            prepared.prompt_token_ids,
-            max_tokens,
-            arrival_index=next(self._ids),
-            eos_token_id=eos,
-            stop_token_ids=tuple(stop_ids),
-            ignore_eos=params.ignore_eos,
-            sampling_params=params,
-            read_prefix_cache=params.prompt_logprobs is None,
-            arrival_time=time.monotonic(),
-        )
-        grammar = None
-        if params.structured_outputs is not None:
-            grammar = self.grammar_compiler().new(params.structured_outputs)
-        self.scheduler.add_request(request)  # first: it rejects a duplicate id before any state is replaced
-        self._texts[request_id] = RequestText(
-            params.stop, params.include_stop_str_in_output, params.skip_special_tokens
-        )
-        self._prompts[request_id] = prepared.prompt
-        if params.seed is not None:
-            self.runner.add_generator(request_id, params.seed)
-        if grammar is not None:
-            self.runner.add_grammar(request_id, grammar)
-        if params.prompt_logprobs is not None:
-            self._prompt_logprobs[request_id] = [None] * len(prepared.prompt_token_ids)
+        request_id = self.add_core(prepared, request_id)
+        self.outputs.add(request_id, prepared)
         return request_id
 
     def add_request(self, prompt: str | dict, params: SamplingParams, request_id: str | None = None) -> str:
         return self.add_prepared(self.prepare(prompt, params), request_id)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
-        request = self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
-        return None if request is None else self._finish(request)
+        finals = self.abort_core([request_id])
+        if not finals:
+            return None
+        _, _, finished = self.outputs.process(finals)
+        state = finished.get(request_id)
+        return None if state is None else state.output(request_id)
 
-    def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
-
-    # ---- the step loop ----------------------------------------------------------------------------------------
     def step(self, stream: bool = True) -> list[RequestOutput]:
-        """Schedule, run the model once, apply the sampled tokens.
-
-        Returns one cumulative RequestOutput for every request that got a token this step (finished or not,
-        as vLLM's engine does), so a server can stream. stream=False returns the finished ones only (what
-        LLM.generate keeps), skipping a copy of every running request's prompt and output ids per step.
-
-        With asynchronous scheduling the next decode step is queued on the device before this step's tokens are
-        read, so the GPU does not wait for the host's bookkeeping between steps; that step is the one collected by
-        the next call."""
-        launched, self._in_flight = self._in_flight, None
-        try:
-            if launched is None:
-                output = self.scheduler.schedule()
-                if output.is_empty:
-                    return []
-                launched = self.runner.launch(output)
-            if self.async_scheduling and not launched.needs_host:
-                ahead = self.scheduler.schedule_lookahead(launched.output)
-                if ahead is not None:
-                    self._in_flight = self.runner.launch(ahead, previous=launched)
-            result = self.runner.collect(launched)
-            outputs = self._apply(launched.output, result, stream)
-        except BaseException:
-            self._in_flight = None  # its rows are scheduled again from the requests' state
-            raise
-        ahead = self._in_flight
-        if ahead is not None and all(s.request.is_finished for s in ahead.output.scheduled):
-            self._in_flight = None  # every row stopped in this step: nothing to collect
+        """One engine step. Returns one cumulative RequestOutput for every request that got a token (finished or
+        not, as vLLM's engine does); stream=False returns the finished ones only (what LLM.generate keeps),
+        skipping a copy of every running request's prompt and output ids per step."""
+        deltas, stopped, finished = self.outputs.process(self.step_core())
+        if stopped:  # stop strings found in the text: those requests end now
+            self.abort_core(stopped, RequestStatus.FINISHED_STOPPED)
+        outputs = [state.output(rid) for rid, state in finished.items()]
+        if stream:
+            progressed = [d.request_id for d in deltas if d.request_id not in finished]
+            outputs = [self.outputs.states[rid].output(rid) for rid in progressed] + outputs
         return outputs
-
-    def _apply(self, output: SchedulerOutput, result: StepResult, stream: bool) -> list[RequestOutput]:
-        self.num_generated_tokens += len(result.token_ids)
-        for rid, (first, entries) in result.prompt_logprobs.items():
-            slots = self._prompt_logprobs.get(rid)
-            if slots is not None:  # positions recomputed after a preemption overwrite equal values
-                slots[first : first + len(entries)] = entries
-        finished = self.scheduler.update_from_output(output, result.token_ids)
-        finished_ids = {r.request_id for r in finished}
-        progressed = []
-        for s in output.scheduled:
-            request = s.request
-            rid = request.request_id
-            # A request finished before this step was collected (aborted, or stopped by the step before a
-            # lookahead step) has nothing more to report.
-            if rid not in result.token_ids or (request.is_finished and rid not in finished_ids):
-                continue
-            if request.first_token_time is None:
-                request.first_token_time = time.monotonic()
-            text = self._texts[rid]
-            if rid in result.logprobs:
-                text.logprobs.append(result.logprobs[rid])
-            # min_tokens holds back stop strings too (vLLM): the text still grows, nothing is searched.
-            check_stop = request.num_output_tokens >= request.sampling_params.min_tokens
-            stop_hit = self.tokenizer is not None and text.update(
-                self.tokenizer, request.output_token_ids, check_stop
-            )
-            if stop_hit and rid not in finished_ids:
-                stopped = self.scheduler.finish_request(rid, RequestStatus.FINISHED_STOPPED)
-                if stopped is not None:
-                    finished.append(stopped)
-                    finished_ids.add(rid)
-            if stream and rid not in finished_ids:
-                progressed.append(self._output(request, finished=False))
-        return progressed + [self._finish(r) for r in finished]
-
-    def _finish(self, request: Request) -> RequestOutput:
-        if self.tokenizer is not None:
-            self._texts[request.request_id].flush(self.tokenizer, request.output_token_ids)
-        out = self._output(request, finished=True)
-        self.runner.drop_request(request.request_id)
-        del self._texts[request.request_id], self._prompts[request.request_id]
-        self._prompt_logprobs.pop(request.request_id, None)
-        return out
-
-    def _output(self, request: Request, finished: bool) -> RequestOutput:
-        rid = request.request_id
-        text = self._texts[rid]
-        params = request.sampling_params
-        logprobs = list(text.logprobs) if params.logprobs is not None else None
-        out_ids = list(request.output_token_ids)
-        cumulative = None
-        if logprobs is not None:
-            cumulative = sum(lp[t] for lp, t in zip(logprobs, out_ids))
-        stop_reason, reason = None, None
-        if finished:
-            reason = request.status.finish_reason
-            stop_reason = text.stop_reason
-            if stop_reason is None and request.status == RequestStatus.FINISHED_STOPPED and out_ids:
-                stop_reason = out_ids[-1] if out_ids[-1] != request.eos_token_id else None
-        completion = CompletionOutput(
-            0, text.visible_text(finished), out_ids, cumulative, logprobs, reason, stop_reason
-        )
-        cached = max(request.num_cached_tokens, 0)
-        prompt_logprobs = self._prompt_logprobs.get(rid)
-        metrics = None
-        if finished:  # vLLM's RequestOutput.metrics, as time.monotonic() stamps
-            metrics = {
-                "arrival_time": request.arrival_time,
-                "first_scheduled_time": request.first_scheduled_time,
-                "first_token_time": request.first_token_time,
-                "finished_time": time.monotonic(),
-            }
-        return RequestOutput(
-            rid,
-            self._prompts[rid],
-            list(request.prompt_token_ids),
-            [completion],
-            finished,
-            cached,
-            metrics,
-            None if prompt_logprobs is None else list(prompt_logprobs),
-        )
-
-    # ---- introspection ---------------------------------------------------------------------------------------
-    def stats(self) -> dict:
-        cache = self.kv_manager.prefix_cache_stats()
-        dtype = self.model_config.dtype
-        stats = {
-            "kv_blocks_total": self.kv_manager.num_total_blocks,
-            "kv_blocks_used": self.kv_manager.num_used_blocks,
-            "kv_bytes_per_token": self.bytes_per_token,
-            "kv_capacity_tokens": self.kv_manager.num_total_blocks * self.config.block_size,
-            "block_size": self.config.block_size,
-            "enable_prefix_caching": self.config.enable_prefix_caching,
-            "attention_backend": self.backend.name,
-            "attention_kernel": self.attention_kernel,
-            "num_running": self.scheduler.num_running,
-            "num_waiting": self.scheduler.num_waiting,
-            "num_preemptions": self.scheduler.num_preemptions,
-            "prefix_cache_queries": cache["queries"],
-            "prefix_cache_hits": cache["hits"],
-            "prefix_cache_hit_rate": cache["hits"] / cache["queries"] if cache["queries"] else 0.0,
-            "num_generated_tokens": self.num_generated_tokens,
-            "dtype": str(dtype).removeprefix("torch."),
-            "kv_cache_dtype": str(self.cache_dtype).removeprefix("torch."),
-            "device": str(self.device),
-        }
-        if self.kv_spec.is_mla:
-            stats["mha_kv_bytes_per_token"] = self.kv_spec.mha_bytes_per_token(dtype)
-        return stats

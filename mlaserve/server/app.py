@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from mlaserve.engine.async_engine import AsyncEngine
 from mlaserve.server.auth import api_key_dependency
-from mlaserve.server.body import parse_json_object, read_body, sequences_asked
+from mlaserve.server.body import sequences_asked
 from mlaserve.server.chat import create_chat_completion
 from mlaserve.server.completions import create_completion
 from mlaserve.server.errors import install_error_handlers
@@ -93,8 +93,7 @@ async def _generate(state: ServerState, request: Request, handler: Handler) -> R
     """Body first, then a concurrency slot: a slow body holds no slot, and every answer (429 and the draining 503
     included) comes after the body was read, so closing the connection never resets a client still sending."""
     arrival = time.monotonic()
-    settings = state.settings
-    body = parse_json_object(await read_body(request, settings.max_body_bytes, settings.body_timeout_s))
+    body = await state.read_json(request)
     release = state.admit(sequences_asked(body))
     try:
         response = await handler(state, request, body, arrival)

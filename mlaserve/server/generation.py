@@ -1,7 +1,9 @@
 """One HTTP generation request in flight: its engine requests (one per choice), deadline, deltas and metrics.
 
-Streaming and non-streaming responses are both built from the same text deltas, so the streamed text is the
-non-streamed text by construction.
+The engine core sends token deltas; an OutputProcessor here (on the event loop, never the core's thread or process)
+turns them into text deltas and finds stop strings. Streaming and non-streaming responses are both built from the
+same deltas, so the streamed text is the non-streamed text by construction; whatever tokens are ready when the
+reader gets to them leave in one update per choice.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from starlette.requests import Request
 
 from mlaserve.engine.async_engine import AsyncEngine, EngineDeadError, EngineStepError
 from mlaserve.engine.intake import PreparedRequest
-from mlaserve.outputs import RequestOutput
+from mlaserve.engine.output_processor import OutputProcessor, RequestDelta
 from mlaserve.server.errors import OpenAIError
 from mlaserve.server.metrics import ServerMetrics
 from mlaserve.server.protocol import Usage
@@ -53,10 +55,8 @@ class ChoiceResult:
 
 @dataclass(slots=True)
 class _ChoiceState:
-    sent_text: str = ""
     num_tokens: int = 0
     last_token_at: float | None = None
-    sent_prompt_logprobs: bool = False
 
 
 if TYPE_CHECKING:
@@ -86,6 +86,7 @@ class Generation:
             state.settings.request_timeout_s,
             arrival,
             discard_output,
+            state.intake.tokenizer,
         )
 
     def __init__(
@@ -98,6 +99,7 @@ class Generation:
         timeout_s: float,
         arrival: float,
         discard_output: bool = False,
+        tokenizer: object | None = None,
     ) -> None:
         """discard_output: the engine runs one token only to get the prompt scored (echo with max_tokens 0);
         the choices then hold no generated token."""
@@ -112,6 +114,10 @@ class Generation:
         self._ids = [f"{request_id}-{i}" for i in range(len(prepared))]
         self._index = {rid: i for i, rid in enumerate(self._ids)}
         self._choices = [_ChoiceState() for _ in self._ids]
+        self._processor = OutputProcessor(tokenizer)
+        for rid, p in zip(self._ids, prepared):
+            self._processor.add(rid, p)
+        self._prompt_lens = {rid: len(p.prompt_token_ids) for rid, p in zip(self._ids, prepared)}
         self._first_token_seen = False
         self.outcome: str | None = None  # metrics status once known; None at close means the client left
         self._closed = False
@@ -152,65 +158,77 @@ class Generation:
             if not outputs:
                 self.outcome = self.outcome or "ok"
                 return
-            batch = [self._update(out) for out in outputs]
+            deltas, stopped, finished = self._processor.process(outputs)
+            self._stream.finish(stopped)  # stop strings: the core stops those requests
+            batch = self._updates(deltas, finished)
             aborted = next((i for i, u in enumerate(batch) if u.finish_reason == "abort"), None)
             if aborted is None:
-                yield batch
+                if batch:
+                    yield batch
                 continue
             # The server aborted a choice (shutdown grace over): what came before it is still delivered.
             if aborted:
                 yield batch[:aborted]
             raise OpenAIError(503, SHUTDOWN_ABORT, code="aborted", status=None)
 
-    def _update(self, out: RequestOutput) -> ChoiceUpdate:
-        index = self._index[out.request_id]
-        state, choice = self._choices[index], out.outputs[0]
-        if out.finished:
-            self._metrics.request_finished(out)
-        prompt_logprobs = None
-        if (
-            out.prompt_logprobs is not None
-            and not state.sent_prompt_logprobs
-            and (choice.token_ids or out.finished)
-        ):
-            prompt_logprobs, state.sent_prompt_logprobs = out.prompt_logprobs, True
-        if self._discard:
-            finish = choice.finish_reason if out.finished else None
-            return ChoiceUpdate(
-                index, "", [], None if choice.logprobs is None else [], finish, prompt_logprobs
-            )
-        new_ids = choice.token_ids[state.num_tokens :]
+    def _updates(self, deltas: list[RequestDelta], finished: dict) -> list[ChoiceUpdate]:
+        """One update per choice, merging its deltas (a reader that fell behind sends them in one event)."""
+        merged: dict[int, ChoiceUpdate] = {}
         now = time.monotonic()
-        if new_ids:
-            if not self._first_token_seen:
-                self._first_token_seen = True
-                self._metrics.ttft.observe(now - self._arrival)
-            if state.last_token_at is not None:
-                gap = (now - state.last_token_at) / len(new_ids)  # tokens that arrived together share the gap
-                for _ in new_ids:
-                    self._metrics.itl.observe(gap)
-            state.last_token_at = now
-            self._metrics.generation_tokens.inc(len(new_ids))
-            self.completion_tokens += len(new_ids)
-        logprobs = None if choice.logprobs is None else choice.logprobs[state.num_tokens :]
-        state.num_tokens = len(choice.token_ids)
-        text = choice.text
-        if not out.finished:
-            # A token that ends inside a UTF-8 character decodes to U+FFFD until the next one completes it.
-            text = text.rstrip("\ufffd")
-        if text.startswith(state.sent_text):
-            delta = text[len(state.sent_text) :]
-        else:  # the decoder revised text already sent; it cannot be taken back, so send what follows
-            common = 0
-            while common < min(len(text), len(state.sent_text)) and text[common] == state.sent_text[common]:
-                common += 1
-            logger.warning("request %s: detokenized text changed after it was streamed", out.request_id)
-            delta = text[max(common, len(state.sent_text)) :]
-        state.sent_text += delta
-        finish = choice.finish_reason if out.finished else None
-        if finish == "abort" and self.outcome is None:
-            self.outcome = "aborted"  # aborted by the server (shutdown grace over), not by the client
-        return ChoiceUpdate(index, delta, list(new_ids), logprobs, finish, prompt_logprobs)
+        for delta in deltas:
+            index = self._index[delta.request_id]
+            choice = self._choices[index]
+            new_ids = delta.new_token_ids
+            logprobs = delta.new_logprobs
+            if (
+                self._discard
+            ):  # echo with max_tokens 0: the one token generated to score the prompt is dropped
+                new_ids, logprobs = [], None if logprobs is None else []
+                text = ""
+            else:
+                text = delta.text
+                self._count_tokens(choice, len(new_ids), now)
+            update = merged.get(index)
+            if update is None:
+                merged[index] = ChoiceUpdate(
+                    index, text, list(new_ids), None if logprobs is None else list(logprobs), None
+                )
+                update = merged[index]
+            else:
+                update.text += text
+                update.token_ids += new_ids
+                if logprobs is not None:
+                    update.logprobs = (update.logprobs or []) + logprobs
+            if delta.prompt_logprobs is not None:
+                update.prompt_logprobs = delta.prompt_logprobs
+            if delta.finished:
+                update.finish_reason = delta.finish_reason
+                if delta.finish_reason == "abort" and self.outcome is None:
+                    self.outcome = "aborted"  # aborted by the server (shutdown grace over), not by the client
+                state = finished.get(delta.request_id)
+                if state is not None:
+                    self._metrics.request_finished(
+                        self._prompt_lens[delta.request_id],
+                        len(state.token_ids),
+                        delta.finish_reason,
+                        state.metrics,
+                    )
+        return list(merged.values())
+
+    def _count_tokens(self, choice: _ChoiceState, count: int, now: float) -> None:
+        if not count:
+            return
+        if not self._first_token_seen:
+            self._first_token_seen = True
+            self._metrics.ttft.observe(now - self._arrival)
+        if choice.last_token_at is not None:
+            gap = (now - choice.last_token_at) / count  # tokens that arrived together share the gap
+            for _ in range(count):
+                self._metrics.itl.observe(gap)
+        choice.last_token_at = now
+        self._metrics.generation_tokens.inc(count)
+        self.completion_tokens += count
+        choice.num_tokens += count
 
     async def collect(self, request: Request | None = None) -> list[ChoiceResult]:
         """Run to the end; abort at once if the client disconnects first (when `request` is given)."""

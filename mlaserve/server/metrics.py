@@ -16,8 +16,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from mlaserve.outputs import RequestOutput
-
 # Label values of mlaserve_requests_total, set by whoever ends a request.
 STATUSES = ("ok", "aborted", "timeout", "error", "rejected", "throttled", "unavailable", "unauthorized")
 FINISH_REASONS = ("stop", "length", "abort")
@@ -224,14 +222,15 @@ class ServerMetrics:
         if max_tokens is not None:
             self._max_tokens.observe(max_tokens)
 
-    def request_finished(self, out: RequestOutput) -> None:
+    def request_finished(
+        self, num_prompt_tokens: int, num_output_tokens: int, finish_reason: str | None, times: dict | None
+    ) -> None:
         """One engine request (one choice) ended: vLLM's per-request histograms from the engine's time stamps."""
-        choice = out.outputs[0]
-        reason = choice.finish_reason if choice.finish_reason in self._success else "abort"
+        reason = finish_reason if finish_reason in self._success else "abort"
         self._success[reason].inc()
-        self._prompt_len.observe(len(out.prompt_token_ids))
-        self._output_len.observe(len(choice.token_ids))
-        times = out.metrics or {}
+        self._prompt_len.observe(num_prompt_tokens)
+        self._output_len.observe(num_output_tokens)
+        times = times or {}
         arrival, scheduled = times.get("arrival_time"), times.get("first_scheduled_time")
         first, done = times.get("first_token_time"), times.get("finished_time")
         if arrival is None or scheduled is None or done is None:
@@ -241,8 +240,8 @@ class ServerMetrics:
         if first is not None:
             self._prefill.observe(first - scheduled)
             self._decode.observe(done - first)
-            if len(choice.token_ids) > 1:
-                self._tpot.observe((done - first) / (len(choice.token_ids) - 1))
+            if num_output_tokens > 1:
+                self._tpot.observe((done - first) / (num_output_tokens - 1))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

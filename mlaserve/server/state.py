@@ -6,12 +6,14 @@ import time
 from collections.abc import Callable
 
 from mlaserve.engine.async_engine import AsyncEngine
+from mlaserve.server.body import parse_json_object, read_body
 from mlaserve.server.errors import OpenAIError
 from mlaserve.server.intake import ServerIntake
 from mlaserve.server.logprobs import TokenTexts
 from mlaserve.server.metrics import ServerMetrics
 from mlaserve.server.settings import ServerSettings
 
+_PARSE_INLINE_BYTES = 64 * 1024  # smaller bodies parse in well under a millisecond
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
@@ -84,6 +86,15 @@ class ServerState:
                 self.in_flight -= sequences
 
         return release
+
+    async def read_json(self, request: object) -> dict:
+        """The request's body as a JSON object (4xx otherwise). A large body is parsed and checked on an intake
+        thread, so the event loop keeps streaming other requests' tokens meanwhile."""
+        settings = self.settings
+        raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
+        if len(raw) < _PARSE_INLINE_BYTES:
+            return parse_json_object(raw)
+        return await self.intake.run(lambda _: parse_json_object(raw))
 
     def check_model(self, name: str | None) -> None:
         served = self.settings.served_model_name

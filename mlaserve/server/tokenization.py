@@ -15,7 +15,7 @@ from starlette.requests import Request
 
 from mlaserve import __version__
 from mlaserve.engine.intake import RequestIntake
-from mlaserve.server.body import parse_json_object, read_body, validate
+from mlaserve.server.body import validate
 from mlaserve.server.errors import bad_request
 from mlaserve.server.protocol import ChatCompletionRequest, ChatMessage
 from mlaserve.server.sampling import render_chat
@@ -61,7 +61,7 @@ async def _on_intake(state: ServerState, fn: Callable[[RequestIntake], T]) -> T:
 
 
 async def tokenize(state: ServerState, request: Request) -> dict:
-    body = parse_json_object(await read_body(request, state.settings.max_body_bytes))
+    body = await state.read_json(request)
     req = validate(TokenizeChatRequest if "messages" in body else TokenizeCompletionRequest, body)
     state.check_model(req.model)
 
@@ -81,9 +81,7 @@ async def tokenize(state: ServerState, request: Request) -> dict:
 
 
 async def detokenize(state: ServerState, request: Request) -> dict:
-    req = validate(
-        DetokenizeRequest, parse_json_object(await read_body(request, state.settings.max_body_bytes))
-    )
+    req = validate(DetokenizeRequest, await state.read_json(request))
     state.check_model(req.model)
     vocab = state.intake.vocab_size
     bad = [t for t in req.tokens if not 0 <= t < vocab]

@@ -25,12 +25,12 @@ REPO = Path(__file__).resolve().parents[2]
 # Each step sleeps 10 ms so that the streams are still running when the signal arrives.
 SERVE = """
 import sys, time
-from mlaserve.engine.llm_engine import LLMEngine
-step = LLMEngine.step
+from mlaserve.engine.core import EngineCore
+step = EngineCore.step_core
 def slow_step(self):
     time.sleep(0.01)
     return step(self)
-LLMEngine.step = slow_step
+EngineCore.step_core = slow_step
 from mlaserve.server.run import serve
 from mlaserve.server.settings import ServerSettings
 options = dict(model=sys.argv[1], dtype="float32", device="cpu", num_kv_blocks=256, max_model_len=256)

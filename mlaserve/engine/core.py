@@ -1,0 +1,304 @@
+"""EngineCore: model, KV cache, scheduler and runner wired together; token ids in, token-id deltas out.
+
+The core knows no text: each step returns a CoreOutput per request that got a token (the new ids, their logprobs,
+and how it finished), never a cumulative copy. Detokenization and stop strings belong to the OutputProcessor
+(output_processor.py) of whoever reads the deltas: LLMEngine in-process, or the server in another process.
+"""
+
+import itertools
+import logging
+import time
+
+import torch
+
+from mlaserve.attention.selector import attention_kernel, select_backend
+from mlaserve.config.engine_config import EngineConfig
+from mlaserve.config.model_config import ModelConfig
+from mlaserve.core.kv_cache_manager import CacheGroupSpec, KVCacheManager
+from mlaserve.core.request import Request, RequestStatus
+from mlaserve.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from mlaserve.engine.core_output import CoreOutput
+from mlaserve.engine.intake import PreparedRequest, RequestIntake
+from mlaserve.engine.kv_sizing import num_kv_blocks
+from mlaserve.engine.structured_output import GrammarCompiler
+from mlaserve.kvcache.allocate import allocate_kv_caches
+from mlaserve.kvcache.quant import resolve_cache_dtype
+from mlaserve.loader.model_files import resolve_model
+from mlaserve.loader.model_loader import build_model
+from mlaserve.loader.tokenizer import load_tokenizer
+from mlaserve.runner.model_runner import LaunchedStep, ModelRunner, StepResult
+from mlaserve.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r} requested but no CUDA device is available; use device='cpu'")
+    return device
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        torch.manual_seed(config.seed)
+        files = resolve_model(config.model, need_weights=config.load_format != "dummy")
+        self.model_config = ModelConfig.from_hf(
+            files.config_dict, config.dtype, self.device, config.max_model_len
+        )
+        # skip_tokenizer_init (as vLLM): token ids in, token ids out; for speed runs on configs with no tokenizer.
+        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(files)
+        self.backend = select_backend(self.device, config.attention_backend)
+        self.model, self.load_report = build_model(
+            self.model_config,
+            files,
+            self.backend,
+            self.device,
+            config.load_format,
+            config.seed,
+            config.mla_disable,
+        )
+        self._init_kv_cache()
+        max_len = self.model_config.max_model_len
+        batched = config.max_num_batched_tokens or (
+            max(8192, max_len) if not config.enable_chunked_prefill else max(2048, min(8192, max_len))
+        )
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_seqs, batched, max_len, config.enable_chunked_prefill),
+            self.kv_manager,
+        )
+        self.runner = ModelRunner(self.model, self.kv_caches, config.block_size, self.device)
+        if self.device.type == "cuda":
+            self.runner.warm_up(batched, max_len)
+        graphable = self.backend.supports_cuda_graphs and self.kv_spec.is_mla
+        if self.device.type == "cuda" and not config.enforce_eager and graphable:
+            # Fresh-prefill graphs need the varlen flash attention, which takes 16-bit inputs only.
+            half = self.model_config.dtype in (torch.float16, torch.bfloat16)
+            self.runner.enable_cuda_graphs(max_len, config.max_num_seqs, min(2048, batched) if half else 0)
+        self._prompt_logprobs: dict[str, list[dict[int, float] | None]] = {}
+        self._grammar_compiler: GrammarCompiler | None = None
+        self.intake = RequestIntake(self.tokenizer, self.model_config, self.grammar_compiler)
+        self._ids = itertools.count()
+        self.num_generated_tokens = 0
+        # Off on CPU by default: there the host and the "device" are the same cores, so nothing overlaps.
+        auto = self.device.type == "cuda"
+        self.async_scheduling = auto if config.async_scheduling is None else config.async_scheduling
+        self._in_flight: LaunchedStep | None = None  # the lookahead step queued by the last step() call
+
+    def _init_kv_cache(self) -> None:
+        cfg, model_dtype = self.config, self.model_config.dtype
+        self.kv_spec = self.model.kv_cache_spec()
+        self.cache_dtype = dtype = resolve_cache_dtype(cfg.kv_cache_dtype, model_dtype, self.kv_spec.is_mla)
+        num_blocks = num_kv_blocks(cfg, self.kv_spec, dtype, self.device)
+        capacity = (num_blocks - 1) * cfg.block_size
+        if capacity < self.model_config.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {capacity} tokens ({num_blocks - 1} blocks of {cfg.block_size}), fewer than "
+                f"max_model_len={self.model_config.max_model_len}: raise the KV budget "
+                "(kv_cache_memory_bytes / gpu_memory_utilization / num_kv_blocks) or lower max_model_len"
+            )
+        self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks, cfg.block_size, dtype, self.device)
+        groups = [CacheGroupSpec(group_id=0, kind="full", block_size=cfg.block_size)]
+        self.kv_manager = KVCacheManager(groups, num_blocks, cfg.enable_prefix_caching)
+        self.bytes_per_token = self.kv_spec.bytes_per_token(dtype)
+        line = (
+            f"KV cache: {num_blocks - 1} blocks x {cfg.block_size} tokens = {capacity} tokens, "
+            f"{self.bytes_per_token} bytes/token ({dtype})"
+        )
+        if self.kv_spec.is_mla:
+            mha = self.kv_spec.mha_bytes_per_token(model_dtype)
+            line += f"; per-head K/V would cost {mha} bytes/token ({mha / self.bytes_per_token:.1f}x)"
+        self.attention_kernel = attention_kernel(
+            self.backend, self.model, dtype, cfg.block_size, self.device, model_dtype
+        )
+        logger.info(line + f"; attention {self.backend.name}, decode kernel {self.attention_kernel}")
+
+    # ---- requests -------------------------------------------------------------------------------------------
+    def prepare(self, prompt: str | dict, params: SamplingParams) -> PreparedRequest:
+        """Validate and tokenize without side effects, so a bad request in a batch starts no work."""
+        return self.intake.prepare(prompt, params)
+
+    def grammar_compiler(self) -> GrammarCompiler:
+        if self.tokenizer is None:
+            raise ValueError(
+                "structured outputs need a tokenizer; they are not available with skip_tokenizer_init"
+            )
+        if self._grammar_compiler is None:
+            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
+        return self._grammar_compiler
+
+    def add_core(self, prepared: PreparedRequest, request_id: str | None = None) -> str:
+        """Queue a prepared request; returns its id (a fresh one when none is given)."""
+        params = prepared.params
+        request_id = request_id or str(next(self._ids))
+        room = self.model_config.max_model_len - len(prepared.prompt_token_ids)
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        eos_ids = self.model_config.eos_token_ids
+        tok_eos = getattr(self.tokenizer, "eos_token_id", None)
+        eos = tok_eos if tok_eos is not None else (eos_ids[0] if eos_ids else None)
+        stop_ids = list(params.stop_token_ids or [])
+        if not params.ignore_eos:
+            stop_ids += [e for e in eos_ids if e != eos]
+        request = Request(
+            request_id,
+            prepared.prompt_token_ids,
+            max_tokens,
+            arrival_index=next(self._ids),
+            eos_token_id=eos,
+            stop_token_ids=tuple(stop_ids),
+            ignore_eos=params.ignore_eos,
+            sampling_params=params,
+            read_prefix_cache=params.prompt_logprobs is None,
+            arrival_time=time.monotonic(),
+        )
+        grammar = None
+        if params.structured_outputs is not None:
+            grammar = self.grammar_compiler().new(params.structured_outputs)
+        self.scheduler.add_request(request)  # first: it rejects a duplicate id before any state is replaced
+        if params.seed is not None:
+            self.runner.add_generator(request_id, params.seed)
+        if grammar is not None:
+            self.runner.add_grammar(request_id, grammar)
+        if params.prompt_logprobs is not None:
+            self._prompt_logprobs[request_id] = [None] * len(prepared.prompt_token_ids)
+        return request_id
+
+    def abort_core(
+        self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED
+    ) -> list[CoreOutput]:
+        """Finish these requests from outside (an abort, or a stop string the reader found); unknown ids are
+        skipped. Their final outputs carry no new token."""
+        finals = []
+        for request_id in request_ids:
+            request = self.scheduler.finish_request(request_id, status)
+            if request is not None:
+                finals.append(self._final(request, []))
+        return finals
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ---- the step loop ----------------------------------------------------------------------------------------
+    def step_core(self) -> list[CoreOutput]:
+        """Schedule, run the model once, apply the sampled tokens: one CoreOutput per request that got a token.
+
+        With asynchronous scheduling the next decode step is queued on the device before this step's tokens are
+        read, so the GPU does not wait for the host's bookkeeping between steps; that step is the one collected by
+        the next call."""
+        launched, self._in_flight = self._in_flight, None
+        try:
+            if launched is None:
+                output = self.scheduler.schedule()
+                if output.is_empty:
+                    return []
+                launched = self.runner.launch(output)
+            if self.async_scheduling and not launched.needs_host:
+                ahead = self.scheduler.schedule_lookahead(launched.output)
+                if ahead is not None:
+                    self._in_flight = self.runner.launch(ahead, previous=launched)
+            result = self.runner.collect(launched)
+            outputs = self._apply(launched.output, result)
+        except BaseException:
+            self._in_flight = None  # its rows are scheduled again from the requests' state
+            raise
+        ahead = self._in_flight
+        if ahead is not None and all(s.request.is_finished for s in ahead.output.scheduled):
+            self._in_flight = None  # every row stopped in this step: nothing to collect
+        return outputs
+
+    def _apply(self, output: SchedulerOutput, result: StepResult) -> list[CoreOutput]:
+        self.num_generated_tokens += len(result.token_ids)
+        for rid, (first, entries) in result.prompt_logprobs.items():
+            slots = self._prompt_logprobs.get(rid)
+            if slots is not None:  # positions recomputed after a preemption overwrite equal values
+                slots[first : first + len(entries)] = entries
+        finished = self.scheduler.update_from_output(output, result.token_ids)
+        finished_ids = {r.request_id for r in finished}
+        outputs = []
+        for s in output.scheduled:
+            request = s.request
+            rid = request.request_id
+            # A request finished before this step was collected (aborted, or stopped by the step before a
+            # lookahead step) has nothing more to report.
+            if rid not in result.token_ids or (request.is_finished and rid not in finished_ids):
+                continue
+            new = [request.output_token_ids[-1]]
+            logprobs = [result.logprobs[rid]] if rid in result.logprobs else None
+            if request.first_token_time is None:
+                request.first_token_time = time.monotonic()
+                prompt_logprobs = self._prompt_logprobs.pop(rid, None)  # complete once the prompt is computed
+            else:
+                prompt_logprobs = None
+            if rid in finished_ids:
+                outputs.append(self._final(request, new, logprobs, prompt_logprobs))
+            else:
+                outputs.append(CoreOutput(rid, new, logprobs, prompt_logprobs=prompt_logprobs))
+        return outputs
+
+    def _final(
+        self,
+        request: Request,
+        new: list[int],
+        logprobs: list[dict[int, float]] | None = None,
+        prompt_logprobs: list | None = None,
+    ) -> CoreOutput:
+        """The last output of a finished request; its per-request state goes."""
+        rid = request.request_id
+        self.runner.drop_request(rid)
+        self._prompt_logprobs.pop(rid, None)
+        out_ids = request.output_token_ids
+        stop_reason = None
+        if (
+            request.status == RequestStatus.FINISHED_STOPPED
+            and out_ids
+            and out_ids[-1] != request.eos_token_id
+        ):
+            stop_reason = out_ids[-1]  # a stop token id (a stop string is the reader's to name)
+        metrics = {  # vLLM's RequestOutput.metrics, as time.monotonic() stamps
+            "arrival_time": request.arrival_time,
+            "first_scheduled_time": request.first_scheduled_time,
+            "first_token_time": request.first_token_time,
+            "finished_time": time.monotonic(),
+        }
+        return CoreOutput(
+            rid,
+            new,
+            logprobs,
+            request.status.finish_reason,
+            stop_reason,
+            prompt_logprobs,
+            max(request.num_cached_tokens, 0),
+            metrics,
+        )
+
+    # ---- introspection ---------------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        cache = self.kv_manager.prefix_cache_stats()
+        dtype = self.model_config.dtype
+        stats = {
+            "kv_blocks_total": self.kv_manager.num_total_blocks,
+            "kv_blocks_used": self.kv_manager.num_used_blocks,
+            "kv_bytes_per_token": self.bytes_per_token,
+            "kv_capacity_tokens": self.kv_manager.num_total_blocks * self.config.block_size,
+            "block_size": self.config.block_size,
+            "enable_prefix_caching": self.config.enable_prefix_caching,
+            "attention_backend": self.backend.name,
+            "attention_kernel": self.attention_kernel,
+            "num_running": self.scheduler.num_running,
+            "num_waiting": self.scheduler.num_waiting,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "prefix_cache_queries": cache["queries"],
+            "prefix_cache_hits": cache["hits"],
+            "prefix_cache_hit_rate": cache["hits"] / cache["queries"] if cache["queries"] else 0.0,
+            "num_generated_tokens": self.num_generated_tokens,
+            "dtype": str(dtype).removeprefix("torch."),
+            "kv_cache_dtype": str(self.cache_dtype).removeprefix("torch."),
+            "device": str(self.device),
+        }
+        if self.kv_spec.is_mla:
+            stats["mha_kv_bytes_per_token"] = self.kv_spec.mha_bytes_per_token(dtype)
+        return stats
