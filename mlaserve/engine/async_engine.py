@@ -71,6 +71,18 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="mlaserve-engine-loop", daemon=True)
         self._thread.start()
 
+    # ---- what the server reads of the engine (CoreProcessClient has the same) ---------------------------------
+    @property
+    def model_config(self) -> object:
+        return self.engine.model_config
+
+    @property
+    def tokenizer(self) -> object | None:
+        return self.engine.tokenizer
+
+    def grammar_compiler(self) -> object:
+        return self.engine.grammar_compiler()
+
     # ---- state, safe from any thread -------------------------------------------------------------------------
     @property
     def is_alive(self) -> bool:

@@ -56,6 +56,10 @@ class OutputStream:
         self._wakeup.set()
 
     @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    @property
     def finished(self) -> bool:
         return not self._unfinished
 

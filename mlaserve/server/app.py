@@ -63,7 +63,7 @@ def build_app(engine: AsyncEngine, settings: ServerSettings, startup_report: dic
             "object": "model",
             "created": state.created,
             "owned_by": "mlaserve",
-            "max_model_len": engine.engine.model_config.max_model_len,
+            "max_model_len": engine.model_config.max_model_len,
             "mlaserve": startup_report,
         }
         return {"object": "list", "data": [card]}

@@ -13,14 +13,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from mlaserve.engine.intake import RequestIntake
-from mlaserve.engine.llm_engine import LLMEngine
 
 T = TypeVar("T")
 
 
 class ServerIntake:
-    def __init__(self, engine: LLMEngine, workers: int = 2) -> None:
-        tokenizer = copy.deepcopy(engine.tokenizer) if engine.tokenizer is not None else None
+    def __init__(self, engine: object, workers: int = 2, share_tokenizer: bool = False) -> None:
+        """engine: AsyncEngine or CoreProcessClient (model_config, tokenizer, grammar_compiler). The tokenizer is
+        copied unless share_tokenizer (it already belongs to this process's server alone)."""
+        tokenizer = engine.tokenizer
+        if tokenizer is not None and not share_tokenizer:
+            tokenizer = copy.deepcopy(tokenizer)
         self.intake = RequestIntake(tokenizer, engine.model_config, engine.grammar_compiler)
         self.max_model_len = engine.model_config.max_model_len
         self.vocab_size = engine.model_config.vocab_size

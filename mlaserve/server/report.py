@@ -8,11 +8,16 @@ quiet and this report says each once, in the order below.
 from __future__ import annotations
 
 from mlaserve.attention.selector import choose_backend
-from mlaserve.engine.llm_engine import LLMEngine
+from mlaserve.engine.core import EngineCore
 from mlaserve.server.settings import ServerSettings
 
 
-def startup_report(engine: LLMEngine, settings: ServerSettings) -> dict:
+def describe_core(engine: EngineCore, settings: ServerSettings) -> dict:
+    """The report, computed in the core's process (where the engine is) and sent to the server's."""
+    return startup_report(engine, settings)
+
+
+def startup_report(engine: EngineCore, settings: ServerSettings) -> dict:
     load = engine.load_report
     stats = engine.stats()
     kv = {

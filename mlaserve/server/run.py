@@ -1,4 +1,4 @@
-"""`serve()`: build the engine, log the start-up report, run uvicorn in-process, drain on SIGTERM/SIGINT.
+"""`serve()`: start the engine core in its own process, log the start-up report, run uvicorn, drain on SIGTERM.
 
 Drain: health and new /v1 calls answer 503 at once, running requests get `shutdown_grace_s` to finish, the
 rest are aborted (their clients get an error event or a 503), then the servers stop and serve() returns 0.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import socket
@@ -18,9 +19,7 @@ from collections.abc import Iterator
 import uvicorn
 from fastapi import FastAPI
 
-from mlaserve.config.engine_config import EngineConfig
-from mlaserve.engine.async_engine import AsyncEngine
-from mlaserve.engine.llm_engine import LLMEngine
+from mlaserve.engine.core_process import CoreProcessClient
 from mlaserve.server.app import build_app, build_ops_app
 from mlaserve.server.connections import (
     ConnectionLimits,
@@ -29,7 +28,7 @@ from mlaserve.server.connections import (
     quiet_accept_errors,
     uvicorn_config,
 )
-from mlaserve.server.report import format_report, startup_report
+from mlaserve.server.report import describe_core, format_report
 from mlaserve.server.settings import ServerSettings
 from mlaserve.server.state import ServerState
 
@@ -42,7 +41,7 @@ _CLOSE_TIMEOUT_S = 5
 _REPORTED_BY_THE_ENGINE = (
     "mlaserve.attention.selector",
     "mlaserve.loader.model_loader",
-    "mlaserve.engine.llm_engine",
+    "mlaserve.engine.core",
 )
 
 
@@ -67,32 +66,17 @@ def serve(engine_options: dict, settings: ServerSettings) -> int:
         return 1
     # Port 0 (tests) asks the OS for a free port: report the one we got.
     settings = _with_bound_ports(settings, sockets)
-    with _quiet(_REPORTED_BY_THE_ENGINE):
-        engine = LLMEngine(EngineConfig.from_kwargs(**engine_options))
-    report = startup_report(engine, settings)
+    describe = functools.partial(describe_core, settings=settings)
+    engine = CoreProcessClient(engine_options, describe, quiet=_REPORTED_BY_THE_ENGINE)
+    report = engine.startup_report
     for line in format_report(report):
         logger.info(line)
-    async_engine = AsyncEngine(engine)
-    app = build_app(async_engine, settings, report)
+    app = build_app(engine, settings, report)
     try:
-        return asyncio.run(_serve(app, async_engine, settings, sockets))
+        return asyncio.run(_serve(app, engine, settings, sockets))
     finally:
         app.state.server.intake.shutdown()
-        async_engine.shutdown()
-
-
-@contextlib.contextmanager
-def _quiet(names: tuple[str, ...]) -> Iterator[None]:
-    """These loggers pass warnings and errors only, for the duration."""
-    loggers = [logging.getLogger(name) for name in names]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
+        engine.shutdown()
 
 
 def _with_bound_ports(settings: ServerSettings, sockets: list[socket.socket]) -> ServerSettings:
@@ -104,7 +88,7 @@ def _with_bound_ports(settings: ServerSettings, sockets: list[socket.socket]) ->
 
 
 async def _serve(
-    app: FastAPI, engine: AsyncEngine, settings: ServerSettings, sockets: list[socket.socket]
+    app: FastAPI, engine: CoreProcessClient, settings: ServerSettings, sockets: list[socket.socket]
 ) -> int:
     apps = [app] + ([build_ops_app(app)] if len(sockets) > 1 else [])
     # One cap for all listeners: the descriptors are the process's.
@@ -119,6 +103,9 @@ async def _serve(
     drain = _Drain(app.state.server, engine, servers, settings.shutdown_grace_s)
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(quiet_accept_errors())
+    engine.on_death = lambda: loop.call_soon_threadsafe(drain.engine_died)
+    if not engine.is_alive:  # it died before the callback was set
+        drain.engine_died()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, drain.begin, sig)
     try:
@@ -129,16 +116,26 @@ async def _serve(
     if not all(s.started for s in servers):
         logger.error("the HTTP server did not start")
         return 1
+    if drain.failed:
+        logger.critical("server stopped: the engine core process died")
+        return 1
     logger.info("server stopped")
     return 0
 
 
 class _Drain:
     def __init__(
-        self, state: ServerState, engine: AsyncEngine, servers: list[_Server], grace_s: float
+        self, state: ServerState, engine: CoreProcessClient, servers: list[_Server], grace_s: float
     ) -> None:
         self.state, self.engine, self.servers, self.grace_s = state, engine, servers, grace_s
         self.task: asyncio.Task | None = None
+        self.failed = False
+
+    def engine_died(self) -> None:
+        """The core process is gone: requests in flight already failed (503); stop serving, exit non-zero."""
+        self.failed = True
+        self.state.draining = True
+        self._stop_servers()
 
     def begin(self, sig: int) -> None:
         if self.task is not None:  # a second signal: stop waiting

@@ -30,9 +30,10 @@ class ServerState:
             lambda: engine.is_alive,
             lambda: self.in_flight,
             settings.served_model_name,
-            engine.engine.model_config.max_model_len,
+            engine.model_config.max_model_len,
         )
-        self.intake = ServerIntake(engine.engine)
+        # A core in its own process leaves the tokenizer to this process alone: no copy needed.
+        self.intake = ServerIntake(engine, share_tokenizer=not hasattr(engine, "engine"))
         self.token_texts = TokenTexts(self.intake)
         self.connection_limits = None  # ConnectionLimits, set by serve() (tests may run without)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import signal
 import subprocess
@@ -22,15 +23,20 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 
-# Each step sleeps 10 ms so that the streams are still running when the signal arrives.
-SERVE = """
-import sys, time
+# Each step sleeps 10 ms so that the streams are still running when the signal arrives. The engine core runs in
+# a spawned process of its own, so the slow step is installed by a sitecustomize module that every Python process
+# started with this PYTHONPATH imports, the core's included.
+SLOW_STEPS = """
 from mlaserve.engine.core import EngineCore
+import time
 step = EngineCore.step_core
 def slow_step(self):
     time.sleep(0.01)
     return step(self)
 EngineCore.step_core = slow_step
+"""
+SERVE = """
+import sys
 from mlaserve.server.run import serve
 from mlaserve.server.settings import ServerSettings
 options = dict(model=sys.argv[1], dtype="float32", device="cpu", num_kv_blocks=256, max_model_len=256)
@@ -39,9 +45,12 @@ sys.exit(serve(options, ServerSettings(port=0, metrics_port=0, shutdown_grace_s=
 
 
 class ServeProcess:
-    def __init__(self, model: Path, grace_s: float) -> None:
+    def __init__(self, model: Path, grace_s: float, site: Path) -> None:
+        (site / "sitecustomize.py").write_text(SLOW_STEPS)
+        path = os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")])
         self.proc = subprocess.Popen(
             [sys.executable, "-c", SERVE, str(model), str(grace_s)],
+            env={**os.environ, "PYTHONPATH": path},
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -114,11 +123,11 @@ def refused(url: str) -> bool:
 
 
 @pytest.fixture
-def serve_process(tiny_model):
+def serve_process(tiny_model, tmp_path):
     processes: list[ServeProcess] = []
 
     def start(grace_s: float) -> ServeProcess:
-        processes.append(ServeProcess(tiny_model, grace_s))
+        processes.append(ServeProcess(tiny_model, grace_s, tmp_path))
         return processes[-1]
 
     yield start
@@ -183,3 +192,21 @@ def test_posts_on_kept_alive_connections_while_draining_get_a_503(serve_process)
     assert statuses == [(503, "server_shutting_down")] * len(connections)
     streams[0].join(timeout=15)
     assert server.proc.wait(timeout=15) == 0
+
+
+def test_killing_the_engine_core_process_fails_health_and_exits_non_zero(serve_process):
+    server = serve_process(5.0)
+    pid = server.proc.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    # The engine core runs in a spawned child (multiprocessing also starts its resource tracker).
+    cores = [c for c in children if b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes()]
+    assert len(cores) == 1, children
+    streams = start_streams(server.url, 2, max_tokens=200)
+    os.kill(int(cores[0]), signal.SIGKILL)
+    killed = time.monotonic()
+    assert wait_for(lambda: server._health() != 200, timeout=5)  # 503 while stopping, then refused
+    assert server.proc.wait(timeout=10) != 0, "\n".join(server.lines)
+    assert time.monotonic() - killed < 10
+    for s in streams:
+        s.join(timeout=5)
+        assert s.error is not None or s.events[-2]["error"]["code"] in ("engine_error", "engine_dead")
