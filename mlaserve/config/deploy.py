@@ -63,6 +63,8 @@ class ModelSection(_Section):
     max_model_len: PositiveInt | None = _ENGINE["max_model_len"]
     served_model_name: Annotated[str, Field(min_length=1)] | None = None
     device: str = _ENGINE["device"]
+    # dummy: random weights from config.json alone (vLLM's --load-format dummy), to benchmark full-size models
+    load_format: Literal["auto", "dummy"] = _ENGINE["load_format"]
 
     @field_validator("device")
     @classmethod
@@ -185,6 +187,7 @@ class DeployConfig(_Section):
             "model": self.model.path,
             "dtype": self.model.dtype,
             "device": self.model.device,
+            "load_format": self.model.load_format,
             "max_model_len": self.model.max_model_len,
             "block_size": self.cache.block_size,
             "kv_cache_dtype": self.cache.kv_cache_dtype,
@@ -249,7 +252,8 @@ def load_deploy_config(
     problems: list[tuple[str, str]] = []
     tensor_parallel = config.parallel.tensor_parallel_size
     if check_model_files:
-        problems += check_model(config.model.path, tensor_parallel, config.model.max_model_len)
+        need_weights = config.model.load_format != "dummy"
+        problems += check_model(config.model.path, tensor_parallel, config.model.max_model_len, need_weights)
     if tensor_parallel != 1 and not any(key == "parallel.tensor_parallel_size" for key, _ in problems):
         problems.append(
             ("parallel.tensor_parallel_size", f"must be 1: {tensor_parallel} is not supported yet")

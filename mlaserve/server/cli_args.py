@@ -17,6 +17,7 @@ _MODEL_FLAGS = [
     ("--model", str, "HF model folder or .gguf file (default: SmolLM2-135M-Instruct)"),
     ("--dtype", str, "auto, float32, bfloat16, float16 (default auto)"),
     ("--device", str, "auto, cpu, cuda (default auto)"),
+    ("--load-format", str, "auto, or dummy: random weights from config.json alone (benchmarks)"),
     ("--max-model-len", int, "longest prompt + output (default: the model's)"),
     (
         "--served-model-name",
@@ -52,6 +53,7 @@ _SERVER_FLAGS = [
 _METAVARS = {"--api-keys-env": "NAME", "--api-keys-file": "PATH"}
 _ENGINE_OPTIONS = (
     "model",
+    "load_format",
     "dtype",
     "device",
     "max_model_len",

@@ -94,3 +94,30 @@ def tiny_model_without_weights(tmp_path):
     for f in path.glob("*.safetensors"):
         f.unlink()
     return path
+
+
+def test_load_format_dummy_serves_a_model_from_its_config_alone(tmp_path):
+    from mlaserve.config.deploy import load_deploy_config
+    from mlaserve.config.deploy_overrides import overrides_from_flags
+    from mlaserve.server.cli_args import add_serve_args
+
+    path = tiny_model_without_weights(tmp_path)
+    parser = __import__("argparse").ArgumentParser()
+    add_serve_args(parser)
+    args = parser.parse_args(
+        ["--model", str(path), "--load-format", "dummy", "--device", "cpu", "--port", "0"]
+    )
+    deploy = load_deploy_config(None, overrides_from_flags(vars(args)))
+    options = deploy.engine_options()
+    assert options["load_format"] == "dummy"
+    client = CoreProcessClient({**options, "dtype": "float32", "num_kv_blocks": 64, "max_model_len": 128})
+    try:
+        with serving(client) as (live, _):
+            r = httpx.post(
+                f"{live.url}/v1/completions", json={"prompt": "w5 w6", "max_tokens": 3}, timeout=30
+            )
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    finally:
+        client.shutdown()
+    with pytest.raises(Exception, match="safetensors"):  # without dummy, the missing weights are an error
+        load_deploy_config(None, {"model.path": str(path)})
