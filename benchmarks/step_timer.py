@@ -27,12 +27,12 @@ class DecodeStepTimer:
     def __enter__(self) -> "DecodeStepTimer":
         apply, step = self.engine._apply, self.engine.step
 
-        def apply_and_note(output, result, stream):
+        def apply_and_note(output, result):
             # The step whose tokens this call applies (with asynchronous scheduling it was queued by the call
             # before); one token per scheduled request means nobody was prefilling in it.
             self._decode_only = output.num_batched_tokens == len(output.scheduled)
             self._rows = len(output.scheduled)
-            return apply(output, result, stream)
+            return apply(output, result)
 
         def timed_step(**kwargs):
             self._decode_only = False

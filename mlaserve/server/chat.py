@@ -88,12 +88,28 @@ async def _events(
             ).model_dump()
         )
 
+    # The hot path (a text delta, no logprobs): the same JSON as `chunk`, without building pydantic models.
+    head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
+
+    def text_chunk(index: int, text: str) -> str:
+        usage = gen.usage().model_dump() if continuous_usage else None
+        delta = {"role": None, "content": text}
+        return sse(
+            {
+                **head,
+                "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}],
+                "usage": usage,
+            }
+        )
+
     try:
         for index in range(num_choices):  # OpenAI opens each choice with the role, before any token
             yield chunk(ChatChunkChoice(index=index, delta=Delta(role="assistant", content="")))
         async for batch in gen.updates():
             for u in batch:
-                if u.text or (u.logprobs and u.token_ids):
+                if u.text and u.logprobs is None:
+                    yield text_chunk(u.index, u.text)
+                elif u.text or (u.logprobs and u.token_ids):
                     logprobs = (
                         None if u.logprobs is None else chat_logprobs(u.token_ids, u.logprobs, table, top)
                     )

@@ -31,6 +31,11 @@ _ENGINE_FLAGS = [
     ("--kv-cache-dtype", str, "auto, fp8_e4m3, int8 (MLA latent caches)"),
     ("--kv-cache-memory-bytes", int, "KV cache budget (CPU default 1 GiB)"),
     ("--num-kv-blocks", int, "exact KV block count (overrides the budget)"),
+    (
+        "--gpu-memory-utilization",
+        float,
+        "share of GPU memory the engine may use, KV cache included (default 0.9)",
+    ),
     ("--max-num-batched-tokens", int, "tokens per step, prompt chunks included (default: 2048-8192)"),
     ("--enable-chunked-prefill", bool, "split long prompts across steps (default on)"),
     ("--enable-prefix-caching", bool, "reuse the KV of shared prompt prefixes (default on)"),
@@ -62,7 +67,7 @@ _ENGINE_OPTIONS = (
     "kv_cache_dtype",
 )
 _ENGINE_OPTIONS += ("kv_cache_memory_bytes", "num_kv_blocks", "max_num_batched_tokens")
-_ENGINE_OPTIONS += ("enable_chunked_prefill", "enable_prefix_caching")
+_ENGINE_OPTIONS += ("enable_chunked_prefill", "enable_prefix_caching", "gpu_memory_utilization")
 _SETTINGS = ("host", "port", "metrics_port", "served_model_name", "max_concurrent_requests")
 _SETTINGS += ("request_timeout_s", "shutdown_grace_s", "max_body_bytes")
 _SETTINGS += ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "max_connections")

@@ -123,6 +123,14 @@ async def _events(
             ).model_dump()
         )
 
+    # The hot path (a text delta, no logprobs): the same JSON as `chunk`, without building pydantic models.
+    head = {"id": request_id, "object": "text_completion", "created": created, "model": model}
+
+    def text_chunk(index: int, text: str) -> str:
+        usage = gen.usage().model_dump() if continuous_usage else None
+        choice = {"index": index, "text": text, "logprobs": None, "finish_reason": None}
+        return sse({**head, "choices": [choice], "usage": usage})
+
     offsets: dict[int, int] = {}
     echo_pending = set(range(len(echoed.prompts))) if echoed is not None else set()
 
@@ -139,7 +147,12 @@ async def _events(
             for u in batch:
                 if u.index in echo_pending and (u.prompt_logprobs is not None or not echoed.with_logprobs):
                     yield echo_chunk(u)
-                if u.text or (u.logprobs and u.token_ids):  # logprobs keep their tokens even if text is held
+                if u.text and u.logprobs is None:
+                    offsets[u.index] = offsets.get(u.index, 0) + len(u.text)
+                    yield text_chunk(u.index, u.text)
+                elif u.text or (
+                    u.logprobs and u.token_ids
+                ):  # logprobs keep their tokens even if text is held
                     logprobs = None
                     if u.logprobs is not None:
                         logprobs = completion_logprobs(

@@ -1,0 +1,221 @@
+"""The same requests through the offline API and through `mlaserve serve`: how much of the engine the server keeps.
+
+N requests of exactly --prompt-len token ids and --new-tokens output tokens (ignore_eos, greedy) are sent at once:
+to `LLM.generate` in this process, then as N concurrent streaming clients to a server launched with the same engine
+options (benchmarks/serving.py's client: TTFT, inter-token latency, output tokens/s). Each side runs a warm-up
+first. The ratio server / offline of output tokens/s is the figure; the offline decode step time (the wall time of
+the offline run's decode phase divided by its steps) is recorded beside the server's ITL.
+
+    python benchmarks/serve_vs_offline.py --streams 32                          # CPU, a tiny random Llama
+    python benchmarks/serve_vs_offline.py --model PATH --load-format dummy --dtype bfloat16 --device cuda \\
+        --streams 32,256 --prompt-len 512 --new-tokens 128 --rates 20,40,80
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import serving  # noqa: E402 - the HTTP client and server launcher
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def token_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, min(vocab, 30000)) for _ in range(length)] for _ in range(count)]
+
+
+def offline_runs(options: dict, batches: list[list[list[int]]], new_tokens: int) -> list[dict]:
+    """The offline side, in a process of its own: its GPU memory is all given back before the server starts."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        return pool.apply(_offline_runs, (options, batches, new_tokens))
+
+
+def _offline_runs(options: dict, batches: list[list[list[int]]], new_tokens: int) -> list[dict]:
+    from mlaserve import LLM
+
+    llm = LLM(**options)
+    return [offline(llm, prompts, new_tokens) for prompts in batches]
+
+
+def offline(llm: object, prompts: list[list[int]], new_tokens: int) -> dict:
+    from mlaserve import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    llm.generate(
+        [{"prompt_token_ids": prompts[0]}], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False
+    )
+    start = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    wall = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    first = [o.metrics["first_token_time"] for o in outs]
+    done = [o.metrics["finished_time"] for o in outs]
+    decode_s = max(done) - max(first)  # every request past its prefill: the decode steps
+    return {
+        "wall_s": wall,
+        "output_tokens": tokens,
+        "output_tok_s": tokens / wall,
+        "decode_step_ms": 1000 * decode_s / max(new_tokens - 1, 1),
+    }
+
+
+def served(args: argparse.Namespace, prompts: list[list[int]], concurrency: int, rate: float) -> dict:
+    client_args = argparse.Namespace(
+        max_tokens=args.new_tokens,
+        temperature=0.0,
+        ignore_eos=True,
+        endpoint="completions",
+        base_url=args.base_url,
+        concurrency=concurrency,
+        request_rate=rate,
+        seed=0,
+        max_duration_s=args.max_duration_s,
+        api_key_env="MLASERVE_API_KEY",
+    )
+    records, duration = asyncio.run(serving.run_load(client_args, "bench", prompts))
+    return serving.summarize(records, duration)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="model folder (default: a tiny random Llama)")
+    parser.add_argument(
+        "--v2-lite-layers",
+        type=int,
+        default=None,
+        help="DeepSeek-V2-Lite's shape with this many layers (dummy weights)",
+    )
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    parser.add_argument("--load-format", default="auto")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--streams", default="32", help="comma-separated numbers of concurrent streams")
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--rates", default="", help="Poisson arrival rates (req/s) to try, comma-separated")
+    parser.add_argument("--rate-requests", type=int, default=128, help="requests per Poisson rate")
+    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--max-duration-s", type=float, default=300.0)
+    parser.add_argument("--output", default=None)
+    args = parser.parse_args()
+
+    model = args.model
+    if model is None:
+        sys.path.insert(0, str(REPO))
+        from tests.tiny_models import build_tiny
+
+        model = str(
+            build_tiny("llama", Path(tempfile.mkdtemp(prefix="mlaserve-svo-")), max_position_embeddings=4096)
+        )
+    streams = [int(s) for s in args.streams.split(",") if s]
+    rates = [float(r) for r in args.rates.split(",") if r]
+    most = max(streams + [args.rate_requests if rates else 0])
+    options = dict(
+        model=model,
+        load_format=args.load_format,
+        dtype=args.dtype,
+        device=args.device,
+        max_model_len=args.max_model_len,
+        max_num_seqs=max(256, most),
+    )
+    if args.device != "cpu":
+        options["gpu_memory_utilization"] = args.gpu_memory_utilization
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    report: dict = {"rows": [], "rates": []}
+    batches = [token_prompts(n, args.prompt_len, vocab, seed=n) for n in streams]
+    for n, result in zip(streams, offline_runs(options, batches, args.new_tokens), strict=True):
+        report["rows"].append({"streams": n, "offline": result})
+
+    flags = f"--load-format {args.load_format} --dtype {args.dtype} --device {args.device} "
+    flags += (
+        f"--max-model-len {args.max_model_len} --max-num-seqs {max(256, most)} --served-model-name bench "
+    )
+    flags += f"--max-concurrent-requests {max(1024, 2 * most)}"
+    if args.device != "cpu":
+        flags += f" --gpu-memory-utilization {args.gpu_memory_utilization}"
+    launch = argparse.Namespace(config=None, model=model, server_args=flags, launch_timeout_s=1800)
+    server, args.base_url, log = serving.launch_server(launch)
+    try:
+        warm = token_prompts(4, args.prompt_len, vocab, seed=1)
+        served(args, warm, 4, float("inf"))
+        for row in report["rows"]:
+            n = row["streams"]
+            row["server"] = served(args, token_prompts(n, args.prompt_len, vocab, seed=n), n, float("inf"))
+            server_tok_s = row["server"]["output_token_throughput_tps"]
+            row["server_over_offline"] = server_tok_s / row["offline"]["output_tok_s"]
+            itl_p99 = row["server"]["itl_s"]["p99"]
+            step = row["offline"]["decode_step_ms"] / 1000
+            row["itl_p99_over_offline_step"] = None if itl_p99 is None else itl_p99 / step
+            print(
+                f"{n} streams: offline {row['offline']['output_tok_s']:.0f} tok/s, server {server_tok_s:.0f} tok/s "
+                f"({row['server_over_offline']:.2f}x); TTFT p50 {row['server']['ttft_s']['p50']}, "
+                f"ITL p50/p99 {row['server']['itl_s']['p50']}/{itl_p99} s, offline step {step * 1000:.2f} ms"
+            )
+        for rate in rates:
+            prompts = token_prompts(args.rate_requests, args.prompt_len, vocab, seed=int(rate * 1000))
+            summary = served(args, prompts, 0, rate)
+            report["rates"].append({"rate_req_s": rate, "server": summary})
+            print(
+                f"rate {rate}: ITL p99 {summary['itl_s']['p99']} s, {summary['output_token_throughput_tps']:.0f} tok/s"
+            )
+    finally:
+        serving.stop_server(server)
+    within = [r["rate_req_s"] for r in report["rates"] if (r["server"]["itl_s"]["p99"] or 1e9) < 0.050]
+    report.update(
+        date=datetime.date.today().isoformat(),
+        machine=f"{platform.machine()}, {os.cpu_count()} cores"
+        + (f", {_gpu()}" if args.device != "cpu" else ""),
+        commit=os.environ.get("MLASERVE_COMMIT") or serving.git_commit(),
+        command="python benchmarks/serve_vs_offline.py " + " ".join(sys.argv[1:]),
+        model=(
+            f"DeepSeek-V2-Lite shape, {args.v2_lite_layers} layers, random weights"
+            if args.v2_lite_layers is not None
+            else args.model or "tiny random Llama (tests/tiny_models.py)"
+        ),
+        prompt_len=args.prompt_len,
+        new_tokens=args.new_tokens,
+        highest_rate_with_itl_p99_under_50ms=max(within) if within else None,
+        server_log_head=log.read_text(errors="replace")[:3000],
+    )
+    output = Path(args.output or REPO / "benchmarks" / "results" / f"serve-vs-offline-{report['date']}.json")
+    output.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {output}")
+    return 0
+
+
+def v2_lite_folder(layers: int) -> str:
+    """DeepSeek-V2-Lite's config.json (gpu_suite.V2_LITE) with `layers` layers, and a word-level tokenizer over its
+    vocabulary, so that the server streams text; the weights are random (load_format dummy)."""
+    from gpu_suite import V2_LITE
+
+    from tests.tiny_models import save_word_tokenizer
+
+    folder = Path(tempfile.mkdtemp(prefix=f"mlaserve-v2lite{layers}-"))
+    (folder / "config.json").write_text(json.dumps({**V2_LITE, "num_hidden_layers": layers}))
+    save_word_tokenizer(folder, V2_LITE["vocab_size"])
+    return str(folder)
+
+
+def _gpu() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
