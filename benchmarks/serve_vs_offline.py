@@ -135,7 +135,9 @@ def main() -> int:
     )
     if args.device != "cpu":
         options["gpu_memory_utilization"] = args.gpu_memory_utilization
-    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    from mlaserve.loader.model_files import resolve_model
+
+    vocab = resolve_model(model, need_weights=False).config_dict["vocab_size"]
     report: dict = {"rows": [], "rates": []}
     batches = [token_prompts(n, args.prompt_len, vocab, seed=n) for n in streams]
     for n, result in zip(streams, offline_runs(options, batches, args.new_tokens), strict=True):

@@ -1,9 +1,11 @@
-"""AsyncEngine: one background thread owns the LLMEngine and steps it; asyncio code talks to it by queues.
+"""AsyncEngine: the engine core stepped by a background thread of this process; asyncio talks to it by queues.
 
-LLMEngine is not thread-safe, so everything that touches it (tokenizing, adding, aborting, stepping, stats)
-runs on that thread. Commands go in through a thread-safe queue that the loop drains before each step;
-outputs come back to each request's event loop with `call_soon_threadsafe`. HTTP handlers therefore never
-wait for a step, and a slow step never blocks the event loop.
+The in-process twin of CoreProcessClient (core_process.py), with the same interface: `mlaserve serve` runs the core
+in its own process, tests and embedders may keep it in a thread. The engine is not thread-safe, so everything that
+touches it (adding, aborting, stepping, stats) runs on that thread. Commands go in through a thread-safe queue that
+the loop drains before each step; each step's token deltas go back to the requests' event loop with
+`call_soon_threadsafe`, where the server detokenizes them. HTTP handlers therefore never wait for a step, and a slow
+step never blocks the event loop.
 """
 
 from __future__ import annotations
