@@ -103,27 +103,33 @@ async def _events(
         )
 
     try:
-        for index in range(num_choices):  # OpenAI opens each choice with the role, before any token
-            yield chunk(ChatChunkChoice(index=index, delta=Delta(role="assistant", content="")))
+        # OpenAI opens each choice with the role, before any token.
+        yield "".join(
+            chunk(ChatChunkChoice(index=i, delta=Delta(role="assistant", content="")))
+            for i in range(num_choices)
+        )
         async for batch in gen.updates():
+            events: list[str] = []  # one write per batch: whatever tokens were ready leave together
             for u in batch:
                 if u.text and u.logprobs is None:
-                    yield text_chunk(u.index, u.text)
+                    events.append(text_chunk(u.index, u.text))
                 elif u.text or (u.logprobs and u.token_ids):
                     logprobs = (
                         None if u.logprobs is None else chat_logprobs(u.token_ids, u.logprobs, table, top)
                     )
-                    yield chunk(
-                        ChatChunkChoice(index=u.index, delta=Delta(content=u.text), logprobs=logprobs)
+                    events.append(
+                        chunk(ChatChunkChoice(index=u.index, delta=Delta(content=u.text), logprobs=logprobs))
                     )
                 if u.finish_reason is not None:
-                    yield chunk(ChatChunkChoice(index=u.index, delta=Delta(), finish_reason=u.finish_reason))
+                    events.append(
+                        chunk(ChatChunkChoice(index=u.index, delta=Delta(), finish_reason=u.finish_reason))
+                    )
+            if events:
+                yield "".join(events)
         usage = gen.usage()
-        yield sse(
-            ChatCompletionChunk(
-                id=request_id, created=created, model=model, choices=[], usage=usage
-            ).model_dump()
-        )
+        final = ChatCompletionChunk(id=request_id, created=created, model=model, choices=[], usage=usage)
+        yield sse(final.model_dump()) + DONE
+        return
     except OpenAIError as error:
         yield sse(error.body())
     yield DONE

@@ -144,12 +144,13 @@ async def _events(
 
     try:
         async for batch in gen.updates():
+            events: list[str] = []  # one write per batch: whatever tokens were ready leave together
             for u in batch:
                 if u.index in echo_pending and (u.prompt_logprobs is not None or not echoed.with_logprobs):
-                    yield echo_chunk(u)
+                    events.append(echo_chunk(u))
                 if u.text and u.logprobs is None:
                     offsets[u.index] = offsets.get(u.index, 0) + len(u.text)
-                    yield text_chunk(u.index, u.text)
+                    events.append(text_chunk(u.index, u.text))
                 elif u.text or (
                     u.logprobs and u.token_ids
                 ):  # logprobs keep their tokens even if text is held
@@ -159,14 +160,19 @@ async def _events(
                             u.token_ids, u.logprobs, table, offsets.get(u.index, 0)
                         )
                     offsets[u.index] = offsets.get(u.index, 0) + len(u.text)
-                    yield chunk(CompletionChoice(index=u.index, text=u.text, logprobs=logprobs))
+                    events.append(chunk(CompletionChoice(index=u.index, text=u.text, logprobs=logprobs)))
                 if u.finish_reason is not None:
                     if u.index in echo_pending:  # finished before its prompt was scored (aborted)
-                        yield echo_chunk(u)
-                    yield chunk(CompletionChoice(index=u.index, text="", finish_reason=u.finish_reason))
+                        events.append(echo_chunk(u))
+                    events.append(
+                        chunk(CompletionChoice(index=u.index, text="", finish_reason=u.finish_reason))
+                    )
+            if events:
+                yield "".join(events)
         usage = gen.usage()
         final = CompletionResponse(id=request_id, created=created, model=model, choices=[], usage=usage)
-        yield sse(final.model_dump())
+        yield sse(final.model_dump()) + DONE
+        return
     except OpenAIError as error:
         yield sse(error.body())
     yield DONE
