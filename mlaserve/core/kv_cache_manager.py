@@ -19,6 +19,8 @@ class CacheGroupSpec:
     kind: str = "full"
     # Defaulted only so the field order above can stay (group_id, kind, block_size); 16 is vLLM's default.
     block_size: int = 16
+    # kind "sliding_window": each token attends to itself and the window - 1 tokens before it.
+    window: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.group_id, int) or self.group_id < 0:
@@ -27,6 +29,12 @@ class CacheGroupSpec:
             raise ValueError(f"CacheGroupSpec.block_size must be a positive int, got {self.block_size!r}")
         if self.kind not in MANAGER_KINDS:
             raise ValueError(f"CacheGroupSpec.kind must be one of {sorted(MANAGER_KINDS)}, got {self.kind!r}")
+        if (self.kind == "sliding_window") != (self.window is not None):
+            raise ValueError(
+                f"CacheGroupSpec.window is set exactly for kind 'sliding_window', got {self.window!r}"
+            )
+        if self.window is not None and (not isinstance(self.window, int) or self.window < 1):
+            raise ValueError(f"CacheGroupSpec.window must be an int >= 1, got {self.window!r}")
 
 
 class SingleTypeManager(ABC):
@@ -38,8 +46,9 @@ class SingleTypeManager(ABC):
     blocks that left the window for the pool's null block, freeing them) and `max_blocks_per_request`.
     """
 
-    def __init__(self, spec: CacheGroupSpec, pool: BlockPool) -> None:
+    def __init__(self, spec: CacheGroupSpec, pool: BlockPool, max_chunk_tokens: int | None = None) -> None:
         self.spec = spec
+        self.max_chunk_tokens = max_chunk_tokens  # the most tokens one step may add (the scheduler's budget)
         self.group_id = spec.group_id
         self.block_size = spec.block_size
         self.pool = pool
@@ -89,8 +98,10 @@ class SingleTypeManager(ABC):
             return
         hashes = update_block_hashes(request, self.block_size, self.group_id)
         table = self.req_to_blocks[request_id]
+        null = self.pool.null_block
         for i in range(start, num_full):
-            self.pool.cache_full_block(table[i], hashes[i])
+            if table[i] is not null:  # a window already gave it back
+                self.pool.cache_full_block(table[i], hashes[i])
         self._num_cached_blocks[request_id] = num_full
 
     def free(self, request_id: str) -> None:
@@ -101,6 +112,12 @@ class SingleTypeManager(ABC):
 
     def block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
+
+    @property
+    def num_held_blocks(self) -> int:
+        """Blocks this group's tables hold now (the null block aside), all requests together."""
+        null = self.pool.null_block
+        return sum(1 for table in self.req_to_blocks.values() for b in table if b is not null)
 
 
 class FullAttentionManager(SingleTypeManager):
@@ -119,13 +136,67 @@ class FullAttentionManager(SingleTypeManager):
         return None
 
 
-MANAGER_KINDS: dict[str, type[SingleTypeManager]] = {"full": FullAttentionManager}
+class SlidingWindowManager(SingleTypeManager):
+    """Each token attends to the last `window` tokens (itself included): a block whose tokens all lie before the
+    next query's window goes back to the pool in the step it leaves the window, and the null block takes its place
+    in the table, so tables stay positional and a request's live blocks stay flat however long it runs."""
+
+    def __init__(self, spec: CacheGroupSpec, pool: BlockPool, max_chunk_tokens: int | None = None) -> None:
+        super().__init__(spec, pool, max_chunk_tokens)
+        self.window = spec.window
+
+    def _first_needed_block(self, num_computed_tokens: int) -> int:
+        # The next query sits at position num_computed_tokens and reads keys from num_computed_tokens - window + 1.
+        return max(0, num_computed_tokens - self.window + 1) // self.block_size
+
+    def find_longest_cache_hit(self, block_hashes: list[BlockHash], max_num_blocks: int) -> list[KVBlock]:
+        """The longest prefix whose last blocks (those the next token's window reads) are all cached; the blocks
+        before them are not needed, and stand as null blocks."""
+        null = self.pool.null_block
+        for n in range(min(max_num_blocks, len(block_hashes)), 0, -1):
+            first = self._first_needed_block(n * self.block_size)
+            run = [self.pool.get_cached_block(h) for h in block_hashes[first:n]]
+            if all(block is not None for block in run):
+                return [null] * first + run
+        return []
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        table = self.req_to_blocks.get(request_id)
+        if not table:
+            return
+        null = self.pool.null_block
+        leaving = []
+        for i in range(min(self._first_needed_block(num_computed_tokens), len(table))):
+            if table[i] is not null:
+                leaving.append(table[i])
+                table[i] = null
+        self.pool.free_blocks(leaving)  # oldest first: the first to be evicted among them
+
+    def max_blocks_per_request(self, num_tokens: int) -> int:
+        full = -(-num_tokens // self.block_size)
+        if self.max_chunk_tokens is None:
+            return full
+        # The window before a step's first new token, that step's tokens, and one block of misalignment.
+        span = self.window - 1 + self.max_chunk_tokens
+        return min(full, -(-span // self.block_size) + 1)
+
+
+MANAGER_KINDS: dict[str, type[SingleTypeManager]] = {
+    "full": FullAttentionManager,
+    "sliding_window": SlidingWindowManager,
+}
 
 
 class KVCacheManager:
     """Allocates, prefix-caches and frees the blocks of every cache group for each request."""
 
-    def __init__(self, groups: list[CacheGroupSpec], num_blocks: int, enable_caching: bool) -> None:
+    def __init__(
+        self,
+        groups: list[CacheGroupSpec],
+        num_blocks: int,
+        enable_caching: bool,
+        max_chunk_tokens: int | None = None,
+    ) -> None:
         if not groups:
             raise ValueError("KVCacheManager needs at least one CacheGroupSpec in groups")
         group_ids = [g.group_id for g in groups]
@@ -134,7 +205,7 @@ class KVCacheManager:
         self.groups = list(groups)
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks, enable_caching)
-        self.managers = [MANAGER_KINDS[g.kind](g, self.block_pool) for g in self.groups]
+        self.managers = [MANAGER_KINDS[g.kind](g, self.block_pool, max_chunk_tokens) for g in self.groups]
         # A hit must end on a block boundary of every group.
         self._hit_granularity = math.lcm(*(g.block_size for g in self.groups))
         self._num_queries = 0
@@ -250,6 +321,10 @@ class KVCacheManager:
 
     def get_block_ids(self, request_id: str) -> list[list[int]]:
         return [m.block_ids(request_id) for m in self.managers]
+
+    def blocks_per_group(self) -> list[int]:
+        """Blocks each group's tables hold now (one pool serves them all)."""
+        return [m.num_held_blocks for m in self.managers]
 
     def prefix_cache_stats(self) -> dict[str, int]:
         return {"queries": self._num_queries, "hits": self._num_hits}

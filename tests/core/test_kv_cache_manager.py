@@ -176,7 +176,7 @@ def test_caching_disabled() -> None:
 
 def test_invalid_specs() -> None:
     with pytest.raises(ValueError, match="kind must be one of"):
-        CacheGroupSpec(group_id=0, kind="sliding_window")
+        CacheGroupSpec(group_id=0, kind="nonsense")
     with pytest.raises(ValueError, match="block_size"):
         CacheGroupSpec(group_id=0, block_size=0)
     with pytest.raises(ValueError, match="unique"):

@@ -1,0 +1,91 @@
+"""The sliding-window group: blocks leave the table (null block in their place) the step they leave the window,
+prefix hits need only the window's blocks, and a request's live blocks stay flat however long it runs."""
+
+import pytest
+
+from mlaserve.core.kv_cache_manager import CacheGroupSpec, KVCacheManager
+from mlaserve.core.request import Request
+
+
+def window_manager(window: int = 8, block_size: int = 4, num_blocks: int = 16, chunk: int | None = None):
+    groups = [CacheGroupSpec(0, "sliding_window", block_size, window)]
+    return KVCacheManager(groups, num_blocks, enable_caching=True, max_chunk_tokens=chunk)
+
+
+def req(rid: str, tokens: list[int]) -> Request:
+    return Request(request_id=rid, prompt_token_ids=tokens, max_tokens=100, arrival_index=0)
+
+
+def decode(kv: KVCacheManager, r: Request, token: int) -> list[list[int]]:
+    ids = kv.allocate_slots(r, 1)
+    r.num_computed_tokens += 1
+    r.append_output_token(token)
+    return ids
+
+
+def test_blocks_leave_the_table_as_they_leave_the_window() -> None:
+    kv = window_manager(window=8, block_size=4)
+    r = req("a", list(range(10)))
+    assert kv.allocate_slots(r, 10) == [[1, 2, 3]]
+    r.num_computed_tokens = 10
+    r.append_output_token(100)  # token 10, to be computed next
+    assert decode(kv, r, 101) == [[1, 2, 3]]  # position 10 reads 3..10: block 0 is still needed
+    assert decode(kv, r, 102) == [[0, 2, 3]]  # position 11 reads 4..11: block 0 (positions 0-3) leaves
+    assert decode(kv, r, 103) == [[0, 2, 3, 4]]  # position 12 opens a fourth table entry
+    held = [kv.blocks_per_group()[0]]
+    for t in range(104, 140):
+        ids = decode(kv, r, t)[0]
+        held.append(kv.blocks_per_group()[0])
+        assert ids[: len(ids) - 3] == [0] * (len(ids) - 3)  # only the last three table entries are live
+    assert max(held) <= -(-8 // 4) + 1
+    kv.free(r)
+    assert kv.num_used_blocks == 0
+
+
+def test_freed_window_blocks_go_back_oldest_first() -> None:
+    kv = window_manager(window=4, block_size=4, num_blocks=8)
+    r = req("a", list(range(8)))
+    assert kv.allocate_slots(r, 8) == [[1, 2]]
+    r.num_computed_tokens = 8
+    r.append_output_token(9)
+    assert decode(kv, r, 10) == [[0, 2, 3]]  # position 8 reads 5..8: block 0 leaves, block 2 is new
+    assert list(kv.block_pool._free_queue)[-1] == 1  # at the tail: a cached block, evicted last
+
+
+def test_a_prefix_hit_needs_only_the_windows_blocks() -> None:
+    kv = window_manager(window=8, block_size=4)
+    a = req("a", list(range(20)))
+    assert kv.allocate_slots(a, 20) == [[1, 2, 3, 4, 5]]
+    a.num_computed_tokens = 20
+    kv.free(a)
+    b = req("b", list(range(20)) + [99])
+    hits, num_tokens = kv.get_computed_blocks(b)
+    # 20 tokens hit: the next token (position 20) reads 13..19, i.e. blocks 3 and 4; blocks 0-2 stand as null.
+    assert num_tokens == 20 and [blk.block_id for blk in hits[0]] == [0, 0, 0, 4, 5]
+    assert kv.allocate_slots(b, 1, hits) == [[0, 0, 0, 4, 5, 6]]
+
+
+def test_a_hit_whose_window_blocks_were_evicted_is_shorter() -> None:
+    kv = window_manager(window=8, block_size=4)
+    a = req("a", list(range(20)))
+    kv.allocate_slots(a, 20)
+    a.num_computed_tokens = 20
+    kv.free(a)
+    kv.block_pool._evict(kv.block_pool.blocks[5])  # the last block's hash is gone
+    hits, num_tokens = kv.get_computed_blocks(req("b", list(range(20)) + [99]))
+    assert num_tokens == 16 and [blk.block_id for blk in hits[0]] == [0, 0, 3, 4]
+
+
+@pytest.mark.parametrize("chunk, want", [(None, 25), (16, 7), (1, 3)])
+def test_most_blocks_a_request_can_hold(chunk, want) -> None:
+    kv = window_manager(window=8, block_size=4, chunk=chunk)
+    assert kv.max_blocks_per_request(100) == want
+
+
+def test_window_groups_are_validated() -> None:
+    with pytest.raises(ValueError, match="window"):
+        CacheGroupSpec(0, "sliding_window", 16)
+    with pytest.raises(ValueError, match="window"):
+        CacheGroupSpec(0, "full", 16, window=8)
+    with pytest.raises(ValueError, match="window"):
+        CacheGroupSpec(0, "sliding_window", 16, window=0)
