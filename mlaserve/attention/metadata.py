@@ -28,6 +28,16 @@ class AttentionMetadata:
     # int32 offsets of each prefill's queries and context in the concatenated tensors (varlen kernels)
     prefill_cu_query_lens: torch.Tensor | None = None  # [num_prefills + 1]
     prefill_cu_seq_lens: torch.Tensor | None = None  # [num_prefills + 1]
+    # Sliding-window attention: each query sees itself and the window - 1 keys before it.
+    window: int | None = None
+    # With a window, each prefill's context starts this many positions in: keys before it are out of every query's
+    # window (their blocks may already be back in the pool). prefill_seq_lens counts from there.
+    prefill_context_starts: list[int] | None = None
+    # One metadata per cache group (this one first) when the model's layers have different attention rules.
+    groups: list["AttentionMetadata"] | None = None
+
+    def for_group(self, group: int) -> "AttentionMetadata":
+        return self if not self.groups else self.groups[group]
 
     @property
     def num_seqs(self) -> int:
@@ -39,12 +49,16 @@ class AttentionMetadata:
 
     @property
     def prefill_seq_lens(self) -> list[int]:
-        return self.host_seq_lens[self.num_decodes :]
+        """Context length of each prefill as gathered (from its context start, when a window sets one)."""
+        lens = self.host_seq_lens[self.num_decodes :]
+        if self.prefill_context_starts is None:
+            return lens
+        return [n - start for n, start in zip(lens, self.prefill_context_starts, strict=True)]
 
 
-def slot_indices(block_table: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
-    """Flat cache slots of positions 0..length-1 of one sequence."""
-    pos = torch.arange(length, device=block_table.device)
+def slot_indices(block_table: torch.Tensor, length: int, block_size: int, start: int = 0) -> torch.Tensor:
+    """Flat cache slots of positions start..length-1 of one sequence."""
+    pos = torch.arange(start, length, device=block_table.device)
     return block_table[pos // block_size].long() * block_size + pos % block_size
 
 
@@ -56,13 +70,19 @@ def build_metadata(
     num_decodes: int,
     slot_mapping: torch.Tensor,
     with_gather_index: bool = True,
+    window: int | None = None,
 ) -> AttentionMetadata:
-    """with_gather_index=False skips the reference paths' gather indices (a graph-replayed decode needs none)."""
+    """with_gather_index=False skips the reference paths' gather indices (a graph-replayed decode needs none).
+    window: the group's sliding window, applied by the gather masks and by every backend."""
     device = block_tables.device
     seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=device)
     meta = AttentionMetadata(
-        block_size, slot_mapping, seq_lens_t, block_tables, num_decodes, query_lens, seq_lens
+        block_size, slot_mapping, seq_lens_t, block_tables, num_decodes, query_lens, seq_lens, window=window
     )
+    if window is not None:
+        meta.prefill_context_starts = [
+            max(0, n - q - (window - 1)) for q, n in zip(query_lens[num_decodes:], seq_lens[num_decodes:])
+        ]
     if not with_gather_index and num_decodes == len(query_lens):
         return meta
     if num_decodes:
@@ -71,12 +91,15 @@ def build_metadata(
         tables = block_tables[:num_decodes].long()
         blocks = tables.gather(1, (pos // block_size).expand(num_decodes, -1).clamp(max=tables.shape[1] - 1))
         mask = pos[None, :] < seq_lens_t[:num_decodes, None]
+        if window is not None:  # the query at seq_len - 1 sees keys from seq_len - window on
+            mask &= pos[None, :] >= seq_lens_t[:num_decodes, None] - window
         meta.decode_slot_index = torch.where(mask, blocks * block_size + pos % block_size, 0)
         meta.decode_mask = mask
     if num_decodes < len(query_lens):
+        starts = meta.prefill_context_starts or [0] * (len(query_lens) - num_decodes)
         parts = [
-            slot_indices(block_tables[i], seq_lens[i], block_size)
-            for i in range(num_decodes, len(query_lens))
+            slot_indices(block_tables[i], seq_lens[i], block_size, start)
+            for i, start in zip(range(num_decodes, len(query_lens)), starts, strict=True)
         ]
         meta.prefill_slot_index = torch.cat(parts)
         cu = [[0], [0]]

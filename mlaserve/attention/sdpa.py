@@ -37,7 +37,7 @@ def varlen_prefill(q, k, v, meta: AttentionMetadata, scale: float) -> torch.Tens
     out = torch.ops.aten._flash_attention_forward(
         q, k.contiguous(), v.contiguous(), meta.prefill_cu_query_lens, meta.prefill_cu_seq_lens,
         max(meta.prefill_query_lens), max(meta.prefill_seq_lens), 0.0, True, False,
-        scale=scale, window_size_left=-1, window_size_right=0,
+        scale=scale, window_size_left=-1 if meta.window is None else meta.window - 1, window_size_right=0,
     )[0]  # fmt: skip
     return out[..., :dv]
 
@@ -87,12 +87,12 @@ class SdpaBackend(TorchBackend):
             ki = k[k_start : k_start + kv_len].transpose(0, 1).unsqueeze(0)
             vi = v[k_start : k_start + kv_len].transpose(0, 1).unsqueeze(0)
             with _kernels(q.device):
-                if q_len == kv_len:
+                if q_len == kv_len and meta.window is None:
                     out = F.scaled_dot_product_attention(
                         qi, ki, vi, is_causal=True, scale=scale, enable_gqa=True
                     )
                 else:
-                    mask = causal_mask(q_len, kv_len, q.device)
+                    mask = causal_mask(q_len, kv_len, q.device, meta.window)
                     out = F.scaled_dot_product_attention(
                         qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=True
                     )

@@ -7,10 +7,15 @@ from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.kvcache.quant import dequantize_rows, is_quantized
 
 
-def causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
-    """True where query j (absolute position kv_len - q_len + j) may see key i."""
+def causal_mask(q_len: int, kv_len: int, device: torch.device, window: int | None = None) -> torch.Tensor:
+    """True where query j (position kv_len - q_len + j) may see key i: i <= that position, and with a sliding
+    window also i > that position - window (transformers' sliding-window mask)."""
     q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
-    return torch.arange(kv_len, device=device)[None, :] <= q_pos
+    k_pos = torch.arange(kv_len, device=device)[None, :]
+    mask = k_pos <= q_pos
+    if window is not None:
+        mask &= k_pos > q_pos - window
+    return mask
 
 
 def gather_decode(
@@ -77,7 +82,7 @@ class TorchBackend(AttentionBackend):
             groups = qi.shape[0] // ki.shape[0]
             ki, vi = ki.repeat_interleave(groups, 0), vi.repeat_interleave(groups, 0)
             scores = (qi @ ki.transpose(1, 2)) * scale
-            scores.masked_fill_(~causal_mask(q_len, kv_len, q.device), float("-inf"))
+            scores.masked_fill_(~causal_mask(q_len, kv_len, q.device, meta.window), float("-inf"))
             outs.append((scores.softmax(-1) @ vi).transpose(0, 1).to(q.dtype))
             q_start, k_start = q_start + q_len, k_start + kv_len
         return torch.cat(outs)

@@ -58,6 +58,24 @@ def sliding_window(hf_config: object) -> int | None:
     return int(window)
 
 
+def layer_windows(hf_config: object) -> list[int | None]:
+    """Each layer's attention window (None: full attention), as transformers applies them: a config's
+    `layer_types` names the "sliding_attention" layers (Qwen2 derives it from use_sliding_window and
+    max_window_layers); without it every layer takes the model's window (Mistral)."""
+    window = sliding_window(hf_config)
+    if window is not None and window < 1:
+        raise ValueError(f"config.json: sliding_window must be a positive number of tokens, got {window}")
+    num_layers = hf_config.num_hidden_layers
+    types = getattr(hf_config, "layer_types", None)
+    if window is None:
+        return [None] * num_layers
+    if types is None:
+        return [window] * num_layers
+    if len(types) != num_layers:
+        raise ValueError(f"config.json: layer_types has {len(types)} entries for {num_layers} layers")
+    return [window if t == "sliding_attention" else None for t in types]
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     hf_config: object
@@ -88,12 +106,9 @@ class ModelConfig:
         archs = config_dict.get("architectures") or []
         if not archs:
             raise ValueError("config.json has no 'architectures' entry")
+        layer_windows(hf_config)  # a window that cannot be served is an error before any weight loads
         limit = getattr(hf_config, "max_position_embeddings", None) or 2048
         limit_name = "max_position_embeddings"
-        window = sliding_window(hf_config)
-        if window is not None and window < limit:
-            # Until sliding-window attention lands, serve only lengths where full attention is exact.
-            limit, limit_name = window, "sliding_window (sliding-window attention is not supported yet)"
         if max_model_len is None:
             max_model_len = limit
         elif max_model_len <= 0:

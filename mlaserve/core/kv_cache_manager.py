@@ -314,6 +314,12 @@ class KVCacheManager:
             self._num_hits += lookup[1]
         return self.get_block_ids(request_id)
 
+    def free_skipped(self, request: Request) -> None:
+        """Give back the blocks no future token of the request reads (those that left a window), now that its
+        computed tokens moved on: the step they leave the window, not at the next allocation."""
+        for manager in self.managers:
+            manager.remove_skipped_blocks(request.request_id, request.num_computed_tokens)
+
     def free(self, request: Request) -> None:
         self._pending_lookups.pop(request.request_id, None)
         for manager in self.managers:

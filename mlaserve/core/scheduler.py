@@ -201,6 +201,7 @@ class Scheduler:
             if request.is_finished:  # aborted between schedule() and now
                 continue
             request.num_computed_tokens += item.num_new_tokens
+            self.kv_cache_manager.free_skipped(request)
             token_id = sampled_token_ids.get(request.request_id)
             if token_id is None or not item.needs_sample:
                 continue

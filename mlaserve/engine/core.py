@@ -62,19 +62,23 @@ class EngineCore:
             config.seed,
             config.mla_disable,
         )
-        self._init_kv_cache()
         max_len = self.model_config.max_model_len
         batched = config.max_num_batched_tokens or (
             max(8192, max_len) if not config.enable_chunked_prefill else max(2048, min(8192, max_len))
         )
+        self._init_kv_cache(batched)
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, batched, max_len, config.enable_chunked_prefill),
             self.kv_manager,
         )
-        self.runner = ModelRunner(self.model, self.kv_caches, config.block_size, self.device)
+        self.runner = ModelRunner(
+            self.model, self.kv_caches, config.block_size, self.device, self.kv_spec.group_windows()
+        )
         if self.device.type == "cuda":
             self.runner.warm_up(batched, max_len)
-        graphable = self.backend.supports_cuda_graphs and self.kv_spec.is_mla
+        # Captured steps read one block table: models with windowed layers (several cache groups) run eagerly.
+        one_group = len(self.kv_spec.group_windows()) == 1 and self.kv_spec.group_windows()[0] is None
+        graphable = self.backend.supports_cuda_graphs and self.kv_spec.is_mla and one_group
         if self.device.type == "cuda" and not config.enforce_eager and graphable:
             # Fresh-prefill graphs need the varlen flash attention, which takes 16-bit inputs only.
             half = self.model_config.dtype in (torch.float16, torch.bfloat16)
@@ -89,21 +93,28 @@ class EngineCore:
         self.async_scheduling = auto if config.async_scheduling is None else config.async_scheduling
         self._in_flight: LaunchedStep | None = None  # the lookahead step queued by the last step() call
 
-    def _init_kv_cache(self) -> None:
+    def _init_kv_cache(self, max_step_tokens: int) -> None:
         cfg, model_dtype = self.config, self.model_config.dtype
         self.kv_spec = self.model.kv_cache_spec()
+        self.model.set_cache_groups(self.kv_spec.layer_groups())
         self.cache_dtype = dtype = resolve_cache_dtype(cfg.kv_cache_dtype, model_dtype, self.kv_spec.is_mla)
         num_blocks = num_kv_blocks(cfg, self.kv_spec, dtype, self.device)
         capacity = (num_blocks - 1) * cfg.block_size
-        if capacity < self.model_config.max_model_len:
+        groups = [
+            CacheGroupSpec(i, "full" if w is None else "sliding_window", cfg.block_size, w)
+            for i, w in enumerate(self.kv_spec.group_windows())
+        ]
+        self.kv_manager = KVCacheManager(groups, num_blocks, cfg.enable_prefix_caching, max_step_tokens)
+        # One request of max_model_len tokens must fit alone: every group's blocks for it (a window group's stay
+        # bounded by its window), from one pool.
+        needed = self.kv_manager.max_blocks_per_request(self.model_config.max_model_len)
+        if needed > num_blocks - 1:
             raise ValueError(
-                f"the KV cache holds {capacity} tokens ({num_blocks - 1} blocks of {cfg.block_size}), fewer than "
-                f"max_model_len={self.model_config.max_model_len}: raise the KV budget "
+                f"the KV cache has {num_blocks - 1} blocks of {cfg.block_size} tokens; one request of "
+                f"max_model_len={self.model_config.max_model_len} tokens needs {needed}: raise the KV budget "
                 "(kv_cache_memory_bytes / gpu_memory_utilization / num_kv_blocks) or lower max_model_len"
             )
         self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks, cfg.block_size, dtype, self.device)
-        groups = [CacheGroupSpec(group_id=0, kind="full", block_size=cfg.block_size)]
-        self.kv_manager = KVCacheManager(groups, num_blocks, cfg.enable_prefix_caching)
         self.bytes_per_token = self.kv_spec.bytes_per_token(dtype)
         line = (
             f"KV cache: {num_blocks - 1} blocks x {cfg.block_size} tokens = {capacity} tokens, "
@@ -112,10 +123,22 @@ class EngineCore:
         if self.kv_spec.is_mla:
             mha = self.kv_spec.mha_bytes_per_token(model_dtype)
             line += f"; per-head K/V would cost {mha} bytes/token ({mha / self.bytes_per_token:.1f}x)"
+        if len(groups) > 1 or groups[0].window is not None:
+            line += "; cache groups: " + ", ".join(self._group_descriptions())
         self.attention_kernel = attention_kernel(
             self.backend, self.model, dtype, cfg.block_size, self.device, model_dtype
         )
         logger.info(line + f"; attention {self.backend.name}, decode kernel {self.attention_kernel}")
+
+    def _group_descriptions(self) -> list[str]:
+        """Each cache group, e.g. "full: 7 layers, 3584 bytes/token" or "window 64: 21 layers, ..."."""
+        groups = self.kv_spec.layer_groups()
+        sizes = self.kv_spec.group_bytes_per_token(self.cache_dtype)
+        out = []
+        for g, window in enumerate(self.kv_spec.group_windows()):
+            kind = "full" if window is None else f"window {window}"
+            out.append(f"{kind}: {groups.count(g)} layers, {sizes[g]} bytes/token")
+        return out
 
     # ---- requests -------------------------------------------------------------------------------------------
     def prepare(self, prompt: str | dict, params: SamplingParams) -> PreparedRequest:
@@ -282,6 +305,8 @@ class EngineCore:
         stats = {
             "kv_blocks_total": self.kv_manager.num_total_blocks,
             "kv_blocks_used": self.kv_manager.num_used_blocks,
+            "kv_blocks_by_group": self.kv_manager.blocks_per_group(),
+            "kv_cache_groups": self._group_descriptions(),
             "kv_bytes_per_token": self.bytes_per_token,
             "kv_capacity_tokens": self.kv_manager.num_total_blocks * self.config.block_size,
             "block_size": self.config.block_size,

@@ -13,6 +13,7 @@ class LayerCacheSpec:
     head_dim: int  # kv_lora_rank + qk_rope_head_dim for MLA
     separate_value: bool  # GQA caches K and V; MLA reads its value out of the latent row
     value_dim: int | None = None  # V's head size when it differs from K's (MLA with mla_disable: 192 vs 128)
+    window: int | None = None  # sliding-window attention over the last `window` tokens; None: full attention
 
     def bytes_per_token(self, dtype: torch.dtype) -> int:
         if not self.separate_value:
@@ -32,3 +33,22 @@ class KVCacheSpec:
 
     def mha_bytes_per_token(self, dtype: torch.dtype) -> int:
         return len(self.layers) * self.mha_elements_per_layer * dtype.itemsize
+
+    def group_windows(self) -> list[int | None]:
+        """One cache group per distinct attention rule, in the order layers first use them (None: full)."""
+        windows: list[int | None] = []
+        for layer in self.layers:
+            if layer.window not in windows:
+                windows.append(layer.window)
+        return windows
+
+    def layer_groups(self) -> list[int]:
+        """The cache group of each layer (an index into group_windows())."""
+        windows = self.group_windows()
+        return [windows.index(layer.window) for layer in self.layers]
+
+    def group_bytes_per_token(self, dtype: torch.dtype) -> list[int]:
+        out = [0] * len(self.group_windows())
+        for layer, group in zip(self.layers, self.layer_groups(), strict=True):
+            out[group] += layer.bytes_per_token(dtype)
+        return out

@@ -12,6 +12,9 @@ class PagedAttention(nn.Module):
         super().__init__()
         self.backend = backend
         self.scale = scale
+        self.cache_group = (
+            0  # set by the engine (CausalLM.set_cache_groups): whose block tables and window apply
+        )
 
     def forward(
         self,
@@ -22,6 +25,7 @@ class PagedAttention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """q: [T, H, D]; k, v: [T, Hkv, D]; kv_cache: [2, blocks, block_size, Hkv, D]. Returns [T, H, D]."""
+        meta = meta.for_group(self.cache_group)
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         write_to_cache(k_cache, meta.slot_mapping, k)
         write_to_cache(v_cache, meta.slot_mapping, v)

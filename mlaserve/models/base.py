@@ -53,6 +53,13 @@ class CausalLM(nn.Module):
                 return name.replace(stacked.ckpt_fragment, stacked.param_fragment), stacked.shard_id
         return name, None
 
+    def set_cache_groups(self, layer_groups: list[int]) -> None:
+        """Tell each layer's attention which cache group (block tables, window) it reads (KVCacheSpec.layer_groups)."""
+        for layer, group in zip(self.model.layers, layer_groups, strict=True):
+            for module in layer.modules():
+                if hasattr(module, "cache_group"):
+                    module.cache_group = group
+
     def process_weights_after_loading(self) -> None:
         """Derived tensors (absorbed MLA weights, fused experts) are built here, once."""
 

@@ -7,6 +7,7 @@ from torch import nn
 
 from mlaserve.attention.backend import AttentionBackend
 from mlaserve.attention.metadata import AttentionMetadata
+from mlaserve.config.model_config import layer_windows
 from mlaserve.kvcache.spec import KVCacheSpec, LayerCacheSpec
 from mlaserve.layers.activation import gated_act
 from mlaserve.layers.attention import PagedAttention
@@ -121,8 +122,13 @@ class LlamaForCausalLM(CausalLM):
 
     def kv_cache_spec(self) -> KVCacheSpec:
         attn = self.model.layers[0].self_attn
-        layer = LayerCacheSpec(attn.num_kv_heads, attn.head_dim, separate_value=True)
-        return KVCacheSpec(tuple(layer for _ in self.model.layers), is_mla=False)
+        return KVCacheSpec(
+            tuple(
+                LayerCacheSpec(attn.num_kv_heads, attn.head_dim, separate_value=True, window=window)
+                for window in layer_windows(self.cfg)
+            ),
+            is_mla=False,
+        )
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):

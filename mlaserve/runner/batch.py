@@ -1,6 +1,6 @@
 """Turns the scheduler's output into the flat tensors one forward pass reads."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,6 +33,17 @@ class HostBatch:
     order: list[ScheduledRequest]  # decodes first, then prefills: the row order of the batch
     sample_rows: list[int]  # index of each sampled request's last token
     sampled: list[ScheduledRequest]  # requests that get a new token this step
+    # (tables, slots) of cache groups 1, 2, ... (tables and slots above are group 0's)
+    other_groups: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+
+def _tables_and_slots(
+    block_lists: list[list[int]], rows: torch.Tensor, positions: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    max_blocks = max(len(blocks) for blocks in block_lists)
+    tables = torch.tensor([b + [0] * (max_blocks - len(b)) for b in block_lists], dtype=torch.int32)
+    slots = tables[rows, positions // block_size].long() * block_size + positions % block_size
+    return tables, slots
 
 
 def plan_batch(output: SchedulerOutput, block_size: int) -> HostBatch:
@@ -43,8 +54,6 @@ def plan_batch(output: SchedulerOutput, block_size: int) -> HostBatch:
     positions: list[int] = []
     rows: list[int] = []  # each token's row of the block table
     query_lens, seq_lens, sample_rows, sampled = [], [], [], []
-    block_lists = [s.block_ids[0] for s in order]
-    max_blocks = max(len(blocks) for blocks in block_lists)
     for row, s in enumerate(order):
         start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
         if s.lookahead:  # a placeholder: the runner fills it on the device from the step still sampling it
@@ -60,15 +69,27 @@ def plan_batch(output: SchedulerOutput, block_size: int) -> HostBatch:
             sampled.append(s)
     # One tensor per field, whatever the batch: a step of 256 sequences used to cost 256 small tensors and a
     # Python loop over every token (the slots), which showed at high concurrency.
-    tables = torch.tensor([b + [0] * (max_blocks - len(b)) for b in block_lists], dtype=torch.int32)
     positions_t = torch.tensor(positions, dtype=torch.long)
     # Rows built in Python with the positions, not by torch.repeat_interleave: the diagnosis's cProfile had that
     # at 1.2 ms per call at batch 32 on the GPU host (30 us here), for a 32-element result.
-    slots = (
-        tables[torch.tensor(rows), positions_t // block_size].long() * block_size + positions_t % block_size
-    )
+    rows_t = torch.tensor(rows)
+    groups = [
+        _tables_and_slots([s.block_ids[g] for s in order], rows_t, positions_t, block_size)
+        for g in range(len(order[0].block_ids))
+    ]
+    (tables, slots), others = groups[0], groups[1:]
     return HostBatch(
-        ids, positions_t, slots, tables, query_lens, seq_lens, num_decodes, order, sample_rows, sampled
+        ids,
+        positions_t,
+        slots,
+        tables,
+        query_lens,
+        seq_lens,
+        num_decodes,
+        order,
+        sample_rows,
+        sampled,
+        others,
     )
 
 
@@ -83,17 +104,32 @@ def stage_token_rows(batch: HostBatch, size: int, host_i64: torch.Tensor) -> Non
 
 
 def to_device(
-    batch: HostBatch, block_size: int, device: torch.device, with_gather_index: bool = True
+    batch: HostBatch,
+    block_size: int,
+    device: torch.device,
+    with_gather_index: bool = True,
+    windows: list[int | None] | None = None,
 ) -> ModelInput:
-    meta = build_metadata(
-        block_size,
-        batch.tables.to(device),
-        batch.query_lens,
-        batch.seq_lens,
-        batch.num_decodes,
-        batch.slots.to(device),
-        with_gather_index,
-    )
+    """windows: each cache group's sliding window (None: full attention); one metadata per group."""
+    windows = windows or [None] * (1 + len(batch.other_groups))
+    metas = [
+        build_metadata(
+            block_size,
+            tables.to(device),
+            batch.query_lens,
+            batch.seq_lens,
+            batch.num_decodes,
+            slots.to(device),
+            with_gather_index,
+            window,
+        )
+        for (tables, slots), window in zip(
+            [(batch.tables, batch.slots), *batch.other_groups], windows, strict=True
+        )
+    ]
+    meta = metas[0]
+    if len(metas) > 1:
+        meta.groups = metas
     as_long = dict(dtype=torch.long, device=device)
     return ModelInput(
         torch.tensor(batch.ids, **as_long),
@@ -106,6 +142,10 @@ def to_device(
 
 
 def build_model_input(
-    output: SchedulerOutput, block_size: int, device: torch.device, with_gather_index: bool = True
+    output: SchedulerOutput,
+    block_size: int,
+    device: torch.device,
+    with_gather_index: bool = True,
+    windows: list[int | None] | None = None,
 ) -> ModelInput:
-    return to_device(plan_batch(output, block_size), block_size, device, with_gather_index)
+    return to_device(plan_batch(output, block_size), block_size, device, with_gather_index, windows)

@@ -27,8 +27,16 @@ class StepResult:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, kv_caches: list[torch.Tensor], block_size: int, device: torch.device):
+    def __init__(
+        self,
+        model: CausalLM,
+        kv_caches: list[torch.Tensor],
+        block_size: int,
+        device: torch.device,
+        group_windows: list[int | None] | None = None,
+    ):
         self.model = model
+        self.group_windows = group_windows or [None]  # each cache group's sliding window
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
@@ -105,7 +113,13 @@ class ModelRunner:
         elif prefills is not None and not spans and host.sampled and prefills.can_run(host):
             logits = prefills.run(host)  # the sampled sequences' rows, in order
         else:
-            batch = to_device(host, self.block_size, self.device, with_gather_index=graphs is None)
+            batch = to_device(
+                host,
+                self.block_size,
+                self.device,
+                with_gather_index=graphs is None,
+                windows=self.group_windows,
+            )
             if source is not None:  # lookahead steps are all decodes: row i is token i
                 index = torch.tensor(source[1], dtype=torch.long, device=self.device)
                 batch.input_ids = source[0].index_select(0, index)

@@ -26,6 +26,7 @@ def startup_report(engine: EngineCore, settings: ServerSettings) -> dict:
         "capacity_tokens": stats["kv_capacity_tokens"],
         "bytes_per_token": stats["kv_bytes_per_token"],
         "dtype": stats.get("kv_cache_dtype", stats["dtype"]),
+        "groups": stats.get("kv_cache_groups", []),
     }
     if "mha_kv_bytes_per_token" in stats:  # MLA: what per-head K/V would have cost
         mha = stats["mha_kv_bytes_per_token"]
@@ -79,6 +80,8 @@ def format_report(report: dict) -> list[str]:
         f"KV cache: {kv['blocks']} blocks x {kv['block_size']} tokens = {kv['capacity_tokens']} tokens, "
         f"{kv['bytes_per_token']} bytes/token ({kv['dtype']})",
     ]
+    if len(kv["groups"]) > 1 or any(g.startswith("window") for g in kv["groups"]):
+        lines.append("KV cache groups (one pool): " + "; ".join(kv["groups"]))
     if "mha_bytes_per_token" in kv:
         lines.append(
             f"MLA latent cache: per-head K/V would take {kv['mha_bytes_per_token']} bytes/token; "

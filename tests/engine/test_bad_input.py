@@ -81,7 +81,7 @@ def test_bad_engine_option_values(model_dir):
         LLM(str(model_dir), block_size=24)
     with pytest.raises(ValueError, match="max_model_len"):
         LLM(str(model_dir), device="cpu", max_model_len=10**7)
-    with pytest.raises(ValueError, match="KV cache holds"):
+    with pytest.raises(ValueError, match="one request of max_model_len=256 tokens needs 16"):
         LLM(str(model_dir), device="cpu", num_kv_blocks=2, max_model_len=256)
 
 
@@ -109,12 +109,17 @@ def test_bad_prompts(llm):
     assert llm.stats()["kv_blocks_used"] == 0
 
 
-def test_sliding_window_caps_max_model_len(tmp_path):
+def test_a_window_that_cannot_be_served_is_an_error_before_weights_load(tmp_path, monkeypatch):
+    import json
+
     path = build_tiny("mistral", tmp_path, sliding_window=32)
-    llm = LLM(str(path), dtype="float32", device="cpu", num_kv_blocks=16)
-    assert llm.engine.model_config.max_model_len == 32
-    with pytest.raises(ValueError, match="sliding_window"):
-        LLM(str(path), device="cpu", max_model_len=64, num_kv_blocks=16)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "sliding_window": -8}))
+    loaded = []
+    monkeypatch.setattr("mlaserve.engine.core.build_model", lambda *a, **k: loaded.append(1))
+    with pytest.raises(ValueError, match="sliding_window must be a positive"):
+        LLM(str(path), device="cpu", num_kv_blocks=16)
+    assert not loaded
 
 
 def test_duplicate_request_id_is_rejected_and_the_first_request_is_untouched(llm):
