@@ -56,6 +56,21 @@ CONFIGS: dict[str, tuple[str, dict]] = {
         "DeepseekV3",
         dict(MLA, q_lora_rank=48, n_group=4, topk_group=2, routed_scaling_factor=2.5),
     ),
+    # 16 indexer heads: with few heads, index scores of exactly 0 (every head's ReLU at 0) are common, and such
+    # ties in the top-k make transformers' own cached and uncached paths pick different tokens.
+    "deepseek_v32": (
+        "DeepseekV32",
+        dict(
+            MLA,
+            q_lora_rank=48,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            index_topk=8,
+            index_n_heads=16,
+            index_head_dim=32,
+        ),
+    ),
     "deepseek_v3_yarn_nolora": (
         "DeepseekV3",
         dict(MLA, q_lora_rank=None, n_group=1, topk_group=1, rope_scaling=YARN, max_position_embeddings=512),

@@ -37,7 +37,11 @@ def attention_kernel(
     shape = model.latent_attention_shape()
     if shape is None:  # per-head K/V caches
         return backend.decode_kernel_name
-    return backend.decode_kernel(*shape, cache_dtype, block_size, device, query_dtype=model_dtype)
+    dense = backend.decode_kernel(*shape, cache_dtype, block_size, device, query_dtype=model_dtype)
+    topk = getattr(model, "index_topk", None)
+    if topk:  # DeepSeek-V3.2: contexts past top-k take the sparse path (attention/sparse.py)
+        return f"sparse top-{topk}: torch reference; contexts up to {topk} tokens: {dense}"
+    return dense
 
 
 def choose_backend(device: torch.device, requested: str | None = None) -> tuple[str, str]:

@@ -16,18 +16,31 @@ _DTYPES = {
 }
 
 
+# Model types that older transformers releases lack, read with the config class of the model they extend: every
+# field of config.json is kept, so the extension's own fields (the V3.2 indexer's) are there to read.
+_CONFIG_FALLBACK = {"deepseek_v32": "deepseek_v3"}
+
+
 def hf_config_from_dict(config_dict: dict) -> object:
     """A transformers PretrainedConfig from a config.json dict; rope_scaling is normalised to rope_parameters."""
     from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     model_type = config_dict.get("model_type")
     if not model_type:
         raise ValueError("config.json has no 'model_type'")
+    if model_type not in CONFIG_MAPPING:
+        if model_type not in _CONFIG_FALLBACK:
+            raise ValueError(f"unsupported model_type {model_type!r} in config.json")
+        logger.info(
+            "transformers has no %r config; reading it as %r", model_type, _CONFIG_FALLBACK[model_type]
+        )
+        model_type = _CONFIG_FALLBACK[model_type]
     fields = {k: v for k, v in config_dict.items() if k != "model_type"}
     try:
         return AutoConfig.for_model(model_type, **fields)
-    except ValueError as e:
-        raise ValueError(f"unsupported model_type {model_type!r} in config.json: {e}") from None
+    except Exception as e:  # transformers' validators raise several kinds; each names the field
+        raise ValueError(f"config.json is not a valid {model_type} config: {e}") from None
 
 
 def resolve_dtype(requested: str | torch.dtype, hf_config: object, device: torch.device) -> torch.dtype:
@@ -77,6 +90,39 @@ def layer_windows(hf_config: object) -> list[int | None]:
 
 
 @dataclass(frozen=True)
+class IndexerConfig:
+    """DeepSeek-V3.2's lightning indexer: index_n_heads query heads of index_head_dim (the first qk_rope_head_dim
+    of them rotated) score every cached token; each query attends to its index_topk best."""
+
+    topk: int
+    num_heads: int
+    head_dim: int
+    rope_dim: int
+
+
+def indexer_config(hf_config: object) -> IndexerConfig | None:
+    """The indexer a config declares (index_topk), checked against the model's shapes; None without one."""
+    topk = getattr(hf_config, "index_topk", None)
+    if topk is None:
+        return None
+    heads, dim = getattr(hf_config, "index_n_heads", None), getattr(hf_config, "index_head_dim", None)
+    rope = getattr(hf_config, "qk_rope_head_dim", None)
+    for name, value in (("index_topk", topk), ("index_n_heads", heads), ("index_head_dim", dim)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"config.json: {name} must be a positive integer, got {value!r}")
+    if not isinstance(rope, int) or rope % 2 or rope > dim:
+        raise ValueError(
+            f"config.json: the indexer rotates the first qk_rope_head_dim={rope!r} of its index_head_dim={dim} "
+            "features, so qk_rope_head_dim must be even and at most index_head_dim"
+        )
+    if not getattr(hf_config, "q_lora_rank", None):
+        raise ValueError(
+            "config.json: the indexer's queries come from the low-rank query path; set q_lora_rank"
+        )
+    return IndexerConfig(topk, heads, dim, rope)
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     hf_config: object
     architecture: str
@@ -106,7 +152,10 @@ class ModelConfig:
         archs = config_dict.get("architectures") or []
         if not archs:
             raise ValueError("config.json has no 'architectures' entry")
-        layer_windows(hf_config)  # a window that cannot be served is an error before any weight loads
+        layer_windows(
+            hf_config
+        )  # a window or top-k that cannot be served is an error before any weight loads
+        indexer_config(hf_config)
         limit = getattr(hf_config, "max_position_embeddings", None) or 2048
         limit_name = "max_position_embeddings"
         if max_model_len is None:

@@ -78,7 +78,12 @@ class EngineCore:
             self.runner.warm_up(batched, max_len)
         # Captured steps read one block table: models with windowed layers (several cache groups) run eagerly.
         one_group = len(self.kv_spec.group_windows()) == 1 and self.kv_spec.group_windows()[0] is None
-        graphable = self.backend.supports_cuda_graphs and self.kv_spec.is_mla and one_group
+        graphable = (
+            self.backend.supports_cuda_graphs
+            and self.kv_spec.is_mla
+            and one_group
+            and self.model.supports_cuda_graphs
+        )
         if self.device.type == "cuda" and not config.enforce_eager and graphable:
             # Fresh-prefill graphs need the varlen flash attention, which takes 16-bit inputs only.
             half = self.model_config.dtype in (torch.float16, torch.bfloat16)
@@ -123,7 +128,11 @@ class EngineCore:
         if self.kv_spec.is_mla:
             mha = self.kv_spec.mha_bytes_per_token(model_dtype)
             line += f"; per-head K/V would cost {mha} bytes/token ({mha / self.bytes_per_token:.1f}x)"
-        if len(groups) > 1 or groups[0].window is not None:
+        if (
+            len(groups) > 1
+            or groups[0].window is not None
+            or any(self.kv_spec.group_bytes_per_token(dtype, True))
+        ):
             line += "; cache groups: " + ", ".join(self._group_descriptions())
         self.attention_kernel = attention_kernel(
             self.backend, self.model, dtype, cfg.block_size, self.device, model_dtype
@@ -134,10 +143,12 @@ class EngineCore:
         """Each cache group, e.g. "full: 7 layers, 3584 bytes/token" or "window 64: 21 layers, ..."."""
         groups = self.kv_spec.layer_groups()
         sizes = self.kv_spec.group_bytes_per_token(self.cache_dtype)
+        index = self.kv_spec.group_bytes_per_token(self.cache_dtype, index_only=True)
         out = []
         for g, window in enumerate(self.kv_spec.group_windows()):
             kind = "full" if window is None else f"window {window}"
-            out.append(f"{kind}: {groups.count(g)} layers, {sizes[g]} bytes/token")
+            text = f"{kind}: {groups.count(g)} layers, {sizes[g]} bytes/token"
+            out.append(text + (f" ({index[g]} of them indexer keys)" if index[g] else ""))
         return out
 
     # ---- requests -------------------------------------------------------------------------------------------

@@ -13,10 +13,15 @@ def num_blocks_for_budget(spec: KVCacheSpec, dtype: torch.dtype, block_size: int
 
 
 def allocate_layer(layer: LayerCacheSpec, num_blocks: int, block_size: int, dtype, device):
-    """One tensor per layer: the latent rows, or K and V stacked; (K, V) when their head sizes differ."""
+    """One tensor per layer: the latent rows, or K and V stacked; (K, V) when their head sizes differ; (latent
+    rows, indexer keys) with an indexer."""
     shape = (num_blocks, block_size, layer.num_kv_heads, row_width(layer.head_dim, dtype))
     if not layer.separate_value:
-        return torch.zeros(shape, dtype=dtype, device=device)
+        latent = torch.zeros(shape, dtype=dtype, device=device)
+        if not layer.index_head_dim:
+            return latent
+        index_shape = (num_blocks, block_size, 1, row_width(layer.index_head_dim, dtype))
+        return latent, torch.zeros(index_shape, dtype=dtype, device=device)
     if layer.value_dim in (None, layer.head_dim):
         return torch.zeros((2, *shape), dtype=dtype, device=device)
     v_shape = (*shape[:3], layer.value_dim)

@@ -14,10 +14,17 @@ class LayerCacheSpec:
     separate_value: bool  # GQA caches K and V; MLA reads its value out of the latent row
     value_dim: int | None = None  # V's head size when it differs from K's (MLA with mla_disable: 192 vs 128)
     window: int | None = None  # sliding-window attention over the last `window` tokens; None: full attention
+    # DeepSeek-V3.2: an indexer key of this width per token, kept in the same blocks as the latent row.
+    index_head_dim: int | None = None
+
+    def index_bytes_per_token(self, dtype: torch.dtype) -> int:
+        return row_width(self.index_head_dim, dtype) * dtype.itemsize if self.index_head_dim else 0
 
     def bytes_per_token(self, dtype: torch.dtype) -> int:
         if not self.separate_value:
-            return self.num_kv_heads * row_width(self.head_dim, dtype) * dtype.itemsize
+            return self.num_kv_heads * row_width(
+                self.head_dim, dtype
+            ) * dtype.itemsize + self.index_bytes_per_token(dtype)
         return self.num_kv_heads * (self.head_dim + (self.value_dim or self.head_dim)) * dtype.itemsize
 
 
@@ -47,8 +54,9 @@ class KVCacheSpec:
         windows = self.group_windows()
         return [windows.index(layer.window) for layer in self.layers]
 
-    def group_bytes_per_token(self, dtype: torch.dtype) -> list[int]:
+    def group_bytes_per_token(self, dtype: torch.dtype, index_only: bool = False) -> list[int]:
+        """Bytes per token of each group's layers (index_only: of their indexer keys alone)."""
         out = [0] * len(self.group_windows())
         for layer, group in zip(self.layers, self.layer_groups(), strict=True):
-            out[group] += layer.bytes_per_token(dtype)
+            out[group] += layer.index_bytes_per_token(dtype) if index_only else layer.bytes_per_token(dtype)
         return out

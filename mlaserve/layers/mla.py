@@ -14,9 +14,12 @@ from torch import nn
 
 from mlaserve.attention.backend import AttentionBackend, write_to_cache
 from mlaserve.attention.metadata import AttentionMetadata
+from mlaserve.attention.sparse import sparse_latent_attention
+from mlaserve.config.model_config import indexer_config
 from mlaserve.kvcache.quant import is_quantized, quantize_rows
 from mlaserve.layers.attention import PagedAttention
 from mlaserve.layers.cuda_kernels import kernel_for
+from mlaserve.layers.indexer import Indexer
 from mlaserve.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from mlaserve.layers.norm import RMSNorm
 from mlaserve.layers.rotary import RotaryEmbedding, rope_frequencies
@@ -74,6 +77,13 @@ class MLAAttention(nn.Module):
         self.rotary = RotaryEmbedding(*rope_frequencies(cfg, self.rope_dim), interleaved=interleaved)
         self.scale = mla_softmax_scale(cfg)
         self.expanded = PagedAttention(backend, self.scale) if mla_disable else None
+        index = indexer_config(cfg)
+        if index is not None and mla_disable:
+            raise ValueError(
+                "mla_disable is not supported with DeepSeek-V3.2's indexer: sparse attention reads latent rows"
+            )
+        # DeepSeek-V3.2: the kv_cache passed in is then (latent rows, indexer keys) over the same blocks.
+        self.indexer = Indexer(cfg, index, ctx) if index is not None else None
         self.w_uk: torch.Tensor | None = None
         self.w_uv: torch.Tensor | None = None
 
@@ -86,11 +96,10 @@ class MLAAttention(nn.Module):
         self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q = (
-            self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden)))
-            if self.q_lora_rank
-            else self.q_proj(hidden)
-        ).view(num_tokens, self.num_heads, -1)
+        q_resid = self.q_a_layernorm(self.q_a_proj(hidden)) if self.q_lora_rank else None
+        q = (self.q_b_proj(q_resid) if self.q_lora_rank else self.q_proj(hidden)).view(
+            num_tokens, self.num_heads, -1
+        )
         kv = self.kv_a_proj_with_mqa(hidden)
         if self.expanded is not None:
             latent, k_pe = kv.split([self.kv_lora_rank, self.rope_dim], dim=-1)
@@ -99,7 +108,18 @@ class MLAAttention(nn.Module):
                 q[..., : self.nope_dim], q_pe, self.kv_a_layernorm(latent), k_pe, kv_cache, meta
             )
             return self.o_proj(out.flatten(1))
+        selected = None
+        if self.indexer is not None:
+            kv_cache, index_cache = kv_cache
+            selected = self.indexer(positions, hidden, q_resid, index_cache, meta)
         self.rope_and_cache(positions, q, kv, kv_cache, meta.slot_mapping)
+        if selected is not None:
+            q_latent = torch.einsum("thd,hdr->thr", q[..., : self.nope_dim], self.w_uk)
+            out = sparse_latent_attention(
+                q_latent, q[..., self.nope_dim :], kv_cache, selected, self.scale, self.kv_lora_rank
+            )
+            out = torch.einsum("thr,hvr->thv", out, self.w_uv)
+            return self.o_proj(out.reshape(num_tokens, self.num_heads * self.v_dim))
 
         nd, parts = meta.num_decodes, []
         if nd:

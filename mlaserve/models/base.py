@@ -20,6 +20,9 @@ class StackedParam:
 
 class CausalLM(nn.Module):
     supports_mla_disable = False  # MLA models can cache expanded per-head K/V instead (mla_disable)
+    supports_cuda_graphs = (
+        True  # False where a layer's step has host-dependent shapes (capture would be wrong)
+    )
     stacked_params: tuple[StackedParam, ...] = ()
     # Checkpoint names containing any of these are not weights (rotary caches, multi-token-prediction heads).
     ignored_fragments: tuple[str, ...] = ("rotary_emb.inv_freq",)

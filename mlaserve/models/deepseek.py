@@ -51,7 +51,11 @@ class DeepseekDecoderLayer(PreNormDecoderLayer):
     ):
         super().__init__()
         self.self_attn = MLAAttention(cfg, backend, ctx, mla_disable)
-        dense = idx < (getattr(cfg, "first_k_dense_replace", 0) or 0) or not cfg.n_routed_experts
+        types = getattr(cfg, "mlp_layer_types", None)  # V3.2 configs name each layer's MLP
+        if types is not None:
+            dense = types[idx] == "dense" or not cfg.n_routed_experts
+        else:
+            dense = idx < (getattr(cfg, "first_k_dense_replace", 0) or 0) or not cfg.n_routed_experts
         self.mlp = (
             GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, ctx)
             if dense
@@ -115,7 +119,8 @@ class DeepseekV2ForCausalLM(CausalLM):
                 heads, cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, True, cfg.v_head_dim
             )
             return KVCacheSpec(tuple(expanded for _ in range(cfg.num_hidden_layers)), False)
-        latent = LayerCacheSpec(1, cfg.kv_lora_rank + cfg.qk_rope_head_dim, separate_value=False)
+        index = getattr(cfg, "index_head_dim", None) if getattr(cfg, "index_topk", None) else None
+        latent = LayerCacheSpec(1, cfg.kv_lora_rank + cfg.qk_rope_head_dim, False, index_head_dim=index)
         return KVCacheSpec(tuple(latent for _ in range(cfg.num_hidden_layers)), True, per_head)
 
     def map_checkpoint_name(self, name: str) -> tuple[str, object] | None:
@@ -138,3 +143,14 @@ class DeepseekV2ForCausalLM(CausalLM):
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
     sigmoid_routing = True
+
+
+class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
+    """V3 with the lightning indexer in every attention layer (layers/indexer.py): sparse top-k attention."""
+
+    # Top-k selection runs in torch with shapes that follow the step's context lengths: eager only, for now.
+    supports_cuda_graphs = False
+
+    @property
+    def index_topk(self) -> int:
+        return self.cfg.index_topk

@@ -8,6 +8,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "MistralForCausalLM": ("mlaserve.models.llama", "MistralForCausalLM"),
     "DeepseekV2ForCausalLM": ("mlaserve.models.deepseek", "DeepseekV2ForCausalLM"),
     "DeepseekV3ForCausalLM": ("mlaserve.models.deepseek", "DeepseekV3ForCausalLM"),
+    "DeepseekV32ForCausalLM": ("mlaserve.models.deepseek", "DeepseekV32ForCausalLM"),
 }
 
 

@@ -80,7 +80,7 @@ def format_report(report: dict) -> list[str]:
         f"KV cache: {kv['blocks']} blocks x {kv['block_size']} tokens = {kv['capacity_tokens']} tokens, "
         f"{kv['bytes_per_token']} bytes/token ({kv['dtype']})",
     ]
-    if len(kv["groups"]) > 1 or any(g.startswith("window") for g in kv["groups"]):
+    if len(kv["groups"]) > 1 or any(g.startswith("window") or "indexer" in g for g in kv["groups"]):
         lines.append("KV cache groups (one pool): " + "; ".join(kv["groups"]))
     if "mha_bytes_per_token" in kv:
         lines.append(
