@@ -15,6 +15,8 @@ Sections:
             sequences that fit in the same KV memory, contexts 512 / 2,048 / 8,192: latent bf16, latent fp8,
             mla_disable (per-head K/V)
   throughput 256 requests of 1,000 prompt + 100 output tokens (random ids, ignore_eos): requests per second
+  sparse    DeepSeek-V3.2: index scores + top-k and sparse MLA vs the torch reference, then dense decode vs sparse
+            attention vs indexer + sparse at 65,536-token contexts, top-k 2,048, batch 32 (benchmarks/gpu_sparse.py)
 Timings are medians of CUDA-event runs with L2 emptied before each (bench below), or of repeated wall-clock runs
 after a warm-up.
 """
@@ -33,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import gpu_sparse  # noqa: E402
 from benchmarks.step_timer import DecodeStepTimer  # noqa: E402
 from mlaserve.attention.metadata import build_metadata  # noqa: E402
 from mlaserve.attention.torch_ref import TorchBackend  # noqa: E402
@@ -464,7 +467,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sections", default="ceilings,kernels,decode,moe,tiny,lite,mla_vs_mha,throughput")
+    parser.add_argument(
+        "--sections", default="ceilings,kernels,decode,moe,tiny,lite,mla_vs_mha,throughput,sparse"
+    )
     parser.add_argument(
         "--hf-peer", action="store_true", help="also time transformers generate in the lite section"
     )
@@ -486,7 +491,8 @@ def main() -> None:
         print("ceilings", ceil, flush=True)
         for name, fn in [("kernels", kernels), ("decode", lambda: decode(ceil, args.tune)), ("moe", moe), ("tiny", lambda: tiny(Path(tmp))),
                          ("lite", lambda: lite(Path(tmp), args.hf_peer, args.eager, args.profile)),
-                         ("mla_vs_mha", lambda: mla_vs_mha(Path(tmp))), ("throughput", lambda: throughput(Path(tmp)))]:  # fmt: skip
+                         ("mla_vs_mha", lambda: mla_vs_mha(Path(tmp))), ("throughput", lambda: throughput(Path(tmp))),
+                         ("sparse", lambda: gpu_sparse.sparse(bench, bench_graph))]:  # fmt: skip
             if name in sections:
                 t = time.perf_counter()
                 try:

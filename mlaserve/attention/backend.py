@@ -70,6 +70,45 @@ class AttentionBackend(ABC):
         q = torch.cat((q_latent, q_pe), dim=-1)
         return self.decode(q, cache, None, meta, scale, kv_lora_rank)[0]
 
+    def sparse_kernels(
+        self, num_heads: int, kv_lora_rank: int, rope_dim: int, cache_dtype: torch.dtype, device: torch.device,
+        query_dtype: torch.dtype | None = None,
+    ) -> str:  # fmt: skip
+        """What runs DeepSeek-V3.2's selection and sparse attention for this shape, for the log and stats()."""
+        return "torch reference"
+
+    def select_topk(
+        self,
+        q: torch.Tensor,
+        weights: torch.Tensor,
+        key_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        positions: torch.Tensor,
+        topk: int,
+        scale: float,
+    ) -> torch.Tensor:
+        """DeepSeek-V3.2's selection: each query token's top-k cached tokens by index score, [T, k] flat slots, -1
+        padded (attention/sparse.py). q [T, H, D] roped indexer queries, weights [T, H] float32; positions [T] are
+        the tokens' absolute positions (a token sees keys 0..its position). The torch reference by default."""
+        from mlaserve.attention.sparse import select_topk
+
+        return select_topk(q, weights, key_cache, meta, topk, scale)
+
+    def sparse_latent(
+        self,
+        q_latent: torch.Tensor,
+        q_pe: torch.Tensor,
+        cache: torch.Tensor,
+        slots: torch.Tensor,
+        scale: float,
+        kv_lora_rank: int,
+    ) -> torch.Tensor:
+        """Absorbed MLA of each query token over only its selected latent rows (slots [T, k], -1 padded after the
+        valid ones) -> [T, H, R]. The torch reference by default."""
+        from mlaserve.attention.sparse import sparse_latent_attention
+
+        return sparse_latent_attention(q_latent, q_pe, cache, slots, scale, kv_lora_rank)
+
     @abstractmethod
     def prefill(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata, scale: float

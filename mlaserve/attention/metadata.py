@@ -33,6 +33,8 @@ class AttentionMetadata:
     # With a window, each prefill's context starts this many positions in: keys before it are out of every query's
     # window (their blocks may already be back in the pool). prefill_seq_lens counts from there.
     prefill_context_starts: list[int] | None = None
+    # Each token's sequence (its row of block_tables), built by the first layer that needs it (sparse selection).
+    token_rows: torch.Tensor | None = None
     # One metadata per cache group (this one first) when the model's layers have different attention rules.
     groups: list["AttentionMetadata"] | None = None
 

@@ -39,8 +39,9 @@ def attention_kernel(
         return backend.decode_kernel_name
     dense = backend.decode_kernel(*shape, cache_dtype, block_size, device, query_dtype=model_dtype)
     topk = getattr(model, "index_topk", None)
-    if topk:  # DeepSeek-V3.2: contexts past top-k take the sparse path (attention/sparse.py)
-        return f"sparse top-{topk}: torch reference; contexts up to {topk} tokens: {dense}"
+    if topk:  # DeepSeek-V3.2: contexts past top-k take the sparse path
+        sparse = backend.sparse_kernels(*shape, cache_dtype, device, query_dtype=model_dtype)
+        return f"sparse top-{topk}: {sparse}; contexts up to {topk} tokens: {dense}"
     return dense
 
 

@@ -62,3 +62,38 @@ class TritonMLABackend(SdpaBackend):
         return mla_decode(
             q, cache, meta.block_tables[:nd], meta.seq_lens[:nd], max_len, kv_lora_rank, scale, q_pe=q_pe
         )
+
+    def sparse_kernels(self, num_heads, kv_lora_rank, rope_dim, cache_dtype, device, query_dtype=None) -> str:
+        attend = self.decode_kernel(num_heads, kv_lora_rank, rope_dim, cache_dtype, 1, device, query_dtype)
+        return f"triton index scores + torch.topk, then {attend} over the selected rows"
+
+    def select_topk(self, q, weights, key_cache, meta: AttentionMetadata, positions, topk: int, scale: float):
+        from mlaserve.attention.triton.index_topk import select_topk_paged
+
+        if meta.token_rows is None:  # each token's sequence (its block-table row), once per step
+            counts = torch.tensor(meta.query_lens, device=q.device)
+            meta.token_rows = torch.repeat_interleave(
+                torch.arange(len(meta.query_lens), device=q.device), counts
+            )
+        visible = (positions + 1).to(torch.int32)  # causal: a token sees keys up to its own position
+        return select_topk_paged(
+            q,
+            weights,
+            key_cache,
+            meta.block_tables,
+            meta.token_rows,
+            visible,
+            max(meta.host_seq_lens),
+            topk,
+            scale,
+        )
+
+    def sparse_latent(self, q_latent, q_pe, cache, slots, scale: float, kv_lora_rank: int):
+        """The paged decode kernels with pages of one row: each token's selected slots are its "block table" (the
+        valid ones come first: top-k returns them best first, the -1s last), their count its length."""
+        from mlaserve.attention.triton.mla_decode import mla_decode
+
+        rows = cache.view(-1, 1, 1, cache.shape[-1])
+        lens = (slots >= 0).sum(dim=1, dtype=torch.int32)
+        table = slots.clamp(min=0).to(torch.int32)
+        return mla_decode(q_latent, rows, table, lens, slots.shape[1], kv_lora_rank, scale, q_pe=q_pe)[0]

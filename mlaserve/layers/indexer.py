@@ -10,9 +10,8 @@ in the reference checkpoint's loading rules.
 import torch
 from torch import nn
 
-from mlaserve.attention.backend import write_to_cache
+from mlaserve.attention.backend import AttentionBackend, write_to_cache
 from mlaserve.attention.metadata import AttentionMetadata
-from mlaserve.attention.sparse import select_topk
 from mlaserve.config.model_config import IndexerConfig
 from mlaserve.kvcache.quant import is_quantized, quantize_rows
 from mlaserve.layers.linear import ReplicatedLinear
@@ -21,8 +20,11 @@ from mlaserve.parallel import ParallelContext
 
 
 class Indexer(nn.Module):
-    def __init__(self, cfg: object, index: IndexerConfig, ctx: ParallelContext) -> None:
+    def __init__(
+        self, cfg: object, index: IndexerConfig, backend: AttentionBackend, ctx: ParallelContext
+    ) -> None:
         super().__init__()
+        self.backend = backend
         self.topk, self.num_heads, self.head_dim = index.topk, index.num_heads, index.head_dim
         # Every rank scores all heads (the indexer is small next to attention), so each picks the same tokens.
         self.wq_b = ReplicatedLinear(cfg.q_lora_rank, index.num_heads * index.head_dim, False, ctx)
@@ -54,4 +56,4 @@ class Indexer(nn.Module):
         if max(meta.host_seq_lens) <= self.topk:
             return None
         weights = self.weights_proj(hidden.float()) * self.num_heads**-0.5
-        return select_topk(q, weights, key_cache, meta, self.topk, self.scale)
+        return self.backend.select_topk(q, weights, key_cache, meta, positions, self.topk, self.scale)

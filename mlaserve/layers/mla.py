@@ -14,7 +14,6 @@ from torch import nn
 
 from mlaserve.attention.backend import AttentionBackend, write_to_cache
 from mlaserve.attention.metadata import AttentionMetadata
-from mlaserve.attention.sparse import sparse_latent_attention
 from mlaserve.config.model_config import indexer_config
 from mlaserve.kvcache.quant import is_quantized, quantize_rows
 from mlaserve.layers.attention import PagedAttention
@@ -83,7 +82,7 @@ class MLAAttention(nn.Module):
                 "mla_disable is not supported with DeepSeek-V3.2's indexer: sparse attention reads latent rows"
             )
         # DeepSeek-V3.2: the kv_cache passed in is then (latent rows, indexer keys) over the same blocks.
-        self.indexer = Indexer(cfg, index, ctx) if index is not None else None
+        self.indexer = Indexer(cfg, index, backend, ctx) if index is not None else None
         self.w_uk: torch.Tensor | None = None
         self.w_uv: torch.Tensor | None = None
 
@@ -115,7 +114,7 @@ class MLAAttention(nn.Module):
         self.rope_and_cache(positions, q, kv, kv_cache, meta.slot_mapping)
         if selected is not None:
             q_latent = torch.einsum("thd,hdr->thr", q[..., : self.nope_dim], self.w_uk)
-            out = sparse_latent_attention(
+            out = self.backend.sparse_latent(
                 q_latent, q[..., self.nope_dim :], kv_cache, selected, self.scale, self.kv_lora_rank
             )
             out = torch.einsum("thr,hvr->thv", out, self.w_uv)

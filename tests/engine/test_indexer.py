@@ -26,10 +26,10 @@ def v32(tmp_path_factory):
 @pytest.fixture
 def selections(monkeypatch):
     """Counts the steps in which the indexer selected tokens (rather than leaving a short context dense)."""
-    import mlaserve.layers.indexer as indexer
+    import mlaserve.attention.sparse as sparse
 
-    calls, real = [], indexer.select_topk
-    monkeypatch.setattr(indexer, "select_topk", lambda *a: calls.append(1) or real(*a))
+    calls, real = [], sparse.select_topk
+    monkeypatch.setattr(sparse, "select_topk", lambda *a: calls.append(1) or real(*a))
     return calls
 
 
@@ -133,3 +133,18 @@ def test_transformers_without_a_v32_config_class_reads_it_as_v3(v32, monkeypatch
     llm = LLM(str(v32), **OPTIONS, num_kv_blocks=64)
     assert type(llm.engine.model_config.hf_config).__name__ == "DeepseekV3Config"
     assert [o.outputs[0].token_ids for o in llm.generate(batch, params, use_tqdm=False)] == want
+
+
+@pytest.mark.slow
+def test_triton_backend_selection_and_sparse_attention_equal_transformers(v32):
+    # Under TRITON_INTERPRET=1 (tests/conftest.py): the Triton index-score kernel and the paged decode kernel over
+    # the selected rows, as on the GPU.
+    pytest.importorskip("triton")
+    llm = LLM(str(v32), **OPTIONS, num_kv_blocks=128, attention_backend="triton_mla")
+    assert llm.stats()["attention_kernel"].startswith(f"sparse top-{TOPK}: triton index scores")
+    batch = prompts(2, seed=6, low=12, high=30)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=0)
+    outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+    for ids, out in zip(batch, outs):
+        assert out.outputs[0].token_ids == reference_tokens(v32, ids, 10)
+        check_logprobs(v32, ids, out)

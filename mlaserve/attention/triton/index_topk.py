@@ -1,0 +1,126 @@
+"""DeepSeek-V3.2's index scores on the GPU, then the top-k: the lightning indexer's selection for a step.
+
+Every query token is scored against the paged indexer keys it may see (its sequence's block table, up to its own
+position): one program takes one token and a tile of BLOCK_N keys, loads the token's index_n_heads queries once,
+and sums weights[h] * relu(scale * q[h] . key) over the heads with one tensor-core dot per tile. Keys past a
+token's visible length score -inf, so top-k never picks them and the caller turns them into -1. 8-bit key caches
+(values, then the row's float32 scale: kvcache/quant.py) are widened in registers and the scale applied per key.
+
+torch.topk then picks each token's k best (a radix select on CUDA), and their positions become flat cache slots
+through the block table. attention/sparse.py's select_topk is the reference this is tested against.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from mlaserve.kvcache.quant import is_quantized
+
+_MAX_SCORES = 1 << 27  # float32 scores held at once (512 MiB): long prefills are scored in slices of tokens
+
+
+@triton.jit
+def _index_scores(
+    Q, W, Keys, BlockTable, TableRow, Visible, Out,
+    stride_qt, stride_qh, stride_wt, stride_k, stride_bt, stride_ot, length, scale,
+    HEADS: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    QUANTIZED: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0)
+    n0 = tl.program_id(1) * BLOCK_N
+    visible = tl.load(Visible + t)
+    pos = n0 + tl.arange(0, BLOCK_N)
+    out = Out + t * stride_ot + pos
+    in_row = pos < length
+    if n0 >= visible:  # a tile wholly past this token's keys: nothing to load
+        tl.store(out, tl.full([BLOCK_N], float("-inf"), tl.float32), mask=in_row)
+        return
+    ok = pos < visible
+    row = tl.load(TableRow + t).to(tl.int64)
+    page = tl.load(BlockTable + row * stride_bt + pos // PAGE, mask=ok, other=0).to(tl.int64)
+    base = Keys + (page * PAGE + pos % PAGE) * stride_k
+    dims = tl.arange(0, D)
+    k = tl.load(base[:, None] + dims[None, :], mask=ok[:, None], other=0.0)  # [BLOCK_N, D]
+    heads = tl.arange(0, BLOCK_H)
+    q = tl.load(Q + t * stride_qt + heads[:, None] * stride_qh + dims[None, :], mask=(heads < HEADS)[:, None],
+                other=0.0)  # fmt: skip
+    if QUANTIZED:
+        k = k.to(q.dtype)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_H, BLOCK_N]
+    if QUANTIZED:
+        key_scale = tl.load((base + D).to(tl.pointer_type(tl.float32)), mask=ok, other=0.0)
+        s = s * key_scale[None, :]
+    w = tl.load(W + t * stride_wt + heads, mask=heads < HEADS, other=0.0)
+    score = tl.sum(tl.maximum(s * scale, 0.0) * w[:, None], axis=0)
+    tl.store(out, tl.where(ok, score, float("-inf")), mask=in_row)
+
+
+def index_scores_paged(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    key_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    table_rows: torch.Tensor,
+    visible: torch.Tensor,
+    length: int,
+    scale: float,
+) -> torch.Tensor:
+    """Scores [T, length] float32 of each token's visible keys (-inf past them). q [T, H, D] (16- or 32-bit),
+    weights [T, H] float32, key_cache [blocks, page, 1, D (+ 16 for 8-bit rows)], block_tables [S, max_blocks],
+    table_rows [T] (each token's row of block_tables), visible [T] (keys it may see, from position 0)."""
+    num_tokens, heads, dim = q.shape
+    if dim & (dim - 1) or dim < 16:
+        raise ValueError(
+            f"the Triton index-score kernel takes index_head_dim a power of two >= 16, got {dim}"
+        )
+    out = torch.empty(num_tokens, length, dtype=torch.float32, device=q.device)
+    block_n = 64
+    keys = key_cache.view(-1, key_cache.shape[-1])
+    grid = (num_tokens, triton.cdiv(length, block_n))
+    if num_tokens and length:
+        _index_scores[grid](
+            q, weights, keys, block_tables, table_rows, visible, out,
+            q.stride(0), q.stride(1), weights.stride(0), keys.stride(0), block_tables.stride(0), out.stride(0),
+            length, scale, HEADS=heads, D=dim, PAGE=key_cache.shape[1], BLOCK_H=max(16, triton.next_power_of_2(heads)),
+            BLOCK_N=block_n, QUANTIZED=is_quantized(key_cache.dtype),
+            PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        )  # fmt: skip
+    return out
+
+
+def select_topk_paged(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    key_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    table_rows: torch.Tensor,
+    visible: torch.Tensor,
+    max_visible: int,
+    topk: int,
+    scale: float,
+) -> torch.Tensor:
+    """Each token's top-k visible keys as flat cache slots, [T, min(topk, max_visible)], -1 padded (the layout of
+    attention/sparse.py's select_topk). Long batches are scored a slice of tokens at a time."""
+    k = min(topk, max_visible)
+    page = key_cache.shape[1]
+    # the dots take the cache's dtype; 8-bit keys widen (exactly) to the query's
+    q = q if is_quantized(key_cache.dtype) else q.to(key_cache.dtype)
+    weights = weights.float()
+    out = torch.empty(q.shape[0], k, dtype=torch.long, device=q.device)
+    step = max(1, _MAX_SCORES // max(1, max_visible))
+    for s in range(0, q.shape[0], step):
+        rows = slice(s, s + step)
+        scores = index_scores_paged(
+            q[rows],
+            weights[rows],
+            key_cache,
+            block_tables,
+            table_rows[rows],
+            visible[rows],
+            max_visible,
+            scale,
+        )
+        values, idx = scores.topk(k, dim=-1)
+        slots = block_tables[table_rows[rows].long()[:, None], idx // page].long() * page + idx % page
+        out[rows] = slots.masked_fill_(values == float("-inf"), -1)
+    return out
