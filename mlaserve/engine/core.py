@@ -157,10 +157,6 @@ class EngineCore:
         return self.intake.prepare(prompt, params)
 
     def grammar_compiler(self) -> GrammarCompiler:
-        if self.tokenizer is None:
-            raise ValueError(
-                "structured outputs need a tokenizer; they are not available with skip_tokenizer_init"
-            )
         if self._grammar_compiler is None:
             self._grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
         return self._grammar_compiler

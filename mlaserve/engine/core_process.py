@@ -225,10 +225,6 @@ class CoreProcessClient:
     def grammar_compiler(self) -> Any:
         from mlaserve.engine.structured_output import GrammarCompiler
 
-        if self.tokenizer is None:
-            raise ValueError(
-                "structured outputs need a tokenizer; they are not available with skip_tokenizer_init"
-            )
         if self._grammar_compiler is None:
             self._grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
         return self._grammar_compiler

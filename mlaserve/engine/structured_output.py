@@ -76,7 +76,11 @@ class Grammar:
 class GrammarCompiler:
     """Builds llguidance's view of the tokenizer once (about a second for a 50k vocabulary), on first use."""
 
-    def __init__(self, tokenizer: object, vocab_size: int) -> None:
+    def __init__(self, tokenizer: object | None, vocab_size: int) -> None:
+        if tokenizer is None:
+            raise ValueError(
+                "structured outputs need a tokenizer; they are not available with skip_tokenizer_init"
+            )
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._ll_tokenizer: Any = None
