@@ -28,10 +28,13 @@ class AttentionMetadata:
     # int32 offsets of each prefill's queries and context in the concatenated tensors (varlen kernels)
     prefill_cu_query_lens: torch.Tensor | None = None  # [num_prefills + 1]
     prefill_cu_seq_lens: torch.Tensor | None = None  # [num_prefills + 1]
-    # Sliding-window attention: each query sees itself and the window - 1 keys before it.
+    # Sliding-window attention: each query sees itself and the window - 1 keys before it,
     window: int | None = None
+    # and the sequence's first `sinks` keys (attention sinks).
+    sinks: int = 0
     # With a window, each prefill's context starts this many positions in: keys before it are out of every query's
-    # window (their blocks may already be back in the pool). prefill_seq_lens counts from there.
+    # window (their blocks may already be back in the pool) but for the sinks, which are gathered first.
+    # prefill_seq_lens counts the keys gathered.
     prefill_context_starts: list[int] | None = None
     # Each token's sequence (its row of block_tables), built by the first layer that needs it (sparse selection).
     token_rows: torch.Tensor | None = None
@@ -51,11 +54,27 @@ class AttentionMetadata:
 
     @property
     def prefill_seq_lens(self) -> list[int]:
-        """Context length of each prefill as gathered (from its context start, when a window sets one)."""
+        """Context length of each prefill as gathered (its sinks, then from its context start, with a window)."""
         lens = self.host_seq_lens[self.num_decodes :]
         if self.prefill_context_starts is None:
             return lens
-        return [n - start for n, start in zip(lens, self.prefill_context_starts, strict=True)]
+        return [
+            n - start + min(self.sinks, start)
+            for n, start in zip(lens, self.prefill_context_starts, strict=True)
+        ]
+
+    def prefill_mask(self, j: int, device: torch.device) -> torch.Tensor | None:
+        """[query_len, gathered keys] True where query i of prefill j may see each gathered key (bottom-right
+        causal, the window and the sinks); None for plain causal attention over the whole context."""
+        if self.window is None:
+            return None
+        n, q_len = self.host_seq_lens[self.num_decodes + j], self.query_lens[self.num_decodes + j]
+        start = self.prefill_context_starts[j]
+        keys = torch.cat(
+            (torch.arange(min(self.sinks, start), device=device), torch.arange(start, n, device=device))
+        )
+        queries = torch.arange(n - q_len, n, device=device)[:, None]
+        return (keys <= queries) & ((keys > queries - self.window) | (keys < self.sinks))
 
 
 def slot_indices(block_table: torch.Tensor, length: int, block_size: int, start: int = 0) -> torch.Tensor:
@@ -73,14 +92,16 @@ def build_metadata(
     slot_mapping: torch.Tensor,
     with_gather_index: bool = True,
     window: int | None = None,
+    sinks: int = 0,
 ) -> AttentionMetadata:
     """with_gather_index=False skips the reference paths' gather indices (a graph-replayed decode needs none).
-    window: the group's sliding window, applied by the gather masks and by every backend."""
+    window, sinks: the group's sliding window and attention sinks, applied by the gather masks and every backend."""
     device = block_tables.device
     seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=device)
     meta = AttentionMetadata(
-        block_size, slot_mapping, seq_lens_t, block_tables, num_decodes, query_lens, seq_lens, window=window
-    )
+        block_size, slot_mapping, seq_lens_t, block_tables, num_decodes, query_lens, seq_lens, window=window,
+        sinks=sinks,
+    )  # fmt: skip
     if window is not None:
         meta.prefill_context_starts = [
             max(0, n - q - (window - 1)) for q, n in zip(query_lens[num_decodes:], seq_lens[num_decodes:])
@@ -93,16 +114,17 @@ def build_metadata(
         tables = block_tables[:num_decodes].long()
         blocks = tables.gather(1, (pos // block_size).expand(num_decodes, -1).clamp(max=tables.shape[1] - 1))
         mask = pos[None, :] < seq_lens_t[:num_decodes, None]
-        if window is not None:  # the query at seq_len - 1 sees keys from seq_len - window on
-            mask &= pos[None, :] >= seq_lens_t[:num_decodes, None] - window
+        if window is not None:  # the query at seq_len - 1 sees keys from seq_len - window on, and the sinks
+            mask &= (pos[None, :] >= seq_lens_t[:num_decodes, None] - window) | (pos[None, :] < sinks)
         meta.decode_slot_index = torch.where(mask, blocks * block_size + pos % block_size, 0)
         meta.decode_mask = mask
     if num_decodes < len(query_lens):
         starts = meta.prefill_context_starts or [0] * (len(query_lens) - num_decodes)
-        parts = [
-            slot_indices(block_tables[i], seq_lens[i], block_size, start)
-            for i, start in zip(range(num_decodes, len(query_lens)), starts, strict=True)
-        ]
+        parts = []
+        for i, start in zip(range(num_decodes, len(query_lens)), starts, strict=True):
+            if min(sinks, start):
+                parts.append(slot_indices(block_tables[i], min(sinks, start), block_size))
+            parts.append(slot_indices(block_tables[i], seq_lens[i], block_size, start))
         meta.prefill_slot_index = torch.cat(parts)
         cu = [[0], [0]]
         for q_len, kv_len in zip(meta.prefill_query_lens, meta.prefill_seq_lens):

@@ -79,10 +79,10 @@ class SdpaBackend(TorchBackend):
         return out.view(b, h, v_dim), None
 
     def prefill(self, q, k, v, meta: AttentionMetadata, scale: float):
-        if can_use_varlen(q):
+        if can_use_varlen(q) and not meta.sinks:  # flash's window has no sinks
             return varlen_prefill(q, k, v, meta, scale)
         outs, q_start, k_start = [], 0, 0
-        for q_len, kv_len in zip(meta.prefill_query_lens, meta.prefill_seq_lens):
+        for j, (q_len, kv_len) in enumerate(zip(meta.prefill_query_lens, meta.prefill_seq_lens)):
             qi = q[q_start : q_start + q_len].transpose(0, 1).unsqueeze(0)
             ki = k[k_start : k_start + kv_len].transpose(0, 1).unsqueeze(0)
             vi = v[k_start : k_start + kv_len].transpose(0, 1).unsqueeze(0)
@@ -92,7 +92,8 @@ class SdpaBackend(TorchBackend):
                         qi, ki, vi, is_causal=True, scale=scale, enable_gqa=True
                     )
                 else:
-                    mask = causal_mask(q_len, kv_len, q.device, meta.window)
+                    mask = meta.prefill_mask(j, q.device)
+                    mask = causal_mask(q_len, kv_len, q.device) if mask is None else mask
                     out = F.scaled_dot_product_attention(
                         qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=True
                     )

@@ -7,15 +7,11 @@ from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.kvcache.quant import dequantize_rows, is_quantized
 
 
-def causal_mask(q_len: int, kv_len: int, device: torch.device, window: int | None = None) -> torch.Tensor:
-    """True where query j (position kv_len - q_len + j) may see key i: i <= that position, and with a sliding
-    window also i > that position - window (transformers' sliding-window mask)."""
+def causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
+    """True where query j (position kv_len - q_len + j) may see key i: i <= that position. (Windows and sinks:
+    AttentionMetadata.prefill_mask.)"""
     q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
-    k_pos = torch.arange(kv_len, device=device)[None, :]
-    mask = k_pos <= q_pos
-    if window is not None:
-        mask &= k_pos > q_pos - window
-    return mask
+    return torch.arange(kv_len, device=device)[None, :] <= q_pos
 
 
 def gather_decode(
@@ -75,14 +71,17 @@ class TorchBackend(AttentionBackend):
 
     def prefill(self, q, k, v, meta: AttentionMetadata, scale: float):
         outs, q_start, k_start = [], 0, 0
-        for q_len, kv_len in zip(meta.prefill_query_lens, meta.prefill_seq_lens):
+        for j, (q_len, kv_len) in enumerate(zip(meta.prefill_query_lens, meta.prefill_seq_lens)):
             qi = q[q_start : q_start + q_len].float().transpose(0, 1)  # [H, q, D]
             ki = k[k_start : k_start + kv_len].float().transpose(0, 1)
             vi = v[k_start : k_start + kv_len].float().transpose(0, 1)
             groups = qi.shape[0] // ki.shape[0]
             ki, vi = ki.repeat_interleave(groups, 0), vi.repeat_interleave(groups, 0)
             scores = (qi @ ki.transpose(1, 2)) * scale
-            scores.masked_fill_(~causal_mask(q_len, kv_len, q.device, meta.window), float("-inf"))
+            mask = meta.prefill_mask(j, q.device)
+            scores.masked_fill_(
+                ~(causal_mask(q_len, kv_len, q.device) if mask is None else mask), float("-inf")
+            )
             outs.append((scores.softmax(-1) @ vi).transpose(0, 1).to(q.dtype))
             q_start, k_start = q_start + q_len, k_start + kv_len
         return torch.cat(outs)

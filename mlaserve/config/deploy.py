@@ -35,6 +35,7 @@ _ENGINE = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 _SERVER = {f.name: f.default for f in dataclasses.fields(ServerSettings)}
 
 PositiveInt = Annotated[int, Field(gt=0)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
 Port = Annotated[int, Field(ge=0, le=65535)]
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40})
@@ -93,11 +94,23 @@ class CacheSection(_Section):
     gpu_memory_utilization: float = _ENGINE["gpu_memory_utilization"]
     enable_prefix_caching: bool = _ENGINE["enable_prefix_caching"]
     kv_cache_memory_bytes: PositiveInt | None = _ENGINE["kv_cache_memory_bytes"]
+    # Training-free sliding window with attention sinks (lossy; benchmarks/quality.py measures the cost).
+    sliding_window: PositiveInt | None = _ENGINE["sliding_window"]
+    num_sink_tokens: NonNegativeInt = _ENGINE["num_sink_tokens"]
 
     @field_validator("kv_cache_memory_bytes", mode="before")
     @classmethod
     def _size(cls, value: object) -> object:
         return parse_bytes(value)
+
+    @model_validator(mode="after")
+    def _sinks_need_a_window(self) -> CacheSection:
+        if self.num_sink_tokens and self.sliding_window is None:
+            raise KeyProblem(
+                "num_sink_tokens",
+                f"must be 0 unless cache.sliding_window is set, got {self.num_sink_tokens}",
+            )
+        return self
 
     @field_validator("block_size")
     @classmethod
@@ -194,6 +207,8 @@ class DeployConfig(_Section):
             "gpu_memory_utilization": self.cache.gpu_memory_utilization,
             "kv_cache_memory_bytes": self.cache.kv_cache_memory_bytes,
             "enable_prefix_caching": self.cache.enable_prefix_caching,
+            "sliding_window": self.cache.sliding_window,
+            "num_sink_tokens": self.cache.num_sink_tokens,
             "max_num_seqs": self.scheduler.max_batch_size,
             "max_num_batched_tokens": self.scheduler.max_num_batched_tokens,
             "enable_chunked_prefill": self.scheduler.enable_chunked_prefill,

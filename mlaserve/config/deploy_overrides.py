@@ -24,6 +24,8 @@ FLAG_KEYS: dict[str, str] = {
     "gpu_memory_utilization": "cache.gpu_memory_utilization",
     "enable_prefix_caching": "cache.enable_prefix_caching",
     "kv_cache_memory_bytes": "cache.kv_cache_memory_bytes",
+    "sliding_window": "cache.sliding_window",
+    "num_sink_tokens": "cache.num_sink_tokens",
     "max_batch_size": "scheduler.max_batch_size",
     "max_num_seqs": "scheduler.max_batch_size",
     "max_num_batched_tokens": "scheduler.max_num_batched_tokens",

@@ -27,6 +27,10 @@ class EngineConfig:
     mla_disable: bool = (
         False  # MLA models cache expanded per-head K/V (vLLM's VLLM_MLA_DISABLE), for comparison
     )
+    # Training-free, lossy: every full-attention layer attends to the last sliding_window tokens only, plus the
+    # first num_sink_tokens of the sequence (attention sinks); their blocks go back to the pool as they leave.
+    sliding_window: int | None = None
+    num_sink_tokens: int = 0
     enforce_eager: bool = False  # no CUDA graphs for decode
     # Queue the next decode step before reading this one's tokens (vLLM's async_scheduling); None = on for CUDA.
     async_scheduling: bool | None = None
@@ -54,7 +58,16 @@ class EngineConfig:
                 "auto, cpu, cuda",
             ),
         ]
-        for opt in ("kv_cache_memory_bytes", "num_kv_blocks", "max_num_batched_tokens", "max_model_len"):
+        sinks = self.num_sink_tokens
+        checks.append(("num_sink_tokens", isinstance(sinks, int) and sinks >= 0, "an int >= 0"))
+        checks.append(("num_sink_tokens", not sinks or self.sliding_window, "0 unless sliding_window is set"))
+        for opt in (
+            "kv_cache_memory_bytes",
+            "num_kv_blocks",
+            "max_num_batched_tokens",
+            "max_model_len",
+            "sliding_window",
+        ):
             value = getattr(self, opt)
             checks.append((opt, value is None or (isinstance(value, int) and value > 0), "a positive int"))
         for name, ok, allowed in checks:

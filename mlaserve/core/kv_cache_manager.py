@@ -19,8 +19,10 @@ class CacheGroupSpec:
     kind: str = "full"
     # Defaulted only so the field order above can stay (group_id, kind, block_size); 16 is vLLM's default.
     block_size: int = 16
-    # kind "sliding_window": each token attends to itself and the window - 1 tokens before it.
+    # kind "sliding_window": each token attends to itself and the window - 1 tokens before it,
     window: int | None = None
+    # and to the first `sinks` tokens of the sequence (attention sinks, StreamingLLM), whose blocks it keeps.
+    sinks: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.group_id, int) or self.group_id < 0:
@@ -35,6 +37,10 @@ class CacheGroupSpec:
             )
         if self.window is not None and (not isinstance(self.window, int) or self.window < 1):
             raise ValueError(f"CacheGroupSpec.window must be an int >= 1, got {self.window!r}")
+        if not isinstance(self.sinks, int) or self.sinks < 0 or (self.sinks and self.window is None):
+            raise ValueError(
+                f"CacheGroupSpec.sinks must be an int >= 0, set only with a window, got {self.sinks!r}"
+            )
 
 
 class SingleTypeManager(ABC):
@@ -144,20 +150,22 @@ class SlidingWindowManager(SingleTypeManager):
     def __init__(self, spec: CacheGroupSpec, pool: BlockPool, max_chunk_tokens: int | None = None) -> None:
         super().__init__(spec, pool, max_chunk_tokens)
         self.window = spec.window
+        self.sink_blocks = -(-spec.sinks // self.block_size)  # kept for the request's whole life
 
     def _first_needed_block(self, num_computed_tokens: int) -> int:
         # The next query sits at position num_computed_tokens and reads keys from num_computed_tokens - window + 1.
         return max(0, num_computed_tokens - self.window + 1) // self.block_size
 
     def find_longest_cache_hit(self, block_hashes: list[BlockHash], max_num_blocks: int) -> list[KVBlock]:
-        """The longest prefix whose last blocks (those the next token's window reads) are all cached; the blocks
-        before them are not needed, and stand as null blocks."""
+        """The longest prefix whose sink blocks and last blocks (those the next token's window reads) are all
+        cached; the blocks between are not needed, and stand as null blocks."""
         null = self.pool.null_block
         for n in range(min(max_num_blocks, len(block_hashes)), 0, -1):
-            first = self._first_needed_block(n * self.block_size)
+            first = max(self._first_needed_block(n * self.block_size), min(self.sink_blocks, n))
+            sinks = [self.pool.get_cached_block(h) for h in block_hashes[: min(self.sink_blocks, n)]]
             run = [self.pool.get_cached_block(h) for h in block_hashes[first:n]]
-            if all(block is not None for block in run):
-                return [null] * first + run
+            if all(block is not None for block in sinks + run):
+                return sinks + [null] * (first - len(sinks)) + run
         return []
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
@@ -166,7 +174,7 @@ class SlidingWindowManager(SingleTypeManager):
             return
         null = self.pool.null_block
         leaving = []
-        for i in range(min(self._first_needed_block(num_computed_tokens), len(table))):
+        for i in range(self.sink_blocks, min(self._first_needed_block(num_computed_tokens), len(table))):
             if table[i] is not null:
                 leaving.append(table[i])
                 table[i] = null
@@ -176,9 +184,10 @@ class SlidingWindowManager(SingleTypeManager):
         full = -(-num_tokens // self.block_size)
         if self.max_chunk_tokens is None:
             return full
-        # The window before a step's first new token, that step's tokens, and one block of misalignment.
+        # The sink blocks, the window before a step's first new token, that step's tokens, and one block of
+        # misalignment.
         span = self.window - 1 + self.max_chunk_tokens
-        return min(full, -(-span // self.block_size) + 1)
+        return min(full, self.sink_blocks + -(-span // self.block_size) + 1)
 
 
 MANAGER_KINDS: dict[str, type[SingleTypeManager]] = {

@@ -5,6 +5,7 @@ and how it finished), never a cumulative copy. Detokenization and stop strings b
 (output_processor.py) of whoever reads the deltas: LLMEngine in-process, or the server in another process.
 """
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -23,6 +24,7 @@ from mlaserve.engine.kv_sizing import num_kv_blocks
 from mlaserve.engine.structured_output import GrammarCompiler
 from mlaserve.kvcache.allocate import allocate_kv_caches
 from mlaserve.kvcache.quant import resolve_cache_dtype
+from mlaserve.kvcache.spec import FULL, KVCacheSpec
 from mlaserve.loader.model_files import resolve_model
 from mlaserve.loader.model_loader import build_model
 from mlaserve.loader.tokenizer import load_tokenizer
@@ -41,6 +43,18 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def with_sliding_window(spec: KVCacheSpec, window: int | None, sinks: int) -> KVCacheSpec:
+    """The training-free window option: every full-attention layer takes (window, sinks); layers the model itself
+    windows keep their own rule."""
+    if window is None:
+        return spec
+    layers = [
+        dataclasses.replace(layer, window=window, sinks=sinks) if layer.window is None else layer
+        for layer in spec.layers
+    ]
+    return dataclasses.replace(spec, layers=tuple(layers))
+
+
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -51,6 +65,15 @@ class EngineCore:
             files.config_dict, config.dtype, self.device, config.max_model_len
         )
         # skip_tokenizer_init (as vLLM): token ids in, token ids out; for speed runs on configs with no tokenizer.
+        if (
+            config.sliding_window
+            and getattr(self.model_config.hf_config, "kv_lora_rank", None)
+            and not config.mla_disable
+        ):
+            raise ValueError(
+                "sliding_window applies to models with per-head K/V caches so far (Llama, Qwen2, Mistral, or an MLA "
+                "model with mla_disable): the latent-cache decode kernels take no window"
+            )
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(files)
         self.backend = select_backend(self.device, config.attention_backend)
         self.model, self.load_report = build_model(
@@ -72,12 +95,12 @@ class EngineCore:
             self.kv_manager,
         )
         self.runner = ModelRunner(
-            self.model, self.kv_caches, config.block_size, self.device, self.kv_spec.group_windows()
+            self.model, self.kv_caches, config.block_size, self.device, self.kv_spec.group_rules()
         )
         if self.device.type == "cuda":
             self.runner.warm_up(batched, max_len)
         # Captured steps read one block table: models with windowed layers (several cache groups) run eagerly.
-        one_group = len(self.kv_spec.group_windows()) == 1 and self.kv_spec.group_windows()[0] is None
+        one_group = self.kv_spec.group_rules() == [FULL]
         graphable = (
             self.backend.supports_cuda_graphs
             and self.kv_spec.is_mla
@@ -100,14 +123,18 @@ class EngineCore:
 
     def _init_kv_cache(self, max_step_tokens: int) -> None:
         cfg, model_dtype = self.config, self.model_config.dtype
-        self.kv_spec = self.model.kv_cache_spec()
+        self.kv_spec = with_sliding_window(
+            self.model.kv_cache_spec(), cfg.sliding_window, cfg.num_sink_tokens
+        )
         self.model.set_cache_groups(self.kv_spec.layer_groups())
         self.cache_dtype = dtype = resolve_cache_dtype(cfg.kv_cache_dtype, model_dtype, self.kv_spec.is_mla)
         num_blocks = num_kv_blocks(cfg, self.kv_spec, dtype, self.device)
         capacity = (num_blocks - 1) * cfg.block_size
         groups = [
-            CacheGroupSpec(i, "full" if w is None else "sliding_window", cfg.block_size, w)
-            for i, w in enumerate(self.kv_spec.group_windows())
+            CacheGroupSpec(
+                i, "full" if r.window is None else "sliding_window", cfg.block_size, r.window, r.sinks
+            )
+            for i, r in enumerate(self.kv_spec.group_rules())
         ]
         self.kv_manager = KVCacheManager(groups, num_blocks, cfg.enable_prefix_caching, max_step_tokens)
         # One request of max_model_len tokens must fit alone: every group's blocks for it (a window group's stay
@@ -145,8 +172,9 @@ class EngineCore:
         sizes = self.kv_spec.group_bytes_per_token(self.cache_dtype)
         index = self.kv_spec.group_bytes_per_token(self.cache_dtype, index_only=True)
         out = []
-        for g, window in enumerate(self.kv_spec.group_windows()):
-            kind = "full" if window is None else f"window {window}"
+        for g, rule in enumerate(self.kv_spec.group_rules()):
+            kind = "full" if rule.window is None else f"window {rule.window}"
+            kind += f" + {rule.sinks} sink tokens" if rule.sinks else ""
             text = f"{kind}: {groups.count(g)} layers, {sizes[g]} bytes/token"
             out.append(text + (f" ({index[g]} of them indexer keys)" if index[g] else ""))
         return out

@@ -8,12 +8,25 @@ from mlaserve.kvcache.quant import row_width
 
 
 @dataclass(frozen=True)
+class AttentionRule:
+    """Which cached tokens a query attends to: all earlier ones (window None), or the last `window` (itself
+    included) plus the sequence's first `sinks` tokens. Layers with the same rule form one cache group."""
+
+    window: int | None = None
+    sinks: int = 0
+
+
+FULL = AttentionRule()
+
+
+@dataclass(frozen=True)
 class LayerCacheSpec:
     num_kv_heads: int  # 1 for the MLA latent
     head_dim: int  # kv_lora_rank + qk_rope_head_dim for MLA
     separate_value: bool  # GQA caches K and V; MLA reads its value out of the latent row
     value_dim: int | None = None  # V's head size when it differs from K's (MLA with mla_disable: 192 vs 128)
     window: int | None = None  # sliding-window attention over the last `window` tokens; None: full attention
+    sinks: int = 0  # with a window: the sequence's first `sinks` tokens stay visible (attention sinks)
     # DeepSeek-V3.2: an indexer key of this width per token, kept in the same blocks as the latent row.
     index_head_dim: int | None = None
 
@@ -41,22 +54,23 @@ class KVCacheSpec:
     def mha_bytes_per_token(self, dtype: torch.dtype) -> int:
         return len(self.layers) * self.mha_elements_per_layer * dtype.itemsize
 
-    def group_windows(self) -> list[int | None]:
-        """One cache group per distinct attention rule, in the order layers first use them (None: full)."""
-        windows: list[int | None] = []
+    def group_rules(self) -> list[AttentionRule]:
+        """One cache group per distinct attention rule, in the order layers first use them."""
+        rules: list[AttentionRule] = []
         for layer in self.layers:
-            if layer.window not in windows:
-                windows.append(layer.window)
-        return windows
+            rule = AttentionRule(layer.window, layer.sinks)
+            if rule not in rules:
+                rules.append(rule)
+        return rules
 
     def layer_groups(self) -> list[int]:
-        """The cache group of each layer (an index into group_windows())."""
-        windows = self.group_windows()
-        return [windows.index(layer.window) for layer in self.layers]
+        """The cache group of each layer (an index into group_rules())."""
+        rules = self.group_rules()
+        return [rules.index(AttentionRule(layer.window, layer.sinks)) for layer in self.layers]
 
     def group_bytes_per_token(self, dtype: torch.dtype, index_only: bool = False) -> list[int]:
         """Bytes per token of each group's layers (index_only: of their indexer keys alone)."""
-        out = [0] * len(self.group_windows())
+        out = [0] * len(self.group_rules())
         for layer, group in zip(self.layers, self.layer_groups(), strict=True):
             out[group] += layer.index_bytes_per_token(dtype) if index_only else layer.bytes_per_token(dtype)
         return out

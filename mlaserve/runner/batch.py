@@ -6,6 +6,7 @@ import torch
 
 from mlaserve.attention.metadata import AttentionMetadata, build_metadata
 from mlaserve.core.scheduler import ScheduledRequest, SchedulerOutput
+from mlaserve.kvcache.spec import FULL, AttentionRule
 
 
 @dataclass(slots=True)
@@ -108,10 +109,10 @@ def to_device(
     block_size: int,
     device: torch.device,
     with_gather_index: bool = True,
-    windows: list[int | None] | None = None,
+    rules: list[AttentionRule] | None = None,
 ) -> ModelInput:
-    """windows: each cache group's sliding window (None: full attention); one metadata per group."""
-    windows = windows or [None] * (1 + len(batch.other_groups))
+    """rules: each cache group's attention rule (window, sinks); one metadata per group."""
+    rules = rules or [FULL] * (1 + len(batch.other_groups))
     metas = [
         build_metadata(
             block_size,
@@ -121,10 +122,11 @@ def to_device(
             batch.num_decodes,
             slots.to(device),
             with_gather_index,
-            window,
+            rule.window,
+            rule.sinks,
         )
-        for (tables, slots), window in zip(
-            [(batch.tables, batch.slots), *batch.other_groups], windows, strict=True
+        for (tables, slots), rule in zip(
+            [(batch.tables, batch.slots), *batch.other_groups], rules, strict=True
         )
     ]
     meta = metas[0]
@@ -146,6 +148,6 @@ def build_model_input(
     block_size: int,
     device: torch.device,
     with_gather_index: bool = True,
-    windows: list[int | None] | None = None,
+    rules: list[AttentionRule] | None = None,
 ) -> ModelInput:
-    return to_device(plan_batch(output, block_size), block_size, device, with_gather_index, windows)
+    return to_device(plan_batch(output, block_size), block_size, device, with_gather_index, rules)

@@ -8,6 +8,7 @@ import torch
 from mlaserve.attention.metadata import build_metadata
 from mlaserve.core.scheduler import ScheduledRequest, SchedulerOutput
 from mlaserve.engine.structured_output import Grammar
+from mlaserve.kvcache.spec import FULL, AttentionRule
 from mlaserve.layers.logits_processors import process_logits
 from mlaserve.layers.sampler import Sampler
 from mlaserve.models.base import CausalLM
@@ -33,10 +34,10 @@ class ModelRunner:
         kv_caches: list[torch.Tensor],
         block_size: int,
         device: torch.device,
-        group_windows: list[int | None] | None = None,
+        group_rules: list[AttentionRule] | None = None,
     ):
         self.model = model
-        self.group_windows = group_windows or [None]  # each cache group's sliding window
+        self.group_rules = group_rules or [FULL]  # each cache group's window and sinks
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
@@ -118,7 +119,7 @@ class ModelRunner:
                 self.block_size,
                 self.device,
                 with_gather_index=graphs is None,
-                windows=self.group_windows,
+                rules=self.group_rules,
             )
             if source is not None:  # lookahead steps are all decodes: row i is token i
                 index = torch.tensor(source[1], dtype=torch.long, device=self.device)

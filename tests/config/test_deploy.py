@@ -74,7 +74,8 @@ def test_engine_options_are_accepted_by_engine_config(tmp_path: Path) -> None:
         tmp_path,
         """
 model: {path: /m/DeepSeek-V2-Lite, dtype: bfloat16, max_model_len: 4096, device: "cuda:1"}
-cache: {block_size: 64, gpu_memory_utilization: 0.8, enable_prefix_caching: false, kv_cache_memory_bytes: 512MiB}
+cache: {block_size: 64, gpu_memory_utilization: 0.8, enable_prefix_caching: false, kv_cache_memory_bytes: 512MiB,
+        sliding_window: 1024, num_sink_tokens: 4}
 scheduler: {max_batch_size: 8, max_num_batched_tokens: 1024, enable_chunked_prefill: true, async_scheduling: false}
 """,
     )
@@ -83,6 +84,7 @@ scheduler: {max_batch_size: 8, max_num_batched_tokens: 1024, enable_chunked_pref
     engine = EngineConfig.from_kwargs(**options)
     assert (engine.model, engine.device, engine.block_size) == ("/m/DeepSeek-V2-Lite", "cuda:1", 64)
     assert engine.async_scheduling is False
+    assert (engine.sliding_window, engine.num_sink_tokens) == (1024, 4)
     assert (
         "async_scheduling" not in load(tmp_path, "scheduler: {}").engine_options()
     )  # null: the engine decides
@@ -113,6 +115,9 @@ scheduler: {max_batch_size: 8, max_num_batched_tokens: 1024, enable_chunked_pref
         ("server: {port: 8000, metrics_port: 8000}", "server.metrics_port", "differ"),
         ("server: {request_timeout_s: 0}", "server.request_timeout_s", "greater than 0"),
         ("scheduler: {max_batch_size: 0}", "scheduler.max_batch_size", "greater than 0"),
+        ("cache: {num_sink_tokens: -1}", "cache.num_sink_tokens", "greater than or equal to 0"),
+        ("cache: {num_sink_tokens: 4}", "cache.num_sink_tokens", "unless cache.sliding_window is set"),
+        ("cache: {sliding_window: 0}", "cache.sliding_window", "greater than 0"),
         (
             "model: {max_model_len: 4096}\nscheduler: {enable_chunked_prefill: false, max_num_batched_tokens: 1024}",
             "scheduler.max_num_batched_tokens",

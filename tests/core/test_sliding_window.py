@@ -7,8 +7,10 @@ from mlaserve.core.kv_cache_manager import CacheGroupSpec, KVCacheManager
 from mlaserve.core.request import Request
 
 
-def window_manager(window: int = 8, block_size: int = 4, num_blocks: int = 16, chunk: int | None = None):
-    groups = [CacheGroupSpec(0, "sliding_window", block_size, window)]
+def window_manager(
+    window: int = 8, block_size: int = 4, num_blocks: int = 16, chunk: int | None = None, sinks: int = 0
+):
+    groups = [CacheGroupSpec(0, "sliding_window", block_size, window, sinks)]
     return KVCacheManager(groups, num_blocks, enable_caching=True, max_chunk_tokens=chunk)
 
 
@@ -89,3 +91,37 @@ def test_window_groups_are_validated() -> None:
         CacheGroupSpec(0, "full", 16, window=8)
     with pytest.raises(ValueError, match="window"):
         CacheGroupSpec(0, "sliding_window", 16, window=0)
+
+
+def test_sink_blocks_stay_while_the_window_moves_on() -> None:
+    kv = window_manager(window=8, block_size=4, sinks=5, num_blocks=24)  # sinks 0-4: blocks 0 and 1
+    r = req("a", list(range(10)))
+    assert kv.allocate_slots(r, 10) == [[1, 2, 3]]
+    r.num_computed_tokens = 10
+    r.append_output_token(100)
+    for t in range(101, 140):
+        ids = decode(kv, r, t)[0]
+        assert ids[:2] == [1, 2]  # the sink blocks never leave
+        assert ids[2 : len(ids) - 3] == [0] * (len(ids) - 5)  # between them and the window: null blocks
+    assert kv.blocks_per_group()[0] <= 2 + -(-8 // 4) + 1
+    kv.free(r)
+    assert kv.num_used_blocks == 0
+
+
+def test_a_prefix_hit_with_sinks_needs_the_sink_and_window_blocks() -> None:
+    kv = window_manager(window=8, block_size=4, sinks=4)
+    a = req("a", list(range(24)))
+    assert kv.allocate_slots(a, 24) == [[1, 2, 3, 4, 5, 6]]
+    a.num_computed_tokens = 24
+    kv.free(a)
+    hits, num_tokens = kv.get_computed_blocks(req("b", list(range(24)) + [99]))
+    # the next token (position 24) reads the sink block 0 and positions 17..23 (blocks 4 and 5)
+    assert num_tokens == 24 and [blk.block_id for blk in hits[0]] == [1, 0, 0, 0, 5, 6]
+    kv.block_pool._evict(kv.block_pool.blocks[1])  # the sink block's hash is gone: no hit at any length
+    assert kv.get_computed_blocks(req("c", list(range(24)) + [99]))[1] == 0
+
+
+def test_sinks_count_towards_the_most_blocks_a_request_holds() -> None:
+    assert window_manager(window=8, block_size=4, chunk=16, sinks=6).max_blocks_per_request(100) == 7 + 2
+    with pytest.raises(ValueError, match="sinks"):
+        CacheGroupSpec(0, "full", 16, sinks=4)
