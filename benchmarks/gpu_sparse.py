@@ -4,9 +4,12 @@ timed against dense decode over the same latent cache.
 Shapes are V3.2's attention: 128 heads over a 512 + 64 latent row, an indexer of 64 heads x 128, top-k 2,048, pages
 of 64, bf16. Correctness runs at 4,096-token contexts (the reference materialises every score); the timings at
 65,536-token contexts, batch 32:
-  dense_ms             absorbed MLA decode over every cached row (the dispatcher's kernel), CUDA-graph replays
+  dense_ms             absorbed MLA decode over every cached row (the dispatcher's kernel)
+  index_scores_ms      the index-score kernel alone; topk_ms (topk_unsorted_ms) torch.topk on its scores, sorted (not)
+  select_ms            index scores + top-k + slots (TritonMLABackend.select_topk)
   sparse_ms            the same queries over each sequence's 2,048 selected rows only (TritonMLABackend.sparse_latent)
-  indexer_sparse_ms    index scores + top-k (TritonMLABackend.select_topk) and then sparse_ms's attention
+  indexer_sparse_ms    select_ms's selection and then sparse_ms's attention
+for a bf16 cache and for each 8-bit cache (latent and indexer keys both), all replayed from CUDA graphs.
 The issue's targets: dense / sparse >= 16, dense / (indexer + sparse) >= 4.
 
     python benchmarks/gpu_suite.py --sections sparse --out benchmarks/results/h200-sparse-DATE.json
@@ -16,7 +19,8 @@ import torch
 
 from mlaserve.attention.metadata import build_metadata
 from mlaserve.attention.sparse import select_topk, sparse_latent_attention
-from mlaserve.attention.triton.mla_decode import mla_decode
+from mlaserve.attention.triton.index_topk import index_scores_paged
+from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode
 from mlaserve.attention.triton_mla import TritonMLABackend
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
@@ -71,33 +75,53 @@ def check(backend: TritonMLABackend) -> dict:
     return out
 
 
+def timings(backend: TritonMLABackend, bench_graph, cache_dtype: torch.dtype | None) -> dict:
+    """Dense decode, the selection's parts, sparse attention and indexer + sparse at 65,536-token contexts, batch 32,
+    every one replayed from a CUDA graph as the engine's decode steps run; latent and indexer keys in the cache's
+    dtype (16-bit: bf16; 8-bit: values plus the row scale)."""
+    batch, length = 32, 65536
+    latent, keys, table, meta, q, index_q, weights, positions = case(batch, length, seed=2)
+    if cache_dtype is not None:
+        latent, keys = quantize_rows(latent, cache_dtype), quantize_rows(keys, cache_dtype)
+    scale, k_scale = 0.07, INDEX_DIM**-0.5
+    q_lat, q_pe = q[..., :LAT], q[..., LAT:]
+    visible = (positions + 1).to(torch.int32)
+    rows = torch.arange(batch, device="cuda")
+    select = lambda: backend.select_topk(index_q, weights, keys, meta, positions, TOPK, k_scale)  # noqa: E731
+    slots = select()
+    scores = index_scores_paged(index_q, weights, keys, table, rows, visible, length, k_scale)
+    out = dict(
+        dense_ms=bench_graph(lambda: mla_decode(q_lat, latent, table, meta.seq_lens, length, LAT, scale, q_pe=q_pe)),
+        index_scores_ms=bench_graph(
+            lambda: index_scores_paged(index_q, weights, keys, table, rows, visible, length, k_scale)
+        ),
+        topk_ms=bench_graph(lambda: scores.topk(TOPK, dim=-1)),
+        topk_unsorted_ms=bench_graph(lambda: scores.topk(TOPK, dim=-1, sorted=False)),
+        select_ms=bench_graph(select),
+        sparse_ms=bench_graph(lambda: backend.sparse_latent(q_lat, q_pe, latent, slots, scale, LAT)),
+        indexer_sparse_ms=bench_graph(lambda: backend.sparse_latent(q_lat, q_pe, latent, select(), scale, LAT)),
+        dense_kernel=mla_decode_plan(q_lat, latent, length),
+        sparse_kernel=mla_decode_plan(q_lat, latent.view(-1, 1, 1, latent.shape[-1]), TOPK),
+    )  # fmt: skip
+    out["sparse_speedup"] = out["dense_ms"] / out["sparse_ms"]
+    out["indexer_sparse_speedup"] = out["dense_ms"] / out["indexer_sparse_ms"]
+    return out
+
+
+def mla_decode_plan(q: torch.Tensor, cache: torch.Tensor, max_len: int) -> str:
+    plan = decode_plan(q, cache, max_len, LAT, ROPE)
+    return f"{plan.kernel}, {plan.num_splits} splits"
+
+
 def sparse(bench, bench_graph) -> dict:
     backend = TritonMLABackend()
     result = {"check": check(backend)}
-    batch, length = 32, 65536
-    latent, keys, table, meta, q, index_q, weights, positions = case(batch, length, seed=2)
-    scale = 0.07
-    q_lat, q_pe = q[..., :LAT], q[..., LAT:]
-    dense_ms = bench_graph(
-        lambda: mla_decode(q_lat, latent, table, meta.seq_lens, length, LAT, scale, q_pe=q_pe)
+    result["shape"] = dict(batch=32, context=65536, topk=TOPK, heads=HEADS, latent=LAT, rope=ROPE,
+                           index_heads=INDEX_HEADS, index_dim=INDEX_DIM, page=PAGE)  # fmt: skip
+    for name, dtype in {"bf16": None, **QUANTIZED}.items():
+        result[name] = timings(backend, bench_graph, dtype)
+    result["targets"] = {"sparse_speedup": 16, "indexer_sparse_speedup": 4}
+    result["timing"] = (
+        "every figure a median of CUDA-graph replays with L2 emptied before each (gpu_suite.bench)"
     )
-    slots = backend.select_topk(index_q, weights, keys, meta, positions, TOPK, INDEX_DIM**-0.5)
-    sparse_ms = bench_graph(lambda: backend.sparse_latent(q_lat, q_pe, latent, slots, scale, LAT))
-    select_ms = bench(
-        lambda: backend.select_topk(index_q, weights, keys, meta, positions, TOPK, INDEX_DIM**-0.5)
-    )
-    both_ms = bench(
-        lambda: backend.sparse_latent(
-            q_lat, q_pe, latent,
-            backend.select_topk(index_q, weights, keys, meta, positions, TOPK, INDEX_DIM**-0.5), scale, LAT,
-        )
-    )  # fmt: skip
-    result.update(
-        shape=dict(batch=batch, context=length, topk=TOPK, heads=HEADS, latent=LAT, rope=ROPE,
-                   index_heads=INDEX_HEADS, index_dim=INDEX_DIM, page=PAGE, dtype="bfloat16"),  # fmt: skip
-        dense_ms=dense_ms, sparse_ms=sparse_ms, select_ms=select_ms, indexer_sparse_ms=both_ms,
-        sparse_speedup=dense_ms / sparse_ms, indexer_sparse_speedup=dense_ms / both_ms,
-        targets={"sparse_speedup": 16, "indexer_sparse_speedup": 4},
-        timing="dense_ms and sparse_ms: CUDA-graph replays; select_ms and indexer_sparse_ms: eager calls",
-    )  # fmt: skip
     return result

@@ -71,10 +71,12 @@ class TritonMLABackend(SdpaBackend):
         from mlaserve.attention.triton.index_topk import select_topk_paged
 
         if meta.token_rows is None:  # each token's sequence (its block-table row), once per step
-            counts = torch.tensor(meta.query_lens, device=q.device)
-            meta.token_rows = torch.repeat_interleave(
-                torch.arange(len(meta.query_lens), device=q.device), counts
-            )
+            rows = torch.arange(len(meta.query_lens), device=q.device)
+            if meta.num_decodes < len(
+                meta.query_lens
+            ):  # (a decode step's is the arange: no host copy to capture)
+                rows = torch.repeat_interleave(rows, torch.tensor(meta.query_lens, device=q.device))
+            meta.token_rows = rows
         visible = (positions + 1).to(torch.int32)  # causal: a token sees keys up to its own position
         return select_topk_paged(
             q,

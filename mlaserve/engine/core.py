@@ -109,7 +109,10 @@ class EngineCore:
         )
         if self.device.type == "cuda" and not config.enforce_eager and graphable:
             # Fresh-prefill graphs need the varlen flash attention, which takes 16-bit inputs only.
-            half = self.model_config.dtype in (torch.float16, torch.bfloat16)
+            half = (
+                self.model_config.dtype in (torch.float16, torch.bfloat16)
+                and self.model.supports_prefill_graphs
+            )
             self.runner.enable_cuda_graphs(max_len, config.max_num_seqs, min(2048, batched) if half else 0)
         self._prompt_logprobs: dict[str, list[dict[int, float] | None]] = {}
         self._grammar_compiler: GrammarCompiler | None = None

@@ -23,6 +23,9 @@ class CausalLM(nn.Module):
     supports_cuda_graphs = (
         True  # False where a layer's step has host-dependent shapes (capture would be wrong)
     )
+    supports_prefill_graphs = (
+        True  # False where a prefill graph's padded metadata would change the step's work
+    )
     stacked_params: tuple[StackedParam, ...] = ()
     # Checkpoint names containing any of these are not weights (rotary caches, multi-token-prediction heads).
     ignored_fragments: tuple[str, ...] = ("rotary_emb.inv_freq",)

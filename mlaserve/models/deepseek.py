@@ -148,8 +148,10 @@ class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
 class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
     """V3 with the lightning indexer in every attention layer (layers/indexer.py): sparse top-k attention."""
 
-    # Top-k selection runs in torch with shapes that follow the step's context lengths: eager only, for now.
-    supports_cuda_graphs = False
+    # Decode graphs select over max_model_len keys (the captured metadata's length) and always take the top-k
+    # (-1 padded), so a captured step does not depend on the step's lengths. A prefill graph's metadata is its
+    # padded size, from which the indexer would pick dense or sparse attention for the real prompts: not captured.
+    supports_prefill_graphs = False
 
     @property
     def index_topk(self) -> int:

@@ -1,6 +1,6 @@
 """On a GPU (skipped in CI): DeepSeek-V3.2's Triton selection (index scores + top-k) and sparse attention against
 the torch reference on fresh random inputs, and the engine on tiny V3.2 and sliding-window models: the triton_mla
-backend with CUDA graphs allowed must give the torch backend's tokens in float32.
+backend (V3.2 decode from CUDA graphs) must give the torch backend's tokens in float32.
 
 The GPU image's transformers has no DeepseekV32 classes, so the V3.2 model is a config.json with seeded dummy
 weights (load_format="dummy"), the torch backend its reference; the CPU suite checks that backend against
@@ -63,7 +63,7 @@ def test_selection_kernel_matches_reference(heads, dim, topk, page, cache_dtype)
     got = TritonMLABackend().select_topk(q, weights, cache, meta, positions, topk, dim**-0.5)
     assert got.shape == want.shape
     for a, b in zip(got.tolist(), want.tolist()):  # float32 scores: the same sets but for exact ties
-        assert len(set(a) & set(b)) >= len(b) - 1
+        assert len(set(a) & set(b)) >= len(set(b)) - 1  # (sets: a short context pads with repeated -1s)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -84,7 +84,7 @@ def test_sparse_attention_kernel_matches_reference(heads, rank, rope, dtype, cac
     torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
 
 
-def generate_all(path, backend: str, eager: bool, **options) -> list[list[int]]:
+def generate_all(path, backend: str, eager: bool, graphs: bool | None = None, **options) -> list[list[int]]:
     gen = torch.Generator().manual_seed(0)
     prompts = [
         {"prompt_token_ids": torch.randint(3, 250, (n,), generator=gen).tolist()} for n in (5, 40, 120, 300)
@@ -95,6 +95,8 @@ def generate_all(path, backend: str, eager: bool, **options) -> list[list[int]]:
         prompts, SamplingParams(temperature=0, max_tokens=48, ignore_eos=True), use_tqdm=False
     )
     assert llm.stats()["kv_blocks_used"] == 0
+    if graphs is not None:  # decode steps replayed from CUDA graphs, or not (the model declares which)
+        assert (llm.engine.runner.graphs is not None) == graphs
     return [o.outputs[0].token_ids for o in outs]
 
 
@@ -102,7 +104,8 @@ def generate_all(path, backend: str, eager: bool, **options) -> list[list[int]]:
 def test_v32_engine_triton_equals_torch_backend(tmp_path, kv_cache_dtype):
     (tmp_path / "config.json").write_text(json.dumps(V32))
     opts = dict(load_format="dummy", skip_tokenizer_init=True, seed=3, kv_cache_dtype=kv_cache_dtype)
-    assert generate_all(tmp_path, "triton_mla", False, **opts) == generate_all(
+    # max_model_len 512 > index_topk 16: every captured decode step selects (the graph cannot pick dense)
+    assert generate_all(tmp_path, "triton_mla", False, graphs=True, **opts) == generate_all(
         tmp_path, "torch", True, **opts
     )
 
@@ -113,4 +116,5 @@ def test_v32_engine_triton_equals_torch_backend(tmp_path, kv_cache_dtype):
 ])  # fmt: skip
 def test_windowed_engine_triton_equals_torch_backend(tmp_path, name, options):
     path = build_tiny(name, tmp_path, max_position_embeddings=1024, **options)
-    assert generate_all(path, "triton_mla", False) == generate_all(path, "torch", True)
+    # Per-head K/V caches decode through SDPA, which the engine does not capture: these run eagerly either way.
+    assert generate_all(path, "triton_mla", False, graphs=False) == generate_all(path, "torch", True)

@@ -79,9 +79,10 @@ class DecodeKernel:
     tma_rows: bool = False  # copies rows with TMA: 16-byte aligned rows
 
 
-# What the Gluon kernels share: Hopper, a 16-bit query, any heads (in groups), tiles of 64 rows inside a page.
-GLUON = dict(runtime="gluon", archs=frozenset({"sm_90"}), query_dtypes=HALF, heads=ANY,
-             pages=Widths(multiple_of=64))  # fmt: skip
+# What the Gluon kernels share: Hopper, a 16-bit query, any heads (in groups). The 8-bit kernels were measured with
+# 64-row tiles inside a page (the fp8-dot one copies them by TMA); the 16-bit one looks up each row's page where a
+# tile spans pages (sparse attention's pages of one row).
+GLUON = dict(runtime="gluon", archs=frozenset({"sm_90"}), query_dtypes=HALF, heads=ANY)
 TRITON_TUNABLES = frozenset({"block_h", "block_n", "num_warps", "num_stages", "num_splits", "prefetch", "page_ahead",
                              "q_f16", "widen_bits", "partial_dtype"})  # fmt: skip
 
@@ -92,18 +93,18 @@ DECODE_KERNELS: tuple[DecodeKernel, ...] = (
     DecodeKernel(
         "gluon_fp8", "fp8 cache, both dots on fp8 tensor cores (mla_decode_fp8.py)", **GLUON,
         cache_dtypes=frozenset({torch.float8_e4m3fn}), ranks=Widths(512, 512), ropes=Widths(32, 128, pow2=True),
-        pays=rules.few_heads, pays_per_call=rules.fp8_dots_pay_for, pays_when="fp8_dots_pay",
+        pages=Widths(multiple_of=64), pays=rules.few_heads, pays_per_call=rules.fp8_dots_pay_for, pays_when="fp8_dots_pay",
         plan=rules.plan_gluon_fp8, tunables=frozenset({"num_splits", "partial_dtype", "pdl"}), tma_rows=True,
     ),
     DecodeKernel(
         "gluon_wgmma8", "8-bit cache widened in wgmma's operand registers (mla_decode_wgmma8.py)", **GLUON,
         cache_dtypes=EIGHT_BIT, ranks=Widths(512, 512), ropes=Widths(64, 128, pow2=True),
-        pays=rules.fp8_few_heads, plan=rules.plan_gluon_wgmma8,
+        pages=Widths(multiple_of=64), pays=rules.fp8_few_heads, plan=rules.plan_gluon_wgmma8,
     ),
     DecodeKernel(
         "gluon_wgmma", "16-bit cache, 64 heads per program, warpgroups split the scores (mla_decode_wgmma.py)",
         **GLUON, cache_dtypes=HALF, ranks=Widths(64, 512, pow2=True), ropes=Widths(64, 64),
-        pays=rules.many_heads, plan=rules.plan_gluon_wgmma,
+        pages=ANY, pays=rules.many_heads, plan=rules.plan_gluon_wgmma,
     ),
     DecodeKernel(
         "triton", "general: any heads, widths and page, tiles padded to powers of two (mla_decode._stage1)",

@@ -39,8 +39,11 @@ def _copy_tile(
     Returns the rows' pointers and which rows are in range (the 8-bit kernel reads the row scales behind them)."""
     pos = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, rows))
     ok = pos < end
-    page = gl.load(BlockTable + b * stride_bt + n0 // PAGE, mask=n0 < end, other=0).to(gl.int64)
-    base = KV + (page * PAGE + pos % PAGE) * stride_kv  # the tile lies inside one page (PAGE % BLOCK_N == 0)
+    if PAGE % BLOCK_N == 0:  # the tile lies inside one page: one table lookup
+        page = gl.load(BlockTable + b * stride_bt + n0 // PAGE, mask=n0 < end, other=0).to(gl.int64)
+    else:  # a tile spans pages (pages of one row: sparse attention's selected rows): a lookup per row
+        page = gl.load(BlockTable + b * stride_bt + pos // PAGE, mask=ok, other=0).to(gl.int64)
+    base = KV + (page * PAGE + pos % PAGE) * stride_kv
     lat = gl.arange(0, D_LAT, layout=gl.SliceLayout(0, rows))
     rope = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, rows))
     _async_load(k_dst, base[:, None] + lat[None, :], mask=ok[:, None])
@@ -84,7 +87,7 @@ def stage1_wgmma(
     num_heads, scale_log2, num_splits,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
 ):  # fmt: skip
-    # Launched with 8 warps (two warpgroups), BLOCK_H = 64 (one wgmma M) and BLOCK_N = 64 rows, PAGE % 64 == 0.
+    # Launched with 8 warps (two warpgroups), BLOCK_H = 64 (one wgmma M) and BLOCK_N = 64 rows, any PAGE.
     # Scores: warpgroup g computes columns [g * BLOCK_N / 2, (g + 1) * BLOCK_N / 2) for all BLOCK_H heads.
     scores: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16]
