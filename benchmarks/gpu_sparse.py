@@ -75,10 +75,13 @@ def check(backend: TritonMLABackend) -> dict:
     return out
 
 
-def timings(backend: TritonMLABackend, bench_graph, cache_dtype: torch.dtype | None) -> dict:
+def timings(
+    backend: TritonMLABackend, bench_graph, cache_dtype: torch.dtype | None, tune: bool = False
+) -> dict:
     """Dense decode, the selection's parts, sparse attention and indexer + sparse at 65,536-token contexts, batch 32,
     every one replayed from a CUDA graph as the engine's decode steps run; latent and indexer keys in the cache's
-    dtype (16-bit: bf16; 8-bit: values plus the row scale)."""
+    dtype (16-bit: bf16; 8-bit: values plus the row scale). The bf16 run (every run with `tune`) also sweeps the
+    index-score kernel's launch."""
     batch, length = 32, 65536
     latent, keys, table, meta, q, index_q, weights, positions = case(batch, length, seed=2)
     if cache_dtype is not None:
@@ -103,6 +106,17 @@ def timings(backend: TritonMLABackend, bench_graph, cache_dtype: torch.dtype | N
         dense_kernel=mla_decode_plan(q_lat, latent, length),
         sparse_kernel=mla_decode_plan(q_lat, latent.view(-1, 1, 1, latent.shape[-1]), TOPK),
     )  # fmt: skip
+    if cache_dtype is None or tune:  # the index-score kernel's launch: (block_n, tiles, num_warps) -> ms
+        out["index_scores_sweep"] = {
+            f"{n},{t},{w}": bench_graph(
+                lambda n=n, t=t, w=w: index_scores_paged(
+                    index_q, weights, keys, table, rows, visible, length, k_scale, n, t, w
+                )
+            )
+            for n in (32, 64, 128)
+            for t in (4, 8, 16)
+            for w in (4, 8)
+        }
     out["sparse_speedup"] = out["dense_ms"] / out["sparse_ms"]
     out["indexer_sparse_speedup"] = out["dense_ms"] / out["indexer_sparse_ms"]
     return out

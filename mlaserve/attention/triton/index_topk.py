@@ -1,8 +1,8 @@
 """DeepSeek-V3.2's index scores on the GPU, then the top-k: the lightning indexer's selection for a step.
 
 Every query token is scored against the paged indexer keys it may see (its sequence's block table, up to its own
-position): one program takes one token and a tile of BLOCK_N keys, loads the token's index_n_heads queries once,
-and sums weights[h] * relu(scale * q[h] . key) over the heads with one tensor-core dot per tile. Keys past a
+position): one program takes one token and a span of TILES tiles of BLOCK_N keys, loads the token's index_n_heads
+queries once, and sums weights[h] * relu(scale * q[h] . key) over the heads with one tensor-core dot per tile. Keys past a
 token's visible length score -inf, so top-k never picks them and the caller turns them into -1. 8-bit key caches
 (values, then the row's float32 scale: kvcache/quant.py) are widened in registers and the scale applied per key.
 
@@ -24,35 +24,40 @@ def _index_scores(
     Q, W, Keys, BlockTable, TableRow, Visible, Out,
     stride_qt, stride_qh, stride_wt, stride_k, stride_bt, stride_ot, length, scale,
     HEADS: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    QUANTIZED: tl.constexpr, PRECISION: tl.constexpr,
+    TILES: tl.constexpr, QUANTIZED: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0)
-    n0 = tl.program_id(1) * BLOCK_N
+    span = tl.program_id(1) * BLOCK_N * TILES
     visible = tl.load(Visible + t)
-    pos = n0 + tl.arange(0, BLOCK_N)
-    out = Out + t * stride_ot + pos
-    in_row = pos < length
-    if n0 >= visible:  # a tile wholly past this token's keys: nothing to load
-        tl.store(out, tl.full([BLOCK_N], float("-inf"), tl.float32), mask=in_row)
+    if span >= visible:  # a span wholly past this token's keys (causal prefill): nothing to load
+        for i in range(TILES):
+            pos = span + i * BLOCK_N + tl.arange(0, BLOCK_N)
+            tl.store(
+                Out + t * stride_ot + pos, tl.full([BLOCK_N], float("-inf"), tl.float32), mask=pos < length
+            )
         return
-    ok = pos < visible
-    row = tl.load(TableRow + t).to(tl.int64)
-    page = tl.load(BlockTable + row * stride_bt + pos // PAGE, mask=ok, other=0).to(tl.int64)
-    base = Keys + (page * PAGE + pos % PAGE) * stride_k
+    # The token's queries and head weights, loaded once for the span's TILES tiles: one load per key tile made the
+    # queries' reads (from L2) as large as the keys' (from HBM).
     dims = tl.arange(0, D)
-    k = tl.load(base[:, None] + dims[None, :], mask=ok[:, None], other=0.0)  # [BLOCK_N, D]
     heads = tl.arange(0, BLOCK_H)
     q = tl.load(Q + t * stride_qt + heads[:, None] * stride_qh + dims[None, :], mask=(heads < HEADS)[:, None],
                 other=0.0)  # fmt: skip
-    if QUANTIZED:
-        k = k.to(q.dtype)
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_H, BLOCK_N]
-    if QUANTIZED:
-        key_scale = tl.load((base + D).to(tl.pointer_type(tl.float32)), mask=ok, other=0.0)
-        s = s * key_scale[None, :]
     w = tl.load(W + t * stride_wt + heads, mask=heads < HEADS, other=0.0)
-    score = tl.sum(tl.maximum(s * scale, 0.0) * w[:, None], axis=0)
-    tl.store(out, tl.where(ok, score, float("-inf")), mask=in_row)
+    row = tl.load(TableRow + t).to(tl.int64)
+    for i in range(TILES):
+        pos = span + i * BLOCK_N + tl.arange(0, BLOCK_N)
+        ok = pos < visible
+        page = tl.load(BlockTable + row * stride_bt + pos // PAGE, mask=ok, other=0).to(tl.int64)
+        base = Keys + (page * PAGE + pos % PAGE) * stride_k
+        k = tl.load(base[:, None] + dims[None, :], mask=ok[:, None], other=0.0)  # [BLOCK_N, D]
+        if QUANTIZED:
+            k = k.to(q.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_H, BLOCK_N]
+        if QUANTIZED:
+            key_scale = tl.load((base + D).to(tl.pointer_type(tl.float32)), mask=ok, other=0.0)
+            s = s * key_scale[None, :]
+        score = tl.sum(tl.maximum(s * scale, 0.0) * w[:, None], axis=0)
+        tl.store(Out + t * stride_ot + pos, tl.where(ok, score, float("-inf")), mask=pos < length)
 
 
 def index_scores_paged(
@@ -64,26 +69,29 @@ def index_scores_paged(
     visible: torch.Tensor,
     length: int,
     scale: float,
+    block_n: int = 64,
+    tiles: int = 8,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """Scores [T, length] float32 of each token's visible keys (-inf past them). q [T, H, D] (16- or 32-bit),
-    weights [T, H] float32, key_cache [blocks, page, 1, D (+ 16 for 8-bit rows)], block_tables [S, max_blocks],
-    table_rows [T] (each token's row of block_tables), visible [T] (keys it may see, from position 0)."""
+        weights [T, H] float32, key_cache [blocks, page, 1, D (+ 16 for 8-bit rows)], block_tables [S, max_blocks],
+        table_rows [T] (each token's row of block_tables), visible [T] (keys it may see, from position 0). A program
+    scores tiles * block_n keys of one token (benchmarks/gpu_sparse.py --tune sweeps these)."""
     num_tokens, heads, dim = q.shape
     if dim & (dim - 1) or dim < 16:
         raise ValueError(
             f"the Triton index-score kernel takes index_head_dim a power of two >= 16, got {dim}"
         )
     out = torch.empty(num_tokens, length, dtype=torch.float32, device=q.device)
-    block_n = 64
     keys = key_cache.view(-1, key_cache.shape[-1])
-    grid = (num_tokens, triton.cdiv(length, block_n))
+    grid = (num_tokens, triton.cdiv(length, block_n * tiles))
     if num_tokens and length:
         _index_scores[grid](
             q, weights, keys, block_tables, table_rows, visible, out,
             q.stride(0), q.stride(1), weights.stride(0), keys.stride(0), block_tables.stride(0), out.stride(0),
             length, scale, HEADS=heads, D=dim, PAGE=key_cache.shape[1], BLOCK_H=max(16, triton.next_power_of_2(heads)),
-            BLOCK_N=block_n, QUANTIZED=is_quantized(key_cache.dtype),
-            PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            BLOCK_N=block_n, TILES=tiles, QUANTIZED=is_quantized(key_cache.dtype),
+            PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps,
         )  # fmt: skip
     return out
 
@@ -121,6 +129,38 @@ def select_topk_paged(
             scale,
         )
         values, idx = scores.topk(k, dim=-1)
-        slots = block_tables[table_rows[rows].long()[:, None], idx // page].long() * page + idx % page
-        out[rows] = slots.masked_fill_(values == float("-inf"), -1)
+        slots_of_positions(values, idx, block_tables, table_rows[rows], page, out[rows])
     return out
+
+
+@triton.jit
+def _slots(
+    Values, Index, BlockTable, TableRow, Out, stride_v, stride_i, stride_bt, stride_o, k,
+    PAGE: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    in_k = cols < k
+    pos = tl.load(Index + t * stride_i + cols, mask=in_k, other=0)
+    picked = tl.load(Values + t * stride_v + cols, mask=in_k, other=0.0) != float("-inf")
+    row = tl.load(TableRow + t).to(tl.int64)
+    page = tl.load(BlockTable + row * stride_bt + pos // PAGE, mask=in_k & picked, other=0).to(tl.int64)
+    tl.store(Out + t * stride_o + cols, tl.where(picked, page * PAGE + pos % PAGE, -1), mask=in_k)
+
+
+def slots_of_positions(
+    values: torch.Tensor,
+    idx: torch.Tensor,
+    block_tables: torch.Tensor,
+    table_rows: torch.Tensor,
+    page: int,
+    out: torch.Tensor,
+) -> None:
+    """out [T, k] int64 = the flat cache slots of top-k's positions idx [T, k] through each token's block-table row,
+    -1 where top-k's value is -inf (fewer visible keys than k). One kernel where the torch expression took eight."""
+    block = min(1024, triton.next_power_of_2(max(1, idx.shape[1])))
+    if idx.numel():
+        _slots[(idx.shape[0], triton.cdiv(idx.shape[1], block))](
+            values, idx, block_tables, table_rows, out, values.stride(0), idx.stride(0), block_tables.stride(0),
+            out.stride(0), idx.shape[1], PAGE=page, BLOCK=block,
+        )  # fmt: skip

