@@ -106,16 +106,19 @@ def timings(
         dense_kernel=mla_decode_plan(q_lat, latent, length),
         sparse_kernel=mla_decode_plan(q_lat, latent.view(-1, 1, 1, latent.shape[-1]), TOPK),
     )  # fmt: skip
-    if cache_dtype is None or tune:  # the index-score kernel's launch: (block_n, tiles, num_warps) -> ms
+    if (
+        cache_dtype is None or tune
+    ):  # the index-score kernel's launch: (block_n, tiles, num_warps, stages) -> ms
         out["index_scores_sweep"] = {
-            f"{n},{t},{w}": bench_graph(
-                lambda n=n, t=t, w=w: index_scores_paged(
-                    index_q, weights, keys, table, rows, visible, length, k_scale, n, t, w
+            f"{n},{t},{w},{st}": bench_graph(
+                lambda n=n, t=t, w=w, st=st: index_scores_paged(
+                    index_q, weights, keys, table, rows, visible, length, k_scale, n, t, w, st
                 )
             )
-            for n in (32, 64, 128)
-            for t in (4, 8, 16)
+            for n in (64, 128)
+            for t in (8, 16, 32)
             for w in (4, 8)
+            for st in (1, 2, 3)
         }
     out["sparse_speedup"] = out["dense_ms"] / out["sparse_ms"]
     out["indexer_sparse_speedup"] = out["dense_ms"] / out["indexer_sparse_ms"]

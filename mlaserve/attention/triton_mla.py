@@ -92,7 +92,7 @@ class TritonMLABackend(SdpaBackend):
 
     def sparse_latent(self, q_latent, q_pe, cache, slots, scale: float, kv_lora_rank: int):
         """The paged decode kernels with pages of one row: each token's selected slots are its "block table" (the
-        valid ones come first: top-k returns them best first, the -1s last), their count its length."""
+        valid ones come first, the -1s last: index_topk.slots_of_positions), their count its length."""
         from mlaserve.attention.triton.mla_decode import mla_decode
 
         rows = cache.view(-1, 1, 1, cache.shape[-1])

@@ -30,8 +30,10 @@ def test_triton_selection_equals_the_reference(seed, topk, cache_dtype):
     want = select_topk(q, weights, cache, meta, topk, 0.25)
     got = TritonMLABackend().select_topk(q, weights, cache, meta, token_positions(), topk, 0.25)
     assert got.shape == want.shape
-    for t in range(num_tokens):  # the same set (the order of equal scores may differ)
+    for t in range(num_tokens):  # the same set (unsorted: in any order), the -1s after the slots
         assert sorted(got[t].tolist()) == sorted(want[t].tolist()), t
+        valid = (got[t] >= 0).tolist()
+        assert valid == sorted(valid, reverse=True), t
 
 
 @pytest.mark.parametrize("cache_dtype", [None, torch.float8_e4m3fn])
