@@ -154,10 +154,14 @@ def few_heads(shape: DecodeShape, device: DecodeDevice) -> bool:
     return shape.num_heads <= 16
 
 
-def fp8_few_heads(shape: DecodeShape, device: DecodeDevice) -> bool:
-    """The widening 8-bit Gluon kernel pays for fp8 caches; int8 gained 0-5% over the Triton kernel (and lost 1% at
-    small batches), so int8 stays on the Triton kernel unless named."""
-    return few_heads(shape, device) and shape.cache_dtype == FP8
+def fp8_widening_pays(shape: DecodeShape, device: DecodeDevice) -> bool:
+    """The widening 8-bit Gluon kernel pays for fp8 caches at 16 heads or fewer, and at 64 or more, where it runs
+    16-head groups: at 128 heads on an H200 it took 0.59 ms at (B, L) = (64, 4,096) and 1.17 ms at (32, 16,384)
+    against the Triton kernel's 2.18 and 4.31 (whose 64-head programs widen each tile in registers that the dots
+    also need; benchmarks/diagnose/many_heads_8bit.py). 17-63 heads were not measured and keep the Triton kernel.
+    int8 gained 0-5% over the Triton kernel at 16 heads (and lost 1% at small batches), so int8 stays there unless
+    named."""
+    return shape.cache_dtype == FP8 and (few_heads(shape, device) or shape.num_heads >= 64)
 
 
 def fp8_dots_pay_for(shape: DecodeShape, call: DecodeCall, device: DecodeDevice) -> bool:

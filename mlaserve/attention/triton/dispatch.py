@@ -99,7 +99,7 @@ DECODE_KERNELS: tuple[DecodeKernel, ...] = (
     DecodeKernel(
         "gluon_wgmma8", "8-bit cache widened in wgmma's operand registers (mla_decode_wgmma8.py)", **GLUON,
         cache_dtypes=EIGHT_BIT, ranks=Widths(512, 512), ropes=Widths(64, 128, pow2=True),
-        pages=Widths(multiple_of=64), pays=rules.fp8_few_heads, plan=rules.plan_gluon_wgmma8,
+        pages=Widths(multiple_of=64), pays=rules.fp8_widening_pays, plan=rules.plan_gluon_wgmma8,
     ),
     DecodeKernel(
         "gluon_wgmma", "16-bit cache, 64 heads per program, warpgroups split the scores (mla_decode_wgmma.py)",
