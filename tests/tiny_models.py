@@ -71,6 +71,34 @@ CONFIGS: dict[str, tuple[str, dict]] = {
             index_head_dim=32,
         ),
     ),
+    # One layer of each attention kind (window 16; compressed entries of rate 8; rate-4 entries picked by an
+    # indexer keeping 4), a hash-routed MoE layer first. build_tiny gives the sinks, compressor biases and
+    # hyper-connection biases (zero at init) and the hash table random values, so every path matters.
+    "deepseek_v4": (
+        "DeepseekV4",
+        dict(
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=32,
+            partial_rotary_factor=0.5,
+            q_lora_rank=48,
+            sliding_window=16,
+            o_groups=2,
+            o_lora_rank=24,
+            layer_types=["sliding_attention", "heavily_compressed_attention", "compressed_sparse_attention"],
+            mlp_layer_types=["hash_moe", "moe", "moe"],
+            compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+            index_topk=4,
+            index_n_heads=16,
+            index_head_dim=32,
+            hc_mult=2,
+            hc_sinkhorn_iters=5,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+        ),
+    ),
     "deepseek_v3_yarn_nolora": (
         "DeepseekV3",
         dict(MLA, q_lora_rank=None, n_group=1, topk_group=1, rope_scaling=YARN, max_position_embeddings=512),
@@ -155,12 +183,28 @@ def build_tiny(name: str, path: Path, seed: int = 0, tokenizer: str = "word", **
             for layer in model.model.layers:
                 if hasattr(layer.mlp, "gate"):
                     layer.mlp.gate.e_score_correction_bias.normal_(0, 0.05)
+    if name.startswith("deepseek_v4"):
+        randomize_v4_extras(model, cfg)
     model.save_pretrained(str(path))
     if tokenizer == "bytes":
         save_byte_tokenizer(path)
     else:
         save_word_tokenizer(path, cfg.vocab_size)
     return path
+
+
+@torch.no_grad()
+def randomize_v4_extras(model, cfg) -> None:
+    """transformers initialises V4's sinks, compressor position biases and hyper-connection biases to zero and
+    its hash table to expert 0: random values instead, so a model that ignored any of them would differ."""
+    for name, param in model.named_parameters():
+        if name.endswith(("sinks", "position_bias", ".base", "hc_base")):
+            param.normal_(0, 0.5)
+    for name, buffer in model.named_buffers():
+        if name.endswith("tid2eid"):
+            buffer.copy_(torch.randint(0, cfg.n_routed_experts, buffer.shape))
+        elif name.endswith("e_score_correction_bias"):
+            buffer.normal_(0, 0.05)
 
 
 def load_reference(path: Path):

@@ -21,6 +21,32 @@ _DTYPES = {
 _CONFIG_FALLBACK = {"deepseek_v32": "deepseek_v3"}
 
 
+# Configs read without their transformers class where it is missing (older transformers, as on the GPU image):
+# config.json must then spell out every field the model reads, as transformers' save_pretrained writes them.
+_SPELLED_OUT = {
+    "deepseek_v4": ("layer_types", "mlp_layer_types", "compress_rates", "rope_parameters", "qk_rope_head_dim")
+}
+
+
+def spelled_out_config(config_dict: dict) -> object:
+    from transformers import PretrainedConfig
+
+    model_type = config_dict["model_type"]
+    missing = [name for name in _SPELLED_OUT[model_type] if name not in config_dict]
+    if missing:
+        raise ValueError(
+            f"this transformers has no {model_type!r} config class, and config.json leaves {', '.join(missing)} "
+            "to it: save the config with a transformers that has the class, or upgrade transformers"
+        )
+    logger.info("transformers has no %r config; reading config.json's fields as they are", model_type)
+    # the generic class validates layer-type lists against the types it knows: set them after construction
+    later = ("model_type", "layer_types", "mlp_layer_types")
+    config = PretrainedConfig(**{k: v for k, v in config_dict.items() if k not in later})
+    for name in later:
+        setattr(config, name, config_dict[name])
+    return config
+
+
 def hf_config_from_dict(config_dict: dict) -> object:
     """A transformers PretrainedConfig from a config.json dict; rope_scaling is normalised to rope_parameters."""
     from transformers import AutoConfig
@@ -29,6 +55,8 @@ def hf_config_from_dict(config_dict: dict) -> object:
     model_type = config_dict.get("model_type")
     if not model_type:
         raise ValueError("config.json has no 'model_type'")
+    if model_type not in CONFIG_MAPPING and model_type in _SPELLED_OUT:
+        return spelled_out_config(config_dict)
     if model_type not in CONFIG_MAPPING:
         if model_type not in _CONFIG_FALLBACK:
             raise ValueError(f"unsupported model_type {model_type!r} in config.json")
@@ -87,6 +115,26 @@ def layer_windows(hf_config: object) -> list[int | None]:
     if len(types) != num_layers:
         raise ValueError(f"config.json: layer_types has {len(types)} entries for {num_layers} layers")
     return [window if t == "sliding_attention" else None for t in types]
+
+
+def check_compressed_attention(hf_config: object) -> None:
+    """DeepSeek-V4's attention (a config with compress_rates): every layer has a window, each compressed layer kind
+    its rate, and the grouped output projection splits the heads evenly."""
+    rates = getattr(hf_config, "compress_rates", None)
+    if rates is None:
+        return
+    window = getattr(hf_config, "sliding_window", None)
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ValueError(f"config.json: sliding_window must be a positive number of tokens, got {window!r}")
+    for kind in sorted(set(hf_config.layer_types) - {"sliding_attention"}):
+        rate = rates.get(kind) if isinstance(rates, dict) else None
+        if not isinstance(rate, int) or isinstance(rate, bool) or rate < 1:
+            raise ValueError(
+                f"config.json: compress_rates[{kind!r}] must be a positive integer, got {rate!r}"
+            )
+    heads, groups = hf_config.num_attention_heads, getattr(hf_config, "o_groups", None)
+    if not isinstance(groups, int) or groups < 1 or heads % groups:
+        raise ValueError(f"config.json: o_groups={groups!r} must divide num_attention_heads={heads}")
 
 
 @dataclass(frozen=True)
@@ -156,6 +204,7 @@ class ModelConfig:
             hf_config
         )  # a window or top-k that cannot be served is an error before any weight loads
         indexer_config(hf_config)
+        check_compressed_attention(hf_config)
         limit = getattr(hf_config, "max_position_embeddings", None) or 2048
         limit_name = "max_position_embeddings"
         if max_model_len is None:

@@ -28,6 +28,7 @@ from mlaserve.kvcache.spec import FULL, KVCacheSpec
 from mlaserve.loader.model_files import resolve_model
 from mlaserve.loader.model_loader import build_model
 from mlaserve.loader.tokenizer import load_tokenizer
+from mlaserve.models.registry import get_model_class
 from mlaserve.runner.model_runner import LaunchedStep, ModelRunner, StepResult
 from mlaserve.sampling_params import SamplingParams
 
@@ -65,14 +66,19 @@ class EngineCore:
             files.config_dict, config.dtype, self.device, config.max_model_len
         )
         # skip_tokenizer_init (as vLLM): token ids in, token ids out; for speed runs on configs with no tokenizer.
-        if (
-            config.sliding_window
-            and getattr(self.model_config.hf_config, "kv_lora_rank", None)
-            and not config.mla_disable
-        ):
+        # Options the model's cache cannot take are errors before any weight loads.
+        model_cls = get_model_class(self.model_config.architecture)
+        latent = model_cls.latent_cache(config.mla_disable)
+        resolve_cache_dtype(config.kv_cache_dtype, self.model_config.dtype, latent)
+        if config.sliding_window and (latent or not model_cls.training_free_window):
+            why = (
+                "the latent-cache decode kernels take no window"
+                if latent
+                else f"{self.model_config.architecture} attends through its own windows and compressed caches"
+            )
             raise ValueError(
                 "sliding_window applies to models with per-head K/V caches so far (Llama, Qwen2, Mistral, or an MLA "
-                "model with mla_disable): the latent-cache decode kernels take no window"
+                f"model with mla_disable): {why}"
             )
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(files)
         self.backend = select_backend(self.device, config.attention_backend)

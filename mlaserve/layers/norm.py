@@ -41,3 +41,17 @@ class RMSNorm(nn.Module):
             return kernel(x, self.weight, self.eps, residual)
         h = x + residual
         return self(h), h
+
+
+class Float32RMSNorm(nn.Module):
+    """RMSNorm whose weight stays float32 and multiplies in float32, cast once at the end (DeepSeek-V4 keeps its
+    norm weights in float32); torch only, for the V4 reference path."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=torch.float32))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps))).to(x.dtype)

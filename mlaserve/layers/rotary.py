@@ -88,3 +88,15 @@ class RotaryEmbedding(nn.Module):
                 positions, x, x[:, :0], self.inv_freq, self.scaling, self.rotary_dim, self.interleaved
             )[0]
         return self.rotate(x, *self.cos_sin(positions))
+
+
+def rotate_trailing_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotates the last 2 * cos.shape[-1] features of x [T, H, D] as interleaved pairs (x0, x1), (x2, x3), ...,
+    keeping that layout (DeepSeek-V4 reads the rotated part back as values, so the layout is not free); cos/sin
+    [T, rotary_dim / 2], rounded to x's dtype as the reference does, then applied in float32."""
+    d = 2 * cos.shape[-1]
+    rest, rot = x[..., : x.shape[-1] - d], x[..., x.shape[-1] - d :].float()
+    cos, sin = cos[:, None, :].to(x.dtype).float(), sin[:, None, :].to(x.dtype).float()
+    x1, x2 = rot[..., 0::2], rot[..., 1::2]
+    out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2).to(x.dtype)
+    return torch.cat((rest, out), dim=-1)

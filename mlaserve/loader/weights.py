@@ -81,7 +81,9 @@ def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> Lo
     generators: dict[torch.device, torch.Generator] = {}
     report = LoadReport()
     for name, param in model.named_parameters():
-        if name.endswith("norm.weight"):
+        if not param.is_floating_point():
+            pass  # integer tables (DeepSeek-V4's hash routing) keep the model's own construction
+        elif name.endswith("norm.weight"):
             param.fill_(1.0)
         elif name.endswith("e_score_correction_bias") or name.endswith(".bias"):
             param.zero_()

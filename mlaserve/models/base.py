@@ -20,12 +20,12 @@ class StackedParam:
 
 class CausalLM(nn.Module):
     supports_mla_disable = False  # MLA models can cache expanded per-head K/V instead (mla_disable)
-    supports_cuda_graphs = (
-        True  # False where a layer's step has host-dependent shapes (capture would be wrong)
-    )
-    supports_prefill_graphs = (
-        True  # False where a prefill graph's padded metadata would change the step's work
-    )
+    # False where a layer's step has host-dependent shapes (capture would be wrong)
+    supports_cuda_graphs = True
+    # False where a prefill graph's padded metadata would change the step's work
+    supports_prefill_graphs = True
+    # whether the engine's training-free sliding_window / num_sink_tokens options apply to its cache
+    training_free_window = True
     stacked_params: tuple[StackedParam, ...] = ()
     # Checkpoint names containing any of these are not weights (rotary caches, multi-token-prediction heads).
     ignored_fragments: tuple[str, ...] = ("rotary_emb.inv_freq",)
@@ -44,6 +44,11 @@ class CausalLM(nn.Module):
 
     def kv_cache_spec(self) -> KVCacheSpec:
         raise NotImplementedError
+
+    @classmethod
+    def latent_cache(cls, mla_disable: bool) -> bool:
+        """Whether the model caches MLA latent rows (known before it is built: options are checked against it)."""
+        return False
 
     def latent_attention_shape(self) -> tuple[int, int, int] | None:
         """(query heads per rank, kv_lora_rank, qk_rope_head_dim) of absorbed MLA decode over a latent cache, which

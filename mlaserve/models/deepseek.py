@@ -87,6 +87,10 @@ class DeepseekV2ForCausalLM(CausalLM):
 
     supports_mla_disable = True
 
+    @classmethod
+    def latent_cache(cls, mla_disable: bool) -> bool:
+        return not mla_disable
+
     def __init__(
         self, cfg: object, backend: AttentionBackend, ctx: ParallelContext = SINGLE, mla_disable: bool = False
     ) -> None:

@@ -9,6 +9,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "DeepseekV2ForCausalLM": ("mlaserve.models.deepseek", "DeepseekV2ForCausalLM"),
     "DeepseekV3ForCausalLM": ("mlaserve.models.deepseek", "DeepseekV3ForCausalLM"),
     "DeepseekV32ForCausalLM": ("mlaserve.models.deepseek", "DeepseekV32ForCausalLM"),
+    "DeepseekV4ForCausalLM": ("mlaserve.models.deepseek_v4", "DeepseekV4ForCausalLM"),
 }
 
 

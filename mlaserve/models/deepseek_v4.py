@@ -1,0 +1,322 @@
+"""DeepSeek-V4: shared-KV attention over a sliding window plus compressed entries, hyper-connections, hash-routed
+and score-routed MoE; torch reference.
+
+Each layer's attention is one of three kinds (config.layer_types): "sliding_attention" (the last sliding_window
+tokens), "heavily_compressed_attention" (the window plus every compressed entry of rate compress_rates[...], 128 in
+V4) and "compressed_sparse_attention" (the window plus the index_topk entries of rate 4 that the lightning indexer
+picks). One head of head_dim is both key and value for all query heads; every head has a learned sink logit in its
+softmax; the rotary part (the last qk_rope_head_dim features, interleaved pairs) of the output is rotated back by
+the query's position before the grouped low-rank output projection.
+
+Cache: each layer keeps one row per token in the paged cache: the rotated kv, then the kv and gate projections of
+its compressor and its indexer (layers/compressor.py). Compressed entries are recomputed from those rows at every
+step, so chunked prefill, batching, preemption and prefix-cache hits need nothing special, but the cache holds the
+full-rate projections instead of the compressed entries: this reference does not save the memory that V4's
+compression saves (kv_bytes_per_token says what it holds).
+"""
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mlaserve.attention.backend import AttentionBackend, write_to_cache
+from mlaserve.attention.metadata import AttentionMetadata, slot_indices
+from mlaserve.kvcache.spec import KVCacheSpec, LayerCacheSpec
+from mlaserve.layers.compressor import CompressedIndexer, Compressor
+from mlaserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from mlaserve.layers.hyper_connection import HyperConnection, HyperHead, unweighted_rms_norm
+from mlaserve.layers.norm import Float32RMSNorm
+from mlaserve.layers.rotary import rotate_trailing_pairs
+from mlaserve.models.base import CausalLM
+from mlaserve.parallel import SINGLE, ParallelContext
+
+_HC = re.compile(r"\.hc_(attn|ffn)_(fn|base|scale)$")
+_RENAMES = {"embed.weight": "model.embed_tokens.weight", "head.weight": "lm_head.weight"}
+SLIDING, HEAVY, SPARSE = "sliding_attention", "heavily_compressed_attention", "compressed_sparse_attention"
+
+
+def v4_rope(cfg: object, kind: str) -> torch.Tensor:
+    """inv_freq [qk_rope_head_dim / 2] of the "main" (sliding layers) or "compress" rotary (the rest)."""
+    params = cfg.rope_parameters[kind]
+    dim = cfg.qk_rope_head_dim
+    if params.get("rope_type", "default") == "default":
+        return 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[params["rope_type"]](cfg, "cpu", layer_type=kind)
+    if scaling != 1.0:  # the reference applies no attention factor to the compressed rotary
+        raise ValueError(
+            f"config.json: rope_parameters[{kind!r}] gives an attention factor {scaling}; V4 uses 1.0"
+        )
+    return inv_freq.float()
+
+
+class Rotary(nn.Module):
+    def __init__(self, inv_freq: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        return freqs.cos(), freqs.sin()
+
+
+class GroupedLinear(nn.Module):
+    """o_a_proj: each of n_groups groups of heads projected on its own to out_features / n_groups."""
+
+    def __init__(self, in_per_group: int, out_features: int, n_groups: int) -> None:
+        super().__init__()
+        self.n_groups = n_groups
+        self.weight = nn.Parameter(torch.empty(out_features, in_per_group))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, n_groups, in_per_group] -> [T, out_features]"""
+        w = self.weight.view(self.n_groups, -1, self.weight.shape[-1]).transpose(1, 2)
+        return torch.bmm(x.transpose(0, 1), w).transpose(0, 1).flatten(1)
+
+
+class V4Attention(nn.Module):
+    def __init__(self, cfg: object, layer_type: str) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim, self.window = cfg.num_attention_heads, cfg.head_dim, cfg.sliding_window
+        self.o_groups, self.eps, self.scale = cfg.o_groups, cfg.rms_norm_eps, cfg.head_dim**-0.5
+        # DeepSeek's checkpoint names: wq_a / q_norm / wq_b the low-rank query path, wkv / norm the shared kv,
+        # wo_a / wo_b the grouped output projection, attn_sink each head's sink logit
+        self.wq_a = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=False)
+        self.q_norm = Float32RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+        self.wq_b = nn.Linear(cfg.q_lora_rank, self.num_heads * self.head_dim, bias=False)
+        self.wkv = nn.Linear(cfg.hidden_size, self.head_dim, bias=False)
+        self.norm = Float32RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.wo_a = GroupedLinear(
+            self.num_heads * self.head_dim // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, cfg.o_groups
+        )
+        self.wo_b = nn.Linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, bias=False)
+        self.attn_sink = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32))
+        self.rotary = Rotary(v4_rope(cfg, "main" if layer_type == SLIDING else "compress"))
+        self.compressor: Compressor | None = None
+        self.indexer: CompressedIndexer | None = None
+        if layer_type != SLIDING:
+            rate = cfg.compress_rates[layer_type]
+            self.compressor = Compressor(
+                cfg.hidden_size, self.head_dim, rate, layer_type == SPARSE, cfg.rms_norm_eps
+            )
+            self.entry_rotary = Rotary(v4_rope(cfg, "compress"))
+        if layer_type == SPARSE:
+            self.indexer = CompressedIndexer(
+                cfg.hidden_size, cfg.q_lora_rank, cfg.index_n_heads, cfg.index_head_dim, rate, cfg.index_topk,
+                cfg.rms_norm_eps,
+            )  # fmt: skip
+
+    @property
+    def row_width(self) -> int:
+        """Features one token caches: its kv, then its compressor's and indexer's projections."""
+        width = self.head_dim
+        if self.compressor is not None:
+            width += self.compressor.state_width
+        if self.indexer is not None:
+            width += self.indexer.compressor.state_width
+        return width
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        cos, sin = self.rotary(positions)
+        q_resid = self.q_norm(self.wq_a(hidden))
+        q = unweighted_rms_norm(self.wq_b(q_resid).view(num_tokens, self.num_heads, self.head_dim), self.eps)
+        q = rotate_trailing_pairs(q, cos, sin)
+        rows = [rotate_trailing_pairs(self.norm(self.wkv(hidden))[:, None], cos, sin)[:, 0]]
+        if self.compressor is not None:
+            rows.append(self.compressor.state(hidden))
+        if self.indexer is not None:
+            rows.append(self.indexer.compressor.state(hidden))
+        write_to_cache(kv_cache, meta.slot_mapping, torch.cat(rows, dim=-1)[:, None])
+        cached = kv_cache.view(-1, kv_cache.shape[-1])
+        out, start = torch.empty_like(q), 0
+        for i, (q_len, n) in enumerate(zip(meta.query_lens, meta.host_seq_lens, strict=True)):
+            ctx = cached[slot_indices(meta.block_tables[i], n, meta.block_size)]
+            part = slice(start, start + q_len)
+            out[part] = self._attend(q[part], q_resid[part], hidden[part], positions[part], ctx)
+            start += q_len
+        out = rotate_trailing_pairs(out, cos, -sin)  # the values' rotation, undone at the query's position
+        return self.wo_b(self.wo_a(out.reshape(num_tokens, self.o_groups, -1)))
+
+    def _attend(self, q, q_resid, hidden, positions, ctx: torch.Tensor) -> torch.Tensor:
+        """One sequence's queries [q_len, H, D] over its cached rows [n, row_width]: the window, then the
+        compressed entries the layer's rule lets each query see, with the sinks in every head's softmax."""
+        n = ctx.shape[0]
+        keys = ctx[:, : self.head_dim]
+        key_pos = torch.arange(n, device=ctx.device)
+        visible = (key_pos[None, :] <= positions[:, None]) & (
+            key_pos[None, :] > positions[:, None] - self.window
+        )
+        compressor = self.compressor
+        if compressor is not None and n // compressor.rate:
+            count, rate = n // compressor.rate, compressor.rate
+            cos, sin = self.entry_rotary(torch.arange(count, device=ctx.device) * rate)
+            states = ctx[:, self.head_dim : self.head_dim + compressor.state_width]
+            entries = compressor.entries(states, count, cos, sin)
+            complete = torch.arange(count, device=ctx.device)[None, :] < ((positions + 1) // rate)[:, None]
+            if self.indexer is not None:
+                states = ctx[:, self.head_dim + compressor.state_width :]
+                index_keys = self.indexer.compressor.entries(states, count, cos, sin)
+                complete = self.indexer.select(
+                    q_resid, hidden, *self.entry_rotary(positions), index_keys, complete
+                )
+            keys = torch.cat((keys, entries))
+            visible = torch.cat((visible, complete), dim=1)
+        logits = torch.einsum("thd,kd->htk", q, keys).float() * self.scale
+        logits = logits.masked_fill(~visible[None], float("-inf"))
+        logits = torch.cat((logits, self.attn_sink[:, None, None].expand(-1, q.shape[0], 1)), dim=-1)
+        probs = torch.softmax(logits - logits.amax(dim=-1, keepdim=True), dim=-1)[..., :-1]
+        return torch.einsum("htk,kd->thd", probs.to(keys.dtype), keys)
+
+
+class V4MLP(nn.Module):
+    """SwiGLU (w1 gate, w3 up, w2 down: DeepSeek's names) with the gate clamped from above and the up projection on
+    both sides (swiglu_limit)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, limit: float) -> None:
+        super().__init__()
+        self.limit = limit
+        self.w1 = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.w3 = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.w2 = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = self.w1(x).clamp(max=self.limit)
+        return self.w2(F.silu(gate) * self.w3(x).clamp(-self.limit, self.limit))
+
+
+def run_experts(
+    experts: nn.ModuleList, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """Each routed expert over its tokens (a reference loop), weighted and summed per token."""
+    out = torch.zeros_like(x)
+    for expert in ids.unique().tolist():
+        token, slot = torch.where(ids == expert)
+        out.index_add_(0, token, (experts[expert](x[token]) * weights[token, slot, None]).to(x.dtype))
+    return out
+
+
+class V4Router(nn.Module):
+    """Experts by score plus a correction bias or, in hash layers, by a fixed token-id table; the chosen experts'
+    scores, normalised, weight them."""
+
+    def __init__(self, cfg: object, hashed: bool) -> None:
+        super().__init__()
+        self.top_k, self.scoring, self.factor = (
+            cfg.num_experts_per_tok,
+            cfg.scoring_func,
+            cfg.routed_scaling_factor,
+        )
+        self.weight = nn.Parameter(torch.empty(cfg.n_routed_experts, cfg.hidden_size))
+        if hashed:
+            # a checkpoint's table replaces this; a dummy model spreads token ids over the experts
+            table = torch.arange(cfg.vocab_size * self.top_k).view(-1, self.top_k) % cfg.n_routed_experts
+            self.tid2eid = nn.Parameter(table, requires_grad=False)
+        else:
+            self.bias = nn.Parameter(
+                torch.zeros(cfg.n_routed_experts, dtype=torch.float32)
+            )  # score correction
+
+    def scores(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.scoring == "sqrtsoftplus":
+            return F.softplus(logits).sqrt()
+        if self.scoring == "sigmoid":
+            return logits.sigmoid()
+        return logits.softmax(dim=-1)
+
+    def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = self.scores(F.linear(x, self.weight))
+        if hasattr(self, "tid2eid"):
+            ids = self.tid2eid[input_ids].long()
+        else:
+            ids = torch.topk(scores + self.bias, self.top_k, dim=-1, sorted=False).indices
+        weights = scores.gather(1, ids)
+        return weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * self.factor, ids
+
+
+class V4MoE(nn.Module):
+    def __init__(self, cfg: object, hashed: bool) -> None:
+        super().__init__()
+        self.gate = V4Router(cfg, hashed)
+        mlp = (cfg.hidden_size, cfg.moe_intermediate_size, cfg.swiglu_limit)
+        self.experts = nn.ModuleList(V4MLP(*mlp) for _ in range(cfg.n_routed_experts))
+        self.shared_experts = V4MLP(*mlp)
+
+    def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x, input_ids)
+        return run_experts(self.experts, x, ids, weights) + self.shared_experts(x)
+
+
+class V4DecoderLayer(nn.Module):
+    def __init__(self, cfg: object, idx: int) -> None:
+        super().__init__()
+        self.attn = V4Attention(cfg, cfg.layer_types[idx])
+        self.ffn = V4MoE(cfg, cfg.mlp_layer_types[idx] == "hash_moe")
+        self.attn_norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.ffn_norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        hc = (cfg.hc_mult, cfg.hidden_size, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
+        self.attn_hc, self.ffn_hc = HyperConnection(*hc), HyperConnection(*hc)
+
+    def forward(self, positions, streams, input_ids, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        post, comb, x = self.attn_hc(streams)
+        streams = HyperConnection.merge(
+            streams, self.attn(positions, self.attn_norm(x), kv_cache, meta), post, comb
+        )
+        post, comb, x = self.ffn_hc(streams)
+        return HyperConnection.merge(streams, self.ffn(self.ffn_norm(x), input_ids), post, comb)
+
+
+class V4Model(nn.Module):
+    def __init__(self, cfg: object, ctx: ParallelContext) -> None:
+        super().__init__()
+        self.hc_mult = cfg.hc_mult
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
+        self.layers = nn.ModuleList(V4DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.hc_head = HyperHead(cfg.hc_mult, cfg.hidden_size, cfg.hc_eps, cfg.rms_norm_eps)
+        self.norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
+        streams = self.embed_tokens(input_ids)[:, None, :].expand(-1, self.hc_mult, -1).contiguous()
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            streams = layer(positions, streams, input_ids, kv_cache, meta)
+        return self.norm(self.hc_head(streams))
+
+
+class DeepseekV4ForCausalLM(CausalLM):
+    supports_cuda_graphs = False  # a torch reference with host loops over the step's sequences
+    supports_prefill_graphs = False
+    training_free_window = False  # its cached rows feed the compressors: a window would drop what they need
+    ignored_fragments = ("rotary_emb.inv_freq", "mtp.")
+
+    def __init__(self, cfg: object, backend: AttentionBackend, ctx: ParallelContext = SINGLE) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = V4Model(cfg, ctx)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ctx)
+        if getattr(cfg, "tie_word_embeddings", False):
+            self.lm_head.weight = self.model.embed_tokens.weight
+            self.ignored_fragments = (*self.ignored_fragments, "lm_head.weight")
+
+    def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.compute_logits(hidden)
+
+    def map_checkpoint_name(self, name: str) -> tuple[str, object] | None:
+        """DeepSeek's names as transformers saves them (model.layers.N.attn.wq_a, head.weight) or as DeepSeek ships
+        them (layers.N..., embed.weight, hc_head_fn); hyper-connection weights are flat on the layer there."""
+        if name.startswith(("layers.", "norm.", "embed.", "hc_head_")):
+            name = "model." + name
+        name = _RENAMES.get(name.removeprefix("model."), name)
+        name = _HC.sub(r".\1_hc.\2", name).replace("model.hc_head_", "model.hc_head.hc_")
+        return super().map_checkpoint_name(name)
+
+    def kv_cache_spec(self) -> KVCacheSpec:
+        layers = tuple(LayerCacheSpec(1, layer.attn.row_width, False) for layer in self.model.layers)
+        return KVCacheSpec(layers, is_mla=False)

@@ -1,0 +1,158 @@
+"""DeepSeek-V4 against transformers' DeepseekV4ForCausalLM: a tiny random model with one layer of each attention
+kind (a window of 16, entries compressed 8:1, entries compressed 4:1 of which an indexer keeps 4) and a hash-routed
+MoE layer, with prompts and outputs longer than the window and than top-k x rate, so every path runs. Greedy tokens
+over 32 steps must equal transformers' and our logprobs its teacher-forced log-softmax within 1e-4, batched, with
+chunked prefill whose chunks split compression windows, preempted, and from prefix-cache hits."""
+
+import json
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from mlaserve import LLM, SamplingParams
+from tests.engine.test_sliding_window import check_logprobs, prompts, reference_tokens
+from tests.tiny_models import build_tiny
+
+OPTIONS = dict(dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def v4(tmp_path_factory):
+    return build_tiny("deepseek_v4", tmp_path_factory.mktemp("v4"))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        dict(
+            enable_chunked_prefill=True, max_num_batched_tokens=13
+        ),  # 13: chunks end inside windows of 4 and 8
+        dict(
+            block_size=4, num_kv_blocks=48, max_num_batched_tokens=32, max_model_len=128
+        ),  # requests preempted
+    ],
+    ids=["batched", "chunked", "preempted"],
+)
+def test_v4_equals_transformers(v4, options):
+    llm = LLM(str(v4), **{**OPTIONS, "num_kv_blocks": 256, **options})
+    batch = prompts(4, seed=1, low=10, high=60)
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=0)
+    outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+    for ids, out in zip(batch, outs):
+        assert out.outputs[0].token_ids == reference_tokens(v4, ids, 32)
+        check_logprobs(v4, ids, out)
+    stats = llm.stats()
+    assert stats["kv_blocks_used"] == 0
+    if "num_kv_blocks" in options:
+        assert stats["num_preemptions"] > 0
+
+
+def test_prefix_cache_hits_keep_v4_outputs(v4):
+    shared = prompts(1, seed=2, low=45, high=46)[0]
+    batch = [shared + p for p in prompts(3, seed=3, low=3, high=12)]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=0)
+    llm = LLM(str(v4), **OPTIONS, num_kv_blocks=256)
+    llm.generate([{"prompt_token_ids": batch[0]}], params, use_tqdm=False)  # caches the shared prefix
+    outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+    assert llm.stats()["prefix_cache_hits"] > 0
+    for ids, out in zip(batch, outs):
+        assert out.outputs[0].token_ids == reference_tokens(v4, ids, 16)
+        check_logprobs(v4, ids, out)
+
+
+def test_indexer_really_selects(v4, monkeypatch):
+    """Some query must see more complete 4:1 entries than the indexer keeps, so top-k drops some."""
+    from mlaserve.layers.compressor import CompressedIndexer
+
+    dropped, real = [], CompressedIndexer.select
+
+    def select(self, q_resid, hidden, cos, sin, keys, visible):
+        kept = real(self, q_resid, hidden, cos, sin, keys, visible)
+        dropped.append(int((visible.sum(-1) - kept.sum(-1)).max()))
+        return kept
+
+    monkeypatch.setattr(CompressedIndexer, "select", select)
+    llm = LLM(str(v4), **OPTIONS, num_kv_blocks=64)
+    llm.generate([{"prompt_token_ids": prompts(1, seed=6, low=40, high=41)[0]}], SamplingParams(max_tokens=2))
+    assert max(dropped) > 0
+
+
+def test_deepseeks_own_checkpoint_names_load(v4, tmp_path):
+    """DeepSeek ships layers.N..., embed.weight, head.weight, hc_head_fn (no model. prefix) where transformers
+    saves model.layers.N... and model.embed_tokens.weight."""
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((v4 / name).read_bytes())
+    renames = {"model.embed_tokens.weight": "embed.weight", "model.hc_head.hc_fn": "hc_head_fn",
+               "model.hc_head.hc_base": "hc_head_base", "model.hc_head.hc_scale": "hc_head_scale"}  # fmt: skip
+    tensors = {
+        renames.get(k, k.removeprefix("model.")): v for k, v in load_file(v4 / "model.safetensors").items()
+    }
+    save_file(tensors, tmp_path / "model.safetensors")
+    batch = [{"prompt_token_ids": p} for p in prompts(2, seed=7, low=20, high=30)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in LLM(str(v4), **OPTIONS).generate(batch, params, use_tqdm=False)]
+    got = LLM(str(tmp_path), **OPTIONS).generate(batch, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == want
+
+
+def test_kv_bytes_per_token_counts_what_each_layer_caches(v4):
+    llm = LLM(str(v4), **OPTIONS, num_kv_blocks=16, max_model_len=128)
+    cfg = json.loads((v4 / "config.json").read_text())
+    d, i = cfg["head_dim"], cfg["index_head_dim"]
+    # window kv; + the 8:1 compressor's kv and gate; + the 4:1 compressor's two series and the indexer's
+    want = (d + (d + 2 * d) + (d + 4 * d + 4 * i)) * 4
+    assert llm.stats()["kv_bytes_per_token"] == want
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"compress_rates": {"compressed_sparse_attention": 0, "heavily_compressed_attention": 8}},
+            "compress",
+        ),
+        ({"sliding_window": 0}, "sliding_window"),
+        ({"index_topk": 0}, "index_topk"),
+        ({"o_groups": 3}, "o_groups"),
+        ({"kv_cache_dtype": "fp8_e4m3"}, "kv_cache_dtype"),
+    ],
+)
+def test_v4_configs_that_cannot_run_fail_before_weights_load(v4, tmp_path, monkeypatch, change, message):
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((v4 / name).read_bytes())
+    engine = {k: change.pop(k) for k in list(change) if k == "kv_cache_dtype"}
+    config = json.loads((v4 / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+    loaded = []
+    monkeypatch.setattr("mlaserve.engine.core.build_model", lambda *a, **k: loaded.append(1))
+    with pytest.raises(ValueError, match=message):
+        LLM(str(tmp_path), device="cpu", num_kv_blocks=16, load_format="dummy", **engine)
+    assert not loaded
+
+
+def test_dummy_weights_serve_a_v4_config(v4, tmp_path):
+    (tmp_path / "config.json").write_bytes((v4 / "config.json").read_bytes())
+    llm = LLM(
+        str(tmp_path),
+        **OPTIONS,
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        num_kv_blocks=32,
+        max_model_len=128,
+    )
+    out = llm.generate([{"prompt_token_ids": [5] * 40}], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 4 and llm.stats()["kv_blocks_used"] == 0
+
+
+def test_transformers_without_a_v4_config_class_reads_config_json_as_spelled_out(v4, monkeypatch):
+    # The GPU image's transformers may predate DeepseekV4Config: save_pretrained's config.json names every field.
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    batch = [{"prompt_token_ids": p} for p in prompts(2, seed=5, low=20, high=30)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in LLM(str(v4), **OPTIONS).generate(batch, params, use_tqdm=False)]
+    monkeypatch.delitem(CONFIG_MAPPING._mapping, "deepseek_v4")
+    llm = LLM(str(v4), **OPTIONS)
+    assert type(llm.engine.model_config.hf_config).__name__.lower() == "pretrainedconfig"
+    assert [o.outputs[0].token_ids for o in llm.generate(batch, params, use_tqdm=False)] == want

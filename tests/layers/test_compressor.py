@@ -1,0 +1,70 @@
+"""DeepSeek-V4's building blocks against transformers' own modules on fresh random weights and inputs: the
+compressors (heavily compressed: one series; compressed-sparse: two overlapping series) from cached per-token
+projections, and the hyper-connections around a block."""
+
+import pytest
+import torch
+from transformers.models.deepseek_v4 import modeling_deepseek_v4 as hf
+
+from mlaserve.layers.compressor import Compressor
+from mlaserve.layers.hyper_connection import HyperConnection, HyperHead
+from mlaserve.models.deepseek_v4 import Rotary, v4_rope
+from tests.tiny_models import CONFIGS
+
+
+def v4_config(**overrides) -> object:
+    from transformers import DeepseekV4Config
+
+    return DeepseekV4Config(**{**CONFIGS["deepseek_v4"][1], "vocab_size": 64, "hidden_size": 32, **overrides})
+
+
+@pytest.mark.parametrize("kind", ["heavily_compressed_attention", "compressed_sparse_attention"])
+def test_entries_from_cached_projections_equal_transformers_compressor(kind):
+    torch.manual_seed(0)
+    cfg = v4_config()
+    ref_cls = hf.DeepseekV4HCACompressor if kind.startswith("heavily") else hf.DeepseekV4CSACompressor
+    ref = ref_cls(cfg).float().eval()
+    rate = cfg.compress_rates[kind]
+    mine = Compressor(cfg.hidden_size, cfg.head_dim, rate, kind.startswith("compressed"), cfg.rms_norm_eps)
+    with torch.no_grad():
+        for param in ref.parameters():
+            param.normal_(0, 0.5)
+        mine.wkv.weight.copy_(ref.kv_proj.weight)
+        mine.wgate.weight.copy_(ref.gate_proj.weight)
+        mine.ape.copy_(ref.position_bias)
+        mine.norm.weight.copy_(ref.kv_norm.weight)
+    length = 5 * rate + 3  # a partial window at the end: not an entry yet
+    hidden = torch.randn(1, length, cfg.hidden_size)
+    positions = torch.arange(length)[None]
+    with torch.no_grad():
+        if kind.startswith(
+            "compressed"
+        ):  # the CSA compressor also runs its indexer: only its entries are compared
+            ref.indexer.forward = lambda *a, **k: torch.zeros(1, length, 1, dtype=torch.long)
+        want = ref(hidden, torch.randn(1, length, cfg.q_lora_rank), positions, None, 0)[0][0, 0]
+        cos, sin = Rotary(v4_rope(cfg, "compress"))(torch.arange(5) * rate)
+        got = mine.entries(mine.state(hidden[0]), 5, cos, sin)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_hyper_connection_and_head_equal_transformers():
+    torch.manual_seed(1)
+    cfg = v4_config(hc_mult=3)
+    ref, head = hf.DeepseekV4HyperConnection(cfg).float(), hf.DeepseekV4HyperHead(cfg).float()
+    mine = HyperConnection(3, cfg.hidden_size, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
+    mine_head = HyperHead(3, cfg.hidden_size, cfg.hc_eps, cfg.rms_norm_eps)
+    with torch.no_grad():
+        for module in (ref, head):
+            for param in module.parameters():
+                param.normal_(0, 0.3)
+        mine.load_state_dict(ref.state_dict())
+        mine_head.load_state_dict(head.state_dict())
+        streams = torch.randn(2, 7, 3, cfg.hidden_size)
+        post, comb, collapsed = ref(streams)
+        got_post, got_comb, got_collapsed = mine(streams.flatten(0, 1))
+        out = torch.randn(2, 7, cfg.hidden_size)
+        want_merged = post.unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(comb.transpose(-1, -2), streams)
+        got_merged = HyperConnection.merge(streams.flatten(0, 1), out.flatten(0, 1), got_post, got_comb)
+    torch.testing.assert_close(got_collapsed, collapsed.flatten(0, 1))
+    torch.testing.assert_close(got_merged, want_merged.flatten(0, 1))
+    torch.testing.assert_close(mine_head(streams.flatten(0, 1)), head(streams).flatten(0, 1))
