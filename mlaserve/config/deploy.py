@@ -97,6 +97,8 @@ class CacheSection(_Section):
     # Training-free sliding window with attention sinks (lossy; benchmarks/quality.py measures the cost).
     sliding_window: PositiveInt | None = _ENGINE["sliding_window"]
     num_sink_tokens: NonNegativeInt = _ENGINE["num_sink_tokens"]
+    # Training-free block-sparse attention (lossy, no memory saved): the index_topk best cache blocks per query.
+    index_topk: PositiveInt | None = _ENGINE["index_topk"]
 
     @field_validator("kv_cache_memory_bytes", mode="before")
     @classmethod
@@ -109,6 +111,10 @@ class CacheSection(_Section):
             raise KeyProblem(
                 "num_sink_tokens",
                 f"must be 0 unless cache.sliding_window is set, got {self.num_sink_tokens}",
+            )
+        if self.index_topk and self.sliding_window is not None:
+            raise KeyProblem(
+                "index_topk", "cannot be combined with cache.sliding_window (the window frees blocks)"
             )
         return self
 
@@ -209,6 +215,7 @@ class DeployConfig(_Section):
             "enable_prefix_caching": self.cache.enable_prefix_caching,
             "sliding_window": self.cache.sliding_window,
             "num_sink_tokens": self.cache.num_sink_tokens,
+            "index_topk": self.cache.index_topk,
             "max_num_seqs": self.scheduler.max_batch_size,
             "max_num_batched_tokens": self.scheduler.max_num_batched_tokens,
             "enable_chunked_prefill": self.scheduler.enable_chunked_prefill,

@@ -31,6 +31,9 @@ class EngineConfig:
     # first num_sink_tokens of the sequence (attention sinks); their blocks go back to the pool as they leave.
     sliding_window: int | None = None
     num_sink_tokens: int = 0
+    # Training-free, lossy, no memory saved: each query attends to the first block, its own and the previous block,
+    # and the index_topk other cache blocks whose mean key scores best against it (attention/block_topk.py).
+    index_topk: int | None = None
     enforce_eager: bool = False  # no CUDA graphs for decode
     # Queue the next decode step before reading this one's tokens (vLLM's async_scheduling); None = on for CUDA.
     async_scheduling: bool | None = None
@@ -61,12 +64,16 @@ class EngineConfig:
         sinks = self.num_sink_tokens
         checks.append(("num_sink_tokens", isinstance(sinks, int) and sinks >= 0, "an int >= 0"))
         checks.append(("num_sink_tokens", not sinks or self.sliding_window, "0 unless sliding_window is set"))
+        checks.append(
+            ("index_topk", not (self.index_topk and self.sliding_window), "unset with sliding_window")
+        )
         for opt in (
             "kv_cache_memory_bytes",
             "num_kv_blocks",
             "max_num_batched_tokens",
             "max_model_len",
             "sliding_window",
+            "index_topk",
         ):
             value = getattr(self, opt)
             checks.append((opt, value is None or (isinstance(value, int) and value > 0), "a positive int"))

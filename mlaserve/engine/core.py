@@ -70,16 +70,17 @@ class EngineCore:
         model_cls = get_model_class(self.model_config.architecture)
         latent = model_cls.latent_cache(config.mla_disable)
         resolve_cache_dtype(config.kv_cache_dtype, self.model_config.dtype, latent)
-        if config.sliding_window and (latent or not model_cls.training_free_window):
-            why = (
-                "the latent-cache decode kernels take no window"
-                if latent
-                else f"{self.model_config.architecture} attends through its own windows and compressed caches"
-            )
-            raise ValueError(
-                "sliding_window applies to models with per-head K/V caches so far (Llama, Qwen2, Mistral, or an MLA "
-                f"model with mla_disable): {why}"
-            )
+        for option in ("sliding_window", "index_topk"):
+            if getattr(config, option) and (latent or not model_cls.training_free_window):
+                why = (
+                    "the latent-cache decode kernels take no window"
+                    if latent
+                    else f"{self.model_config.architecture} attends through its own windows and compressed caches"
+                )
+                raise ValueError(
+                    f"{option} applies to models with per-head K/V caches so far (Llama, Qwen2, Mistral, or an MLA "
+                    f"model with mla_disable): {why}"
+                )
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(files)
         self.backend = select_backend(self.device, config.attention_backend)
         self.model, self.load_report = build_model(
@@ -136,6 +137,8 @@ class EngineCore:
             self.model.kv_cache_spec(), cfg.sliding_window, cfg.num_sink_tokens
         )
         self.model.set_cache_groups(self.kv_spec.layer_groups())
+        if cfg.index_topk:
+            self.model.set_block_topk(cfg.index_topk)
         self.cache_dtype = dtype = resolve_cache_dtype(cfg.kv_cache_dtype, model_dtype, self.kv_spec.is_mla)
         num_blocks = num_kv_blocks(cfg, self.kv_spec, dtype, self.device)
         capacity = (num_blocks - 1) * cfg.block_size

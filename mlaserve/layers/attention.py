@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from mlaserve.attention.backend import AttentionBackend, write_to_cache
+from mlaserve.attention.block_topk import block_topk_attention
 from mlaserve.attention.metadata import AttentionMetadata
 
 
@@ -15,6 +16,7 @@ class PagedAttention(nn.Module):
         self.cache_group = (
             0  # set by the engine (CausalLM.set_cache_groups): whose block tables and window apply
         )
+        self.block_topk: int | None = None  # the engine's training-free index_topk (attention/block_topk.py)
 
     def forward(
         self,
@@ -29,6 +31,8 @@ class PagedAttention(nn.Module):
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         write_to_cache(k_cache, meta.slot_mapping, k)
         write_to_cache(v_cache, meta.slot_mapping, v)
+        if self.block_topk:
+            return block_topk_attention(q, k_cache, v_cache, meta, self.scale, self.block_topk)
         nd = meta.num_decodes
         parts = []
         if nd:

@@ -30,5 +30,7 @@ def load_tokenizer(files: ModelFiles) -> PreTrainedTokenizerBase:
 
     # The config as the engine reads it (its fallbacks included): AutoTokenizer would otherwise read config.json
     # itself and fail on a model type this transformers has no class for.
-    options = {"config": hf_config_from_dict(files.config_dict)} if files.config_dict.get("model_type") else {}
+    options = (
+        {"config": hf_config_from_dict(files.config_dict)} if files.config_dict.get("model_type") else {}
+    )
     return AutoTokenizer.from_pretrained(str(files.path), local_files_only=True, **options)

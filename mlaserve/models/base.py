@@ -71,6 +71,14 @@ class CausalLM(nn.Module):
                 if hasattr(module, "cache_group"):
                     module.cache_group = group
 
+    def set_block_topk(self, topk: int) -> None:
+        """The engine's training-free index_topk, on every paged attention layer (per-head K/V caches)."""
+        from mlaserve.layers.attention import PagedAttention
+
+        for module in self.modules():
+            if isinstance(module, PagedAttention):
+                module.block_topk = topk
+
     def process_weights_after_loading(self) -> None:
         """Derived tensors (absorbed MLA weights, fused experts) are built here, once."""
 

@@ -40,6 +40,11 @@ _ENGINE_FLAGS = [
     ("--enable-chunked-prefill", bool, "split long prompts across steps (default on)"),
     ("--sliding-window", int, "lossy, training-free: full-attention layers see only the last N tokens"),
     ("--num-sink-tokens", int, "with --sliding-window: the first N tokens stay visible (attention sinks)"),
+    (
+        "--index-topk",
+        int,
+        "lossy, training-free: each query reads its N best cache blocks + first/local blocks",
+    ),
     ("--enable-prefix-caching", bool, "reuse the KV of shared prompt prefixes (default on)"),
 ]
 _SERVER_FLAGS = [
@@ -70,7 +75,7 @@ _ENGINE_OPTIONS = (
 )
 _ENGINE_OPTIONS += ("kv_cache_memory_bytes", "num_kv_blocks", "max_num_batched_tokens")
 _ENGINE_OPTIONS += ("enable_chunked_prefill", "enable_prefix_caching", "gpu_memory_utilization")
-_ENGINE_OPTIONS += ("sliding_window", "num_sink_tokens")
+_ENGINE_OPTIONS += ("sliding_window", "num_sink_tokens", "index_topk")
 _SETTINGS = ("host", "port", "metrics_port", "served_model_name", "max_concurrent_requests")
 _SETTINGS += ("request_timeout_s", "shutdown_grace_s", "max_body_bytes")
 _SETTINGS += ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "max_connections")
