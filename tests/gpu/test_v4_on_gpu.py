@@ -1,15 +1,16 @@
 """On a GPU (skipped in CI): DeepSeek-V4's torch reference runs on CUDA and gives the CPU's tokens in float32.
 
 The config is written out field by field, as transformers' save_pretrained writes it, so the GPU image's
-transformers (which may have no DeepseekV4Config) reads it through the engine's spelled-out fallback. Seeded dummy
-weights: the CPU suite checks the model itself against transformers (tests/engine/test_deepseek_v4.py). V4 runs
-eagerly (no CUDA graphs) and has no GPU kernels yet.
+transformers (which may have no DeepseekV4Config) reads it through the engine's spelled-out fallback. The CPU suite checks the model itself against transformers (tests/engine/test_deepseek_v4.py). V4 runs
+eagerly (no CUDA graphs) and has no GPU kernels yet. Random weights drawn on the CPU and saved, so both devices run
+the same model.
 """
 
 import json
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from mlaserve import LLM, SamplingParams
 
@@ -32,11 +33,9 @@ V4 = dict(
 )  # fmt: skip
 
 
-def generate(path, device: str) -> list[list[int]]:
+def generate(llm: LLM) -> list[list[int]]:
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 250, (n,), generator=gen).tolist() for n in (5, 40, 120)]
-    llm = LLM(str(path), dtype="float32", device=device, load_format="dummy", skip_tokenizer_init=True, seed=3,
-              num_kv_blocks=96, block_size=16, max_model_len=256)  # fmt: skip
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert llm.stats()["kv_blocks_used"] == 0
@@ -45,4 +44,11 @@ def generate(path, device: str) -> list[list[int]]:
 
 def test_v4_on_cuda_gives_the_cpu_tokens(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(V4))
-    assert generate(tmp_path, "cuda") == generate(tmp_path, "cpu")
+    options = dict(
+        dtype="float32", skip_tokenizer_init=True, num_kv_blocks=96, block_size=16, max_model_len=256
+    )
+    cpu = LLM(str(tmp_path), device="cpu", load_format="dummy", seed=3, **options)
+    # the CPU model's random weights, saved under the model's own names, are what the GPU run loads
+    weights = {name: t.contiguous() for name, t in cpu.engine.model.state_dict().items()}
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    assert generate(LLM(str(tmp_path), device="cuda", **options)) == generate(cpu)
