@@ -17,6 +17,9 @@ Sections:
   throughput 256 requests of 1,000 prompt + 100 output tokens (random ids, ignore_eos): requests per second
   sparse    DeepSeek-V3.2: index scores + top-k and sparse MLA vs the torch reference, then dense decode vs sparse
             attention vs indexer + sparse at 65,536-token contexts, top-k 2,048, batch 32 (benchmarks/gpu_sparse.py)
+  v4        DeepSeek-V4-shaped decode attention (window, 128:1 entries, indexer + top-512 of 4:1 entries, sinks)
+            composed from our kernels vs dense MLA decode at 65,536 tokens, batch 32, and KV bytes per token
+            (benchmarks/gpu_v4.py)
 Timings are medians of CUDA-event runs with L2 emptied before each (bench below), or of repeated wall-clock runs
 after a warm-up.
 """
@@ -35,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import gpu_sparse  # noqa: E402
+from benchmarks import gpu_sparse, gpu_v4  # noqa: E402
 from benchmarks.step_timer import DecodeStepTimer  # noqa: E402
 from mlaserve.attention.metadata import build_metadata  # noqa: E402
 from mlaserve.attention.torch_ref import TorchBackend  # noqa: E402
@@ -468,7 +471,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--sections", default="ceilings,kernels,decode,moe,tiny,lite,mla_vs_mha,throughput,sparse"
+        "--sections", default="ceilings,kernels,decode,moe,tiny,lite,mla_vs_mha,throughput,sparse,v4"
     )
     parser.add_argument(
         "--hf-peer", action="store_true", help="also time transformers generate in the lite section"
@@ -492,7 +495,8 @@ def main() -> None:
         for name, fn in [("kernels", kernels), ("decode", lambda: decode(ceil, args.tune)), ("moe", moe), ("tiny", lambda: tiny(Path(tmp))),
                          ("lite", lambda: lite(Path(tmp), args.hf_peer, args.eager, args.profile)),
                          ("mla_vs_mha", lambda: mla_vs_mha(Path(tmp))), ("throughput", lambda: throughput(Path(tmp))),
-                         ("sparse", lambda: gpu_sparse.sparse(bench, bench_graph))]:  # fmt: skip
+                         ("sparse", lambda: gpu_sparse.sparse(bench, bench_graph)),
+                         ("v4", lambda: gpu_v4.v4(bench, bench_graph))]:  # fmt: skip
             if name in sections:
                 t = time.perf_counter()
                 try:

@@ -1,0 +1,167 @@
+"""The GPU suite's `v4` section: DeepSeek-V4-shaped decode attention from our kernels, against dense MLA decode at
+the same context, with the KV bytes per token each holds.
+
+This times the kernels a V4 decode step would run per layer, composed here; the engine's V4 model is a torch
+reference today and does not run them yet. Shapes are V4-Flash's attention: 64 query heads over one shared
+512-wide row that is both key and value (its last 64 features rotated), a window of 128 tokens, entries compressed
+4:1 of which an indexer (64 heads x 128) keeps 512, entries compressed 128:1, a learned sink logit per head; bf16,
+pages of 64, batch 32 at 65,536-token contexts. Per layer kind:
+  sliding   attention over the window's 128 rows
+  hca       the window and every 128:1 entry (512), merged by log-sum-exp
+  csa       index scores over the 16,384 4:1 indexer keys and top-512 (TritonMLABackend.select_topk), then the
+            window and the 512 selected entries (the paged decode kernel with pages of one row), merged
+  dense     absorbed MLA decode over all 65,536 latent rows of 512 + 64, 64 heads (a V3-style layer)
+The sink enters every V4 layer's softmax as out * sigmoid(lse - sink). Each composition is first checked against a
+torch reference (gathered rows, one softmax with the sink) at 4,096-token contexts.
+
+    python benchmarks/gpu_suite.py --sections v4 --out benchmarks/results/h200-v4-DATE.json
+"""
+
+import torch
+
+from mlaserve.attention.metadata import build_metadata
+from mlaserve.attention.triton.mla_decode import mla_decode
+from mlaserve.attention.triton_mla import TritonMLABackend
+
+HEADS, DIM, ROPE, WINDOW, PAGE = 64, 512, 64, 128, 64
+CSA_RATE, HCA_RATE, TOPK, INDEX_HEADS, INDEX_DIM = 4, 128, 512, 64, 128
+
+
+def paged_rows(batch: int, rows: int, width: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rows` bf16 rows of `width` per sequence on shuffled pages: (cache [pages + 1, PAGE, 1, width], table)."""
+    per = -(-rows // PAGE)
+    cache = torch.randn(batch * per + 1, PAGE, 1, width, generator=gen, device="cuda").to(torch.bfloat16)
+    table = (torch.randperm(batch * per, generator=gen, device="cuda") + 1).to(torch.int32).view(batch, per)
+    return cache, table
+
+
+def merge(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]):
+    lse = torch.logaddexp(a[1], b[1])
+    out = a[0].float() * torch.exp(a[1] - lse)[..., None] + b[0].float() * torch.exp(b[1] - lse)[..., None]
+    return out, lse
+
+
+def with_sink(part: tuple[torch.Tensor, torch.Tensor], sink: torch.Tensor) -> torch.Tensor:
+    return (part[0].float() * torch.sigmoid(part[1] - sink)[..., None]).to(torch.bfloat16)
+
+
+class Case:
+    """One batch's caches and queries at `context` tokens: window rows, both compressed caches, indexer keys."""
+
+    def __init__(self, batch: int, context: int, seed: int) -> None:
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        self.batch, self.csa, self.hca = batch, context // CSA_RATE, context // HCA_RATE
+        self.window, self.window_table = paged_rows(batch, WINDOW, DIM, gen)
+        self.csa_rows, self.csa_table = paged_rows(batch, self.csa, DIM, gen)
+        self.hca_rows, self.hca_table = paged_rows(batch, self.hca, DIM, gen)
+        self.index_keys, _ = paged_rows(batch, self.csa, INDEX_DIM, gen)
+        self.index_meta = build_metadata(
+            PAGE, self.csa_table, [1] * batch, [self.csa] * batch, batch, torch.zeros(0, dtype=torch.long)
+        )
+        self.lens = {n: torch.full((batch,), n, dtype=torch.int32, device="cuda") for n in (WINDOW, self.hca)}
+        self.q = torch.randn(batch, HEADS, DIM, generator=gen, device="cuda").to(torch.bfloat16)
+        self.index_q = torch.randn(batch, INDEX_HEADS, INDEX_DIM, generator=gen, device="cuda").to(
+            torch.bfloat16
+        )
+        self.weights = torch.randn(batch, INDEX_HEADS, generator=gen, device="cuda")
+        self.positions = torch.full((batch,), self.csa - 1, device="cuda")
+        self.sink = torch.randn(HEADS, generator=gen, device="cuda")
+        self.scale = DIM**-0.5
+
+    def window_part(self):
+        return mla_decode(self.q, self.window, self.window_table, self.lens[WINDOW], WINDOW, DIM, self.scale)
+
+    def sliding(self) -> torch.Tensor:
+        return with_sink(self.window_part(), self.sink)
+
+    def hca_layer(self) -> torch.Tensor:
+        hca = mla_decode(
+            self.q, self.hca_rows, self.hca_table, self.lens[self.hca], self.hca, DIM, self.scale
+        )
+        return with_sink(merge(self.window_part(), hca), self.sink)
+
+    def select(self, backend: TritonMLABackend) -> torch.Tensor:
+        return backend.select_topk(
+            self.index_q,
+            self.weights,
+            self.index_keys,
+            self.index_meta,
+            self.positions,
+            TOPK,
+            INDEX_DIM**-0.5,
+        )
+
+    def csa_layer(self, backend: TritonMLABackend, slots: torch.Tensor | None = None) -> torch.Tensor:
+        slots = self.select(backend) if slots is None else slots
+        rows = self.csa_rows.view(-1, 1, 1, DIM)
+        lens = (slots >= 0).sum(dim=1, dtype=torch.int32)
+        picked = mla_decode(self.q, rows, slots.clamp(min=0).to(torch.int32), lens, TOPK, DIM, self.scale)
+        return with_sink(merge(self.window_part(), picked), self.sink)
+
+
+def gathered(cache: torch.Tensor, table: torch.Tensor, n: int) -> torch.Tensor:
+    pos = torch.arange(n, device="cuda")
+    slots = table.long()[:, pos // PAGE] * PAGE + pos % PAGE
+    return cache.view(-1, cache.shape[-1])[slots].float()  # [B, n, width]
+
+
+def reference(case: Case, parts: list[torch.Tensor]) -> torch.Tensor:
+    """One softmax with the sink over the concatenated rows [B, n, DIM] (keys and values alike)."""
+    rows = torch.cat(parts, dim=1)
+    scores = torch.einsum("bhd,bnd->bhn", case.q.float(), rows) * case.scale
+    scores = torch.cat((scores, case.sink[None, :, None].expand(case.batch, -1, 1)), dim=-1)
+    return torch.einsum("bhn,bnd->bhd", scores.softmax(-1)[..., :-1], rows)
+
+
+def check(backend: TritonMLABackend) -> dict:
+    case = Case(4, 4096, seed=1)
+    window = gathered(case.window, case.window_table, WINDOW)
+    slots = case.select(backend)
+    picked = case.csa_rows.view(-1, DIM)[slots].float()  # every slot valid: 1,024 entries, top-512
+    errors = {
+        "sliding": (case.sliding().float() - reference(case, [window])).abs().max().item(),
+        "hca": (case.hca_layer().float() - reference(case, [window, gathered(case.hca_rows, case.hca_table, case.hca)]))
+        .abs().max().item(),
+        "csa": (case.csa_layer(backend, slots).float() - reference(case, [window, picked])).abs().max().item(),
+    }  # fmt: skip
+    assert all(e < 2e-2 for e in errors.values()), errors
+    return {f"{k}_max_abs_err": v for k, v in errors.items()}
+
+
+def kv_bytes_per_token(context: int) -> dict:
+    """bf16 bytes each layer kind holds per token of context (the window's rows spread over the context)."""
+    window = WINDOW * DIM * 2 / context
+    return {
+        "sliding": window,
+        "hca": window + DIM * 2 / HCA_RATE,
+        "csa": window + (DIM + INDEX_DIM) * 2 / CSA_RATE,
+        "dense_mla": (DIM + ROPE) * 2,
+    }
+
+
+def v4(bench, bench_graph) -> dict:
+    backend = TritonMLABackend()
+    result = {"check": check(backend)}
+    batch, context = 32, 65536
+    case = Case(batch, context, seed=2)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    latent, table = paged_rows(batch, context, DIM + ROPE, gen)
+    lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, HEADS, DIM + ROPE, generator=gen, device="cuda").to(torch.bfloat16)
+    ms = {
+        "dense_mla": bench_graph(lambda: mla_decode(q[..., :DIM], latent, table, lens, context, DIM, 0.05,
+                                                    q_pe=q[..., DIM:])),
+        "sliding": bench_graph(case.sliding),
+        "hca": bench_graph(case.hca_layer),
+        "csa_select": bench_graph(lambda: case.select(backend)),
+        "csa": bench_graph(lambda: case.csa_layer(backend)),
+    }  # fmt: skip
+    result.update(
+        shape=dict(batch=batch, context=context, heads=HEADS, dim=DIM, window=WINDOW, csa_rate=CSA_RATE,
+                   hca_rate=HCA_RATE, index_topk=TOPK, index_heads=INDEX_HEADS, index_dim=INDEX_DIM, page=PAGE),
+        ms=ms, speedup_vs_dense={k: ms["dense_mla"] / v for k, v in ms.items() if k != "dense_mla"},
+        kv_bytes_per_token=kv_bytes_per_token(context),
+        timing="medians of CUDA-graph replays with L2 emptied before each (gpu_suite.bench)",
+        note="kernels composed as a V4 decode step would run them; the engine's V4 model is a torch reference",
+    )  # fmt: skip
+    return result
