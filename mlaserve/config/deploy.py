@@ -66,6 +66,8 @@ class ModelSection(_Section):
     device: str = _ENGINE["device"]
     # dummy: random weights from config.json alone (vLLM's --load-format dummy), to benchmark full-size models
     load_format: Literal["auto", "dummy"] = _ENGINE["load_format"]
+    # a Llama/Qwen2/Mistral model served from an MLA latent cache (the exact conversion: same answers, same size)
+    enable_mla: bool = _ENGINE["enable_mla"]
 
     @field_validator("device")
     @classmethod
@@ -207,6 +209,7 @@ class DeployConfig(_Section):
             "dtype": self.model.dtype,
             "device": self.model.device,
             "load_format": self.model.load_format,
+            "enable_mla": self.model.enable_mla,
             "max_model_len": self.model.max_model_len,
             "block_size": self.cache.block_size,
             "kv_cache_dtype": self.cache.kv_cache_dtype,

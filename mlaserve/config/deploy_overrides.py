@@ -15,6 +15,7 @@ FLAG_KEYS: dict[str, str] = {
     "dtype": "model.dtype",
     "device": "model.device",
     "load_format": "model.load_format",
+    "enable_mla": "model.enable_mla",
     "max_model_len": "model.max_model_len",
     "served_model_name": "model.served_model_name",
     "tensor_parallel_size": "parallel.tensor_parallel_size",

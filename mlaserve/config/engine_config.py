@@ -31,6 +31,9 @@ class EngineConfig:
     # first num_sink_tokens of the sequence (attention sinks); their blocks go back to the pool as they leave.
     sliding_window: int | None = None
     num_sink_tokens: int = 0
+    # Serve a model with per-head K/V caches (Llama, Qwen2, Mistral) from an MLA latent cache: the exact
+    # conversion (layers/latent_gqa.py), same answers and cache size; the MLA kernels and 8-bit latent caches apply.
+    enable_mla: bool = False
     # Training-free, lossy, no memory saved: each query attends to the first block, its own and the previous block,
     # and the index_topk other cache blocks whose mean key scores best against it (attention/block_topk.py).
     index_topk: int | None = None

@@ -14,7 +14,7 @@ import torch
 
 from mlaserve.attention.selector import attention_kernel, select_backend
 from mlaserve.config.engine_config import EngineConfig
-from mlaserve.config.model_config import ModelConfig
+from mlaserve.config.model_config import ModelConfig, layer_windows
 from mlaserve.core.kv_cache_manager import CacheGroupSpec, KVCacheManager
 from mlaserve.core.request import Request, RequestStatus
 from mlaserve.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -68,7 +68,19 @@ class EngineCore:
         # skip_tokenizer_init (as vLLM): token ids in, token ids out; for speed runs on configs with no tokenizer.
         # Options the model's cache cannot take are errors before any weight loads.
         model_cls = get_model_class(self.model_config.architecture)
-        latent = model_cls.latent_cache(config.mla_disable)
+        if config.enable_mla and not model_cls.supports_enable_mla:
+            raise ValueError(
+                "enable_mla converts models with per-head K/V caches (Llama, Qwen2, Mistral); "
+                f"{self.model_config.architecture} cannot be converted"
+            )
+        latent = model_cls.latent_cache(config.mla_disable, config.enable_mla)
+        windows = [w for w in layer_windows(self.model_config.hf_config) if w is not None]
+        if config.enable_mla and windows and min(windows) < self.model_config.max_model_len:
+            raise ValueError(
+                f"enable_mla with sliding-window layers (window {min(windows)} < max_model_len="
+                f"{self.model_config.max_model_len}) is not supported yet: the latent decode kernels take no window; "
+                "lower max_model_len to the window"
+            )
         resolve_cache_dtype(config.kv_cache_dtype, self.model_config.dtype, latent)
         for option in ("sliding_window", "index_topk"):
             if getattr(config, option) and (latent or not model_cls.training_free_window):
@@ -91,6 +103,7 @@ class EngineCore:
             config.load_format,
             config.seed,
             config.mla_disable,
+            config.enable_mla,
         )
         max_len = self.model_config.max_model_len
         batched = config.max_num_batched_tokens or (

@@ -39,6 +39,7 @@ def build_model(
     load_format: str = "auto",
     seed: int = 0,
     mla_disable: bool = False,
+    enable_mla: bool = False,
 ) -> tuple[CausalLM, LoadReport]:
     cls = get_model_class(model_config.architecture)  # before any allocation: unsupported is a cheap error
     options = {}
@@ -48,6 +49,13 @@ def build_model(
                 f"mla_disable applies to MLA models only; {model_config.architecture} has no latent cache"
             )
         options["mla_disable"] = True
+    if enable_mla:
+        if not cls.supports_enable_mla:
+            raise ValueError(
+                f"enable_mla converts models with per-head K/V caches (Llama, Qwen2, Mistral); "
+                f"{model_config.architecture} cannot be converted"
+            )
+        options["enable_mla"] = True
     previous = torch.get_default_dtype()
     torch.set_default_dtype(model_config.dtype)
     try:

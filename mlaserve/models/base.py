@@ -45,8 +45,10 @@ class CausalLM(nn.Module):
     def kv_cache_spec(self) -> KVCacheSpec:
         raise NotImplementedError
 
+    supports_enable_mla = False  # enable_mla: per-head K/V models served from a latent cache
+
     @classmethod
-    def latent_cache(cls, mla_disable: bool) -> bool:
+    def latent_cache(cls, mla_disable: bool, enable_mla: bool = False) -> bool:
         """Whether the model caches MLA latent rows (known before it is built: options are checked against it)."""
         return False
 

@@ -88,7 +88,7 @@ class DeepseekV2ForCausalLM(CausalLM):
     supports_mla_disable = True
 
     @classmethod
-    def latent_cache(cls, mla_disable: bool) -> bool:
+    def latent_cache(cls, mla_disable: bool, enable_mla: bool = False) -> bool:
         return not mla_disable
 
     def __init__(

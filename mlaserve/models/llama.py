@@ -12,6 +12,7 @@ from mlaserve.kvcache.spec import KVCacheSpec, LayerCacheSpec
 from mlaserve.layers.activation import gated_act
 from mlaserve.layers.attention import PagedAttention
 from mlaserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from mlaserve.layers.latent_gqa import LatentGQA
 from mlaserve.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from mlaserve.layers.norm import RMSNorm
 from mlaserve.layers.rotary import RotaryEmbedding, rope_frequencies
@@ -38,7 +39,12 @@ class GatedMLP(nn.Module):
 
 class LlamaAttention(nn.Module):
     def __init__(
-        self, cfg: object, backend: AttentionBackend, ctx: ParallelContext, biases: tuple[bool, bool]
+        self,
+        cfg: object,
+        backend: AttentionBackend,
+        ctx: ParallelContext,
+        biases: tuple[bool, bool],
+        enable_mla: bool = False,
     ):
         super().__init__()
         qkv_bias, o_bias = biases
@@ -50,7 +56,12 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(cfg.num_attention_heads * self.head_dim, cfg.hidden_size, o_bias, ctx)
         rotary_dim = int(self.head_dim * getattr(cfg, "partial_rotary_factor", 1.0))
         self.rotary = RotaryEmbedding(*rope_frequencies(cfg, rotary_dim), interleaved=False)
-        self.attn = PagedAttention(backend, self.head_dim**-0.5)
+        scale = self.head_dim**-0.5
+        self.attn = (
+            LatentGQA(backend, scale, self.num_heads, self.num_kv_heads, self.head_dim)
+            if enable_mla
+            else PagedAttention(backend, scale)
+        )
 
     def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -66,10 +77,15 @@ class LlamaAttention(nn.Module):
 
 class LlamaDecoderLayer(PreNormDecoderLayer):
     def __init__(
-        self, cfg: object, backend: AttentionBackend, ctx: ParallelContext, biases: tuple[bool, bool]
+        self,
+        cfg: object,
+        backend: AttentionBackend,
+        ctx: ParallelContext,
+        biases: tuple[bool, bool],
+        enable_mla: bool,
     ):
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, backend, ctx, biases)
+        self.self_attn = LlamaAttention(cfg, backend, ctx, biases, enable_mla)
         self.mlp = GatedMLP(
             cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, ctx, getattr(cfg, "mlp_bias", False)
         )
@@ -79,12 +95,17 @@ class LlamaDecoderLayer(PreNormDecoderLayer):
 
 class LlamaModel(DecoderStack):
     def __init__(
-        self, cfg: object, backend: AttentionBackend, ctx: ParallelContext, biases: tuple[bool, bool]
+        self,
+        cfg: object,
+        backend: AttentionBackend,
+        ctx: ParallelContext,
+        biases: tuple[bool, bool],
+        enable_mla: bool,
     ):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, backend, ctx, biases) for _ in range(cfg.num_hidden_layers)
+            LlamaDecoderLayer(cfg, backend, ctx, biases, enable_mla) for _ in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -98,10 +119,15 @@ class LlamaForCausalLM(CausalLM):
         StackedParam(".gate_up_proj.", ".up_proj.", 1),
     )
 
-    def __init__(self, cfg: object, backend: AttentionBackend, ctx: ParallelContext = SINGLE) -> None:
+    supports_enable_mla = True  # exact GQA -> MLA conversion at load time (layers/latent_gqa.py)
+
+    def __init__(
+        self, cfg: object, backend: AttentionBackend, ctx: ParallelContext = SINGLE, enable_mla: bool = False
+    ) -> None:
         super().__init__()
         self.cfg = cfg
-        self.model = LlamaModel(cfg, backend, ctx, self.biases(cfg))
+        self.enable_mla = enable_mla
+        self.model = LlamaModel(cfg, backend, ctx, self.biases(cfg), enable_mla)
         self.tied = bool(getattr(cfg, "tie_word_embeddings", False))
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ctx)
         if self.tied:
@@ -120,8 +146,24 @@ class LlamaForCausalLM(CausalLM):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)
 
+    @classmethod
+    def latent_cache(cls, mla_disable: bool, enable_mla: bool = False) -> bool:
+        return enable_mla
+
+    def latent_attention_shape(self) -> tuple[int, int, int] | None:
+        if not self.enable_mla:
+            return None
+        attn = self.model.layers[0].self_attn.attn
+        return attn.num_heads, attn.latent_dim, attn.rope_dim
+
     def kv_cache_spec(self) -> KVCacheSpec:
         attn = self.model.layers[0].self_attn
+        if (
+            self.enable_mla
+        ):  # one row per token: every KV head's V, then its rotated K (as wide as GQA's K + V)
+            width = 2 * attn.num_kv_heads * attn.head_dim
+            layers = tuple(LayerCacheSpec(1, width, False, window=w) for w in layer_windows(self.cfg))
+            return KVCacheSpec(layers, is_mla=True, mha_elements_per_layer=width)
         return KVCacheSpec(
             tuple(
                 LayerCacheSpec(attn.num_kv_heads, attn.head_dim, separate_value=True, window=window)

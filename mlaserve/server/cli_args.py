@@ -19,6 +19,7 @@ _MODEL_FLAGS = [
     ("--device", str, "auto, cpu, cuda (default auto)"),
     ("--load-format", str, "auto, or dummy: random weights from config.json alone (benchmarks)"),
     ("--max-model-len", int, "longest prompt + output (default: the model's)"),
+    ("--enable-mla", bool, "serve a Llama/Qwen2/Mistral model from an MLA latent cache (exact conversion)"),
     (
         "--served-model-name",
         str,
@@ -66,6 +67,7 @@ _METAVARS = {"--api-keys-env": "NAME", "--api-keys-file": "PATH"}
 _ENGINE_OPTIONS = (
     "model",
     "load_format",
+    "enable_mla",
     "dtype",
     "device",
     "max_model_len",

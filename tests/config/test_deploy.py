@@ -85,6 +85,8 @@ scheduler: {max_batch_size: 8, max_num_batched_tokens: 1024, enable_chunked_pref
     assert (engine.model, engine.device, engine.block_size) == ("/m/DeepSeek-V2-Lite", "cuda:1", 64)
     assert engine.async_scheduling is False
     assert (engine.sliding_window, engine.num_sink_tokens) == (1024, 4)
+    other = load(tmp_path, "model: {enable_mla: true}\ncache: {index_topk: 8}").engine_options()
+    assert EngineConfig.from_kwargs(**other).enable_mla and other["index_topk"] == 8
     assert (
         "async_scheduling" not in load(tmp_path, "scheduler: {}").engine_options()
     )  # null: the engine decides
@@ -118,6 +120,8 @@ scheduler: {max_batch_size: 8, max_num_batched_tokens: 1024, enable_chunked_pref
         ("cache: {num_sink_tokens: -1}", "cache.num_sink_tokens", "greater than or equal to 0"),
         ("cache: {num_sink_tokens: 4}", "cache.num_sink_tokens", "unless cache.sliding_window is set"),
         ("cache: {sliding_window: 0}", "cache.sliding_window", "greater than 0"),
+        ("cache: {index_topk: 0}", "cache.index_topk", "greater than 0"),
+        ("cache: {index_topk: 8, sliding_window: 64}", "cache.index_topk", "cannot be combined"),
         (
             "model: {max_model_len: 4096}\nscheduler: {enable_chunked_prefill: false, max_num_batched_tokens: 1024}",
             "scheduler.max_num_batched_tokens",

@@ -76,6 +76,9 @@ def test_scheduler_flags_reach_the_deploy_config():
     assert options["max_num_batched_tokens"] == 64 and options["enable_prefix_caching"] is False
     assert (options["sliding_window"], options["num_sink_tokens"]) == (256, 4)
     assert options["enable_chunked_prefill"] is True
+    args = parse("--index-topk", "8", "--enable-mla")
+    options = load_deploy_config(None, overrides_from_flags(vars(args))).engine_options()
+    assert (options["index_topk"], options["enable_mla"]) == (8, True)
 
 
 def test_flag_names_are_the_ones_the_deploy_overrides_know():
