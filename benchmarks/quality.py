@@ -46,6 +46,12 @@ OPTIONS: list[tuple[str, dict]] = [
     # 16 blocks by mean-key score + the first, own and previous block: 19 blocks of 16 = 304 tokens per query.
     # Chunked prefill bounds the torch reference's dense score matrix on the 8k needle prompts.
     ("block top-16", dict(index_topk=16, enable_chunked_prefill=True, max_num_batched_tokens=1024)),
+    # GQA -> MLA at reduced rank (conversion/mla.py), training-free: latent rank + rotary features per KV head
+    # (3 KV heads of 64): 25% less KV (every rotary pair kept, values at half rank), then 50% / 75% / 87.5% less
+    ("MLA -25% (values only)", dict(enable_mla=True, mla_latent_dim=96, qk_rope_head_dim=64)),
+    ("MLA -50%", dict(enable_mla=True, mla_latent_dim=96, qk_rope_head_dim=32)),
+    ("MLA -75%", dict(enable_mla=True, mla_latent_dim=48, qk_rope_head_dim=16)),
+    ("MLA -87.5%", dict(enable_mla=True, mla_latent_dim=24, qk_rope_head_dim=8)),
 ]
 NEEDLE_CONTEXTS = (2048, 4096, 8192)
 NEEDLE_DEPTHS = (0.1, 0.5, 0.9)

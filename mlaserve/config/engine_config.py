@@ -34,6 +34,10 @@ class EngineConfig:
     # Serve a model with per-head K/V caches (Llama, Qwen2, Mistral) from an MLA latent cache: the exact
     # conversion (layers/latent_gqa.py), same answers and cache size; the MLA kernels and 8-bit latent caches apply.
     enable_mla: bool = False
+    # With enable_mla, a lossy low-rank conversion from calibration text (conversion/mla.py): the latent's width
+    # per layer (kv_lora_rank; None: lossless) and the rotary features each KV head keeps (None: all).
+    mla_latent_dim: int | None = None
+    qk_rope_head_dim: int | None = None
     # Training-free, lossy, no memory saved: each query attends to the first block, its own and the previous block,
     # and the index_topk other cache blocks whose mean key scores best against it (attention/block_topk.py).
     index_topk: int | None = None
@@ -70,6 +74,10 @@ class EngineConfig:
         checks.append(
             ("index_topk", not (self.index_topk and self.sliding_window), "unset with sliding_window")
         )
+        for name in ("mla_latent_dim", "qk_rope_head_dim"):
+            checks.append(
+                (name, getattr(self, name) is None or self.enable_mla, "unset unless enable_mla is set")
+            )
         for opt in (
             "kv_cache_memory_bytes",
             "num_kv_blocks",
@@ -77,6 +85,8 @@ class EngineConfig:
             "max_model_len",
             "sliding_window",
             "index_topk",
+            "mla_latent_dim",
+            "qk_rope_head_dim",
         ):
             value = getattr(self, opt)
             checks.append((opt, value is None or (isinstance(value, int) and value > 0), "a positive int"))

@@ -15,6 +15,7 @@ import torch
 from mlaserve.attention.selector import attention_kernel, select_backend
 from mlaserve.config.engine_config import EngineConfig
 from mlaserve.config.model_config import ModelConfig, layer_windows
+from mlaserve.conversion.mla import check_options as check_conversion
 from mlaserve.core.kv_cache_manager import CacheGroupSpec, KVCacheManager
 from mlaserve.core.request import Request, RequestStatus
 from mlaserve.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -74,6 +75,8 @@ class EngineCore:
                 f"{self.model_config.architecture} cannot be converted"
             )
         latent = model_cls.latent_cache(config.mla_disable, config.enable_mla)
+        if config.mla_latent_dim or config.qk_rope_head_dim:
+            check_conversion(self.model_config.hf_config, config.mla_latent_dim, config.qk_rope_head_dim)
         windows = [w for w in layer_windows(self.model_config.hf_config) if w is not None]
         if config.enable_mla and windows and min(windows) < self.model_config.max_model_len:
             raise ValueError(
@@ -105,6 +108,8 @@ class EngineCore:
             config.mla_disable,
             config.enable_mla,
         )
+        if config.mla_latent_dim or config.qk_rope_head_dim:
+            self._convert_to_low_rank_mla()
         max_len = self.model_config.max_model_len
         batched = config.max_num_batched_tokens or (
             max(8192, max_len) if not config.enable_chunked_prefill else max(2048, min(8192, max_len))
@@ -143,6 +148,19 @@ class EngineCore:
         auto = self.device.type == "cuda"
         self.async_scheduling = auto if config.async_scheduling is None else config.async_scheduling
         self._in_flight: LaunchedStep | None = None  # the lookahead step queued by the last step() call
+
+    def _convert_to_low_rank_mla(self) -> None:
+        """enable_mla at reduced rank: the exact latent layers converted from calibration activations."""
+        from mlaserve.conversion.mla import calibration_text, convert_model
+
+        if self.tokenizer is None:
+            raise ValueError("mla_latent_dim / qk_rope_head_dim calibrate on text: they need the tokenizer")
+        ids = self.tokenizer.encode(calibration_text())[: min(2048, self.model_config.max_model_len)]
+        cfg = self.config
+        report = convert_model(
+            self.model, cfg.mla_latent_dim, cfg.qk_rope_head_dim, ids, cfg.block_size, self.device
+        )
+        logger.info(report)
 
     def _init_kv_cache(self, max_step_tokens: int) -> None:
         cfg, model_dtype = self.config, self.model_config.dtype

@@ -1,12 +1,19 @@
-"""GQA/MHA attention written exactly as MLA (`enable_mla=True` with no rank: the exact conversion, TransMLA's first
-step), served from the paged latent cache by the MLA code path.
+"""GQA/MHA attention written as MLA (`enable_mla=True`), served from the paged latent cache by the MLA code path.
 
-Each token caches one row [V of every KV head | rotated K of every KV head]: the "latent" is the values (the value
-up-projection of head h selects its KV group's slice) and the decoupled rope key is every KV head's rotated key side
-by side (head h's rope query is its rotated query in its group's slice, zero elsewhere). No key part goes through
-the latent (W_UK = 0). Scores and outputs are GQA's exactly, and the row is as wide as GQA's K plus V, so the cache
-costs what it did; what changes is the layout, which the MLA kernels read (and 8-bit latent caches quantize), and
-which a low-rank conversion then compresses.
+Each token caches one row [latent c (R) | rope key (Hkv x P)]:
+- the rope key is every KV head's rotated key features, side by side; head h's rope query is its rotated query
+  features in its KV group's slice, zero in the others;
+- the latent is the rest of the keys (their "nope" features) and all the values, as c = U^T [k_nope; v] for an
+  orthonormal basis U; the up-projections are U's rows (W_UK for k_nope, W_UV for v, per KV group).
+
+Exact conversion (no rank given: TransMLA's first step): every rotary pair stays rotated (P = the head's rotary
+width), there are no nope key features but those the model never rotates, and U is the identity: the row is GQA's
+K and V side by side, scores and outputs are GQA's exactly, and the cache costs what it did.
+
+Compressed conversion (`convert`, from calibration activations; conversion/mla.py): each KV head keeps the rotary
+pairs that carry most of the attention score (MHA2MLA's 2-norm criterion), the rest lose their rotation and join
+the nope features, and U is the top-R principal directions of [k_nope; v] over calibration text: lossy by design,
+training-free (benchmarks/quality.py measures it).
 
 Absorbed decode reads the rows in place (backend.decode_latent); prefill expands them back to per-head K/V and runs
 the backend's GQA prefill.
@@ -18,29 +25,85 @@ from torch import nn
 from mlaserve.attention.backend import AttentionBackend, write_to_cache
 from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.kvcache.quant import is_quantized, quantize_rows
+from mlaserve.layers.rotary import RotaryEmbedding
 
 
 class LatentGQA(nn.Module):
     def __init__(
-        self, backend: AttentionBackend, scale: float, num_heads: int, num_kv_heads: int, head_dim: int
+        self,
+        backend: AttentionBackend,
+        scale: float,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        rotary: RotaryEmbedding,
     ) -> None:
         super().__init__()
-        self.backend, self.scale = backend, scale
+        self.backend, self.scale, self.rotary = backend, scale, rotary
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.latent_dim = self.rope_dim = num_kv_heads * head_dim
+        half = rotary.rotary_dim // 2
+        # Exact: every rotary pair (i, i + rotary_dim / 2) of every KV head kept, in order; no basis (U = I).
+        self.register_buffer(
+            "pairs", torch.arange(half).expand(num_kv_heads, half).contiguous(), persistent=False
+        )
+        # An orthonormal basis U [Hkv * nope + Hkv * D, R] of [k_nope; v] (its rows: W_UK, then W_UV; c = y @ U),
+        # set by convert; None: the identity (exact).
+        self.basis: torch.Tensor | None = None
+        self._set_dims()
         self.cache_group = 0  # set by the engine (CausalLM.set_cache_groups)
+        self.capture: list | None = None  # calibration: (q, k, v) before rotation, appended by forward
+
+    def _set_dims(self) -> None:
+        hkv, d = self.num_kv_heads, self.head_dim
+        self.rope_per_head = 2 * self.pairs.shape[1]
+        self.nope_per_head = d - self.rope_per_head
+        self.rope_dim = hkv * self.rope_per_head
+        full = hkv * (self.nope_per_head + d)
+        self.latent_dim = full if self.basis is None else self.basis.shape[1]
+
+    def convert(self, pairs: torch.Tensor, basis: torch.Tensor | None) -> None:
+        """Keep rotary `pairs` [Hkv, r] (indices below rotary_dim / 2) and cache c = [k_nope; v] @ basis."""
+        self.pairs = pairs.to(self.pairs.device)
+        self.basis = None if basis is None else basis.to(self.pairs.device)
+        self._set_dims()
+
+    def _split(self, x: torch.Tensor, positions: torch.Tensor, per_head_pairs: torch.Tensor):
+        """x [T, heads, D] -> (rotated kept pairs [T, heads, 2r] as (a | b) halves, the other features [T, heads,
+        D - 2r]); per_head_pairs [heads, r]."""
+        half, d = self.rotary.rotary_dim // 2, self.head_dim
+        idx = per_head_pairs[None].expand(x.shape[0], -1, -1)
+        a, b = x.gather(2, idx), x.gather(2, idx + half)
+        freqs = positions.float()[:, None, None] * self.rotary.inv_freq.float()[per_head_pairs][None]
+        cos, sin = (
+            (freqs.cos() * self.rotary.scaling).to(x.dtype),
+            (freqs.sin() * self.rotary.scaling).to(x.dtype),
+        )
+        rope = torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+        keep = torch.ones(per_head_pairs.shape[0], d, dtype=torch.bool, device=x.device)
+        keep.scatter_(1, per_head_pairs, False)
+        keep.scatter_(1, per_head_pairs + half, False)
+        return rope, x[:, keep].view(x.shape[0], x.shape[1], -1)  # every head keeps as many pairs
 
     def forward(
         self,
+        positions: torch.Tensor,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        """q [T, H, D], k and v [T, Hkv, D] (rotated); kv_cache [blocks, page, 1, Hkv * 2D]. Returns [T, H, D]."""
+        """q [T, H, D], k and v [T, Hkv, D], none rotated yet; kv_cache [blocks, page, 1, R + Hkv * P]."""
+        if self.capture is not None:
+            self.capture.append((q.detach(), k.detach(), v.detach()))
         meta = meta.for_group(self.cache_group)
-        rows = torch.cat((v.flatten(1), k.flatten(1)), dim=-1).unsqueeze(1)
+        group_pairs = self.pairs.repeat_interleave(self.num_heads // self.num_kv_heads, 0)
+        q_rope, q_nope = self._split(q, positions, group_pairs)
+        k_rope, k_nope = self._split(k, positions, self.pairs)
+        latent = torch.cat((k_nope.flatten(1), v.flatten(1)), dim=-1)
+        if self.basis is not None:
+            latent = (latent.float() @ self.basis.float()).to(latent.dtype)
+        rows = torch.cat((latent, k_rope.flatten(1)), dim=-1).unsqueeze(1)
         write_to_cache(
             kv_cache,
             meta.slot_mapping,
@@ -48,31 +111,53 @@ class LatentGQA(nn.Module):
         )
         nd, parts = meta.num_decodes, []
         if nd:
-            parts.append(self._decode(q[:nd], kv_cache, meta))
+            parts.append(self._decode(q_rope[:nd], q_nope[:nd], kv_cache, meta))
         if nd < meta.num_seqs:
-            parts.append(self._prefill(q[nd:], kv_cache, meta))
+            parts.append(self._prefill(q_rope[nd:], q_nope[nd:], kv_cache, meta))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _groups(self, x: torch.Tensor) -> torch.Tensor:
         """[T, H, ...] as [T, Hkv, H / Hkv, ...]: the query heads of each KV head."""
         return x.view(x.shape[0], self.num_kv_heads, self.num_heads // self.num_kv_heads, *x.shape[2:])
 
-    def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        t, hkv, d = q.shape[0], self.num_kv_heads, self.head_dim
-        kv = torch.arange(hkv, device=q.device)
-        # head h's rope query: its rotated query in its KV group's slice of the rope key, zero in the others
-        q_pe = q.new_zeros(t, hkv, self.num_heads // hkv, hkv, d)
-        q_pe[:, kv, :, kv] = self._groups(q).transpose(0, 1)
-        q_latent = q.new_zeros(t, self.num_heads, self.latent_dim)
-        out = self.backend.decode_latent(
-            q_latent, q_pe.view(t, self.num_heads, self.rope_dim), kv_cache, meta, self.scale, self.latent_dim
-        )
-        # the value up-projection: each head's own KV group's slice of the attended values
-        values = self._groups(out).view(t, hkv, -1, hkv, d)[:, kv, :, kv]  # [Hkv, T, H / Hkv, D]
-        return values.transpose(0, 1).reshape(t, self.num_heads, d)
+    def _split_latent(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of the latent space [S, R] as (k_nope [S, Hkv, nope], v [S, Hkv, D]): through the basis, or (exact)
+        the latent's own slices."""
+        s, hkv, nope = latent.shape[0], self.num_kv_heads, self.nope_per_head
+        full = latent if self.basis is None else (latent.float() @ self.basis.t().float()).to(latent.dtype)
+        return full[:, : hkv * nope].view(s, hkv, nope), full[:, hkv * nope :].reshape(s, hkv, self.head_dim)
 
-    def _prefill(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        context = self.backend.gather_prefill_context(kv_cache, meta, q.dtype)[:, 0]  # [S, latent + rope]
-        v, k = context.split([self.latent_dim, self.rope_dim], dim=-1)
-        shape = (context.shape[0], self.num_kv_heads, self.head_dim)
-        return self.backend.prefill(q, k.reshape(shape), v.reshape(shape), meta, self.scale)
+    def _decode(self, q_rope, q_nope, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        t, hkv, p, nope = q_rope.shape[0], self.num_kv_heads, self.rope_per_head, self.nope_per_head
+        groups = self.num_heads // hkv
+        kv = torch.arange(hkv, device=q_rope.device)
+        # head h's rope query: its rotated features in its KV group's slice of the rope key, zero in the others
+        q_pe = q_rope.new_zeros(t, hkv, groups, hkv, p)
+        q_pe[:, kv, :, kv] = self._groups(q_rope).transpose(0, 1)
+        # the key up-projection absorbed into the query: its nope features in its group's slice of [k_nope; v]
+        q_full = q_rope.new_zeros(t, hkv, groups, hkv * (nope + self.head_dim))
+        q_full[..., : hkv * nope].view(t, hkv, groups, hkv, nope)[:, kv, :, kv] = self._groups(
+            q_nope
+        ).transpose(0, 1)
+        q_latent = q_full if self.basis is None else (q_full.float() @ self.basis.float()).to(q_rope.dtype)
+        out = self.backend.decode_latent(
+            q_latent.view(t, self.num_heads, self.latent_dim),
+            q_pe.view(t, self.num_heads, self.rope_dim),
+            kv_cache,
+            meta,
+            self.scale,
+            self.latent_dim,
+        )
+        # the value up-projection: each head's own KV group's values out of the attended latent
+        full = out if self.basis is None else (out.float() @ self.basis.t().float()).to(out.dtype)
+        values = self._groups(full[..., hkv * nope :]).view(t, hkv, groups, hkv, self.head_dim)[:, kv, :, kv]
+        return values.transpose(0, 1).reshape(t, self.num_heads, self.head_dim)
+
+    def _prefill(self, q_rope, q_nope, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        context = self.backend.gather_prefill_context(kv_cache, meta, q_rope.dtype)[:, 0]  # [S, R + rope]
+        latent, k_rope = context.split([self.latent_dim, self.rope_dim], dim=-1)
+        k_nope, v = self._split_latent(latent)
+        k = torch.cat(
+            (k_rope.reshape(context.shape[0], self.num_kv_heads, self.rope_per_head), k_nope), dim=-1
+        )
+        return self.backend.prefill(torch.cat((q_rope, q_nope), dim=-1), k, v.contiguous(), meta, self.scale)

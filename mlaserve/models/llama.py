@@ -57,8 +57,9 @@ class LlamaAttention(nn.Module):
         rotary_dim = int(self.head_dim * getattr(cfg, "partial_rotary_factor", 1.0))
         self.rotary = RotaryEmbedding(*rope_frequencies(cfg, rotary_dim), interleaved=False)
         scale = self.head_dim**-0.5
+        self.enable_mla = enable_mla
         self.attn = (
-            LatentGQA(backend, scale, self.num_heads, self.num_kv_heads, self.head_dim)
+            LatentGQA(backend, scale, self.num_heads, self.num_kv_heads, self.head_dim, self.rotary)
             if enable_mla
             else PagedAttention(backend, scale)
         )
@@ -66,6 +67,17 @@ class LlamaAttention(nn.Module):
     def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         qkv = self.qkv_proj(hidden)
+        if self.enable_mla:  # the latent layer rotates the features it keeps rotated itself
+            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+            out = self.attn(
+                positions,
+                q.view(-1, self.num_heads, self.head_dim),
+                k.view(-1, self.num_kv_heads, self.head_dim),
+                v.view(-1, self.num_kv_heads, self.head_dim),
+                kv_cache,
+                meta,
+            )
+            return self.o_proj(out.reshape(out.shape[0], -1))
         # q and k sit side by side in the fused output: one rotation over their heads costs half of two
         qk = qkv[:, : q_size + kv_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
         qk = self.rotary.rotate_heads(positions, qk)
@@ -158,12 +170,16 @@ class LlamaForCausalLM(CausalLM):
 
     def kv_cache_spec(self) -> KVCacheSpec:
         attn = self.model.layers[0].self_attn
-        if (
-            self.enable_mla
-        ):  # one row per token: every KV head's V, then its rotated K (as wide as GQA's K + V)
-            width = 2 * attn.num_kv_heads * attn.head_dim
-            layers = tuple(LayerCacheSpec(1, width, False, window=w) for w in layer_windows(self.cfg))
-            return KVCacheSpec(layers, is_mla=True, mha_elements_per_layer=width)
+        if self.enable_mla:  # one row per token: the latent, then the rope key (layers/latent_gqa.py)
+            layers = tuple(
+                LayerCacheSpec(
+                    1, layer.self_attn.attn.latent_dim + layer.self_attn.attn.rope_dim, False, window=w
+                )
+                for layer, w in zip(self.model.layers, layer_windows(self.cfg), strict=True)
+            )
+            return KVCacheSpec(
+                layers, is_mla=True, mha_elements_per_layer=2 * attn.num_kv_heads * attn.head_dim
+            )
         return KVCacheSpec(
             tuple(
                 LayerCacheSpec(attn.num_kv_heads, attn.head_dim, separate_value=True, window=window)
