@@ -68,6 +68,9 @@ class ModelSection(_Section):
     load_format: Literal["auto", "dummy"] = _ENGINE["load_format"]
     # a Llama/Qwen2/Mistral model served from an MLA latent cache (the exact conversion: same answers, same size)
     enable_mla: bool = _ENGINE["enable_mla"]
+    # with enable_mla: a lossy low-rank conversion from calibration text (latent width, rotary features per KV head)
+    mla_latent_dim: PositiveInt | None = _ENGINE["mla_latent_dim"]
+    qk_rope_head_dim: PositiveInt | None = _ENGINE["qk_rope_head_dim"]
 
     @field_validator("device")
     @classmethod
@@ -210,6 +213,8 @@ class DeployConfig(_Section):
             "device": self.model.device,
             "load_format": self.model.load_format,
             "enable_mla": self.model.enable_mla,
+            "mla_latent_dim": self.model.mla_latent_dim,
+            "qk_rope_head_dim": self.model.qk_rope_head_dim,
             "max_model_len": self.model.max_model_len,
             "block_size": self.cache.block_size,
             "kv_cache_dtype": self.cache.kv_cache_dtype,

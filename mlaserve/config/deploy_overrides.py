@@ -16,6 +16,8 @@ FLAG_KEYS: dict[str, str] = {
     "device": "model.device",
     "load_format": "model.load_format",
     "enable_mla": "model.enable_mla",
+    "mla_latent_dim": "model.mla_latent_dim",
+    "qk_rope_head_dim": "model.qk_rope_head_dim",
     "max_model_len": "model.max_model_len",
     "served_model_name": "model.served_model_name",
     "tensor_parallel_size": "parallel.tensor_parallel_size",

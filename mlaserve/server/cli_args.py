@@ -20,6 +20,8 @@ _MODEL_FLAGS = [
     ("--load-format", str, "auto, or dummy: random weights from config.json alone (benchmarks)"),
     ("--max-model-len", int, "longest prompt + output (default: the model's)"),
     ("--enable-mla", bool, "serve a Llama/Qwen2/Mistral model from an MLA latent cache (exact conversion)"),
+    ("--mla-latent-dim", int, "with --enable-mla: lossy conversion to this latent width per layer"),
+    ("--qk-rope-head-dim", int, "with --enable-mla: rotary features each KV head keeps (lossy)"),
     (
         "--served-model-name",
         str,
@@ -68,6 +70,8 @@ _ENGINE_OPTIONS = (
     "model",
     "load_format",
     "enable_mla",
+    "mla_latent_dim",
+    "qk_rope_head_dim",
     "dtype",
     "device",
     "max_model_len",

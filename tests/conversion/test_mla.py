@@ -1,0 +1,85 @@
+"""GQA -> MLA at reduced rank (conversion/mla.py): full rank with every rotary pair is still exact; at reduced rank
+the absorbed decode (reading the latent in place) and the expanded prefill (rebuilding per-head K/V) must agree,
+whatever the batching or chunking; the cache shrinks as the ranks say; ranks that do not fit are errors before any
+weight loads."""
+
+import pytest
+import torch
+
+from mlaserve import LLM, SamplingParams
+from mlaserve.conversion.mla import pair_scores, principal_basis
+from tests.engine.test_sliding_window import check_logprobs, prompts, reference_tokens
+from tests.tiny_models import build_tiny
+
+OPTIONS = dict(dtype="float32", device="cpu", num_kv_blocks=128, max_model_len=256)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    # 4 query heads, 2 KV heads of 16
+    return build_tiny("llama", tmp_path_factory.mktemp("llama"))
+
+
+def test_pair_scores_and_basis():
+    q = torch.zeros(5, 4, 8)
+    k = torch.zeros(5, 2, 8)
+    q[..., 1], q[..., 5] = 3.0, 4.0  # pair 1 (features 1 and 5) carries everything for every head
+    k[:, 0, 1], k[:, 1, 2] = 1.0, 1.0
+    scores = pair_scores(q, k, half=4)
+    assert scores.shape == (2, 4) and scores[0].argmax() == 1 and scores[1].max() == 0
+    rows = torch.randn(50, 3) @ torch.tensor([[1.0, 0, 0], [0, 0, 0], [0, 0, 2.0]])
+    basis = principal_basis(rows, 2)
+    assert torch.allclose(basis.t() @ basis, torch.eye(2), atol=1e-5)
+    assert torch.allclose(basis[1], torch.zeros(2), atol=1e-5)  # an empty direction is never kept
+
+
+def test_full_rank_with_every_rotary_pair_is_exact(llama):
+    # 2 KV heads x (16 values + 0 nope keys) = 32: the whole latent, through a (rotated) basis instead of the identity
+    llm = LLM(str(llama), **OPTIONS, enable_mla=True, mla_latent_dim=32, qk_rope_head_dim=16)
+    batch = prompts(2, seed=1, low=10, high=40)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=0)
+    for ids, out in zip(
+        batch, llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+    ):
+        assert out.outputs[0].token_ids == reference_tokens(llama, ids, 24)
+        check_logprobs(llama, ids, out)
+
+
+def generate(path, **options) -> list:
+    llm = LLM(str(path), **OPTIONS, enable_mla=True, mla_latent_dim=12, qk_rope_head_dim=8, **options)
+    batch = prompts(3, seed=4, low=20, high=60)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=0)
+    outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+    return llm, batch, outs
+
+
+def test_reduced_rank_decode_and_prefill_agree(llama):
+    llm, batch, outs = generate(llama)
+    # 3 layers x (rank 12 + 2 KV heads x 8 rotary features) x 4 bytes, from 2 x 2 x 16 x 4 per layer
+    assert llm.stats()["kv_bytes_per_token"] == llm.engine.model_config.num_layers * (12 + 2 * 8) * 4
+    # the generated tokens' logprobs came from absorbed decode; scoring prompt + output runs the expanded prefill
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0)
+    for ids, out in zip(batch, outs):
+        tokens = out.outputs[0].token_ids
+        scored = llm.generate([{"prompt_token_ids": ids + tokens}], params, use_tqdm=False)[0].prompt_logprobs
+        for i, token in enumerate(tokens):
+            assert abs(scored[len(ids) + i][token] - out.outputs[0].logprobs[i][token]) < 1e-4
+    chunked = generate(llama, enable_chunked_prefill=True, max_num_batched_tokens=16)[2]
+    assert [o.outputs[0].token_ids for o in chunked] == [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(enable_mla=True, mla_latent_dim=100), "at most the nope keys and values"),
+        (dict(enable_mla=True, qk_rope_head_dim=7), "even number"),
+        (dict(enable_mla=True, qk_rope_head_dim=32), "even number from 2 to the model's rotary width 16"),
+        (dict(mla_latent_dim=8), "unset unless enable_mla is set"),
+    ],
+)
+def test_ranks_that_do_not_fit_fail_before_weights_load(llama, monkeypatch, options, message):
+    loaded = []
+    monkeypatch.setattr("mlaserve.engine.core.build_model", lambda *a, **k: loaded.append(1))
+    with pytest.raises(ValueError, match=message):
+        LLM(str(llama), device="cpu", **options)
+    assert not loaded
