@@ -7,6 +7,7 @@ from torch import nn
 
 from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.kvcache.spec import KVCacheSpec
+from mlaserve.parallel import ParallelContext
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,16 @@ class CausalLM(nn.Module):
     # Checkpoint names containing any of these are not weights (rotary caches, multi-token-prediction heads).
     ignored_fragments: tuple[str, ...] = ("rotary_emb.inv_freq",)
 
+    def build_lm_head(self, cfg: object, ctx: ParallelContext) -> None:
+        """The LM head, tied to the input embedding where the config says so (the checkpoint's copy is then not a
+        weight); after self.model is built."""
+        from mlaserve.layers.embedding import ParallelLMHead
+
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ctx)
+        if getattr(cfg, "tie_word_embeddings", False):
+            self.lm_head.weight = self.model.embed_tokens.weight
+            self.ignored_fragments = (*self.ignored_fragments, "lm_head.weight")
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -37,10 +48,10 @@ class CausalLM(nn.Module):
         kv_caches: list[torch.Tensor],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        raise NotImplementedError
+        return self.model(input_ids, positions, kv_caches, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        return self.lm_head.compute_logits(hidden)
 
     def kv_cache_spec(self) -> KVCacheSpec:
         raise NotImplementedError

@@ -7,7 +7,7 @@ from torch import nn
 
 from mlaserve.attention.backend import AttentionBackend
 from mlaserve.kvcache.spec import KVCacheSpec, LayerCacheSpec
-from mlaserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from mlaserve.layers.embedding import VocabParallelEmbedding
 from mlaserve.layers.mla import MLAAttention
 from mlaserve.layers.moe import FusedExperts, MoEGate
 from mlaserve.layers.norm import RMSNorm
@@ -98,16 +98,7 @@ class DeepseekV2ForCausalLM(CausalLM):
         self.cfg = cfg
         self.mla_disable = mla_disable
         self.model = DeepseekModel(cfg, backend, ctx, self.sigmoid_routing, mla_disable)
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ctx)
-        if getattr(cfg, "tie_word_embeddings", False):
-            self.lm_head.weight = self.model.embed_tokens.weight
-            self.ignored_fragments = (*self.ignored_fragments, "lm_head.weight")
-
-    def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, meta)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head.compute_logits(hidden)
+        self.build_lm_head(cfg, ctx)
 
     def latent_attention_shape(self) -> tuple[int, int, int] | None:
         if self.mla_disable:

@@ -25,7 +25,7 @@ from mlaserve.attention.backend import AttentionBackend, write_to_cache
 from mlaserve.attention.metadata import AttentionMetadata, slot_indices
 from mlaserve.kvcache.spec import KVCacheSpec, LayerCacheSpec
 from mlaserve.layers.compressor import CompressedIndexer, Compressor
-from mlaserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from mlaserve.layers.embedding import VocabParallelEmbedding
 from mlaserve.layers.hyper_connection import HyperConnection, HyperHead, unweighted_rms_norm
 from mlaserve.layers.norm import Float32RMSNorm
 from mlaserve.layers.rotary import rotate_trailing_pairs
@@ -297,16 +297,7 @@ class DeepseekV4ForCausalLM(CausalLM):
         super().__init__()
         self.cfg = cfg
         self.model = V4Model(cfg, ctx)
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ctx)
-        if getattr(cfg, "tie_word_embeddings", False):
-            self.lm_head.weight = self.model.embed_tokens.weight
-            self.ignored_fragments = (*self.ignored_fragments, "lm_head.weight")
-
-    def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, meta)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head.compute_logits(hidden)
+        self.build_lm_head(cfg, ctx)
 
     def map_checkpoint_name(self, name: str) -> tuple[str, object] | None:
         """DeepSeek's names as transformers saves them (model.layers.N.attn.wq_a, head.weight) or as DeepSeek ships

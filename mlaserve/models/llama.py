@@ -11,7 +11,7 @@ from mlaserve.config.model_config import layer_windows
 from mlaserve.kvcache.spec import KVCacheSpec, LayerCacheSpec
 from mlaserve.layers.activation import gated_act
 from mlaserve.layers.attention import PagedAttention
-from mlaserve.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from mlaserve.layers.embedding import VocabParallelEmbedding
 from mlaserve.layers.latent_gqa import LatentGQA
 from mlaserve.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from mlaserve.layers.norm import RMSNorm
@@ -140,23 +140,13 @@ class LlamaForCausalLM(CausalLM):
         self.cfg = cfg
         self.enable_mla = enable_mla
         self.model = LlamaModel(cfg, backend, ctx, self.biases(cfg), enable_mla)
-        self.tied = bool(getattr(cfg, "tie_word_embeddings", False))
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ctx)
-        if self.tied:
-            self.lm_head.weight = self.model.embed_tokens.weight
-            self.ignored_fragments = (*self.ignored_fragments, "lm_head.weight")
+        self.build_lm_head(cfg, ctx)
 
     @staticmethod
     def biases(cfg: object) -> tuple[bool, bool]:
         """(qkv bias, o_proj bias): Llama's attention_bias covers both."""
         bias = bool(getattr(cfg, "attention_bias", False))
         return bias, bias
-
-    def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, meta)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head.compute_logits(hidden)
 
     @classmethod
     def latent_cache(cls, mla_disable: bool, enable_mla: bool = False) -> bool:
