@@ -84,7 +84,7 @@ def convert_layer(
     pairs = pair_scores(q, k, half).topk(rope // 2, dim=-1).indices.sort(dim=-1).values
     layer.convert(pairs, None)  # the new split first: which key features are nope
     positions = torch.arange(k.shape[0], device=k.device)
-    _, k_nope = layer._split(k, positions, layer.pairs)
+    _, k_nope = layer._split(k, positions, layer.pairs, layer.nope_index)
     rows = torch.cat((k_nope.flatten(1), v.flatten(1)), dim=-1)
     basis = None if rank >= rows.shape[1] else principal_basis(rows, rank)
     layer.convert(pairs, basis)

@@ -46,6 +46,8 @@ class LatentGQA(nn.Module):
         self.register_buffer(
             "pairs", torch.arange(half).expand(num_kv_heads, half).contiguous(), persistent=False
         )
+        # Integer indices and an identity, not boolean masks or index_put: decode steps are captured in CUDA graphs.
+        self.register_buffer("kv_eye", torch.eye(num_kv_heads), persistent=False)
         # An orthonormal basis U [Hkv * nope + Hkv * D, R] of [k_nope; v] (its rows: W_UK, then W_UV; c = y @ U),
         # set by convert; None: the identity (exact).
         self.basis: torch.Tensor | None = None
@@ -54,7 +56,11 @@ class LatentGQA(nn.Module):
         self.capture: list | None = None  # calibration: (q, k, v) before rotation, appended by forward
 
     def _set_dims(self) -> None:
-        hkv, d = self.num_kv_heads, self.head_dim
+        hkv, d, half = self.num_kv_heads, self.head_dim, self.rotary.rotary_dim // 2
+        keep = torch.ones(hkv, d, dtype=torch.bool, device=self.pairs.device)
+        keep.scatter_(1, self.pairs, False)
+        keep.scatter_(1, self.pairs + half, False)
+        self.nope_index = keep.nonzero()[:, 1].view(hkv, -1)  # each KV head's features that are not rotated
         self.rope_per_head = 2 * self.pairs.shape[1]
         self.nope_per_head = d - self.rope_per_head
         self.rope_dim = hkv * self.rope_per_head
@@ -67,22 +73,17 @@ class LatentGQA(nn.Module):
         self.basis = None if basis is None else basis.to(self.pairs.device)
         self._set_dims()
 
-    def _split(self, x: torch.Tensor, positions: torch.Tensor, per_head_pairs: torch.Tensor):
+    def _split(self, x: torch.Tensor, positions: torch.Tensor, pairs: torch.Tensor, nope: torch.Tensor):
         """x [T, heads, D] -> (rotated kept pairs [T, heads, 2r] as (a | b) halves, the other features [T, heads,
-        D - 2r]); per_head_pairs [heads, r]."""
-        half, d = self.rotary.rotary_dim // 2, self.head_dim
-        idx = per_head_pairs[None].expand(x.shape[0], -1, -1)
+        D - 2r]); pairs [heads, r] and nope [heads, D - 2r] index each head's features."""
+        half, t = self.rotary.rotary_dim // 2, x.shape[0]
+        idx = pairs[None].expand(t, -1, -1)
         a, b = x.gather(2, idx), x.gather(2, idx + half)
-        freqs = positions.float()[:, None, None] * self.rotary.inv_freq.float()[per_head_pairs][None]
-        cos, sin = (
-            (freqs.cos() * self.rotary.scaling).to(x.dtype),
-            (freqs.sin() * self.rotary.scaling).to(x.dtype),
-        )
+        freqs = positions.float()[:, None, None] * self.rotary.inv_freq.float()[pairs][None]
+        cos = (freqs.cos() * self.rotary.scaling).to(x.dtype)
+        sin = (freqs.sin() * self.rotary.scaling).to(x.dtype)
         rope = torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
-        keep = torch.ones(per_head_pairs.shape[0], d, dtype=torch.bool, device=x.device)
-        keep.scatter_(1, per_head_pairs, False)
-        keep.scatter_(1, per_head_pairs + half, False)
-        return rope, x[:, keep].view(x.shape[0], x.shape[1], -1)  # every head keeps as many pairs
+        return rope, x.gather(2, nope[None].expand(t, -1, -1))
 
     def forward(
         self,
@@ -97,9 +98,14 @@ class LatentGQA(nn.Module):
         if self.capture is not None:
             self.capture.append((q.detach(), k.detach(), v.detach()))
         meta = meta.for_group(self.cache_group)
-        group_pairs = self.pairs.repeat_interleave(self.num_heads // self.num_kv_heads, 0)
-        q_rope, q_nope = self._split(q, positions, group_pairs)
-        k_rope, k_nope = self._split(k, positions, self.pairs)
+        groups = self.num_heads // self.num_kv_heads
+        q_rope, q_nope = self._split(
+            q,
+            positions,
+            self.pairs.repeat_interleave(groups, 0),
+            self.nope_index.repeat_interleave(groups, 0),
+        )
+        k_rope, k_nope = self._split(k, positions, self.pairs, self.nope_index)
         latent = torch.cat((k_nope.flatten(1), v.flatten(1)), dim=-1)
         if self.basis is not None:
             latent = (latent.float() @ self.basis.float()).to(latent.dtype)
@@ -128,21 +134,18 @@ class LatentGQA(nn.Module):
         return full[:, : hkv * nope].view(s, hkv, nope), full[:, hkv * nope :].reshape(s, hkv, self.head_dim)
 
     def _decode(self, q_rope, q_nope, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        t, hkv, p, nope = q_rope.shape[0], self.num_kv_heads, self.rope_per_head, self.nope_per_head
-        groups = self.num_heads // hkv
-        kv = torch.arange(hkv, device=q_rope.device)
+        t, hkv = q_rope.shape[0], self.num_kv_heads
+        eye = self.kv_eye.to(q_rope.dtype)
         # head h's rope query: its rotated features in its KV group's slice of the rope key, zero in the others
-        q_pe = q_rope.new_zeros(t, hkv, groups, hkv, p)
-        q_pe[:, kv, :, kv] = self._groups(q_rope).transpose(0, 1)
+        q_pe = torch.einsum("tgjp,gk->tgjkp", self._groups(q_rope), eye)
         # the key up-projection absorbed into the query: its nope features in its group's slice of [k_nope; v]
-        q_full = q_rope.new_zeros(t, hkv, groups, hkv * (nope + self.head_dim))
-        q_full[..., : hkv * nope].view(t, hkv, groups, hkv, nope)[:, kv, :, kv] = self._groups(
-            q_nope
-        ).transpose(0, 1)
+        q_nope_slices = torch.einsum("tgjn,gk->tgjkn", self._groups(q_nope), eye).flatten(3)
+        zeros = q_nope_slices.new_zeros(*q_nope_slices.shape[:3], hkv * self.head_dim)
+        q_full = torch.cat((q_nope_slices, zeros), dim=-1)
         q_latent = q_full if self.basis is None else (q_full.float() @ self.basis.float()).to(q_rope.dtype)
         out = self.backend.decode_latent(
-            q_latent.view(t, self.num_heads, self.latent_dim),
-            q_pe.view(t, self.num_heads, self.rope_dim),
+            q_latent.reshape(t, self.num_heads, self.latent_dim),
+            q_pe.reshape(t, self.num_heads, self.rope_dim),
             kv_cache,
             meta,
             self.scale,
@@ -150,8 +153,9 @@ class LatentGQA(nn.Module):
         )
         # the value up-projection: each head's own KV group's values out of the attended latent
         full = out if self.basis is None else (out.float() @ self.basis.t().float()).to(out.dtype)
-        values = self._groups(full[..., hkv * nope :]).view(t, hkv, groups, hkv, self.head_dim)[:, kv, :, kv]
-        return values.transpose(0, 1).reshape(t, self.num_heads, self.head_dim)
+        values = self._groups(full[..., hkv * self.nope_per_head :]).unflatten(-1, (hkv, self.head_dim))
+        values = torch.einsum("tgjkd,gk->tgjd", values, eye.to(values.dtype))
+        return values.reshape(t, self.num_heads, self.head_dim)
 
     def _prefill(self, q_rope, q_nope, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         context = self.backend.gather_prefill_context(kv_cache, meta, q_rope.dtype)[:, 0]  # [S, R + rope]
