@@ -156,6 +156,10 @@ class EngineCore:
         if self.tokenizer is None:
             raise ValueError("mla_latent_dim / qk_rope_head_dim calibrate on text: they need the tokenizer")
         ids = self.tokenizer.encode(calibration_text())[: min(2048, self.model_config.max_model_len)]
+        if len(ids) < 64:
+            raise ValueError(
+                f"the calibration text encodes to {len(ids)} tokens with this model's tokenizer: too few to convert"
+            )
         cfg = self.config
         report = convert_model(
             self.model, cfg.mla_latent_dim, cfg.qk_rope_head_dim, ids, cfg.block_size, self.device

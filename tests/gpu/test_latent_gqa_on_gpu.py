@@ -27,7 +27,9 @@ def generate(path, backend: str, eager: bool, **options) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("ranks", [{}, dict(mla_latent_dim=12, qk_rope_head_dim=8)], ids=["exact", "reduced"])
-@pytest.mark.parametrize("name", ["llama", "qwen2"])
+@pytest.mark.parametrize(
+    "name", ["llama", "mistral"]
+)  # (the tiny Qwen2's tokenizer encodes no calibration text)
 def test_latent_gqa_triton_graphs_equal_torch_backend(tmp_path, name, ranks):
     path = build_tiny(name, tmp_path, max_position_embeddings=1024)
     assert generate(path, "triton_mla", False, **ranks) == generate(path, "torch", True, **ranks)
