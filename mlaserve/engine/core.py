@@ -14,14 +14,14 @@ import torch
 
 from mlaserve.attention.selector import attention_kernel, select_backend
 from mlaserve.config.engine_config import EngineConfig
-from mlaserve.config.model_config import ModelConfig, layer_windows
-from mlaserve.conversion.mla import check_options as check_conversion
+from mlaserve.config.model_config import ModelConfig
 from mlaserve.core.kv_cache_manager import CacheGroupSpec, KVCacheManager
 from mlaserve.core.request import Request, RequestStatus
 from mlaserve.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from mlaserve.engine.core_output import CoreOutput
 from mlaserve.engine.intake import PreparedRequest, RequestIntake
 from mlaserve.engine.kv_sizing import num_kv_blocks
+from mlaserve.engine.option_checks import check_engine_options
 from mlaserve.engine.structured_output import GrammarCompiler
 from mlaserve.kvcache.allocate import allocate_kv_caches
 from mlaserve.kvcache.quant import resolve_cache_dtype
@@ -29,7 +29,6 @@ from mlaserve.kvcache.spec import FULL, KVCacheSpec
 from mlaserve.loader.model_files import resolve_model
 from mlaserve.loader.model_loader import build_model
 from mlaserve.loader.tokenizer import load_tokenizer
-from mlaserve.models.registry import get_model_class
 from mlaserve.runner.model_runner import LaunchedStep, ModelRunner, StepResult
 from mlaserve.sampling_params import SamplingParams
 
@@ -66,36 +65,8 @@ class EngineCore:
         self.model_config = ModelConfig.from_hf(
             files.config_dict, config.dtype, self.device, config.max_model_len
         )
+        check_engine_options(config, self.model_config)  # what the model's cache cannot take, before any load
         # skip_tokenizer_init (as vLLM): token ids in, token ids out; for speed runs on configs with no tokenizer.
-        # Options the model's cache cannot take are errors before any weight loads.
-        model_cls = get_model_class(self.model_config.architecture)
-        if config.enable_mla and not model_cls.supports_enable_mla:
-            raise ValueError(
-                "enable_mla converts models with per-head K/V caches (Llama, Qwen2, Mistral); "
-                f"{self.model_config.architecture} cannot be converted"
-            )
-        latent = model_cls.latent_cache(config.mla_disable, config.enable_mla)
-        if config.mla_latent_dim or config.qk_rope_head_dim:
-            check_conversion(self.model_config.hf_config, config.mla_latent_dim, config.qk_rope_head_dim)
-        windows = [w for w in layer_windows(self.model_config.hf_config) if w is not None]
-        if config.enable_mla and windows and min(windows) < self.model_config.max_model_len:
-            raise ValueError(
-                f"enable_mla with sliding-window layers (window {min(windows)} < max_model_len="
-                f"{self.model_config.max_model_len}) is not supported yet: the latent decode kernels take no window; "
-                "lower max_model_len to the window"
-            )
-        resolve_cache_dtype(config.kv_cache_dtype, self.model_config.dtype, latent)
-        for option in ("sliding_window", "index_topk"):
-            if getattr(config, option) and (latent or not model_cls.training_free_window):
-                why = (
-                    "the latent-cache decode kernels take no window"
-                    if latent
-                    else f"{self.model_config.architecture} attends through its own windows and compressed caches"
-                )
-                raise ValueError(
-                    f"{option} applies to models with per-head K/V caches so far (Llama, Qwen2, Mistral, or an MLA "
-                    f"model with mla_disable): {why}"
-                )
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(files)
         self.backend = select_backend(self.device, config.attention_backend)
         self.model, self.load_report = build_model(

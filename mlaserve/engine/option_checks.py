@@ -1,0 +1,39 @@
+"""Engine options checked against the model before anything loads: what its cache cannot take is an error that
+names the option, not a failure after minutes of loading weights."""
+
+from mlaserve.config.engine_config import EngineConfig
+from mlaserve.config.model_config import ModelConfig, layer_windows
+from mlaserve.conversion.mla import check_options as check_conversion
+from mlaserve.kvcache.quant import resolve_cache_dtype
+from mlaserve.models.registry import get_model_class
+
+
+def check_engine_options(config: EngineConfig, model_config: ModelConfig) -> None:
+    model_cls = get_model_class(model_config.architecture)
+    if config.enable_mla and not model_cls.supports_enable_mla:
+        raise ValueError(
+            "enable_mla converts models with per-head K/V caches (Llama, Qwen2, Mistral); "
+            f"{model_config.architecture} cannot be converted"
+        )
+    latent = model_cls.latent_cache(config.mla_disable, config.enable_mla)
+    if config.mla_latent_dim or config.qk_rope_head_dim:
+        check_conversion(model_config.hf_config, config.mla_latent_dim, config.qk_rope_head_dim)
+    windows = [w for w in layer_windows(model_config.hf_config) if w is not None]
+    if config.enable_mla and windows and min(windows) < model_config.max_model_len:
+        raise ValueError(
+            f"enable_mla with sliding-window layers (window {min(windows)} < max_model_len="
+            f"{model_config.max_model_len}) is not supported yet: the latent decode kernels take no window; "
+            "lower max_model_len to the window"
+        )
+    resolve_cache_dtype(config.kv_cache_dtype, model_config.dtype, latent)
+    for option in ("sliding_window", "index_topk"):
+        if getattr(config, option) and (latent or not model_cls.training_free_window):
+            why = (
+                "the latent-cache decode kernels take no window"
+                if latent
+                else f"{model_config.architecture} attends through its own windows and compressed caches"
+            )
+            raise ValueError(
+                f"{option} applies to models with per-head K/V caches so far (Llama, Qwen2, Mistral, or an MLA "
+                f"model with mla_disable): {why}"
+            )
