@@ -10,7 +10,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from mlaserve import LLM, SamplingParams
-from tests.engine.test_sliding_window import check_logprobs, prompts, reference_tokens
+from tests.engine.test_sliding_window import check_against_reference, prompts
 from tests.tiny_models import build_tiny
 
 OPTIONS = dict(dtype="float32", device="cpu")
@@ -39,9 +39,7 @@ def test_v4_equals_transformers(v4, options):
     batch = prompts(4, seed=1, low=10, high=60)
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=0)
     outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
-    for ids, out in zip(batch, outs):
-        assert out.outputs[0].token_ids == reference_tokens(v4, ids, 32)
-        check_logprobs(v4, ids, out)
+    check_against_reference(v4, batch, outs)
     stats = llm.stats()
     assert stats["kv_blocks_used"] == 0
     if "num_kv_blocks" in options:
@@ -56,9 +54,7 @@ def test_prefix_cache_hits_keep_v4_outputs(v4):
     llm.generate([{"prompt_token_ids": batch[0]}], params, use_tqdm=False)  # caches the shared prefix
     outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
     assert llm.stats()["prefix_cache_hits"] > 0
-    for ids, out in zip(batch, outs):
-        assert out.outputs[0].token_ids == reference_tokens(v4, ids, 16)
-        check_logprobs(v4, ids, out)
+    check_against_reference(v4, batch, outs)
 
 
 def test_indexer_really_selects(v4, monkeypatch):

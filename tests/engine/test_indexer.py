@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mlaserve import LLM, SamplingParams
-from tests.engine.test_sliding_window import check_logprobs, prompts, reference_tokens
+from tests.engine.test_sliding_window import check_against_reference, prompts
 from tests.tiny_models import build_tiny
 
 OPTIONS = dict(dtype="float32", device="cpu")
@@ -49,9 +49,7 @@ def test_sparse_attention_equals_transformers(v32, options, selections):
     batch = prompts(4, seed=1, low=10, high=60)
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=0)
     outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
-    for ids, out in zip(batch, outs):
-        assert out.outputs[0].token_ids == reference_tokens(v32, ids, 32)
-        check_logprobs(v32, ids, out)
+    check_against_reference(v32, batch, outs)
     assert selections, "no step ran the sparse path"
     stats = llm.stats()
     assert stats["kv_blocks_used"] == 0
@@ -67,9 +65,7 @@ def test_prefix_cache_hits_keep_sparse_outputs(v32, selections):
     llm.generate([{"prompt_token_ids": batch[0]}], params, use_tqdm=False)  # caches the shared prefix
     outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
     assert llm.stats()["prefix_cache_hits"] > 0
-    for ids, out in zip(batch, outs):
-        assert out.outputs[0].token_ids == reference_tokens(v32, ids, 16)
-        check_logprobs(v32, ids, out)
+    check_against_reference(v32, batch, outs)
 
 
 def test_indexer_keys_share_the_latent_blocks_and_8bit_caches_quantize_them(v32):
@@ -145,6 +141,4 @@ def test_triton_backend_selection_and_sparse_attention_equal_transformers(v32):
     batch = prompts(2, seed=6, low=12, high=30)
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=0)
     outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
-    for ids, out in zip(batch, outs):
-        assert out.outputs[0].token_ids == reference_tokens(v32, ids, 10)
-        check_logprobs(v32, ids, out)
+    check_against_reference(v32, batch, outs)

@@ -22,6 +22,13 @@ def reference_tokens(path, ids: list[int], new: int) -> list[int]:
     return out[0, len(ids) :].tolist()
 
 
+def check_against_reference(path, batch: list[list[int]], outs) -> None:
+    """Each output's greedy tokens are transformers' (as many as it generated) and its logprobs within 1e-4."""
+    for ids, out in zip(batch, outs, strict=True):
+        assert out.outputs[0].token_ids == reference_tokens(path, ids, len(out.outputs[0].token_ids))
+        check_logprobs(path, ids, out)
+
+
 def check_logprobs(path, ids: list[int], out) -> None:
     tokens = out.outputs[0].token_ids
     with torch.no_grad():

@@ -6,7 +6,7 @@ KV bytes per token; SmolLM2-135M gives its unconverted tokens."""
 import pytest
 
 from mlaserve import LLM, SamplingParams
-from tests.engine.test_sliding_window import check_logprobs, prompts, reference_tokens
+from tests.engine.test_sliding_window import check_against_reference, prompts, reference_tokens
 from tests.tiny_models import build_tiny
 
 OPTIONS = dict(dtype="float32", device="cpu", num_kv_blocks=128)
@@ -32,9 +32,7 @@ def test_exact_conversion_equals_transformers(tmp_path, name, overrides):
     batch = prompts(3, seed=1, low=10, high=60)
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=0)
     outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
-    for ids, out in zip(batch, outs):
-        assert out.outputs[0].token_ids == reference_tokens(path, ids, 32)
-        check_logprobs(path, ids, out)
+    check_against_reference(path, batch, outs)
     assert llm.stats()["kv_blocks_used"] == 0
 
 
