@@ -28,7 +28,7 @@ from mlaserve.layers.compressor import CompressedIndexer, Compressor
 from mlaserve.layers.embedding import VocabParallelEmbedding
 from mlaserve.layers.hyper_connection import HyperConnection, HyperHead, unweighted_rms_norm
 from mlaserve.layers.norm import Float32RMSNorm
-from mlaserve.layers.rotary import rotate_trailing_pairs
+from mlaserve.layers.rotary import RotaryEmbedding, rotate_trailing_pairs
 from mlaserve.models.base import CausalLM
 from mlaserve.parallel import SINGLE, ParallelContext
 
@@ -51,16 +51,6 @@ def v4_rope(cfg: object, kind: str) -> torch.Tensor:
             f"config.json: rope_parameters[{kind!r}] gives an attention factor {scaling}; V4 uses 1.0"
         )
     return inv_freq.float()
-
-
-class Rotary(nn.Module):
-    def __init__(self, inv_freq: torch.Tensor) -> None:
-        super().__init__()
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        return freqs.cos(), freqs.sin()
 
 
 class GroupedLinear(nn.Module):
@@ -94,7 +84,7 @@ class V4Attention(nn.Module):
         )
         self.wo_b = nn.Linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, bias=False)
         self.attn_sink = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32))
-        self.rotary = Rotary(v4_rope(cfg, "main" if layer_type == SLIDING else "compress"))
+        self.rotary = RotaryEmbedding(v4_rope(cfg, "main" if layer_type == SLIDING else "compress"))
         self.compressor: Compressor | None = None
         self.indexer: CompressedIndexer | None = None
         if layer_type != SLIDING:
@@ -102,7 +92,7 @@ class V4Attention(nn.Module):
             self.compressor = Compressor(
                 cfg.hidden_size, self.head_dim, rate, layer_type == SPARSE, cfg.rms_norm_eps
             )
-            self.entry_rotary = Rotary(v4_rope(cfg, "compress"))
+            self.entry_rotary = RotaryEmbedding(v4_rope(cfg, "compress"))
         if layer_type == SPARSE:
             self.indexer = CompressedIndexer(
                 cfg.hidden_size, cfg.q_lora_rank, cfg.index_n_heads, cfg.index_head_dim, rate, cfg.index_topk,
@@ -123,7 +113,7 @@ class V4Attention(nn.Module):
         self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        cos, sin = self.rotary(positions)
+        cos, sin = self.rotary.cos_sin(positions)
         q_resid = self.q_norm(self.wq_a(hidden))
         q = unweighted_rms_norm(self.wq_b(q_resid).view(num_tokens, self.num_heads, self.head_dim), self.eps)
         q = rotate_trailing_pairs(q, cos, sin)
@@ -155,7 +145,7 @@ class V4Attention(nn.Module):
         compressor = self.compressor
         if compressor is not None and n // compressor.rate:
             count, rate = n // compressor.rate, compressor.rate
-            cos, sin = self.entry_rotary(torch.arange(count, device=ctx.device) * rate)
+            cos, sin = self.entry_rotary.cos_sin(torch.arange(count, device=ctx.device) * rate)
             states = ctx[:, self.head_dim : self.head_dim + compressor.state_width]
             entries = compressor.entries(states, count, cos, sin)
             complete = torch.arange(count, device=ctx.device)[None, :] < ((positions + 1) // rate)[:, None]
@@ -163,7 +153,7 @@ class V4Attention(nn.Module):
                 states = ctx[:, self.head_dim + compressor.state_width :]
                 index_keys = self.indexer.compressor.entries(states, count, cos, sin)
                 complete = self.indexer.select(
-                    q_resid, hidden, *self.entry_rotary(positions), index_keys, complete
+                    q_resid, hidden, *self.entry_rotary.cos_sin(positions), index_keys, complete
                 )
             keys = torch.cat((keys, entries))
             visible = torch.cat((visible, complete), dim=1)

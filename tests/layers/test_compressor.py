@@ -8,7 +8,8 @@ from transformers.models.deepseek_v4 import modeling_deepseek_v4 as hf
 
 from mlaserve.layers.compressor import Compressor
 from mlaserve.layers.hyper_connection import HyperConnection, HyperHead
-from mlaserve.models.deepseek_v4 import Rotary, v4_rope
+from mlaserve.layers.rotary import RotaryEmbedding
+from mlaserve.models.deepseek_v4 import v4_rope
 from tests.tiny_models import CONFIGS
 
 
@@ -42,7 +43,7 @@ def test_entries_from_cached_projections_equal_transformers_compressor(kind):
         ):  # the CSA compressor also runs its indexer: only its entries are compared
             ref.indexer.forward = lambda *a, **k: torch.zeros(1, length, 1, dtype=torch.long)
         want = ref(hidden, torch.randn(1, length, cfg.q_lora_rank), positions, None, 0)[0][0, 0]
-        cos, sin = Rotary(v4_rope(cfg, "compress"))(torch.arange(5) * rate)
+        cos, sin = RotaryEmbedding(v4_rope(cfg, "compress")).cos_sin(torch.arange(5) * rate)
         got = mine.entries(mine.state(hidden[0]), 5, cos, sin)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
