@@ -19,7 +19,7 @@ import torch
 
 from mlaserve.attention.metadata import build_metadata
 from mlaserve.kvcache.allocate import allocate_kv_caches
-from mlaserve.layers.latent_gqa import LatentGQA
+from mlaserve.layers.latent_gqa import LatentGQA, gather_features, nope_features
 
 logger = logging.getLogger(__name__)
 
@@ -82,9 +82,7 @@ def convert_layer(
 ) -> None:
     half = layer.rotary.rotary_dim // 2
     pairs = pair_scores(q, k, half).topk(rope // 2, dim=-1).indices.sort(dim=-1).values
-    layer.convert(pairs, None)  # the new split first: which key features are nope
-    positions = torch.arange(k.shape[0], device=k.device)
-    _, k_nope = layer._split(k, positions, layer.pairs, layer.nope_index)
+    k_nope = gather_features(k, nope_features(pairs, layer.head_dim, half))
     rows = torch.cat((k_nope.flatten(1), v.flatten(1)), dim=-1)
     basis = None if rank >= rows.shape[1] else principal_basis(rows, rank)
     layer.convert(pairs, basis)

@@ -28,6 +28,20 @@ from mlaserve.kvcache.quant import is_quantized, quantize_rows
 from mlaserve.layers.rotary import RotaryEmbedding
 
 
+def nope_features(pairs: torch.Tensor, head_dim: int, half: int) -> torch.Tensor:
+    """[heads, head_dim - 2r]: each head's features outside its kept rotary pairs [heads, r] (pair i is features i
+    and i + half), in order."""
+    keep = torch.ones(pairs.shape[0], head_dim, dtype=torch.bool, device=pairs.device)
+    keep.scatter_(1, pairs, False)
+    keep.scatter_(1, pairs + half, False)
+    return keep.nonzero()[:, 1].view(pairs.shape[0], -1)
+
+
+def gather_features(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, D] -> [T, heads, n]: each head's features at index [heads, n]."""
+    return x.gather(2, index[None].expand(x.shape[0], -1, -1))
+
+
 class LatentGQA(nn.Module):
     def __init__(
         self,
@@ -56,11 +70,8 @@ class LatentGQA(nn.Module):
         self.capture: list | None = None  # calibration: (q, k, v) before rotation, appended by forward
 
     def _set_dims(self) -> None:
-        hkv, d, half = self.num_kv_heads, self.head_dim, self.rotary.rotary_dim // 2
-        keep = torch.ones(hkv, d, dtype=torch.bool, device=self.pairs.device)
-        keep.scatter_(1, self.pairs, False)
-        keep.scatter_(1, self.pairs + half, False)
-        self.nope_index = keep.nonzero()[:, 1].view(hkv, -1)  # each KV head's features that are not rotated
+        hkv, d = self.num_kv_heads, self.head_dim
+        self.nope_index = nope_features(self.pairs, d, self.rotary.rotary_dim // 2)
         self.rope_per_head = 2 * self.pairs.shape[1]
         self.nope_per_head = d - self.rope_per_head
         self.rope_dim = hkv * self.rope_per_head
@@ -79,11 +90,10 @@ class LatentGQA(nn.Module):
         half, t = self.rotary.rotary_dim // 2, x.shape[0]
         idx = pairs[None].expand(t, -1, -1)
         a, b = x.gather(2, idx), x.gather(2, idx + half)
-        freqs = positions.float()[:, None, None] * self.rotary.inv_freq.float()[pairs][None]
-        cos = (freqs.cos() * self.rotary.scaling).to(x.dtype)
-        sin = (freqs.sin() * self.rotary.scaling).to(x.dtype)
+        cos, sin = self.rotary.cos_sin(positions)  # [T, half]: each head takes its kept pairs' frequencies
+        cos, sin = cos[:, pairs].to(x.dtype), sin[:, pairs].to(x.dtype)
         rope = torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
-        return rope, x.gather(2, nope[None].expand(t, -1, -1))
+        return rope, gather_features(x, nope)
 
     def forward(
         self,
