@@ -67,7 +67,9 @@ class EngineCore:
         )
         check_engine_options(config, self.model_config)  # what the model's cache cannot take, before any load
         # skip_tokenizer_init (as vLLM): token ids in, token ids out; for speed runs on configs with no tokenizer.
-        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(files)
+        self.tokenizer = (
+            None if config.skip_tokenizer_init else load_tokenizer(files, self.model_config.hf_config)
+        )
         self.backend = select_backend(self.device, config.attention_backend)
         self.model, self.load_report = build_model(
             self.model_config,

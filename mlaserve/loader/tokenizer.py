@@ -13,8 +13,9 @@ if TYPE_CHECKING:
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
-def load_tokenizer(files: ModelFiles) -> PreTrainedTokenizerBase:
-    """An HF tokenizer for the model; never touches the network."""
+def load_tokenizer(files: ModelFiles, hf_config: object | None = None) -> PreTrainedTokenizerBase:
+    """An HF tokenizer for the model; never touches the network. hf_config: the config the engine already read
+    (read again from files otherwise)."""
     if files.kind == "gguf":
         from mlaserve.loader.gguf_bpe_tokenizer import build_gguf_tokenizer
 
@@ -30,7 +31,7 @@ def load_tokenizer(files: ModelFiles) -> PreTrainedTokenizerBase:
 
     # The config as the engine reads it (its fallbacks included): AutoTokenizer would otherwise read config.json
     # itself and fail on a model type this transformers has no class for.
-    options = (
-        {"config": hf_config_from_dict(files.config_dict)} if files.config_dict.get("model_type") else {}
-    )
+    if hf_config is None and files.config_dict.get("model_type"):
+        hf_config = hf_config_from_dict(files.config_dict)
+    options = {} if hf_config is None else {"config": hf_config}
     return AutoTokenizer.from_pretrained(str(files.path), local_files_only=True, **options)
