@@ -75,10 +75,11 @@ def index_scores_paged(
     stages: int = 2,
 ) -> torch.Tensor:
     """Scores [T, length] float32 of each token's visible keys (-inf past them). q [T, H, D] (16- or 32-bit),
-            weights [T, H] float32, key_cache [blocks, page, 1, D (+ 16 for 8-bit rows)], block_tables [S, max_blocks],
-            table_rows [T] (each token's row of block_tables), visible [T] (keys it may see, from position 0). A program
-        scores tiles * block_n keys of one token, its loop pipelined over `stages` tiles (benchmarks/gpu_sparse.py
-    sweeps these; on an H200 64 x 16 with 4 warps was the fastest of block_n 32-128, tiles 4-16, 4 or 8 warps)."""
+    weights [T, H] float32, key_cache [blocks, page, 1, D (+ 16 for 8-bit rows)], block_tables [S, max_blocks],
+    table_rows [T] (each token's row of block_tables), visible [T] (keys it may see, from position 0). A program
+    scores tiles * block_n keys of one token, its loop pipelined over `stages` tiles (benchmarks/gpu_sparse.py
+    sweeps these; on an H200 64 x 16 x 4 warps x 2 stages was among the fastest of block_n 64-128, tiles 8-32,
+    4 or 8 warps, 1-3 stages: h200-sparse-2026-12-01.json)."""
     num_tokens, heads, dim = q.shape
     if dim & (dim - 1) or dim < 16:
         raise ValueError(
