@@ -10,7 +10,11 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from mlaserve import LLM, SamplingParams
-from tests.engine.test_sliding_window import check_against_reference, prompts
+from tests.engine.test_sliding_window import (
+    check_against_reference,
+    check_prefix_hits_against_reference,
+    prompts,
+)
 from tests.tiny_models import build_tiny
 
 OPTIONS = dict(dtype="float32", device="cpu")
@@ -47,14 +51,7 @@ def test_v4_equals_transformers(v4, options):
 
 
 def test_prefix_cache_hits_keep_v4_outputs(v4):
-    shared = prompts(1, seed=2, low=45, high=46)[0]
-    batch = [shared + p for p in prompts(3, seed=3, low=3, high=12)]
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=0)
-    llm = LLM(str(v4), **OPTIONS, num_kv_blocks=256)
-    llm.generate([{"prompt_token_ids": batch[0]}], params, use_tqdm=False)  # caches the shared prefix
-    outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
-    assert llm.stats()["prefix_cache_hits"] > 0
-    check_against_reference(v4, batch, outs)
+    check_prefix_hits_against_reference(v4, 45, **OPTIONS, num_kv_blocks=256)
 
 
 def test_indexer_really_selects(v4, monkeypatch):

@@ -11,7 +11,11 @@ import pytest
 import torch
 
 from mlaserve import LLM, SamplingParams
-from tests.engine.test_sliding_window import check_against_reference, prompts
+from tests.engine.test_sliding_window import (
+    check_against_reference,
+    check_prefix_hits_against_reference,
+    prompts,
+)
 from tests.tiny_models import build_tiny
 
 OPTIONS = dict(dtype="float32", device="cpu")
@@ -58,14 +62,7 @@ def test_sparse_attention_equals_transformers(v32, options, selections):
 
 
 def test_prefix_cache_hits_keep_sparse_outputs(v32, selections):
-    shared = prompts(1, seed=2, low=40, high=41)[0]
-    batch = [shared + p for p in prompts(3, seed=3, low=3, high=12)]
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=0)
-    llm = LLM(str(v32), **OPTIONS, num_kv_blocks=256)
-    llm.generate([{"prompt_token_ids": batch[0]}], params, use_tqdm=False)  # caches the shared prefix
-    outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
-    assert llm.stats()["prefix_cache_hits"] > 0
-    check_against_reference(v32, batch, outs)
+    check_prefix_hits_against_reference(v32, 40, **OPTIONS, num_kv_blocks=256)
 
 
 def test_indexer_keys_share_the_latent_blocks_and_8bit_caches_quantize_them(v32):

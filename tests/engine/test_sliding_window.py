@@ -29,6 +29,19 @@ def check_against_reference(path, batch: list[list[int]], outs) -> None:
         check_logprobs(path, ids, out)
 
 
+def check_prefix_hits_against_reference(path, shared_len: int, **options) -> None:
+    """Three prompts sharing a prefix of shared_len tokens, after a first request cached it: the prefix cache hits,
+    and the outputs are still transformers' tokens and logprobs."""
+    shared = prompts(1, seed=2, low=shared_len, high=shared_len + 1)[0]
+    batch = [shared + p for p in prompts(3, seed=3, low=3, high=12)]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=0)
+    llm = LLM(str(path), **options)
+    llm.generate([{"prompt_token_ids": batch[0]}], params, use_tqdm=False)  # caches the shared prefix
+    outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+    assert llm.stats()["prefix_cache_hits"] > 0
+    check_against_reference(path, batch, outs)
+
+
 def check_logprobs(path, ids: list[int], out) -> None:
     tokens = out.outputs[0].token_ids
     with torch.no_grad():
