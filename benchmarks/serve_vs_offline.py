@@ -1,20 +1,22 @@
 """The same requests through the offline API and through `mlaserve serve`: how much of the engine the server keeps.
 
 N requests of exactly --prompt-len token ids and --new-tokens output tokens (ignore_eos, greedy) are sent at once:
-to `LLM.generate` in this process, then as N concurrent streaming clients to a server launched with the same engine
-options (benchmarks/serving.py's client: TTFT, inter-token latency, output tokens/s). Each side runs a warm-up
-first. The ratio server / offline of output tokens/s is the figure; the offline decode step time (the wall time of
-the offline run's decode phase divided by its steps) is recorded beside the server's ITL.
+to `LLM.generate` in a process of its own, then as N concurrent streaming clients to a server launched with the same
+engine options (benchmarks/serving.py's client, spread over --client-processes: TTFT, inter-token latency, output
+tokens/s). Each side runs a warm-up batch of the same size first, then --repeats measured batches (the same prompts
+on both sides); the median run of each side is reported. The figure is the ratio server / offline of output
+tokens/s; beside the server's ITL stands the offline decode step time (the offline run's decode phase divided by its
+steps), and beside each server run how busy each process was (CPU seconds over wall seconds: API server, engine
+core, client), which says which one bounds it.
 
     python benchmarks/serve_vs_offline.py --streams 32                          # CPU, a tiny random Llama
-    python benchmarks/serve_vs_offline.py --model PATH --load-format dummy --dtype bfloat16 --device cuda \\
-        --streams 32,256 --prompt-len 512 --new-tokens 128 --rates 20,40,80
+    python benchmarks/serve_vs_offline.py --v2-lite-layers 4 --dtype bfloat16 --device cuda \\
+        --streams 32,256 --prompt-len 512 --new-tokens 128 --rates 16,32,64
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime
 import json
 import os
@@ -23,6 +25,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,8 +39,9 @@ def token_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[i
     return [[rng.randrange(10, min(vocab, 30000)) for _ in range(length)] for _ in range(count)]
 
 
-def offline_runs(options: dict, batches: list[list[list[int]]], new_tokens: int) -> list[dict]:
-    """The offline side, in a process of its own: its GPU memory is all given back before the server starts."""
+def offline_runs(options: dict, batches: list[list[list[list[int]]]], new_tokens: int) -> list[list[dict]]:
+    """The offline side, in a process of its own: its GPU memory is all given back before the server starts.
+    batches[i] is a warm-up batch then the measured repeats of one stream count."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
@@ -45,20 +49,17 @@ def offline_runs(options: dict, batches: list[list[list[int]]], new_tokens: int)
         return pool.apply(_offline_runs, (options, batches, new_tokens))
 
 
-def _offline_runs(options: dict, batches: list[list[list[int]]], new_tokens: int) -> list[dict]:
+def _offline_runs(options: dict, batches: list[list[list[list[int]]]], new_tokens: int) -> list[list[dict]]:
     from mlaserve import LLM
 
     llm = LLM(**options)
-    return [offline(llm, prompts, new_tokens) for prompts in batches]
+    return [[offline(llm, prompts, new_tokens) for prompts in runs][1:] for runs in batches]
 
 
 def offline(llm: object, prompts: list[list[int]], new_tokens: int) -> dict:
     from mlaserve import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
-    llm.generate(
-        [{"prompt_token_ids": prompts[0]}], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False
-    )
     start = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     wall = time.perf_counter() - start
@@ -74,7 +75,17 @@ def offline(llm: object, prompts: list[list[int]], new_tokens: int) -> dict:
     }
 
 
-def served(args: argparse.Namespace, prompts: list[list[int]], concurrency: int, rate: float) -> dict:
+def median_run(runs: list[dict], key: Callable[[dict], float]) -> dict:
+    """The run with the median figure (the lower middle one for an even count), with every run's figure beside."""
+    ordered = sorted(runs, key=key)
+    return {**ordered[(len(ordered) - 1) // 2], "runs": [key(r) for r in runs]}
+
+
+def served(
+    args: argparse.Namespace, prompts: list[list[int]], concurrency: int, rate: float, server_pid: int
+) -> dict:
+    """The client's summary, plus how busy each process was: CPU seconds over the run's wall time for the API
+    server, the engine core and the client processes together (a process near 1.0 is the one that bounds)."""
     client_args = argparse.Namespace(
         max_tokens=args.new_tokens,
         temperature=0.0,
@@ -87,8 +98,28 @@ def served(args: argparse.Namespace, prompts: list[list[int]], concurrency: int,
         max_duration_s=args.max_duration_s,
         api_key_env="MLASERVE_API_KEY",
     )
-    records, duration = asyncio.run(serving.run_load(client_args, "bench", prompts))
-    return serving.summarize(records, duration)
+    before = server_cpu_s(server_pid)
+    records, duration, client_cpu = serving.run_load_processes(
+        client_args, "bench", prompts, args.client_processes
+    )
+    after = server_cpu_s(server_pid)
+    summary = serving.summarize(records, duration)
+    summary["cpu_busy"] = {name: (after[name] - before[name]) / duration for name in after}
+    summary["cpu_busy"]["client"] = client_cpu / duration
+    summary["client_processes"] = args.client_processes
+    return summary
+
+
+def server_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of the `mlaserve serve` process and of its children (the engine core)."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu(p: int) -> float:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return {"api_server": cpu(pid), "engine_core": sum(cpu(int(c)) for c in children)}
 
 
 def main() -> int:
@@ -110,11 +141,24 @@ def main() -> int:
     parser.add_argument("--rates", default="", help="Poisson arrival rates (req/s) to try, comma-separated")
     parser.add_argument("--rate-requests", type=int, default=128, help="requests per Poisson rate")
     parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="measured runs per side (the median is reported)"
+    )
     parser.add_argument("--max-duration-s", type=float, default=300.0)
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=max(1, min(4, (os.cpu_count() or 1) // 4)),
+        help="client processes the streams are spread over (default: a quarter of the cores, at most 4)",
+    )
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
 
     model = args.model
+    if args.v2_lite_layers is not None:
+        if model is not None:
+            parser.error("--model and --v2-lite-layers name two models; give one")
+        model, args.load_format = v2_lite_folder(args.v2_lite_layers), "dummy"
     if model is None:
         sys.path.insert(0, str(REPO))
         from tests.tiny_models import build_tiny
@@ -139,9 +183,14 @@ def main() -> int:
 
     vocab = resolve_model(model, need_weights=False).config_dict["vocab_size"]
     report: dict = {"rows": [], "rates": []}
-    batches = [token_prompts(n, args.prompt_len, vocab, seed=n) for n in streams]
-    for n, result in zip(streams, offline_runs(options, batches, args.new_tokens), strict=True):
-        report["rows"].append({"streams": n, "offline": result})
+    # Per stream count: a warm-up batch, then the measured repeats; the same prompts on both sides, each batch its
+    # own (a repeat of a batch would be prefix-cache hits).
+    batches = [
+        [token_prompts(n, args.prompt_len, vocab, seed=1000 * n + r) for r in range(args.repeats + 1)]
+        for n in streams
+    ]
+    for n, runs in zip(streams, offline_runs(options, batches, args.new_tokens), strict=True):
+        report["rows"].append({"streams": n, "offline": median_run(runs, lambda r: r["output_tok_s"])})
 
     flags = f"--load-format {args.load_format} --dtype {args.dtype} --device {args.device} "
     flags += (
@@ -153,11 +202,10 @@ def main() -> int:
     launch = argparse.Namespace(config=None, model=model, server_args=flags, launch_timeout_s=1800)
     server, args.base_url, log = serving.launch_server(launch)
     try:
-        warm = token_prompts(4, args.prompt_len, vocab, seed=1)
-        served(args, warm, 4, float("inf"))
-        for row in report["rows"]:
+        for row, runs in zip(report["rows"], batches, strict=True):
             n = row["streams"]
-            row["server"] = served(args, token_prompts(n, args.prompt_len, vocab, seed=n), n, float("inf"))
+            measured = [served(args, prompts, n, float("inf"), server.pid) for prompts in runs][1:]
+            row["server"] = median_run(measured, lambda r: r["output_token_throughput_tps"])
             server_tok_s = row["server"]["output_token_throughput_tps"]
             row["server_over_offline"] = server_tok_s / row["offline"]["output_tok_s"]
             itl_p99 = row["server"]["itl_s"]["p99"]
@@ -166,11 +214,12 @@ def main() -> int:
             print(
                 f"{n} streams: offline {row['offline']['output_tok_s']:.0f} tok/s, server {server_tok_s:.0f} tok/s "
                 f"({row['server_over_offline']:.2f}x); TTFT p50 {row['server']['ttft_s']['p50']}, "
-                f"ITL p50/p99 {row['server']['itl_s']['p50']}/{itl_p99} s, offline step {step * 1000:.2f} ms"
+                f"ITL p50/p99 {row['server']['itl_s']['p50']}/{itl_p99} s, offline step {step * 1000:.2f} ms; "
+                f"CPU busy {row['server']['cpu_busy']}"
             )
         for rate in rates:
             prompts = token_prompts(args.rate_requests, args.prompt_len, vocab, seed=int(rate * 1000))
-            summary = served(args, prompts, 0, rate)
+            summary = served(args, prompts, 0, rate, server.pid)
             report["rates"].append({"rate_req_s": rate, "server": summary})
             print(
                 f"rate {rate}: ITL p99 {summary['itl_s']['p99']} s, {summary['output_token_throughput_tps']:.0f} tok/s"
@@ -205,6 +254,7 @@ def v2_lite_folder(layers: int) -> str:
     vocabulary, so that the server streams text; the weights are random (load_format dummy)."""
     from gpu_suite import V2_LITE
 
+    sys.path.insert(0, str(REPO))
     from tests.tiny_models import save_word_tokenizer
 
     folder = Path(tempfile.mkdtemp(prefix=f"mlaserve-v2lite{layers}-"))

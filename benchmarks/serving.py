@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+import aiohttp
 import httpx
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -134,7 +135,7 @@ def _carries_token(choice: dict) -> bool:
 
 
 async def one_request(
-    client: httpx.AsyncClient, args: argparse.Namespace, model: str, prompt: str, t0: float
+    session: aiohttp.ClientSession, args: argparse.Namespace, model: str, prompt: str | list[int], t0: float
 ):
     body: dict[str, object] = {
         "model": model,
@@ -154,16 +155,16 @@ async def one_request(
     record.start = sent - t0
     try:
         path = "/chat/completions" if args.endpoint == "chat" else "/completions"
-        async with client.stream("POST", args.base_url + path, json=body) as response:
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")[:200]
-                record.error = f"HTTP {response.status_code}: {text}"
+        async with session.post(args.base_url + path, json=body) as response:
+            if response.status != 200:
+                text = (await response.read()).decode(errors="replace")[:200]
+                record.error = f"HTTP {response.status}: {text}"
                 return record
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
+            async for line in response.content:  # one SSE line at a time
+                if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
-                if data == "[DONE]":
+                if data == b"[DONE]":
                     break
                 payload = json.loads(data)
                 if "error" in payload:
@@ -174,7 +175,7 @@ async def one_request(
                 if payload.get("usage"):
                     usage_tokens = payload["usage"].get("completion_tokens")
                     record.prompt_tokens = payload["usage"].get("prompt_tokens")
-    except (httpx.HTTPError, json.JSONDecodeError) as e:
+    except (aiohttp.ClientError, json.JSONDecodeError, UnicodeDecodeError) as e:
         record.error = f"{type(e).__name__}: {e}"[:200]
         return record
     end = time.perf_counter()
@@ -184,15 +185,57 @@ async def one_request(
     return record
 
 
+def run_load_processes(
+    args: argparse.Namespace, model: str, prompts: list, processes: int
+) -> tuple[list[RequestRecord], float, float]:
+    """run_load spread over `processes` client processes, so that one Python interpreter parsing every stream's
+    events does not bound what a server can be seen to deliver. Each process takes every k-th prompt, its share
+    of --concurrency and of --request-rate (a sum of Poisson processes is one), and all start at one moment.
+    Returns (records, duration from that moment to the last end, client CPU seconds over all processes)."""
+    if processes <= 1:
+        cpu = time.process_time()
+        records, duration = asyncio.run(run_load(args, model, prompts))
+        return records, duration, time.process_time() - cpu
+    import multiprocessing
+
+    shares = [prompts[k::processes] for k in range(processes)]
+    jobs = []
+    for k, share in enumerate(shares):
+        part = argparse.Namespace(**vars(args))
+        if args.concurrency:
+            part.concurrency = max(1, args.concurrency // processes + (k < args.concurrency % processes))
+        part.request_rate = args.request_rate / processes
+        part.seed = args.seed + k
+        jobs.append((part, model, share))
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(processes) as pool:
+        start_at = time.perf_counter() + 2.0 + 0.5 * processes  # CLOCK_MONOTONIC: one clock for every process
+        results = pool.starmap(_load_share, [(*job, start_at) for job in jobs])
+    records = [r for share_records, _, _ in results for r in share_records]
+    duration = max(end for _, end, _ in results) - start_at
+    return records, duration, sum(cpu for _, _, cpu in results)
+
+
+def _load_share(
+    args: argparse.Namespace, model: str, prompts: list, start_at: float
+) -> tuple[list[RequestRecord], float, float]:
+    time.sleep(max(0.0, start_at - time.perf_counter()))
+    cpu = time.process_time()
+    records, _ = asyncio.run(run_load(args, model, prompts, t0=start_at))
+    return records, time.perf_counter(), time.process_time() - cpu
+
+
 async def run_load(
-    args: argparse.Namespace, model: str, prompts: list[str]
+    args: argparse.Namespace, model: str, prompts: list[str], t0: float | None = None
 ) -> tuple[list[RequestRecord], float]:
     limit = asyncio.Semaphore(args.concurrency or len(prompts))
     rng = random.Random(args.seed)
-    limits = httpx.Limits(max_connections=args.concurrency or len(prompts))
-    # trust_env=False: a proxy from the environment must never see loopback benchmark traffic
-    async with httpx.AsyncClient(timeout=None, limits=limits, headers=auth(args), trust_env=False) as client:
-        t0 = time.perf_counter()
+    # aiohttp, not httpx: its C parsers take a third of httpx's CPU per streamed event, and a client process that
+    # saturates first would be what the benchmark measures. trust_env stays False: no proxy sees loopback traffic.
+    connector = aiohttp.TCPConnector(limit=args.concurrency or len(prompts))
+    timeout = aiohttp.ClientTimeout(total=None)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=auth(args)) as client:
+        t0 = time.perf_counter() if t0 is None else t0
         deadline = t0 + args.max_duration_s
 
         async def limited(prompt: str) -> RequestRecord:
@@ -319,6 +362,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--ignore-eos", action="store_true", help="send ignore_eos (vLLM extension): fixed-length outputs")
     add("--max-duration-s", type=float, default=600.0, help="stop sending and cancel what runs after this")
     add("--seed", type=int, default=0)
+    add("--client-processes", type=int, default=1, help="spread the streams over this many client processes")
     add("--api-key-env", default="MLASERVE_API_KEY", help="env var holding a key to send (if set)")
     add("--output", default=None, help="JSON path (default: benchmarks/results/serving-<date>-c<N>.json)")
     add("--launch", action="store_true", help="start `mlaserve serve` on a free loopback port, stop it after")
@@ -327,7 +371,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--server-args", default="", help="with --launch: more `serve` flags, one shell-quoted string")
     add("--launch-timeout-s", type=float, default=300.0)
     args = parser.parse_args(argv)
-    for name in ("num_prompts", "max_tokens", "prompt_len", "concurrency"):
+    for name in ("num_prompts", "max_tokens", "prompt_len", "concurrency", "client_processes"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -350,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         models = fetch_models(args)
         model = args.model_name or models["data"][0]["id"]
         prompts = make_prompts(args.num_prompts, args.prompt_len, args.seed)
-        records, duration = asyncio.run(run_load(args, model, prompts))
+        records, duration, _ = run_load_processes(args, model, prompts, args.client_processes)
     except (RuntimeError, httpx.HTTPError) as e:
         print(f"serving benchmark: {e}", file=sys.stderr)
         return 1

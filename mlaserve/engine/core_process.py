@@ -56,6 +56,7 @@ def core_main(
 
     try:
         core = EngineCore(EngineConfig.from_kwargs(**options))
+        _leave_a_core_to_the_server(core.device)
         info = {
             "model_config": core.model_config,
             "stats": core.stats(),
@@ -66,6 +67,22 @@ def core_main(
         return
     conn.send(("ready", info))
     _CoreLoop(core, conn).run()
+
+
+def _leave_a_core_to_the_server(device: Any) -> None:
+    """On CPU the model's threads would take every core, and the server's process (HTTP, detokenization, streams)
+    would preempt them at every step; one core is left to it, as vLLM's CPU back end advises. An explicit
+    OMP_NUM_THREADS is the operator's choice and is kept."""
+    import os
+
+    import torch
+
+    if str(device) != "cpu" or "OMP_NUM_THREADS" in os.environ:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cores > 1:
+        torch.set_num_threads(min(torch.get_num_threads(), cores - 1))
+        logger.info("engine core: %d torch thread(s), one core left to the server", torch.get_num_threads())
 
 
 class _CoreLoop:

@@ -26,6 +26,11 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # httptools is not installed: h11, pure Python
+    HttpToolsProtocol = None
+
 logger = logging.getLogger("mlaserve.server")
 
 # Descriptors kept free for everything that is not a client connection (model files, logs, the tokenizer...).
@@ -63,8 +68,9 @@ def connection_cap(requested: int) -> int:
     return max(1, min(requested, soft - _RESERVED_FDS))
 
 
-class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a header deadline and a connection cap (`limits`, set by `guarded_protocol`)."""
+class _Guard:
+    """A header deadline and a connection cap (`limits`, set by `guarded_protocol`) over one of uvicorn's HTTP
+    protocols; `_headers_arrived` is called by the protocol once a request line and its headers are parsed."""
 
     limits: ClassVar[ConnectionLimits]
 
@@ -94,12 +100,9 @@ class GuardedH11Protocol(H11Protocol):
         self._bytes_since_request += len(data)
         super().data_received(data)
 
-    def handle_events(self) -> None:
-        cycle = self.cycle
-        super().handle_events()
-        if self.cycle is not cycle:  # a request line and its headers arrived: a new cycle began
-            self._disarm()
-            self._bytes_since_request = 0
+    def _headers_arrived(self) -> None:
+        self._disarm()
+        self._bytes_since_request = 0
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused:
@@ -127,8 +130,27 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.close()
 
 
-def guarded_protocol(limits: ConnectionLimits) -> type[GuardedH11Protocol]:
-    return type("GuardedH11", (GuardedH11Protocol,), {"limits": limits})
+class GuardedH11Protocol(_Guard, H11Protocol):
+    def handle_events(self) -> None:
+        cycle = self.cycle
+        super().handle_events()
+        if self.cycle is not cycle:  # a request line and its headers arrived: a new cycle began
+            self._headers_arrived()
+
+
+if HttpToolsProtocol is not None:
+
+    class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            self._headers_arrived()
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type:
+    """The C parser (httptools) where it is installed, else h11: parsing each request and framing each streamed
+    event is per-token work on the server's one event loop."""
+    base = GuardedHttpToolsProtocol if HttpToolsProtocol is not None else GuardedH11Protocol
+    return type(f"Guarded{base.__name__}", (base,), {"limits": limits})
 
 
 def uvicorn_config(app: Any, settings: Any, limits: ConnectionLimits, **options: Any) -> Any:

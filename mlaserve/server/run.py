@@ -14,7 +14,8 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -73,10 +74,20 @@ def serve(engine_options: dict, settings: ServerSettings) -> int:
         logger.info(line)
     app = build_app(engine, settings, report)
     try:
-        return asyncio.run(_serve(app, engine, settings, sockets))
+        return _run_event_loop(_serve(app, engine, settings, sockets))
     finally:
         app.state.server.intake.shutdown()
         engine.shutdown()
+
+
+def _run_event_loop(main: Coroutine[Any, Any, int]) -> int:
+    """uvloop's event loop where it is installed, else asyncio's: every streamed event is a few callbacks and a
+    socket write on this one loop, and uvloop's are in C."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 def _with_bound_ports(settings: ServerSettings, sockets: list[socket.socket]) -> ServerSettings:

@@ -15,6 +15,7 @@ import time
 import httpx
 import pytest
 
+from mlaserve.server import connections
 from tests.server.conftest import live_server, make_engine, serving, wait_for
 from tests.tiny_models import build_tiny
 
@@ -47,9 +48,14 @@ def engine(tiny_model):
     engine.shutdown()
 
 
-@pytest.fixture()
-def guarded(engine):
-    """A server with small limits: 2 sequences in flight, 16 connections, 1 s for headers, 1.5 s for a body."""
+@pytest.fixture(params=["httptools", "h11"])
+def guarded(engine, request, monkeypatch):
+    """A server with small limits: 2 sequences in flight, 16 connections, 1 s for headers, 1.5 s for a body; over
+    each of uvicorn's HTTP parsers (h11 is what runs where httptools is not installed)."""
+    if request.param == "h11":
+        monkeypatch.setattr(connections, "HttpToolsProtocol", None)
+    else:
+        assert connections.HttpToolsProtocol is not None, "httptools is a dependency"
     settings = dict(
         served_model_name="tiny",
         max_concurrent_requests=2,
