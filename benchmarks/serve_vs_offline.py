@@ -82,7 +82,7 @@ def median_run(runs: list[dict], key: Callable[[dict], float]) -> dict:
 
 
 def served(
-    args: argparse.Namespace, prompts: list[list[int]], concurrency: int, rate: float, server_pid: int
+    args: argparse.Namespace, prompts: list[list[int]], concurrency: int, rate: float, processes: dict
 ) -> dict:
     """The client's summary, plus how busy each process was: CPU seconds over the run's wall time for the API
     server, the engine core and the client processes together (a process near 1.0 is the one that bounds)."""
@@ -98,11 +98,11 @@ def served(
         max_duration_s=args.max_duration_s,
         api_key_env="MLASERVE_API_KEY",
     )
-    before = server_cpu_s(server_pid)
+    before = server_cpu_s(processes)
     records, duration, client_cpu = serving.run_load_processes(
         client_args, "bench", prompts, args.client_processes
     )
-    after = server_cpu_s(server_pid)
+    after = server_cpu_s(processes)
     summary = serving.summarize(records, duration)
     summary["cpu_busy"] = {name: (after[name] - before[name]) / duration for name in after}
     summary["cpu_busy"]["client"] = client_cpu / duration
@@ -110,16 +110,19 @@ def served(
     return summary
 
 
-def server_cpu_s(pid: int) -> dict[str, float]:
-    """CPU seconds (user + system) of the `mlaserve serve` process and of its children (the engine core)."""
+def server_cpu_s(processes: dict) -> dict[str, float]:
+    """CPU seconds (user + system) of the API-server processes together and of the engine core, from the pids
+    the server's start-up report gives (/v1/models)."""
     tick = os.sysconf("SC_CLK_TCK")
 
-    def cpu(p: int) -> float:
-        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+    def cpu(pid: int) -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
 
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return {"api_server": cpu(pid), "engine_core": sum(cpu(int(c)) for c in children)}
+    return {
+        "api_server": sum(cpu(p) for p in processes["api_servers"]),
+        "engine_core": cpu(processes["engine_core"]),
+    }
 
 
 def main() -> int:
@@ -141,6 +144,7 @@ def main() -> int:
     parser.add_argument("--rates", default="", help="Poisson arrival rates (req/s) to try, comma-separated")
     parser.add_argument("--rate-requests", type=int, default=128, help="requests per Poisson rate")
     parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--api-server-count", type=int, default=1, help="the server's HTTP processes")
     parser.add_argument(
         "--repeats", type=int, default=3, help="measured runs per side (the median is reported)"
     )
@@ -196,15 +200,19 @@ def main() -> int:
     flags += (
         f"--max-model-len {args.max_model_len} --max-num-seqs {max(256, most)} --served-model-name bench "
     )
-    flags += f"--max-concurrent-requests {max(1024, 2 * most)}"
+    flags += f"--max-concurrent-requests {max(1024, 2 * most)} --api-server-count {args.api_server_count}"
     if args.device != "cpu":
         flags += f" --gpu-memory-utilization {args.gpu_memory_utilization}"
     launch = argparse.Namespace(config=None, model=model, server_args=flags, launch_timeout_s=1800)
     server, args.base_url, log = serving.launch_server(launch)
     try:
+        models = serving.fetch_models(
+            argparse.Namespace(base_url=args.base_url, api_key_env="MLASERVE_API_KEY")
+        )
+        processes = models["data"][0]["mlaserve"]["processes"]
         for row, runs in zip(report["rows"], batches, strict=True):
             n = row["streams"]
-            measured = [served(args, prompts, n, float("inf"), server.pid) for prompts in runs][1:]
+            measured = [served(args, prompts, n, float("inf"), processes) for prompts in runs][1:]
             row["server"] = median_run(measured, lambda r: r["output_token_throughput_tps"])
             server_tok_s = row["server"]["output_token_throughput_tps"]
             row["server_over_offline"] = server_tok_s / row["offline"]["output_tok_s"]
@@ -219,7 +227,7 @@ def main() -> int:
             )
         for rate in rates:
             prompts = token_prompts(args.rate_requests, args.prompt_len, vocab, seed=int(rate * 1000))
-            summary = served(args, prompts, 0, rate, server.pid)
+            summary = served(args, prompts, 0, rate, processes)
             report["rates"].append({"rate_req_s": rate, "server": summary})
             print(
                 f"rate {rate}: ITL p99 {summary['itl_s']['p99']} s, {summary['output_token_throughput_tps']:.0f} tok/s"
@@ -240,6 +248,7 @@ def main() -> int:
         ),
         prompt_len=args.prompt_len,
         new_tokens=args.new_tokens,
+        api_server_count=args.api_server_count,
         highest_rate_with_itl_p99_under_50ms=max(within) if within else None,
         server_log_head=log.read_text(errors="replace")[:3000],
     )

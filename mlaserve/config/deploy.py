@@ -168,6 +168,7 @@ class ServerSection(_Section):
     body_timeout_s: Annotated[float, Field(gt=0)] = _SERVER["body_timeout_s"]
     keep_alive_timeout_s: Annotated[float, Field(gt=0)] = _SERVER["keep_alive_timeout_s"]
     max_connections: PositiveInt = _SERVER["max_connections"]
+    api_server_count: Annotated[int, Field(ge=1, le=64)] = _SERVER["api_server_count"]
     # Read at validation time, so a DeployConfig can never exist with auth configured but keys unread.
     _api_keys: tuple[str, ...] = PrivateAttr(default=())
 
@@ -251,6 +252,7 @@ class DeployConfig(_Section):
             body_timeout_s=server.body_timeout_s,
             keep_alive_timeout_s=server.keep_alive_timeout_s,
             max_connections=server.max_connections,
+            api_server_count=server.api_server_count,
         )
 
 

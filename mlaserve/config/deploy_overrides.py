@@ -48,6 +48,7 @@ FLAG_KEYS: dict[str, str] = {
     "body_timeout_s": "server.body_timeout_s",
     "keep_alive_timeout_s": "server.keep_alive_timeout_s",
     "max_connections": "server.max_connections",
+    "api_server_count": "server.api_server_count",
 }
 
 

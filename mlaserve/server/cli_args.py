@@ -64,6 +64,7 @@ _SERVER_FLAGS = [
     ("--body-timeout-s", float, "time to send the whole body (default 30)"),
     ("--keep-alive-timeout-s", float, "idle keep-alive connections close after this (default 5)"),
     ("--max-connections", int, "open connections past this get a 503 and are closed (default 1024)"),
+    ("--api-server-count", int, "HTTP processes in front of the engine core (default 1; vLLM's flag)"),
 ]
 _METAVARS = {"--api-keys-env": "NAME", "--api-keys-file": "PATH"}
 _ENGINE_OPTIONS = (
@@ -85,6 +86,7 @@ _ENGINE_OPTIONS += ("sliding_window", "num_sink_tokens", "index_topk")
 _SETTINGS = ("host", "port", "metrics_port", "served_model_name", "max_concurrent_requests")
 _SETTINGS += ("request_timeout_s", "shutdown_grace_s", "max_body_bytes")
 _SETTINGS += ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "max_connections")
+_SETTINGS += ("api_server_count",)
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -136,6 +138,7 @@ def settings_and_options_from_args(args: argparse.Namespace) -> tuple[ServerSett
         ("body_timeout_s", lambda v: v > 0, "> 0"),
         ("keep_alive_timeout_s", lambda v: v > 0, "> 0"),
         ("max_connections", lambda v: v >= 1, ">= 1"),
+        ("api_server_count", lambda v: 1 <= v <= 64, "in 1..64"),
     ]
     for name, ok, allowed in checks:
         if name in fields and not ok(fields[name]):

@@ -10,9 +10,10 @@ so a scrape never waits for a step.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -53,10 +54,9 @@ class _EngineCollector(Collector):
         self,
         stats: Callable[[], dict],
         alive: Callable[[], bool],
-        in_flight: Callable[[], int],
         labels: dict[str, str],
     ) -> None:
-        self._stats, self._alive, self._in_flight, self._labels = stats, alive, in_flight, labels
+        self._stats, self._alive, self._labels = stats, alive, labels
 
     def _gauge(
         self, name: str, doc: str, value: float, labels: dict[str, str] | None = None
@@ -118,11 +118,6 @@ class _EngineCollector(Collector):
                 s.get("prefix_cache_hit_rate", 0.0),
             ),
             ("engine_alive", "1 while the engine loop runs", 1.0 if self._alive() else 0.0),
-            (
-                "http_requests_in_flight",
-                "Sequences being served (a request counts prompts x n)",
-                self._in_flight(),
-            ),
         )
         for name, doc, value in mine:
             yield GaugeMetricFamily(f"mlaserve_{name}", doc, value=float(value))
@@ -133,11 +128,16 @@ class ServerMetrics:
         self,
         stats: Callable[[], dict],
         alive: Callable[[], bool],
-        in_flight: Callable[[], int],
         model_name: str = "mlaserve",
         max_model_len: int = 4096,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # Several API-server processes (api_servers.py) keep their counters in shared files; any of them answers
+        # a scrape with the sum. Engine figures come from the core's stats, the same in every process.
+        self._exposition = self.registry
+        if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+            self._exposition = CollectorRegistry(auto_describe=True)
+            multiprocess.MultiProcessCollector(self._exposition)
         labels = {"model_name": model_name, "engine": "0"}
         self._labels = labels
         self.requests = Counter(
@@ -212,7 +212,13 @@ class ServerMetrics:
             "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", tokens
         )
         self._n = histogram("vllm:request_params_n", "Histogram of the n request parameter.", _N_BUCKETS)
-        self.registry.register(_EngineCollector(stats, alive, in_flight, labels))
+        self.in_flight = Gauge(
+            "mlaserve_http_requests_in_flight",
+            "Sequences being served (a request counts prompts x n)",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        self._exposition.register(_EngineCollector(stats, alive, labels))
 
     def count(self, status: str) -> None:
         self.requests.labels(status).inc()
@@ -244,4 +250,4 @@ class ServerMetrics:
                 self._tpot.observe((done - first) / (num_output_tokens - 1))
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self._exposition)

@@ -87,6 +87,13 @@ def format_report(report: dict) -> list[str]:
             f"MLA latent cache: per-head K/V would take {kv['mha_bytes_per_token']} bytes/token; "
             f"the latent takes {kv['bytes_per_token']} ({kv['saving_ratio']}x smaller)"
         )
+    if "processes" in report:
+        procs = report["processes"]
+        servers = procs["api_servers"]
+        lines.append(
+            f"processes: engine core pid {procs['engine_core']}; {len(servers)} API server(s), pid "
+            + ", ".join(str(p) for p in servers)
+        )
     lines.append(f"listening on {report['address']}")
     if "ops_address" in report:
         lines.append(f"/health and /metrics also on {report['ops_address']}")

@@ -1,4 +1,5 @@
-"""`serve()`: start the engine core in its own process, log the start-up report, run uvicorn, drain on SIGTERM.
+"""`serve()`: start the engine core in its own process (and any extra API-server processes), log the start-up
+report, run uvicorn, drain on SIGTERM.
 
 Drain: health and new /v1 calls answer 503 at once, running requests get `shutdown_grace_s` to finish, the
 rest are aborted (their clients get an error event or a 503), then the servers stop and serve() returns 0.
@@ -11,16 +12,25 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
+import shutil
 import signal
 import socket
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterator, Sequence
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 
-from mlaserve.engine.core_process import CoreProcessClient
+from mlaserve.engine.core_client import CoreClient, CoreProcessClient
+from mlaserve.server.api_servers import (
+    ApiServers,
+    catch_early_signals,
+    per_process_share,
+    share_metrics_across_processes,
+)
 from mlaserve.server.app import build_app, build_ops_app
 from mlaserve.server.connections import (
     ConnectionLimits,
@@ -56,6 +66,7 @@ class _Server(uvicorn.Server):
 
 
 def serve(engine_options: dict, settings: ServerSettings) -> int:
+    early = catch_early_signals((signal.SIGTERM, signal.SIGINT))
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -67,20 +78,38 @@ def serve(engine_options: dict, settings: ServerSettings) -> int:
         return 1
     # Port 0 (tests) asks the OS for a free port: report the one we got.
     settings = _with_bound_ports(settings, sockets)
+    count = settings.api_server_count
+    metrics_dir = share_metrics_across_processes() if count > 1 else None
     describe = functools.partial(describe_core, settings=settings)
-    engine = CoreProcessClient(engine_options, describe, quiet=_REPORTED_BY_THE_ENGINE)
-    report = engine.startup_report
-    for line in format_report(report):
-        logger.info(line)
-    app = build_app(engine, settings, report)
+    engine = CoreProcessClient(engine_options, describe, quiet=_REPORTED_BY_THE_ENGINE, api_servers=count)
+    workers = ApiServers(engine.extra_pipes, engine_options, settings, sockets[0])
+    app, code = None, 1
     try:
-        return _run_event_loop(_serve(app, engine, settings, sockets))
+        workers.wait_attached(timeout_s=600)
+        pids = [os.getpid()] + [w.pid for w in workers.processes]
+        report = {
+            **engine.startup_report,
+            "processes": {"engine_core": engine.process.pid, "api_servers": pids},
+        }
+        for line in format_report(report):
+            logger.info(line)
+        app = build_app(engine, per_process_share(settings), report)
+        workers.start_serving(report)
+        code = run_event_loop(serve_app(app, engine, settings, sockets, workers.processes, early=early))
+    except RuntimeError as error:
+        logger.error("%s", error)
     finally:
-        app.state.server.intake.shutdown()
+        if app is not None:
+            app.state.server.intake.shutdown()
+        if not workers.stop(settings.shutdown_grace_s + 10):
+            code = 1
         engine.shutdown()
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+    return code
 
 
-def _run_event_loop(main: Coroutine[Any, Any, int]) -> int:
+def run_event_loop(main: Coroutine[Any, Any, int]) -> int:
     """uvloop's event loop where it is installed, else asyncio's: every streamed event is a few callbacks and a
     socket write on this one loop, and uvloop's are in C."""
     try:
@@ -98,12 +127,21 @@ def _with_bound_ports(settings: ServerSettings, sockets: list[socket.socket]) ->
     return replace(settings, port=port, metrics_port=metrics_port)
 
 
-async def _serve(
-    app: FastAPI, engine: CoreProcessClient, settings: ServerSettings, sockets: list[socket.socket]
+async def serve_app(
+    app: FastAPI,
+    engine: CoreClient,
+    settings: ServerSettings,
+    sockets: list[socket.socket],
+    workers: Sequence[BaseProcess] = (),
+    signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT),
+    early: Sequence[int] = (),
 ) -> int:
+    """Serve `app` (and the ops app on sockets[1]) until drained; `workers` are the extra API-server processes the
+    first one watches and passes its signals to."""
     apps = [app] + ([build_ops_app(app)] if len(sockets) > 1 else [])
     # One cap for all listeners: the descriptors are the process's.
-    limits = ConnectionLimits(settings.header_timeout_s, connection_cap(settings.max_connections))
+    share = per_process_share(settings)
+    limits = ConnectionLimits(settings.header_timeout_s, connection_cap(share.max_connections))
     app.state.server.connection_limits = limits
     servers = [
         _Server(
@@ -111,24 +149,29 @@ async def _serve(
         )
         for a in apps
     ]
-    drain = _Drain(app.state.server, engine, servers, settings.shutdown_grace_s)
+    drain = _Drain(app.state.server, engine, servers, settings.shutdown_grace_s, workers)
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(quiet_accept_errors())
     engine.on_death = lambda: loop.call_soon_threadsafe(drain.engine_died)
     if not engine.is_alive:  # it died before the callback was set
         drain.engine_died()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in signals:
         loop.add_signal_handler(sig, drain.begin, sig)
+    for sig in early:  # what arrived during start-up
+        drain.begin(sig)
+    watch = loop.create_task(drain.watch_workers()) if workers else None
     try:
         await asyncio.gather(*(s.serve(sockets=[sock]) for s, sock in zip(servers, sockets)))
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in signals:
             loop.remove_signal_handler(sig)
+        if watch is not None:
+            watch.cancel()
     if not all(s.started for s in servers):
         logger.error("the HTTP server did not start")
         return 1
     if drain.failed:
-        logger.critical("server stopped: the engine core process died")
+        logger.critical("server stopped: %s", drain.failed)
         return 1
     logger.info("server stopped")
     return 0
@@ -136,19 +179,42 @@ async def _serve(
 
 class _Drain:
     def __init__(
-        self, state: ServerState, engine: CoreProcessClient, servers: list[_Server], grace_s: float
+        self,
+        state: ServerState,
+        engine: CoreClient,
+        servers: list[_Server],
+        grace_s: float,
+        workers: Sequence[BaseProcess] = (),
     ) -> None:
         self.state, self.engine, self.servers, self.grace_s = state, engine, servers, grace_s
+        self.workers = workers
         self.task: asyncio.Task | None = None
-        self.failed = False
+        self.failed: str | None = None  # why the server stops with a non-zero exit
 
     def engine_died(self) -> None:
         """The core process is gone: requests in flight already failed (503); stop serving, exit non-zero."""
-        self.failed = True
+        self.failed = "the engine core process died"
         self.state.draining = True
         self._stop_servers()
 
+    async def watch_workers(self) -> None:
+        """An API-server process that exits on its own (not drained by us) takes the server down: an operator's
+        supervisor restarts the whole unit rather than run on with part of its HTTP capacity."""
+        while True:
+            await asyncio.sleep(0.25)
+            if self.task is not None:
+                return  # draining: the workers exit because they were told to
+            for index, worker in enumerate(self.workers, start=1):
+                if worker.exitcode is not None:
+                    self.failed = f"API server {index} (pid {worker.pid}) exited with code {worker.exitcode}"
+                    self.state.draining = True
+                    self._stop_servers()
+                    return
+
     def begin(self, sig: int) -> None:
+        for worker in self.workers:  # each API server drains its own requests
+            if worker.exitcode is None:
+                os.kill(worker.pid, signal.SIGTERM)
         if self.task is not None:  # a second signal: stop waiting
             logger.warning(
                 "%s again: aborting %d request(s) now", signal.Signals(sig).name, self.state.in_flight
@@ -176,6 +242,11 @@ class _Drain:
             until = time.monotonic() + 2.0
             while self.state.in_flight and time.monotonic() < until:
                 await asyncio.sleep(0.02)
+        # The other API servers drain their own requests under the same deadline; until they are done this one
+        # keeps answering (health 503, new requests 503) on the ports they share and on the ops port.
+        until = deadline + 3.0
+        while any(w.exitcode is None for w in self.workers) and time.monotonic() < until:
+            await asyncio.sleep(0.05)
         self._stop_servers()
 
     def _stop_servers(self) -> None:

@@ -22,3 +22,6 @@ class ServerSettings:
     body_timeout_s: float = 30.0
     keep_alive_timeout_s: float = 5.0
     max_connections: int = 1024
+    # HTTP processes in front of the one engine core (vLLM's --api-server-count): each parses, detokenizes and
+    # streams for the connections it accepts; max_concurrent_requests and max_connections are split among them.
+    api_server_count: int = 1

@@ -28,7 +28,6 @@ class ServerState:
         self.metrics = ServerMetrics(
             engine.stats,
             lambda: engine.is_alive,
-            lambda: self.in_flight,
             settings.served_model_name,
             engine.model_config.max_model_len,
         )
@@ -78,6 +77,7 @@ class ServerState:
                 status="throttled",
             )
         self.in_flight += sequences
+        self.metrics.in_flight.inc(sequences)
         released = False
 
         def release() -> None:
@@ -85,6 +85,7 @@ class ServerState:
             if not released:
                 released = True
                 self.in_flight -= sequences
+                self.metrics.in_flight.dec(sequences)
 
         return release
 

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from mlaserve import LLM, SamplingParams
-from mlaserve.engine.core_process import CoreProcessClient
+from mlaserve.engine.core_client import CoreProcessClient
 from tests.server.conftest import ENGINE_OPTIONS, serving, wait_for
 
 

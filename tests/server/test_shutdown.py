@@ -40,16 +40,17 @@ import sys
 from mlaserve.server.run import serve
 from mlaserve.server.settings import ServerSettings
 options = dict(model=sys.argv[1], dtype="float32", device="cpu", num_kv_blocks=256, max_model_len=256)
-sys.exit(serve(options, ServerSettings(port=0, metrics_port=0, shutdown_grace_s=float(sys.argv[2]))))
+settings = ServerSettings(port=0, metrics_port=0, shutdown_grace_s=float(sys.argv[2]), api_server_count=int(sys.argv[3]))
+sys.exit(serve(options, settings))
 """
 
 
 class ServeProcess:
-    def __init__(self, model: Path, grace_s: float, site: Path) -> None:
+    def __init__(self, model: Path, grace_s: float, site: Path, api_servers: int = 1) -> None:
         (site / "sitecustomize.py").write_text(SLOW_STEPS)
         path = os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")])
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVE, str(model), str(grace_s)],
+            [sys.executable, "-c", SERVE, str(model), str(grace_s), str(api_servers)],
             env={**os.environ, "PYTHONPATH": path},
             cwd=REPO,
             stdout=subprocess.PIPE,
@@ -62,6 +63,14 @@ class ServeProcess:
         assert self.ports() is not None, "\n".join(self.lines)
         self.url, self.ops_url = (f"http://127.0.0.1:{p}" for p in self.ports())
         assert wait_for(lambda: self._health() == 200, timeout=20)
+
+    def pids(self) -> tuple[int, list[int]]:
+        """(the engine core's pid, the API servers' pids), from the start-up report."""
+        found = re.search(
+            r"processes: engine core pid (\d+); \d+ API server\(s\), pid ([\d, ]+)", "\n".join(self.lines)
+        )
+        assert found, "\n".join(self.lines)
+        return int(found.group(1)), [int(p) for p in found.group(2).split(", ")]
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -126,8 +135,8 @@ def refused(url: str) -> bool:
 def serve_process(tiny_model, tmp_path):
     processes: list[ServeProcess] = []
 
-    def start(grace_s: float) -> ServeProcess:
-        processes.append(ServeProcess(tiny_model, grace_s, tmp_path))
+    def start(grace_s: float, api_servers: int = 1) -> ServeProcess:
+        processes.append(ServeProcess(tiny_model, grace_s, tmp_path, api_servers))
         return processes[-1]
 
     yield start
@@ -135,9 +144,10 @@ def serve_process(tiny_model, tmp_path):
         p.kill()
 
 
-def test_sigterm_lets_8_streams_finish_refuses_new_ones_and_exits_0(serve_process):
+@pytest.mark.parametrize("api_servers", [1, 2])
+def test_sigterm_lets_8_streams_finish_refuses_new_ones_and_exits_0(serve_process, api_servers):
     grace = 20.0
-    server = serve_process(grace)
+    server = serve_process(grace, api_servers)
     streams = start_streams(server.url, 8, max_tokens=120)
     signalled = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
@@ -194,15 +204,13 @@ def test_posts_on_kept_alive_connections_while_draining_get_a_503(serve_process)
     assert server.proc.wait(timeout=15) == 0
 
 
-def test_killing_the_engine_core_process_fails_health_and_exits_non_zero(serve_process):
-    server = serve_process(5.0)
-    pid = server.proc.pid
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    # The engine core runs in a spawned child (multiprocessing also starts its resource tracker).
-    cores = [c for c in children if b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes()]
-    assert len(cores) == 1, children
-    streams = start_streams(server.url, 2, max_tokens=200)
-    os.kill(int(cores[0]), signal.SIGKILL)
+@pytest.mark.parametrize("api_servers", [1, 2])
+def test_killing_the_engine_core_process_fails_health_and_exits_non_zero(serve_process, api_servers):
+    server = serve_process(5.0, api_servers)
+    core, servers = server.pids()
+    assert len(servers) == api_servers and servers[0] == server.proc.pid
+    streams = start_streams(server.url, 4, max_tokens=200)
+    os.kill(core, signal.SIGKILL)
     killed = time.monotonic()
     assert wait_for(lambda: server._health() != 200, timeout=5)  # 503 while stopping, then refused
     assert server.proc.wait(timeout=10) != 0, "\n".join(server.lines)
@@ -210,3 +218,17 @@ def test_killing_the_engine_core_process_fails_health_and_exits_non_zero(serve_p
     for s in streams:
         s.join(timeout=5)
         assert s.error is not None or s.events[-2]["error"]["code"] in ("engine_error", "engine_dead")
+
+
+def test_an_api_server_process_that_dies_takes_the_server_down(serve_process):
+    server = serve_process(5.0, api_servers=3)
+    core, servers = server.pids()
+    streams = start_streams(server.url, 4, max_tokens=200)
+    os.kill(servers[2], signal.SIGKILL)
+    killed = time.monotonic()
+    assert server.proc.wait(timeout=30) != 0, "\n".join(server.lines)
+    assert time.monotonic() - killed < 25
+    assert "API server 2" in "\n".join(server.lines)
+    assert wait_for(lambda: not Path(f"/proc/{core}").exists() and not Path(f"/proc/{servers[1]}").exists())
+    for s in streams:
+        s.join(timeout=5)
