@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -96,12 +98,14 @@ class _CoreLoop:
         self.last_stats = 0.0
 
     def run(self) -> None:
+        inbox: queue.SimpleQueue = queue.SimpleQueue()
+        reader = threading.Thread(target=_read_pipes, args=(list(self.conns), inbox), daemon=True)
+        reader.start()
         errors = 0
         while self.conns:
             busy = self.core.has_unfinished_requests()
-            for conn in wait(self.conns, timeout=0 if busy else 0.5):
-                if not self._drain(conn):
-                    return
+            if not self._apply_inbox(inbox, wait_s=None if busy else 0.5):
+                return
             if not self.core.has_unfinished_requests():
                 self._send_stats()
                 continue
@@ -126,18 +130,24 @@ class _CoreLoop:
                 continue
             self._send_outputs(outputs)
 
-    def _drain(self, conn: Connection) -> bool:
-        """Apply every message waiting on `conn`; False when the core must end."""
+    def _apply_inbox(self, inbox: queue.SimpleQueue, wait_s: float | None) -> bool:
+        """Apply every command received so far (waiting up to wait_s for the first when idle); False when the
+        core must end."""
         try:
-            while conn.poll(0):
-                message = conn.recv()
-                if message[0] == "detach":
-                    return self._detach(conn)
-                if not self._handle(conn, message):
+            item = inbox.get_nowait() if wait_s is None else inbox.get(timeout=wait_s)
+        except queue.Empty:
+            return True
+        while True:
+            conn, message = item
+            if message is None or message[0] == "detach":  # that API server left
+                if not self._detach(conn):
                     return False
-        except (EOFError, OSError):  # that API server's process is gone
-            return self._detach(conn)
-        return True
+            elif not self._handle(conn, message):
+                return False
+            try:
+                item = inbox.get_nowait()
+            except queue.Empty:
+                return True
 
     def _detach(self, conn: Connection) -> bool:
         """An API server left: its requests are aborted. False when it was the first (the core ends)."""
@@ -197,6 +207,21 @@ class _CoreLoop:
             stats = self.core.stats()
             for conn in self.conns:
                 _send(conn, ("out", [], stats))
+
+
+def _read_pipes(conns: list[Connection], inbox: queue.SimpleQueue) -> None:
+    """The core's input thread: it takes commands off the pipes while the main thread steps (CUDA launches and
+    waits let it run), so an API server sending a burst of requests never finds its pipe full and blocks its
+    event loop, and a whole burst is there for the next step to schedule. (conn, None) means the pipe ended."""
+    while conns:
+        for conn in wait(conns):
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                message = None
+            if message is None or message[0] in ("detach", "stop"):
+                conns.remove(conn)  # before the main thread closes it
+            inbox.put((conn, message))
 
 
 def _by_conn(owner: dict[str, Connection]) -> dict[Connection, list[str]]:
