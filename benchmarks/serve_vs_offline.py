@@ -144,6 +144,9 @@ def main() -> int:
     parser.add_argument("--rates", default="", help="Poisson arrival rates (req/s) to try, comma-separated")
     parser.add_argument("--rate-requests", type=int, default=128, help="requests per Poisson rate")
     parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=None, help="engine token budget per step"
+    )
     parser.add_argument("--api-server-count", type=int, default=1, help="the server's HTTP processes")
     parser.add_argument(
         "--repeats", type=int, default=3, help="measured runs per side (the median is reported)"
@@ -183,6 +186,8 @@ def main() -> int:
     )
     if args.device != "cpu":
         options["gpu_memory_utilization"] = args.gpu_memory_utilization
+    if args.max_num_batched_tokens is not None:
+        options["max_num_batched_tokens"] = args.max_num_batched_tokens
     from mlaserve.loader.model_files import resolve_model
 
     vocab = resolve_model(model, need_weights=False).config_dict["vocab_size"]
@@ -203,6 +208,8 @@ def main() -> int:
     flags += f"--max-concurrent-requests {max(1024, 2 * most)} --api-server-count {args.api_server_count}"
     if args.device != "cpu":
         flags += f" --gpu-memory-utilization {args.gpu_memory_utilization}"
+    if args.max_num_batched_tokens is not None:
+        flags += f" --max-num-batched-tokens {args.max_num_batched_tokens}"
     launch = argparse.Namespace(config=None, model=model, server_args=flags, launch_timeout_s=1800)
     server, args.base_url, log = serving.launch_server(launch)
     try:
@@ -249,6 +256,7 @@ def main() -> int:
         prompt_len=args.prompt_len,
         new_tokens=args.new_tokens,
         api_server_count=args.api_server_count,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         highest_rate_with_itl_p99_under_50ms=max(within) if within else None,
         server_log_head=log.read_text(errors="replace")[:3000],
     )
