@@ -96,7 +96,9 @@ def parse_json_object(raw: bytes) -> dict:
         raise bad_request(
             f"the request body must be a JSON object, got {type(body).__name__}", code="invalid_json"
         )
-    bad = _lone_surrogate(body)
+    # The body was decoded from strict UTF-8, which cannot hold a surrogate: only a \uD800-\uDFFF escape can spell
+    # one, so a body without such an escape (a prompt of token ids, most text) skips the walk over every value.
+    bad = _lone_surrogate(body) if _SURROGATE_ESCAPE.search(text) else None
     if bad is not None:
         path, char = bad
         field = _path_text(path)
@@ -122,6 +124,7 @@ def sequences_asked(body: dict) -> int:
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _lone_surrogate(body: dict) -> tuple[tuple, str] | None:
