@@ -13,7 +13,6 @@ later pipe that closes takes only its own requests with it (aborted, their block
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import signal
 import threading
@@ -52,7 +51,6 @@ def core_main(
 
     try:
         core = EngineCore(EngineConfig.from_kwargs(**options))
-        _leave_a_core_to_the_server(core.device)
         info = {
             "model_config": core.model_config,
             "stats": core.stats(),
@@ -65,20 +63,6 @@ def core_main(
     for conn in conns:
         _send(conn, ("ready", info))
     _CoreLoop(core, conns).run()
-
-
-def _leave_a_core_to_the_server(device: Any) -> None:
-    """On CPU the model's threads would take every core, and the server's process (HTTP, detokenization, streams)
-    would preempt them at every step; one core is left to it, as vLLM's CPU back end advises. An explicit
-    OMP_NUM_THREADS is the operator's choice and is kept."""
-    import torch
-
-    if str(device) != "cpu" or "OMP_NUM_THREADS" in os.environ:
-        return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if cores > 1:
-        torch.set_num_threads(min(torch.get_num_threads(), cores - 1))
-        logger.info("engine core: %d torch thread(s), one core left to the server", torch.get_num_threads())
 
 
 def _send(conn: Connection, message: tuple) -> bool:
