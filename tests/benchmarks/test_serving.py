@@ -87,6 +87,23 @@ def test_run_against_stand_in_server(tmp_path: Path) -> None:
     assert len(result["requests"]) == 4
 
 
+def test_client_processes_share_the_load_and_their_records_merge(tmp_path: Path) -> None:
+    """--client-processes 2: every request is sent once, by one of two processes that start together."""
+    import subprocess
+
+    output = tmp_path / "result.json"
+    with running_fake_server() as base_url:
+        argv = ["--base-url", base_url, "--concurrency", "4", "--num-prompts", "6", "--max-tokens", "5"]
+        argv += ["--client-processes", "2", "--output", str(output)]
+        done = subprocess.run([sys.executable, "benchmarks/serving.py", *argv], cwd=REPO, capture_output=True)
+        assert done.returncode == 0, done.stderr.decode()
+    result = json.loads(output.read_text())
+    summary = result["summary"]
+    assert summary["requests_completed"] == 6 and summary["total_output_tokens"] == 30
+    assert summary["duration_s"] < 10 and summary["ttft_s"]["p50"] >= TOKEN_DELAY_S * 0.8
+    assert sorted(r["start"] for r in result["requests"])[-1] < summary["duration_s"]
+
+
 def test_max_duration_bounds_the_run(tmp_path: Path) -> None:
     output = tmp_path / "result.json"
     with running_fake_server() as base_url:
