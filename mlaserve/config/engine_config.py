@@ -46,6 +46,9 @@ class EngineConfig:
     async_scheduling: bool | None = None
     skip_tokenizer_init: bool = False  # token ids in and out, no tokenizer files needed
     trust_remote_code: bool = False  # accepted for vLLM compatibility; mlaserve never runs remote code
+    mla_num_heads: int | None = (
+        None  # the guides' name: checked against the model's query heads, changes nothing
+    )
 
     def __post_init__(self) -> None:
         checks = [
@@ -96,6 +99,10 @@ class EngineConfig:
 
     @classmethod
     def from_kwargs(cls, **kwargs: object) -> "EngineConfig":
+        """Our options and the MLA deployment guides' names (config/guide_options.py); anything else is an error."""
+        from mlaserve.config.guide_options import translate
+
+        kwargs = translate(kwargs)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(kwargs) - known)
         if unknown:

@@ -354,6 +354,26 @@ class EngineCore:
         )
 
     # ---- introspection ---------------------------------------------------------------------------------------
+    def capture_mla_graph(self, max_seq_len: int | None = None) -> int:
+        """The MLA guides' call: (re)capture the decode CUDA graphs for sequences up to max_seq_len tokens (default
+        max_model_len); their attention splits are sized for that length, so shorter limits run short contexts
+        faster and longer sequences run eagerly. Returns how many batch sizes were captured."""
+        limit = self.model_config.max_model_len
+        max_seq_len = limit if max_seq_len is None else max_seq_len
+        if not 0 < max_seq_len <= limit:
+            raise ValueError(f"max_seq_len must be in 1..max_model_len ({limit}), got {max_seq_len}")
+        if self.device.type != "cuda":
+            raise RuntimeError(
+                f"capture_mla_graph: CUDA graphs need a GPU; this engine runs on {self.device}"
+            )
+        if self.runner.graphs is None:
+            raise RuntimeError(
+                "capture_mla_graph: this engine runs its decode steps eagerly (enforce_eager, or a model or "
+                "attention backend that cannot be captured; the start-up log says which)"
+            )
+        self.runner.enable_cuda_graphs(max_seq_len, self.config.max_num_seqs)
+        return len(self.runner.graphs.sizes)
+
     def stats(self) -> dict:
         cache = self.kv_manager.prefix_cache_stats()
         dtype = self.model_config.dtype

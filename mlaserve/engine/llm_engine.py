@@ -14,13 +14,30 @@ from mlaserve.engine.output_processor import OutputProcessor
 from mlaserve.outputs import RequestOutput
 from mlaserve.sampling_params import SamplingParams
 
-__all__ = ["LLMEngine", "PreparedRequest", "resolve_device"]
+__all__ = ["EngineArgs", "LLMEngine", "PreparedRequest", "resolve_device"]
+
+
+class EngineArgs:
+    """vLLM's EngineArgs: the engine's options (and the MLA guides' names) gathered before the engine is built;
+    checked at once, so a misspelled option fails here, not at from_engine_args."""
+
+    def __init__(self, model: str | None = None, **options: object) -> None:
+        self.model = model
+        self.options = options
+        self.create_engine_config()
+
+    def create_engine_config(self) -> EngineConfig:
+        return EngineConfig.from_kwargs(model=self.model, **self.options)
 
 
 class LLMEngine(EngineCore):
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
         self.outputs = OutputProcessor(self.tokenizer)
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
+        return cls(engine_args.create_engine_config())
 
     def add_prepared(self, prepared: PreparedRequest, request_id: str | None = None) -> str:
         request_id = self.add_core(prepared, request_id)

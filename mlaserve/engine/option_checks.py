@@ -10,6 +10,12 @@ from mlaserve.models.registry import get_model_class
 
 def check_engine_options(config: EngineConfig, model_config: ModelConfig) -> None:
     model_cls = get_model_class(model_config.architecture)
+    heads = getattr(model_config.hf_config, "num_attention_heads", None)
+    if config.mla_num_heads is not None and config.mla_num_heads != heads:
+        raise ValueError(
+            f"mla_num_heads={config.mla_num_heads}, but {model_config.architecture} has {heads} attention heads; "
+            "the head count is the model's and cannot be changed"
+        )
     if config.enable_mla and not model_cls.supports_enable_mla:
         raise ValueError(
             "enable_mla converts models with per-head K/V caches (Llama, Qwen2, Mistral); "

@@ -83,7 +83,8 @@ class DecodeGraphs:
 
     def can_run(self, batch: HostBatch) -> bool:
         num_seqs = len(batch.query_lens)
-        return batch.num_decodes == num_seqs and num_seqs <= self.sizes[-1]
+        fits = num_seqs <= self.sizes[-1] and max(batch.seq_lens, default=0) <= self.max_model_len
+        return batch.num_decodes == num_seqs and fits
 
     def run(self, batch: HostBatch, source: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
         """Logits [num_seqs, vocab] of a decode-only batch. source: for a lookahead step, the previous step's
