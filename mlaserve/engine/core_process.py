@@ -12,6 +12,7 @@ later pipe that closes takes only its own requests with it (aborted, their block
 
 from __future__ import annotations
 
+import gc
 import logging
 import queue
 import signal
@@ -62,6 +63,10 @@ def core_main(
         return
     for conn in conns:
         _send(conn, ("ready", info))
+    # What start-up built (the model's modules, the scheduler) lives as long as the process: out of the cyclic
+    # collector's sight, so its full collections stop walking it in the middle of steps (vLLM does the same).
+    gc.collect()
+    gc.freeze()
     _CoreLoop(core, conns).run()
 
 

@@ -13,6 +13,7 @@ them (prometheus_client's multiprocess mode), so any process answers /metrics fo
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import multiprocessing
@@ -51,6 +52,13 @@ def catch_early_signals(signals: tuple[signal.Signals, ...]) -> list[int]:
     for sig in signals:
         signal.signal(sig, lambda number, _frame: caught.append(number))
     return caught
+
+
+def freeze_start_up_objects() -> None:
+    """Move what start-up built (imports, the app, the tokenizer) out of the cyclic collector's sight: it lives as
+    long as the process, and a full collection would walk all of it while this process's streams wait."""
+    gc.collect()
+    gc.freeze()
 
 
 def share_metrics_across_processes() -> str:
@@ -165,6 +173,7 @@ def api_server_main(
         engine.shutdown()
         sys.exit(1)
     app = build_app(engine, per_process_share(settings), startup_report)
+    freeze_start_up_objects()
     code = 1
     try:
         code = run_event_loop(

@@ -28,6 +28,7 @@ from mlaserve.engine.core_client import CoreClient, CoreProcessClient
 from mlaserve.server.api_servers import (
     ApiServers,
     catch_early_signals,
+    freeze_start_up_objects,
     per_process_share,
     share_metrics_across_processes,
 )
@@ -94,6 +95,7 @@ def serve(engine_options: dict, settings: ServerSettings) -> int:
         for line in format_report(report):
             logger.info(line)
         app = build_app(engine, per_process_share(settings), report)
+        freeze_start_up_objects()
         workers.start_serving(report)
         code = run_event_loop(serve_app(app, engine, settings, sockets, workers.processes, early=early))
     except RuntimeError as error:
