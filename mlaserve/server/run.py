@@ -67,7 +67,17 @@ class _Server(uvicorn.Server):
 
 
 def serve(engine_options: dict, settings: ServerSettings) -> int:
-    early = catch_early_signals((signal.SIGTERM, signal.SIGINT))
+    signals = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+    early = catch_early_signals(signals)
+    try:
+        return _serve(engine_options, settings, early)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _serve(engine_options: dict, settings: ServerSettings, early: list[int]) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -82,7 +92,12 @@ def serve(engine_options: dict, settings: ServerSettings) -> int:
     count = settings.api_server_count
     metrics_dir = share_metrics_across_processes() if count > 1 else None
     describe = functools.partial(describe_core, settings=settings)
-    engine = CoreProcessClient(engine_options, describe, quiet=_REPORTED_BY_THE_ENGINE, api_servers=count)
+    try:
+        engine = CoreProcessClient(engine_options, describe, quiet=_REPORTED_BY_THE_ENGINE, api_servers=count)
+    except BaseException:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+        raise
     workers = ApiServers(engine.extra_pipes, engine_options, settings, sockets[0])
     app, code = None, 1
     try:
