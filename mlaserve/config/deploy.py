@@ -71,6 +71,7 @@ class ModelSection(_Section):
     # with enable_mla: a lossy low-rank conversion from calibration text (latent width, rotary features per KV head)
     mla_latent_dim: PositiveInt | None = _ENGINE["mla_latent_dim"]
     qk_rope_head_dim: PositiveInt | None = _ENGINE["qk_rope_head_dim"]
+    mla_skip_layers: list[NonNegativeInt] = Field(default_factory=list)
 
     @field_validator("device")
     @classmethod
@@ -216,6 +217,7 @@ class DeployConfig(_Section):
             "enable_mla": self.model.enable_mla,
             "mla_latent_dim": self.model.mla_latent_dim,
             "qk_rope_head_dim": self.model.qk_rope_head_dim,
+            "mla_skip_layers": tuple(self.model.mla_skip_layers) or None,
             "max_model_len": self.model.max_model_len,
             "block_size": self.cache.block_size,
             "kv_cache_dtype": self.cache.kv_cache_dtype,

@@ -18,6 +18,7 @@ FLAG_KEYS: dict[str, str] = {
     "enable_mla": "model.enable_mla",
     "mla_latent_dim": "model.mla_latent_dim",
     "qk_rope_head_dim": "model.qk_rope_head_dim",
+    "mla_skip_layers": "model.mla_skip_layers",
     "max_model_len": "model.max_model_len",
     "served_model_name": "model.served_model_name",
     "tensor_parallel_size": "parallel.tensor_parallel_size",

@@ -38,6 +38,8 @@ class EngineConfig:
     # per layer (kv_lora_rank; None: lossless) and the rotary features each KV head keeps (None: all).
     mla_latent_dim: int | None = None
     qk_rope_head_dim: int | None = None
+    # With enable_mla: layers (0-based) that keep their per-head K/V cache, beside the others' latent rows.
+    mla_skip_layers: tuple[int, ...] = ()
     # Training-free, lossy, no memory saved: each query attends to the first block, its own and the previous block,
     # and the index_topk other cache blocks whose mean key scores best against it (attention/block_topk.py).
     index_topk: int | None = None
@@ -77,6 +79,18 @@ class EngineConfig:
         checks.append(
             ("index_topk", not (self.index_topk and self.sliding_window), "unset with sliding_window")
         )
+        skip = self.mla_skip_layers
+        if not isinstance(skip, tuple):  # a list from LLM(...) or YAML; the dataclass is frozen
+            object.__setattr__(self, "mla_skip_layers", tuple(skip))
+            skip = self.mla_skip_layers
+        checks.append(
+            (
+                "mla_skip_layers",
+                all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in skip),
+                "layer indices (ints >= 0)",
+            )
+        )
+        checks.append(("mla_skip_layers", not skip or self.enable_mla, "empty unless enable_mla is set"))
         for name in ("mla_latent_dim", "qk_rope_head_dim"):
             checks.append(
                 (name, getattr(self, name) is None or self.enable_mla, "unset unless enable_mla is set")

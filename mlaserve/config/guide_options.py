@@ -44,7 +44,6 @@ _RENAMED = {
 }
 _REFUSED = {
     "mla_latent_dim_fn": "a rank chosen by context length is not built; give a fixed mla_latent_dim",
-    "mla_skip_layers": "keeping some layers' per-head K/V cache beside the latent cache is not built yet",
 }
 
 

@@ -80,6 +80,7 @@ class EngineCore:
             config.seed,
             config.mla_disable,
             config.enable_mla,
+            config.mla_skip_layers,
         )
         if config.mla_latent_dim or config.qk_rope_head_dim:
             self._convert_to_low_rank_mla()
@@ -172,7 +173,7 @@ class EngineCore:
             f"KV cache: {num_blocks - 1} blocks x {cfg.block_size} tokens = {capacity} tokens, "
             f"{self.bytes_per_token} bytes/token ({dtype})"
         )
-        if self.kv_spec.is_mla:
+        if self.kv_spec.mha_elements_per_layer:
             mha = self.kv_spec.mha_bytes_per_token(model_dtype)
             line += f"; per-head K/V would cost {mha} bytes/token ({mha / self.bytes_per_token:.1f}x)"
         if (
@@ -399,6 +400,6 @@ class EngineCore:
             "kv_cache_dtype": str(self.cache_dtype).removeprefix("torch."),
             "device": str(self.device),
         }
-        if self.kv_spec.is_mla:
+        if self.kv_spec.mha_elements_per_layer:
             stats["mha_kv_bytes_per_token"] = self.kv_spec.mha_bytes_per_token(dtype)
         return stats

@@ -21,7 +21,18 @@ def check_engine_options(config: EngineConfig, model_config: ModelConfig) -> Non
             "enable_mla converts models with per-head K/V caches (Llama, Qwen2, Mistral); "
             f"{model_config.architecture} cannot be converted"
         )
-    latent = model_cls.latent_cache(config.mla_disable, config.enable_mla)
+    layers = getattr(model_config.hf_config, "num_hidden_layers", None)
+    missing = [i for i in config.mla_skip_layers if layers is not None and i >= layers]
+    if missing:
+        raise ValueError(
+            f"mla_skip_layers: {model_config.architecture} has layers 0-{layers - 1}; no layer {missing}"
+        )
+    if config.mla_skip_layers and config.kv_cache_dtype != "auto":
+        raise ValueError(
+            f"kv_cache_dtype={config.kv_cache_dtype!r} with mla_skip_layers: the 8-bit caches hold latent rows "
+            "only, and the skipped layers cache per-head K/V"
+        )
+    latent = model_cls.latent_cache(config.mla_disable, config.enable_mla) and not config.mla_skip_layers
     if config.mla_latent_dim or config.qk_rope_head_dim:
         check_conversion(model_config.hf_config, config.mla_latent_dim, config.qk_rope_head_dim)
     windows = [w for w in layer_windows(model_config.hf_config) if w is not None]

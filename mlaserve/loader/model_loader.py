@@ -40,6 +40,7 @@ def build_model(
     seed: int = 0,
     mla_disable: bool = False,
     enable_mla: bool = False,
+    mla_skip_layers: tuple[int, ...] = (),
 ) -> tuple[CausalLM, LoadReport]:
     cls = get_model_class(model_config.architecture)  # before any allocation: unsupported is a cheap error
     options = {}
@@ -56,6 +57,8 @@ def build_model(
                 f"{model_config.architecture} cannot be converted"
             )
         options["enable_mla"] = True
+        if mla_skip_layers:
+            options["mla_skip_layers"] = mla_skip_layers
     previous = torch.get_default_dtype()
     torch.set_default_dtype(model_config.dtype)
     try:

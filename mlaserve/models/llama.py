@@ -1,6 +1,7 @@
 """Llama-family decoder (Llama, Qwen2 with its qkv bias, Mistral, SmolLM2): GQA over a paged K/V cache."""
 
 import logging
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -112,13 +113,12 @@ class LlamaModel(DecoderStack):
         backend: AttentionBackend,
         ctx: ParallelContext,
         biases: tuple[bool, bool],
-        enable_mla: bool,
+        latent: Sequence[bool],
     ):
+        """latent[i]: layer i serves its attention from an MLA latent cache (enable_mla), else per-head K/V."""
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
-        self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, backend, ctx, biases, enable_mla) for _ in range(cfg.num_hidden_layers)
-        )
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend, ctx, biases, flag) for flag in latent)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -134,12 +134,20 @@ class LlamaForCausalLM(CausalLM):
     supports_enable_mla = True  # exact GQA -> MLA conversion at load time (layers/latent_gqa.py)
 
     def __init__(
-        self, cfg: object, backend: AttentionBackend, ctx: ParallelContext = SINGLE, enable_mla: bool = False
+        self,
+        cfg: object,
+        backend: AttentionBackend,
+        ctx: ParallelContext = SINGLE,
+        enable_mla: bool = False,
+        mla_skip_layers: Sequence[int] = (),
     ) -> None:
+        """mla_skip_layers: with enable_mla, layers that keep their per-head K/V cache (a second kind of cache row
+        in the same blocks)."""
         super().__init__()
         self.cfg = cfg
         self.enable_mla = enable_mla
-        self.model = LlamaModel(cfg, backend, ctx, self.biases(cfg), enable_mla)
+        latent = [enable_mla and i not in set(mla_skip_layers) for i in range(cfg.num_hidden_layers)]
+        self.model = LlamaModel(cfg, backend, ctx, self.biases(cfg), latent)
         self.build_lm_head(cfg, ctx)
 
     @staticmethod
@@ -153,29 +161,26 @@ class LlamaForCausalLM(CausalLM):
         return enable_mla
 
     def latent_attention_shape(self) -> tuple[int, int, int] | None:
-        if not self.enable_mla:
+        latent = [layer.self_attn.attn for layer in self.model.layers if layer.self_attn.enable_mla]
+        if not latent:
             return None
-        attn = self.model.layers[0].self_attn.attn
-        return attn.num_heads, attn.latent_dim, attn.rope_dim
+        return latent[0].num_heads, latent[0].latent_dim, latent[0].rope_dim
 
     def kv_cache_spec(self) -> KVCacheSpec:
         attn = self.model.layers[0].self_attn
-        if self.enable_mla:  # one row per token: the latent, then the rope key (layers/latent_gqa.py)
-            layers = tuple(
-                LayerCacheSpec(
-                    1, layer.self_attn.attn.latent_dim + layer.self_attn.attn.rope_dim, False, window=w
-                )
-                for layer, w in zip(self.model.layers, layer_windows(self.cfg), strict=True)
-            )
-            return KVCacheSpec(
-                layers, is_mla=True, mha_elements_per_layer=2 * attn.num_kv_heads * attn.head_dim
-            )
+        layers = []
+        for layer, window in zip(self.model.layers, layer_windows(self.cfg), strict=True):
+            a = layer.self_attn
+            if a.enable_mla:  # one row per token: the latent, then the rope key (layers/latent_gqa.py)
+                layers.append(LayerCacheSpec(1, a.attn.latent_dim + a.attn.rope_dim, False, window=window))
+            else:
+                layers.append(LayerCacheSpec(a.num_kv_heads, a.head_dim, separate_value=True, window=window))
+        # is_mla: every layer latent (the MLA kernels, CUDA graphs and 8-bit caches apply); with skipped layers
+        # the per-head comparison is still reported.
         return KVCacheSpec(
-            tuple(
-                LayerCacheSpec(attn.num_kv_heads, attn.head_dim, separate_value=True, window=window)
-                for window in layer_windows(self.cfg)
-            ),
-            is_mla=False,
+            tuple(layers),
+            is_mla=self.enable_mla and all(layer.self_attn.enable_mla for layer in self.model.layers),
+            mha_elements_per_layer=2 * attn.num_kv_heads * attn.head_dim if self.enable_mla else 0,
         )
 
 

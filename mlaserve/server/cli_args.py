@@ -12,6 +12,14 @@ import os
 
 from mlaserve.server.settings import ServerSettings
 
+
+def _layer_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer numbers, got {text!r}") from None
+
+
 # (flag, type, help); every default is None
 _MODEL_FLAGS = [
     ("--model", str, "HF model folder or .gguf file (default: SmolLM2-135M-Instruct)"),
@@ -22,6 +30,7 @@ _MODEL_FLAGS = [
     ("--enable-mla", bool, "serve a Llama/Qwen2/Mistral model from an MLA latent cache (exact conversion)"),
     ("--mla-latent-dim", int, "with --enable-mla: lossy conversion to this latent width per layer"),
     ("--qk-rope-head-dim", int, "with --enable-mla: rotary features each KV head keeps (lossy)"),
+    ("--mla-skip-layers", _layer_list, "with --enable-mla: layers that keep per-head K/V, e.g. 0,1,27"),
     (
         "--served-model-name",
         str,
@@ -73,6 +82,7 @@ _ENGINE_OPTIONS = (
     "enable_mla",
     "mla_latent_dim",
     "qk_rope_head_dim",
+    "mla_skip_layers",
     "dtype",
     "device",
     "max_model_len",

@@ -45,6 +45,9 @@ def test_enable_mla_latent_dim_and_quant_reach_the_cache(llama):
     assert exact["mha_kv_bytes_per_token"] == exact["kv_bytes_per_token"]  # exact: a latent of the same size
     reduced = LLM(llama, **OPTIONS, enable_mla=True, mla_latent_dim=12).stats()
     assert reduced["kv_bytes_per_token"] < exact["kv_bytes_per_token"]
+    skipped = LLM(llama, **OPTIONS, enable_mla=True, mla_latent_dim=12, mla_skip_layers=[1]).stats()
+    # layer 0: a latent of 12 + 2 KV heads x 16 rotary features; layer 1 keeps 2 x (16 + 16) per-head K/V
+    assert skipped["kv_bytes_per_token"] == ((12 + 2 * 16) + 2 * 32) * 4
     quant = LLM(llama, **OPTIONS, enable_mla=True, enable_mla_quant=True).stats()
     assert quant["kv_cache_dtype"] == "float8_e4m3fn"
     plain = LLM(llama, **OPTIONS, enable_mla=True, disable_mla_quant=True).stats()
@@ -97,7 +100,6 @@ def test_kv_cache_ratio_is_a_share_of_the_devices_memory(llama):
     ("options", "message"),
     [
         (dict(mla_latent_dim_fn=lambda n: 8), "rank chosen by context length is not built"),
-        (dict(mla_skip_layers=[0]), "per-head K/V cache beside the latent cache is not built"),
         (dict(mla_ascend_mode=True), "no Ascend backend"),
         (dict(parallel_config=ParallelConfig(tensor_parallel_size=2)), "tensor parallelism is not built"),
     ],

@@ -83,3 +83,42 @@ def test_ranks_that_do_not_fit_fail_before_weights_load(llama, monkeypatch, opti
     with pytest.raises(ValueError, match=message):
         LLM(str(llama), device="cpu", **options)
     assert not loaded
+
+
+def test_skipped_layers_keep_per_head_kv_and_the_rest_stay_exact(llama):
+    # exact latents with layer 1 kept as per-head K/V: still transformers' tokens and logprobs
+    llm = LLM(str(llama), **OPTIONS, enable_mla=True, mla_skip_layers=[1])
+    batch = prompts(2, seed=3, low=10, high=40)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=0)
+    for ids, out in zip(
+        batch, llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+    ):
+        assert out.outputs[0].token_ids == reference_tokens(llama, ids, 20)
+        check_logprobs(llama, ids, out)
+    assert llm.stats()["kv_bytes_per_token"] == llm.stats()["mha_kv_bytes_per_token"]
+
+
+def test_reduced_rank_with_a_skipped_layer_decodes_as_it_prefills(llama):
+    llm, batch, outs = generate(llama, mla_skip_layers=[0])
+    layers = llm.engine.model_config.num_layers
+    # layer 0 keeps 2 x (16 + 16) per-head K/V; the others rank 12 + 2 KV heads x 8 rotary features
+    assert llm.stats()["kv_bytes_per_token"] == (2 * 32 + (layers - 1) * (12 + 2 * 8)) * 4
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+    for ids, out in zip(batch, outs):
+        full = ids + out.outputs[0].token_ids
+        scored = llm.generate([{"prompt_token_ids": full}], params, use_tqdm=False)[0].prompt_logprobs
+        for position, (token, step) in enumerate(zip(out.outputs[0].token_ids, out.outputs[0].logprobs)):
+            assert abs(scored[len(ids) + position][token] - step[token]) < 1e-3
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (dict(enable_mla=True, mla_skip_layers=[7]), "no layer \\[7\\]"),
+        (dict(mla_skip_layers=[0]), "empty unless enable_mla is set"),
+        (dict(enable_mla=True, mla_skip_layers=[0], kv_cache_dtype="int8"), "8-bit caches hold latent rows"),
+    ],
+)
+def test_skipped_layers_that_cannot_be_are_errors(llama, options, message):
+    with pytest.raises(ValueError, match=message):
+        LLM(str(llama), **OPTIONS, **options)
