@@ -69,7 +69,8 @@ class ModelSection(_Section):
     # a Llama/Qwen2/Mistral model served from an MLA latent cache (the exact conversion: same answers, same size)
     enable_mla: bool = _ENGINE["enable_mla"]
     # with enable_mla: a lossy low-rank conversion from calibration text (latent width, rotary features per KV head)
-    mla_latent_dim: PositiveInt | None = _ENGINE["mla_latent_dim"]
+    mla_latent_dim: PositiveInt | list[PositiveInt] | None = _ENGINE["mla_latent_dim"]
+    mla_rank_allocation: Literal["uniform", "error"] = _ENGINE["mla_rank_allocation"]
     qk_rope_head_dim: PositiveInt | None = _ENGINE["qk_rope_head_dim"]
     mla_skip_layers: list[NonNegativeInt] = Field(default_factory=list)
 
@@ -215,7 +216,12 @@ class DeployConfig(_Section):
             "device": self.model.device,
             "load_format": self.model.load_format,
             "enable_mla": self.model.enable_mla,
-            "mla_latent_dim": self.model.mla_latent_dim,
+            "mla_latent_dim": (
+                tuple(self.model.mla_latent_dim)
+                if isinstance(self.model.mla_latent_dim, list)
+                else self.model.mla_latent_dim
+            ),
+            "mla_rank_allocation": self.model.mla_rank_allocation,
             "qk_rope_head_dim": self.model.qk_rope_head_dim,
             "mla_skip_layers": tuple(self.model.mla_skip_layers) or None,
             "max_model_len": self.model.max_model_len,

@@ -19,6 +19,7 @@ FLAG_KEYS: dict[str, str] = {
     "mla_latent_dim": "model.mla_latent_dim",
     "qk_rope_head_dim": "model.qk_rope_head_dim",
     "mla_skip_layers": "model.mla_skip_layers",
+    "mla_rank_allocation": "model.mla_rank_allocation",
     "max_model_len": "model.max_model_len",
     "served_model_name": "model.served_model_name",
     "tensor_parallel_size": "parallel.tensor_parallel_size",

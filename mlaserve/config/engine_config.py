@@ -36,8 +36,11 @@ class EngineConfig:
     enable_mla: bool = False
     # With enable_mla, a lossy low-rank conversion from calibration text (conversion/mla.py): the latent's width
     # per layer (kv_lora_rank; None: lossless) and the rotary features each KV head keeps (None: all).
-    mla_latent_dim: int | None = None
+    # mla_latent_dim may also be one rank per converted layer; mla_rank_allocation "error" splits the budget of
+    # mla_latent_dim per layer by each layer's measured residual instead (conversion/mla.py allocate_ranks).
+    mla_latent_dim: int | tuple[int, ...] | None = None
     qk_rope_head_dim: int | None = None
+    mla_rank_allocation: str = "uniform"
     # With enable_mla: layers (0-based) that keep their per-head K/V cache, beside the others' latent rows.
     mla_skip_layers: tuple[int, ...] = ()
     # Training-free, lossy, no memory saved: each query attends to the first block, its own and the previous block,
@@ -79,6 +82,27 @@ class EngineConfig:
         checks.append(
             ("index_topk", not (self.index_topk and self.sliding_window), "unset with sliding_window")
         )
+        ranks = self.mla_latent_dim
+        if isinstance(ranks, list):  # per-layer ranks from LLM(...) or YAML; the dataclass is frozen
+            object.__setattr__(self, "mla_latent_dim", tuple(ranks))
+        if isinstance(self.mla_latent_dim, tuple):
+            checks.append(
+                (
+                    "mla_latent_dim",
+                    bool(ranks) and all(isinstance(r, int) and r > 0 for r in self.mla_latent_dim),
+                    "a positive int, or one per converted layer",
+                )
+            )
+        checks.append(
+            ("mla_rank_allocation", self.mla_rank_allocation in ("uniform", "error"), "'uniform' or 'error'")
+        )
+        checks.append(
+            (
+                "mla_rank_allocation",
+                self.mla_rank_allocation == "uniform" or self.mla_latent_dim is not None,
+                "'uniform' unless mla_latent_dim gives the budget",
+            )
+        )
         skip = self.mla_skip_layers
         if not isinstance(skip, tuple):  # a list from LLM(...) or YAML; the dataclass is frozen
             object.__setattr__(self, "mla_skip_layers", tuple(skip))
@@ -106,6 +130,8 @@ class EngineConfig:
             "qk_rope_head_dim",
         ):
             value = getattr(self, opt)
+            if isinstance(value, tuple):
+                continue  # per-layer ranks, checked above
             checks.append((opt, value is None or (isinstance(value, int) and value > 0), "a positive int"))
         for name, ok, allowed in checks:
             if not ok:

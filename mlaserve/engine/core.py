@@ -136,7 +136,13 @@ class EngineCore:
             )
         cfg = self.config
         report = convert_model(
-            self.model, cfg.mla_latent_dim, cfg.qk_rope_head_dim, ids, cfg.block_size, self.device
+            self.model,
+            cfg.mla_latent_dim,
+            cfg.qk_rope_head_dim,
+            ids,
+            cfg.block_size,
+            self.device,
+            cfg.mla_rank_allocation,
         )
         logger.info(report)
 

@@ -27,6 +27,8 @@ def check_engine_options(config: EngineConfig, model_config: ModelConfig) -> Non
         raise ValueError(
             f"mla_skip_layers: {model_config.architecture} has layers 0-{layers - 1}; no layer {missing}"
         )
+    if layers is not None and config.enable_mla and len(set(config.mla_skip_layers)) >= layers:
+        raise ValueError("mla_skip_layers lists every layer: no layer would be served from the latent cache")
     if config.mla_skip_layers and config.kv_cache_dtype != "auto":
         raise ValueError(
             f"kv_cache_dtype={config.kv_cache_dtype!r} with mla_skip_layers: the 8-bit caches hold latent rows "
@@ -34,7 +36,8 @@ def check_engine_options(config: EngineConfig, model_config: ModelConfig) -> Non
         )
     latent = model_cls.latent_cache(config.mla_disable, config.enable_mla) and not config.mla_skip_layers
     if config.mla_latent_dim or config.qk_rope_head_dim:
-        check_conversion(model_config.hf_config, config.mla_latent_dim, config.qk_rope_head_dim)
+        converted = None if layers is None else layers - len(set(config.mla_skip_layers))
+        check_conversion(model_config.hf_config, config.mla_latent_dim, config.qk_rope_head_dim, converted)
     windows = [w for w in layer_windows(model_config.hf_config) if w is not None]
     if config.enable_mla and windows and min(windows) < model_config.max_model_len:
         raise ValueError(

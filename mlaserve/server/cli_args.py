@@ -32,6 +32,11 @@ _MODEL_FLAGS = [
     ("--qk-rope-head-dim", int, "with --enable-mla: rotary features each KV head keeps (lossy)"),
     ("--mla-skip-layers", _layer_list, "with --enable-mla: layers that keep per-head K/V, e.g. 0,1,27"),
     (
+        "--mla-rank-allocation",
+        str,
+        "uniform (default), or error: the mla-latent-dim budget split by each layer's measured residual",
+    ),
+    (
         "--served-model-name",
         str,
         "the model name clients send (default: the model folder's name, or mlaserve)",
@@ -83,6 +88,7 @@ _ENGINE_OPTIONS = (
     "mla_latent_dim",
     "qk_rope_head_dim",
     "mla_skip_layers",
+    "mla_rank_allocation",
     "dtype",
     "device",
     "max_model_len",

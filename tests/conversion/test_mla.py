@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mlaserve import LLM, SamplingParams
-from mlaserve.conversion.mla import pair_scores, principal_basis
+from mlaserve.conversion.mla import allocate_ranks, pair_scores, principal_basis
 from tests.engine.test_sliding_window import check_logprobs, prompts, reference_tokens
 from tests.tiny_models import build_tiny
 
@@ -122,3 +122,52 @@ def test_reduced_rank_with_a_skipped_layer_decodes_as_it_prefills(llama):
 def test_skipped_layers_that_cannot_be_are_errors(llama, options, message):
     with pytest.raises(ValueError, match=message):
         LLM(str(llama), **OPTIONS, **options)
+
+
+def test_allocate_ranks_keeps_the_largest_relative_shares():
+    flat = torch.tensor([1.0, 1.0, 1.0, 1.0])  # energy spread evenly: every direction matters
+    steep = torch.tensor([100.0, 1.0, 0.0, 0.0])  # nearly all in one direction
+    assert allocate_ranks([flat, steep], 4) == [3, 1]
+    assert allocate_ranks([steep, flat], 5) == [1, 4]
+    assert sum(allocate_ranks([flat, steep, flat], 6)) == 6
+    with pytest.raises(ValueError, match="cannot be split"):
+        allocate_ranks([flat, steep], 9)
+
+
+def test_per_layer_ranks_and_the_error_allocation_set_each_layers_latent(llama):
+    options = dict(**OPTIONS, enable_mla=True, qk_rope_head_dim=8)
+    given = LLM(str(llama), **options, mla_latent_dim=[20, 4])  # the tiny Llama has 2 layers
+    widths = [layer.self_attn.attn.latent_dim for layer in given.engine.model.model.layers]
+    assert widths == [20, 4]
+    assert given.stats()["kv_bytes_per_token"] == (24 + 2 * 2 * 8) * 4
+    spread = LLM(str(llama), **options, mla_latent_dim=12, mla_rank_allocation="error")
+    widths = [layer.self_attn.attn.latent_dim for layer in spread.engine.model.model.layers]
+    assert sum(widths) == 24 and min(widths) >= 1  # the same cache as 12 per layer, split by measured error
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    assert (
+        len(
+            spread.generate([{"prompt_token_ids": [20, 21, 22]}], params, use_tqdm=False)[0]
+            .outputs[0]
+            .token_ids
+        )
+        == 8
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (dict(mla_latent_dim=[8]), "1 per-layer ranks for 2 converted layers"),
+        (dict(mla_latent_dim=[8], mla_skip_layers=[0]), None),
+        (dict(mla_latent_dim=[8, 0]), "a positive int, or one per converted layer"),
+        (dict(mla_rank_allocation="error"), "'uniform' unless mla_latent_dim gives the budget"),
+        (dict(mla_latent_dim=8, mla_rank_allocation="best"), "'uniform' or 'error'"),
+        (dict(mla_skip_layers=[0, 1]), "lists every layer"),
+    ],
+)
+def test_per_layer_options_that_cannot_be_are_errors(llama, options, message):
+    if message is None:  # one rank for the one converted layer when layer 0 is skipped: fine
+        LLM(str(llama), **OPTIONS, enable_mla=True, **options)
+        return
+    with pytest.raises(ValueError, match=message):
+        LLM(str(llama), **OPTIONS, enable_mla=True, **options)
