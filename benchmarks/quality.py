@@ -52,6 +52,15 @@ OPTIONS: list[tuple[str, dict]] = [
     ("MLA -50%", dict(enable_mla=True, mla_latent_dim=96, qk_rope_head_dim=32)),
     ("MLA -75%", dict(enable_mla=True, mla_latent_dim=48, qk_rope_head_dim=16)),
     ("MLA -87.5%", dict(enable_mla=True, mla_latent_dim=24, qk_rope_head_dim=8)),
+    # the same budgets with the latent ranks split over the layers by their measured residuals
+    (
+        "MLA -50% ranks by error",
+        dict(enable_mla=True, mla_latent_dim=96, qk_rope_head_dim=32, mla_rank_allocation="error"),
+    ),
+    (
+        "MLA -75% ranks by error",
+        dict(enable_mla=True, mla_latent_dim=48, qk_rope_head_dim=16, mla_rank_allocation="error"),
+    ),
 ]
 NEEDLE_CONTEXTS = (2048, 4096, 8192)
 NEEDLE_DEPTHS = (0.1, 0.5, 0.9)
