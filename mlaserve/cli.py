@@ -134,6 +134,35 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(options, deploy.server_settings())
 
 
+def cmd_convert(args: argparse.Namespace) -> int:
+    """A Llama/Qwen2/Mistral folder converted to MLA once (conversion/folder.py), for `LLM(DST)` and serve."""
+    from mlaserve.conversion.folder import convert_folder
+
+    ranks = None
+    if args.mla_latent_dim is not None:
+        ranks = [int(r) for r in args.mla_latent_dim.split(",") if r.strip()]
+        ranks = ranks[0] if len(ranks) == 1 else ranks
+    options = {
+        "mla_latent_dim": ranks,
+        "qk_rope_head_dim": args.qk_rope_head_dim,
+        "mla_skip_layers": [int(i) for i in args.mla_skip_layers.split(",") if i.strip()]
+        if args.mla_skip_layers
+        else None,
+        "mla_rank_allocation": args.mla_rank_allocation,
+        "dtype": args.dtype,
+        "device": args.device,
+    }
+    section = convert_folder(args.src, args.dst, **{k: v for k, v in options.items() if v is not None})
+    kv = section["kv_bytes_per_token"]
+    print(
+        f"converted {args.src} -> {args.dst}: kv_lora_rank per layer {section['ranks']}"
+        f"{' (layers ' + str(section['mla_skip_layers']) + ' keep per-head K/V)' if section['mla_skip_layers'] else ''}; "
+        f"KV bytes per token {kv['before']} -> {kv['after']} ({section['cache_dtype']}); "
+        f"calibration: {section['calibration'] or 'none (exact conversion)'}"
+    )
+    return 0
+
+
 def cmd_export_tokenizer(args: argparse.Namespace) -> int:
     """The served model's tokenizer (and chat template) as a Hugging Face tokenizer folder, for tools that take a
     tokenizer path (lm-eval's --model_args tokenizer=..., guidellm's --processor)."""
@@ -161,6 +190,21 @@ def main(argv: list[str] | None = None) -> int:
     from mlaserve.server.cli_args import add_serve_args
 
     add_serve_args(sub.add_parser("serve", help="OpenAI-compatible HTTP server"))
+    convert = sub.add_parser("convert", help="convert a Llama/Qwen2/Mistral folder to MLA (enable_mla) once")
+    convert.add_argument("src", help="Hugging Face model folder")
+    convert.add_argument(
+        "dst", help="new folder to write; LLM(DST) and `serve --model DST` serve it as converted"
+    )
+    convert.add_argument(
+        "--mla-latent-dim", default=None, help="latent rank, or one per converted layer: 64,48,..."
+    )
+    convert.add_argument(
+        "--qk-rope-head-dim", type=int, default=None, help="rotary features kept per KV head"
+    )
+    convert.add_argument("--mla-skip-layers", default=None, help="layers that keep per-head K/V, e.g. 0,27")
+    convert.add_argument("--mla-rank-allocation", default=None, help="uniform (default) or error")
+    convert.add_argument("--dtype", default="float32", help="dtype the calibration runs in (default float32)")
+    convert.add_argument("--device", default="cpu")
     export = sub.add_parser("export-tokenizer", help="write the model's tokenizer as a Hugging Face folder")
     export.add_argument("output", help="folder to write (created if missing)")
     export.add_argument(
@@ -175,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         "generate": cmd_generate,
         "chat": cmd_chat,
         "serve": cmd_serve,
+        "convert": cmd_convert,
         "export-tokenizer": cmd_export_tokenizer,
     }
     try:

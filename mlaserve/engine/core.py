@@ -15,6 +15,7 @@ import torch
 from mlaserve.attention.selector import attention_kernel, select_backend
 from mlaserve.config.engine_config import EngineConfig
 from mlaserve.config.model_config import ModelConfig
+from mlaserve.conversion.folder import apply_saved_conversion, saved_conversion
 from mlaserve.core.kv_cache_manager import CacheGroupSpec, KVCacheManager
 from mlaserve.core.request import Request, RequestStatus
 from mlaserve.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -56,12 +57,30 @@ def with_sliding_window(spec: KVCacheSpec, window: int | None, sinks: int) -> KV
     return dataclasses.replace(spec, layers=tuple(layers))
 
 
+def _with_saved_conversion(config: EngineConfig, saved: dict) -> EngineConfig:
+    """A converted folder serves as converted: enable_mla and the skipped layers come from its config.json."""
+    given = [name for name in ("mla_latent_dim", "qk_rope_head_dim") if getattr(config, name) is not None]
+    if given or config.mla_skip_layers or config.mla_rank_allocation != "uniform":
+        raise ValueError(
+            f"{config.model} was converted by `mlaserve convert` (config.json's mlaserve_mla section); it takes no "
+            f"conversion options of its own ({', '.join(given) or 'mla_skip_layers / mla_rank_allocation'})"
+        )
+    return dataclasses.replace(
+        config, enable_mla=True, mla_skip_layers=tuple(saved.get("mla_skip_layers", ()))
+    )
+
+
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = resolve_device(config.device)
         torch.manual_seed(config.seed)
         files = resolve_model(config.model, need_weights=config.load_format != "dummy")
+        saved = saved_conversion(
+            files.config_dict
+        )  # a folder `mlaserve convert` wrote: MLA without calibrating
+        if saved is not None:
+            self.config = config = _with_saved_conversion(config, saved)
         self.model_config = ModelConfig.from_hf(
             files.config_dict, config.dtype, self.device, config.max_model_len
         )
@@ -82,7 +101,15 @@ class EngineCore:
             config.enable_mla,
             config.mla_skip_layers,
         )
-        if config.mla_latent_dim or config.qk_rope_head_dim:
+        if saved is not None:
+            apply_saved_conversion(self.model, files.path)
+            logger.info(
+                "MLA conversion read from %s: kv_lora_rank per layer %s, KV bytes per token %s",
+                files.path,
+                saved["ranks"],
+                saved["kv_bytes_per_token"],
+            )
+        elif config.mla_latent_dim or config.qk_rope_head_dim:
             self._convert_to_low_rank_mla()
         max_len = self.model_config.max_model_len
         batched = config.max_num_batched_tokens or (

@@ -1,0 +1,94 @@
+"""`mlaserve convert SRC DST`: a Llama/Qwen2/Mistral folder converted to MLA once, served by `LLM(DST)` without
+calibrating again.
+
+DST holds SRC's files unchanged (the converted layers still project keys and values with the original weights; the
+latent is those projections' kept rotary pairs and principal directions), plus:
+  mlaserve_mla/latent.safetensors   per converted layer: the rotary pairs each KV head keeps, and the latent basis
+                               (absent for an exact layer)
+  config.json                  SRC's, with an `mlaserve_mla` section: the options, the ranks per layer, the KV
+                               bytes per token before and after, and the calibration text
+An engine that loads DST finds the section, builds the latent layers (skipping the same layers) and sets each
+layer's pairs and basis from the file: the same model as the conversion's, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from mlaserve.conversion.mla import CALIBRATION_TEXT, latent_layers
+
+SECTION = "mlaserve_mla"
+TENSORS = "mlaserve_mla/latent.safetensors"  # a subfolder: the checkpoint loader reads every top-level file
+
+
+def convert_folder(src: str, dst: str, **options: object) -> dict:
+    """Convert SRC with the engine's own enable_mla path (options: mla_latent_dim, qk_rope_head_dim,
+    mla_skip_layers, mla_rank_allocation, dtype, device) and write DST; returns the config section."""
+    from mlaserve import LLM
+
+    target = Path(dst)
+    if target.exists() and any(target.iterdir()):
+        raise ValueError(f"{dst} exists and is not empty; give a new folder")
+    source = Path(src)
+    if not (source / "config.json").is_file():
+        raise ValueError(f"{src} is not a Hugging Face model folder (no config.json)")
+    original = json.loads((source / "config.json").read_text())
+    if original.get(SECTION):
+        raise ValueError(f"{src} is already a converted folder")
+    # The engine calibrates on up to 2,048 tokens: a cache just large enough for one such sequence.
+    length = min(2048, int(original.get("max_position_embeddings") or 2048))
+    llm = LLM(src, enable_mla=True, num_kv_blocks=-(-length // 16) + 1, max_model_len=length, **options)
+    model = llm.engine.model
+    tensors, ranks = {}, []
+    for index, layer in enumerate(model.model.layers):
+        attn = layer.self_attn.attn if layer.self_attn.enable_mla else None
+        if attn is None:
+            continue
+        tensors[f"layers.{index}.pairs"] = attn.pairs.cpu().contiguous()
+        if attn.basis is not None:
+            tensors[f"layers.{index}.basis"] = attn.basis.float().cpu().contiguous()
+        ranks.append(attn.latent_dim)
+    stats = llm.stats()
+    section = {
+        "mla_latent_dim": options.get("mla_latent_dim"),
+        "qk_rope_head_dim": options.get("qk_rope_head_dim"),
+        "mla_skip_layers": list(options.get("mla_skip_layers") or ()),
+        "mla_rank_allocation": options.get("mla_rank_allocation", "uniform"),
+        "ranks": ranks,
+        "kv_bytes_per_token": {
+            "before": stats["mha_kv_bytes_per_token"],
+            "after": stats["kv_bytes_per_token"],
+        },
+        "cache_dtype": stats["kv_cache_dtype"],
+        "calibration": CALIBRATION_TEXT
+        if options.get("mla_latent_dim") or options.get("qk_rope_head_dim")
+        else None,
+    }
+    shutil.copytree(source, target, dirs_exist_ok=True)
+    original[SECTION] = section
+    (target / "config.json").write_text(json.dumps(original, indent=2) + "\n")
+    (target / TENSORS).parent.mkdir()
+    save_file(tensors, str(target / TENSORS))
+    return section
+
+
+def saved_conversion(config_dict: dict) -> dict | None:
+    """The `mlaserve_mla` section of a converted folder's config.json, or None."""
+    return config_dict.get(SECTION)
+
+
+def apply_saved_conversion(model: torch.nn.Module, folder: Path) -> None:
+    """Set every converted layer's rotary pairs and latent basis from DST's tensors."""
+    tensors = load_file(str(folder / TENSORS))
+    layers = [i for i, layer in enumerate(model.model.layers) if layer.self_attn.enable_mla]
+    if len(layers) != len(latent_layers(model)) or any(f"layers.{i}.pairs" not in tensors for i in layers):
+        raise ValueError(f"{folder / TENSORS} does not match the converted layers of config.json's {SECTION}")
+    for i in layers:
+        attn = model.model.layers[i].self_attn.attn
+        basis = tensors.get(f"layers.{i}.basis")
+        attn.convert(tensors[f"layers.{i}.pairs"], None if basis is None else basis)

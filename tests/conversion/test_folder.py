@@ -1,0 +1,76 @@
+"""`mlaserve convert SRC DST`: the folder it writes serves as the load-time conversion with the same options does,
+with no calibration at load; what cannot be converted fails before DST exists."""
+
+import json
+
+import pytest
+
+from mlaserve import LLM, SamplingParams
+from mlaserve.cli import main
+from tests.engine.test_sliding_window import check_logprobs, prompts, reference_tokens
+from tests.tiny_models import build_tiny
+
+OPTIONS = dict(dtype="float32", device="cpu", num_kv_blocks=128, max_model_len=256)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return build_tiny("llama", tmp_path_factory.mktemp("llama"))
+
+
+def run(llm: LLM, batch: list[list[int]]) -> list:
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=0)
+    return [
+        o.outputs[0] for o in llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+    ]
+
+
+def test_a_converted_folder_serves_as_the_load_time_conversion(llama, tmp_path, capsys):
+    dst = tmp_path / "converted"
+    args = ["convert", str(llama), str(dst), "--mla-latent-dim", "12", "--qk-rope-head-dim", "8"]
+    assert main([*args, "--mla-skip-layers", "1"]) == 0
+    assert "kv_lora_rank per layer [12]" in capsys.readouterr().out
+    section = json.loads((dst / "config.json").read_text())["mlaserve_mla"]
+    assert section["ranks"] == [12] and section["mla_skip_layers"] == [1]
+    served = LLM(str(dst), **OPTIONS)
+    converted = LLM(
+        str(llama), **OPTIONS, enable_mla=True, mla_latent_dim=12, qk_rope_head_dim=8, mla_skip_layers=[1]
+    )
+    assert served.stats()["kv_bytes_per_token"] == section["kv_bytes_per_token"]["after"]
+    assert served.stats()["kv_bytes_per_token"] == converted.stats()["kv_bytes_per_token"]
+    batch = prompts(2, seed=5, low=10, high=40)
+    for got, want in zip(run(served, batch), run(converted, batch)):
+        assert got.token_ids == want.token_ids
+        for step, (token, a, b) in enumerate(zip(got.token_ids, got.logprobs, want.logprobs)):
+            assert abs(a[token] - b[token]) < 1e-5, step
+    with pytest.raises(ValueError, match="takes no conversion options of its own"):
+        LLM(str(dst), **OPTIONS, enable_mla=True, mla_latent_dim=8)
+
+
+def test_an_exact_conversion_folder_answers_like_the_original(llama, tmp_path):
+    dst = tmp_path / "exact"
+    assert main(["convert", str(llama), str(dst)]) == 0
+    llm = LLM(str(dst), **OPTIONS)
+    assert llm.stats()["kv_bytes_per_token"] == llm.stats()["mha_kv_bytes_per_token"]
+    batch = prompts(2, seed=6, low=10, high=40)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=0)
+    for ids, out in zip(
+        batch, llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+    ):
+        assert out.outputs[0].token_ids == reference_tokens(llama, ids, 16)
+        check_logprobs(llama, ids, out)
+
+
+def test_what_cannot_be_converted_fails_before_the_folder_exists(llama, tmp_path):
+    missing = tmp_path / "never"
+    assert main(["convert", str(llama), str(missing), "--mla-skip-layers", "9"]) == 2
+    assert not missing.exists()
+    assert main(["convert", str(llama), str(missing), "--mla-latent-dim", "4096"]) == 2
+    assert not missing.exists()
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "file").write_text("x")
+    assert main(["convert", str(llama), str(taken)]) == 2
+    done = tmp_path / "done"
+    assert main(["convert", str(llama), str(done)]) == 0
+    assert main(["convert", str(done), str(tmp_path / "again")]) == 2  # already converted
