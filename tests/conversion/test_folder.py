@@ -7,15 +7,11 @@ import pytest
 
 from mlaserve import LLM, SamplingParams
 from mlaserve.cli import main
-from tests.engine.test_sliding_window import check_logprobs, prompts, reference_tokens
-from tests.tiny_models import build_tiny
-
-OPTIONS = dict(dtype="float32", device="cpu", num_kv_blocks=128, max_model_len=256)
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    return build_tiny("llama", tmp_path_factory.mktemp("llama"))
+from tests.conversion.conftest import OPTIONS
+from tests.engine.test_sliding_window import (
+    check_against_reference,
+    prompts,
+)
 
 
 def run(llm: LLM, batch: list[list[int]]) -> list:
@@ -54,11 +50,8 @@ def test_an_exact_conversion_folder_answers_like_the_original(llama, tmp_path):
     assert llm.stats()["kv_bytes_per_token"] == llm.stats()["mha_kv_bytes_per_token"]
     batch = prompts(2, seed=6, low=10, high=40)
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=0)
-    for ids, out in zip(
-        batch, llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
-    ):
-        assert out.outputs[0].token_ids == reference_tokens(llama, ids, 16)
-        check_logprobs(llama, ids, out)
+    outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+    check_against_reference(llama, batch, outs)
 
 
 def test_what_cannot_be_converted_fails_before_the_folder_exists(llama, tmp_path):

@@ -8,16 +8,11 @@ import torch
 
 from mlaserve import LLM, SamplingParams
 from mlaserve.conversion.mla import allocate_ranks, pair_scores, principal_basis
-from tests.engine.test_sliding_window import check_logprobs, prompts, reference_tokens
-from tests.tiny_models import build_tiny
-
-OPTIONS = dict(dtype="float32", device="cpu", num_kv_blocks=128, max_model_len=256)
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    # 4 query heads, 2 KV heads of 16
-    return build_tiny("llama", tmp_path_factory.mktemp("llama"))
+from tests.conversion.conftest import OPTIONS
+from tests.engine.test_sliding_window import (
+    check_against_reference,
+    prompts,
+)
 
 
 def test_pair_scores_and_basis():
@@ -38,11 +33,8 @@ def test_full_rank_with_every_rotary_pair_is_exact(llama):
     llm = LLM(str(llama), **OPTIONS, enable_mla=True, mla_latent_dim=32, qk_rope_head_dim=16)
     batch = prompts(2, seed=1, low=10, high=40)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=0)
-    for ids, out in zip(
-        batch, llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
-    ):
-        assert out.outputs[0].token_ids == reference_tokens(llama, ids, 24)
-        check_logprobs(llama, ids, out)
+    outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+    check_against_reference(llama, batch, outs)
 
 
 def generate(path, **options) -> list:
@@ -90,11 +82,8 @@ def test_skipped_layers_keep_per_head_kv_and_the_rest_stay_exact(llama):
     llm = LLM(str(llama), **OPTIONS, enable_mla=True, mla_skip_layers=[1])
     batch = prompts(2, seed=3, low=10, high=40)
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=0)
-    for ids, out in zip(
-        batch, llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
-    ):
-        assert out.outputs[0].token_ids == reference_tokens(llama, ids, 20)
-        check_logprobs(llama, ids, out)
+    outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+    check_against_reference(llama, batch, outs)
     assert llm.stats()["kv_bytes_per_token"] == llm.stats()["mha_kv_bytes_per_token"]
 
 
