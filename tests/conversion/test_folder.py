@@ -67,3 +67,11 @@ def test_what_cannot_be_converted_fails_before_the_folder_exists(llama, tmp_path
     done = tmp_path / "done"
     assert main(["convert", str(llama), str(done)]) == 0
     assert main(["convert", str(done), str(tmp_path / "again")]) == 2  # already converted
+
+
+def test_a_model_the_converter_does_not_know_is_refused_before_any_work(tmp_path):
+    from tests.tiny_models import build_tiny
+
+    deepseek = build_tiny("deepseek_v2", tmp_path / "deepseek")  # already MLA: nothing to convert
+    assert main(["convert", str(deepseek), str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out").exists()
