@@ -33,8 +33,9 @@ from mlaserve.server.settings import ServerSettings
 logger = logging.getLogger("mlaserve.server")
 
 
-def per_process_share(settings: ServerSettings) -> ServerSettings:
-    """The limits one process enforces: max_concurrent_requests and max_connections split among the processes."""
+def per_process_share(settings: ServerSettings, index: int = 0) -> ServerSettings:
+    """What API-server process `index` enforces: max_concurrent_requests and max_connections split among the
+    processes."""
     count = settings.api_server_count
     if count == 1:
         return settings
@@ -42,6 +43,7 @@ def per_process_share(settings: ServerSettings) -> ServerSettings:
         settings,
         max_concurrent_requests=math.ceil(settings.max_concurrent_requests / count),
         max_connections=math.ceil(settings.max_connections / count),
+        api_server_index=index,
     )
 
 
@@ -172,7 +174,7 @@ def api_server_main(
     except EOFError:  # the first process gave up before serving
         engine.shutdown()
         sys.exit(1)
-    app = build_app(engine, per_process_share(settings), startup_report)
+    app = build_app(engine, per_process_share(settings, index), startup_report)
     freeze_start_up_objects()
     code = 1
     try:

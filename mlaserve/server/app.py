@@ -104,6 +104,8 @@ async def _generate(state: ServerState, request: Request, handler: Handler) -> R
         response.on_close(release)
     else:
         release()
+    if state.settings.api_server_count > 1:
+        response.headers["X-Mlaserve-Api-Server"] = str(state.settings.api_server_index)
     return response
 
 

@@ -25,3 +25,6 @@ class ServerSettings:
     # HTTP processes in front of the one engine core (vLLM's --api-server-count): each parses, detokenizes and
     # streams for the connections it accepts; max_concurrent_requests and max_connections are split among them.
     api_server_count: int = 1
+    # Which of those processes this is (0: the one started first); set by serve(), not configured. With more than
+    # one, generation responses name it in an X-Mlaserve-Api-Server header, so load spread can be seen.
+    api_server_index: int = 0

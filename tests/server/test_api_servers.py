@@ -5,6 +5,7 @@ whole server."""
 from __future__ import annotations
 
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -50,3 +51,34 @@ def test_three_api_servers_answer_like_the_offline_api_and_count_together(serve_
         ok = re.search(r'^mlaserve_requests_total\{status="ok"\} (\S+)$', page, re.M)
         assert ok and float(ok.group(1)) == 12, page[:2000]
         assert re.search(r"^mlaserve_http_requests_in_flight 0\.0$", page, re.M)
+
+
+def test_a_client_that_leaves_an_extra_api_server_frees_its_blocks(serve_process):  # noqa: F811
+    """Aborts travel from whichever process accepted the stream to the core over that process's own pipe."""
+    server = serve_process(10.0, api_servers=2)
+
+    def blocks_used() -> float:
+        page = httpx.get(f"{server.url}/metrics", timeout=10).text
+        found = re.search(r"^mlaserve_kv_blocks_used (\S+)$", page, re.M)
+        return float(found.group(1))
+
+    body = {"prompt": "w5 w6", "max_tokens": 250, "ignore_eos": True, "stream": True}  # 2.5 s of 10 ms steps
+
+    def leave_after_the_first_token(_: int) -> str:
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    break
+            return r.headers["X-Mlaserve-Api-Server"]
+
+    served_by: set[str] = set()
+    for _ in range(10):  # until the extra process has accepted some of them (the kernel picks the process)
+        with ThreadPoolExecutor(6) as pool:
+            served_by.update(pool.map(leave_after_the_first_token, range(6)))
+        if "1" in served_by:
+            break
+    assert "1" in served_by, served_by
+    left = time.monotonic()
+    while blocks_used() and time.monotonic() < left + 1.0:  # well before the streams could have finished
+        time.sleep(0.05)
+    assert blocks_used() == 0
