@@ -138,26 +138,21 @@ def cmd_convert(args: argparse.Namespace) -> int:
     """A Llama/Qwen2/Mistral folder converted to MLA once (conversion/folder.py), for `LLM(DST)` and serve."""
     from mlaserve.conversion.folder import convert_folder
 
-    ranks = None
-    if args.mla_latent_dim is not None:
-        ranks = [int(r) for r in args.mla_latent_dim.split(",") if r.strip()]
-        ranks = ranks[0] if len(ranks) == 1 else ranks
+    ranks = args.mla_latent_dim
     options = {
-        "mla_latent_dim": ranks,
+        "mla_latent_dim": ranks[0] if ranks is not None and len(ranks) == 1 else ranks,
         "qk_rope_head_dim": args.qk_rope_head_dim,
-        "mla_skip_layers": [int(i) for i in args.mla_skip_layers.split(",") if i.strip()]
-        if args.mla_skip_layers
-        else None,
+        "mla_skip_layers": args.mla_skip_layers,
         "mla_rank_allocation": args.mla_rank_allocation,
         "dtype": args.dtype,
         "device": args.device,
     }
     section = convert_folder(args.src, args.dst, **{k: v for k, v in options.items() if v is not None})
-    kv = section["kv_bytes_per_token"]
+    kv, skipped = section["kv_bytes_per_token"], section["mla_skip_layers"]
     print(
         f"converted {args.src} -> {args.dst}: kv_lora_rank per layer {section['ranks']}"
-        f"{' (layers ' + str(section['mla_skip_layers']) + ' keep per-head K/V)' if section['mla_skip_layers'] else ''}; "
-        f"KV bytes per token {kv['before']} -> {kv['after']} ({section['cache_dtype']}); "
+        + (f" (layers {skipped} keep per-head K/V)" if skipped else "")
+        + f"; KV bytes per token {kv['before']} -> {kv['after']} ({section['cache_dtype']}); "
         f"calibration: {section['calibration'] or 'none (exact conversion)'}"
     )
     return 0
@@ -187,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     chat = sub.add_parser("chat", help="interactive chat with streamed tokens")
     chat.add_argument("--system", default=None, help="system message")
     add_engine_args(chat)
-    from mlaserve.server.cli_args import add_serve_args
+    from mlaserve.server.cli_args import add_serve_args, int_list
 
     add_serve_args(sub.add_parser("serve", help="OpenAI-compatible HTTP server"))
     convert = sub.add_parser("convert", help="convert a Llama/Qwen2/Mistral folder to MLA (enable_mla) once")
@@ -196,12 +191,17 @@ def main(argv: list[str] | None = None) -> int:
         "dst", help="new folder to write; LLM(DST) and `serve --model DST` serve it as converted"
     )
     convert.add_argument(
-        "--mla-latent-dim", default=None, help="latent rank, or one per converted layer: 64,48,..."
+        "--mla-latent-dim",
+        type=int_list,
+        default=None,
+        help="latent rank, or one per converted layer: 64,48,...",
     )
     convert.add_argument(
         "--qk-rope-head-dim", type=int, default=None, help="rotary features kept per KV head"
     )
-    convert.add_argument("--mla-skip-layers", default=None, help="layers that keep per-head K/V, e.g. 0,27")
+    convert.add_argument(
+        "--mla-skip-layers", type=int_list, default=None, help="layers that keep per-head K/V, e.g. 0,27"
+    )
     convert.add_argument("--mla-rank-allocation", default=None, help="uniform (default) or error")
     convert.add_argument("--dtype", default="float32", help="dtype the calibration runs in (default float32)")
     convert.add_argument("--device", default="cpu")

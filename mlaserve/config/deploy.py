@@ -216,14 +216,10 @@ class DeployConfig(_Section):
             "device": self.model.device,
             "load_format": self.model.load_format,
             "enable_mla": self.model.enable_mla,
-            "mla_latent_dim": (
-                tuple(self.model.mla_latent_dim)
-                if isinstance(self.model.mla_latent_dim, list)
-                else self.model.mla_latent_dim
-            ),
+            "mla_latent_dim": self.model.mla_latent_dim,
             "mla_rank_allocation": self.model.mla_rank_allocation,
             "qk_rope_head_dim": self.model.qk_rope_head_dim,
-            "mla_skip_layers": tuple(self.model.mla_skip_layers) or None,
+            "mla_skip_layers": self.model.mla_skip_layers or None,
             "max_model_len": self.model.max_model_len,
             "block_size": self.cache.block_size,
             "kv_cache_dtype": self.cache.kv_cache_dtype,

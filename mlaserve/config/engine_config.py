@@ -51,9 +51,8 @@ class EngineConfig:
     async_scheduling: bool | None = None
     skip_tokenizer_init: bool = False  # token ids in and out, no tokenizer files needed
     trust_remote_code: bool = False  # accepted for vLLM compatibility; mlaserve never runs remote code
-    mla_num_heads: int | None = (
-        None  # the guides' name: checked against the model's query heads, changes nothing
-    )
+    # The MLA guides' name: checked against the model's query heads; it changes nothing.
+    mla_num_heads: int | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -82,14 +81,17 @@ class EngineConfig:
         checks.append(
             ("index_topk", not (self.index_topk and self.sliding_window), "unset with sliding_window")
         )
-        ranks = self.mla_latent_dim
-        if isinstance(ranks, list):  # per-layer ranks from LLM(...) or YAML; the dataclass is frozen
-            object.__setattr__(self, "mla_latent_dim", tuple(ranks))
+        # Lists (from LLM(...) or YAML) become tuples: the dataclass is frozen.
+        if isinstance(self.mla_latent_dim, list):
+            object.__setattr__(self, "mla_latent_dim", tuple(self.mla_latent_dim))
+        if not isinstance(self.mla_skip_layers, tuple):
+            object.__setattr__(self, "mla_skip_layers", tuple(self.mla_skip_layers))
         if isinstance(self.mla_latent_dim, tuple):
             checks.append(
                 (
                     "mla_latent_dim",
-                    bool(ranks) and all(isinstance(r, int) and r > 0 for r in self.mla_latent_dim),
+                    bool(self.mla_latent_dim)
+                    and all(isinstance(r, int) and r > 0 for r in self.mla_latent_dim),
                     "a positive int, or one per converted layer",
                 )
             )
@@ -104,9 +106,6 @@ class EngineConfig:
             )
         )
         skip = self.mla_skip_layers
-        if not isinstance(skip, tuple):  # a list from LLM(...) or YAML; the dataclass is frozen
-            object.__setattr__(self, "mla_skip_layers", tuple(skip))
-            skip = self.mla_skip_layers
         checks.append(
             (
                 "mla_skip_layers",

@@ -46,9 +46,9 @@ def convert_folder(src: str, dst: str, **options: object) -> dict:
     model = llm.engine.model
     tensors, ranks = {}, []
     for index, layer in enumerate(model.model.layers):
-        attn = layer.self_attn.attn if layer.self_attn.enable_mla else None
-        if attn is None:
+        if not layer.self_attn.enable_mla:
             continue
+        attn = layer.self_attn.attn
         tensors[f"layers.{index}.pairs"] = attn.pairs.cpu().contiguous()
         if attn.basis is not None:
             tensors[f"layers.{index}.basis"] = attn.basis.float().cpu().contiguous()
@@ -89,6 +89,6 @@ def apply_saved_conversion(model: torch.nn.Module, folder: Path) -> None:
     if len(layers) != len(latent_layers(model)) or any(f"layers.{i}.pairs" not in tensors for i in layers):
         raise ValueError(f"{folder / TENSORS} does not match the converted layers of config.json's {SECTION}")
     for i in layers:
-        attn = model.model.layers[i].self_attn.attn
-        basis = tensors.get(f"layers.{i}.basis")
-        attn.convert(tensors[f"layers.{i}.pairs"], None if basis is None else basis)
+        model.model.layers[i].self_attn.attn.convert(
+            tensors[f"layers.{i}.pairs"], tensors.get(f"layers.{i}.basis")
+        )

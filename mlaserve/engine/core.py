@@ -76,9 +76,8 @@ class EngineCore:
         self.device = resolve_device(config.device)
         torch.manual_seed(config.seed)
         files = resolve_model(config.model, need_weights=config.load_format != "dummy")
-        saved = saved_conversion(
-            files.config_dict
-        )  # a folder `mlaserve convert` wrote: MLA without calibrating
+        # A folder `mlaserve convert` wrote: MLA without calibrating.
+        saved = saved_conversion(files.config_dict)
         if saved is not None:
             self.config = config = _with_saved_conversion(config, saved)
         self.model_config = ModelConfig.from_hf(

@@ -146,7 +146,8 @@ class LlamaForCausalLM(CausalLM):
         super().__init__()
         self.cfg = cfg
         self.enable_mla = enable_mla
-        latent = [enable_mla and i not in set(mla_skip_layers) for i in range(cfg.num_hidden_layers)]
+        skipped = set(mla_skip_layers)
+        latent = [enable_mla and i not in skipped for i in range(cfg.num_hidden_layers)]
         self.model = LlamaModel(cfg, backend, ctx, self.biases(cfg), latent)
         self.build_lm_head(cfg, ctx)
 
@@ -161,10 +162,8 @@ class LlamaForCausalLM(CausalLM):
         return enable_mla
 
     def latent_attention_shape(self) -> tuple[int, int, int] | None:
-        latent = [layer.self_attn.attn for layer in self.model.layers if layer.self_attn.enable_mla]
-        if not latent:
-            return None
-        return latent[0].num_heads, latent[0].latent_dim, latent[0].rope_dim
+        attn = next((layer.self_attn.attn for layer in self.model.layers if layer.self_attn.enable_mla), None)
+        return None if attn is None else (attn.num_heads, attn.latent_dim, attn.rope_dim)
 
     def kv_cache_spec(self) -> KVCacheSpec:
         attn = self.model.layers[0].self_attn

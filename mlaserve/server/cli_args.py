@@ -13,11 +13,12 @@ import os
 from mlaserve.server.settings import ServerSettings
 
 
-def _layer_list(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
+    """An argparse type: comma-separated ints (layer numbers, per-layer ranks)."""
     try:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated layer numbers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 # (flag, type, help); every default is None
@@ -30,7 +31,7 @@ _MODEL_FLAGS = [
     ("--enable-mla", bool, "serve a Llama/Qwen2/Mistral model from an MLA latent cache (exact conversion)"),
     ("--mla-latent-dim", int, "with --enable-mla: lossy conversion to this latent width per layer"),
     ("--qk-rope-head-dim", int, "with --enable-mla: rotary features each KV head keeps (lossy)"),
-    ("--mla-skip-layers", _layer_list, "with --enable-mla: layers that keep per-head K/V, e.g. 0,1,27"),
+    ("--mla-skip-layers", int_list, "with --enable-mla: layers that keep per-head K/V, e.g. 0,1,27"),
     (
         "--mla-rank-allocation",
         str,

@@ -89,19 +89,30 @@ def _serve(engine_options: dict, settings: ServerSettings, early: list[int]) -> 
         return 1
     # Port 0 (tests) asks the OS for a free port: report the one we got.
     settings = _with_bound_ports(settings, sockets)
-    count = settings.api_server_count
-    metrics_dir = share_metrics_across_processes() if count > 1 else None
-    describe = functools.partial(describe_core, settings=settings)
+    metrics_dir = share_metrics_across_processes() if settings.api_server_count > 1 else None
     try:
-        engine = CoreProcessClient(engine_options, describe, quiet=_REPORTED_BY_THE_ENGINE, api_servers=count)
-    except BaseException:
+        return _run_processes(engine_options, settings, sockets, early)
+    finally:
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
-        raise
-    workers = ApiServers(engine.extra_pipes, engine_options, settings, sockets[0])
-    app, code = None, 1
+
+
+def _run_processes(
+    engine_options: dict, settings: ServerSettings, sockets: list[socket.socket], early: list[int]
+) -> int:
+    """Start the engine core and the extra API-server processes, serve until drained, then stop them all."""
+    describe = functools.partial(describe_core, settings=settings)
+    engine = CoreProcessClient(
+        engine_options, describe, quiet=_REPORTED_BY_THE_ENGINE, api_servers=settings.api_server_count
+    )
+    app, workers, code = None, None, 1
     try:
-        workers.wait_attached(timeout_s=600)
+        workers = ApiServers(engine.extra_pipes, engine_options, settings, sockets[0])
+        try:
+            workers.wait_attached(timeout_s=600)
+        except RuntimeError as error:  # an API-server process that could not start
+            logger.error("%s", error)
+            return 1
         pids = [os.getpid()] + [w.pid for w in workers.processes]
         report = {
             **engine.startup_report,
@@ -113,16 +124,12 @@ def _serve(engine_options: dict, settings: ServerSettings, early: list[int]) -> 
         freeze_start_up_objects()
         workers.start_serving(report)
         code = run_event_loop(serve_app(app, engine, settings, sockets, workers.processes, early=early))
-    except RuntimeError as error:
-        logger.error("%s", error)
     finally:
         if app is not None:
             app.state.server.intake.shutdown()
-        if not workers.stop(settings.shutdown_grace_s + 10):
+        if workers is not None and not workers.stop(settings.shutdown_grace_s + 10):
             code = 1
         engine.shutdown()
-        if metrics_dir is not None:
-            shutil.rmtree(metrics_dir, ignore_errors=True)
     return code
 
 
