@@ -230,7 +230,7 @@ async def run_load(
 ) -> tuple[list[RequestRecord], float]:
     limit = asyncio.Semaphore(args.concurrency or len(prompts))
     rng = random.Random(args.seed)
-    # aiohttp, not httpx: its C parsers take a third of httpx's CPU per streamed event, and a client process that
+    # aiohttp, not httpx: its C parsers spend much less CPU per streamed event, and a client process that
     # saturates first would be what the benchmark measures. trust_env stays False: no proxy sees loopback traffic.
     connector = aiohttp.TCPConnector(limit=args.concurrency or len(prompts))
     timeout = aiohttp.ClientTimeout(total=None)
