@@ -149,6 +149,9 @@ def main() -> int:
     )
     parser.add_argument("--api-server-count", type=int, default=1, help="the server's HTTP processes")
     parser.add_argument(
+        "--prefill-first", action="store_true", help="the engine's prefill-first policy, on both sides"
+    )
+    parser.add_argument(
         "--repeats", type=int, default=3, help="measured runs per side (the median is reported)"
     )
     parser.add_argument("--max-duration-s", type=float, default=300.0)
@@ -188,6 +191,8 @@ def main() -> int:
         options["gpu_memory_utilization"] = args.gpu_memory_utilization
     if args.max_num_batched_tokens is not None:
         options["max_num_batched_tokens"] = args.max_num_batched_tokens
+    if args.prefill_first:
+        options["prefill_first"] = True
     from mlaserve.loader.model_files import resolve_model
 
     vocab = resolve_model(model, need_weights=False).config_dict["vocab_size"]
@@ -210,6 +215,8 @@ def main() -> int:
         flags += f" --gpu-memory-utilization {args.gpu_memory_utilization}"
     if args.max_num_batched_tokens is not None:
         flags += f" --max-num-batched-tokens {args.max_num_batched_tokens}"
+    if args.prefill_first:
+        flags += " --prefill-first"
     launch = argparse.Namespace(config=None, model=model, server_args=flags, launch_timeout_s=1800)
     server, args.base_url, log = serving.launch_server(launch)
     try:
@@ -257,6 +264,7 @@ def main() -> int:
         new_tokens=args.new_tokens,
         api_server_count=args.api_server_count,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        prefill_first=args.prefill_first,
         highest_rate_with_itl_p99_under_50ms=max(within) if within else None,
         server_log_head=log.read_text(errors="replace")[:3000],
     )

@@ -153,6 +153,7 @@ class SchedulerSection(_Section):
     max_batch_size: PositiveInt = _ENGINE["max_num_seqs"]
     max_num_batched_tokens: PositiveInt | None = _ENGINE["max_num_batched_tokens"]
     enable_chunked_prefill: bool = _ENGINE["enable_chunked_prefill"]
+    prefill_first: bool = _ENGINE["prefill_first"]
     async_scheduling: bool | None = _ENGINE["async_scheduling"]  # null: on with CUDA
 
 
@@ -232,6 +233,7 @@ class DeployConfig(_Section):
             "max_num_seqs": self.scheduler.max_batch_size,
             "max_num_batched_tokens": self.scheduler.max_num_batched_tokens,
             "enable_chunked_prefill": self.scheduler.enable_chunked_prefill,
+            "prefill_first": self.scheduler.prefill_first,
             "async_scheduling": self.scheduler.async_scheduling,
             "tensor_parallel_size": self.parallel.tensor_parallel_size,
         }

@@ -36,6 +36,7 @@ FLAG_KEYS: dict[str, str] = {
     "max_num_seqs": "scheduler.max_batch_size",
     "max_num_batched_tokens": "scheduler.max_num_batched_tokens",
     "enable_chunked_prefill": "scheduler.enable_chunked_prefill",
+    "prefill_first": "scheduler.prefill_first",
     "async_scheduling": "scheduler.async_scheduling",
     "host": "server.host",
     "port": "server.port",

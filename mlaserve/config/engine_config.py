@@ -19,6 +19,8 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None  # default: max(8192, max_model_len) without chunking
     enable_chunked_prefill: bool = True
+    # Steps with waiting prompts hold prompt chunks only (SGLang's default); off: decodes first (vLLM's).
+    prefill_first: bool = False
     enable_prefix_caching: bool = True
     attention_backend: str | None = None
     tensor_parallel_size: int = 1

@@ -3,6 +3,12 @@
 Every request simply tries to catch up: it has num_tokens known tokens and num_computed_tokens whose KV is
 in the cache, and asks for the difference. Prefix-cache hits start a request with more computed tokens.
 When the pool runs dry, the newest running request is preempted (its KV dropped, recomputed later).
+
+Two policies share that loop. Decode-first (the default, as vLLM's): every running request gets its decode token,
+and prompt chunks fill the rest of the budget, so streams never stall but a burst of prompts slows every step.
+Prefill-first (`prefill_first`, SGLang's default): while prompts wait and can be admitted, a step holds prompt
+chunks only; decodes resume once they are in. After a burst every stream then runs at the pure decode step, as
+offline; the price is that each arriving prompt pauses the running streams for its prefill.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int
     max_model_len: int
     enable_chunked_prefill: bool = True
+    prefill_first: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
@@ -96,6 +103,14 @@ class Scheduler:
         self.waiting.append(request)
 
     def schedule(self) -> SchedulerOutput:
+        if self.config.prefill_first and (self.waiting or any(map(_catching_up, self.running))):
+            output = self._schedule(decodes=False)
+            if output.scheduled:
+                return output
+            # nothing admissible (the pool or max_num_seqs is full): decode, or the running never free room
+        return self._schedule(decodes=True)
+
+    def _schedule(self, decodes: bool) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
         chunked = self.config.enable_chunked_prefill
         kv = self.kv_cache_manager
@@ -107,11 +122,17 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = request.num_tokens - request.num_computed_tokens
-            if num_new == 0 or (not chunked and num_new > budget):
+            if (
+                num_new == 0
+                or (not chunked and num_new > budget)
+                or (not decodes and not _catching_up(request))
+            ):
                 index += 1
                 continue
             num_new = min(num_new, budget)
             block_ids = kv.allocate_slots(request, num_new)
+            if block_ids is None and not decodes:
+                break  # a prompt chunk never preempts a stream here; the decode-first pass below may
             while block_ids is None:
                 victim = self.running.pop()  # newest; never one scheduled already (those are in front)
                 self._preempt(victim)
@@ -279,3 +300,8 @@ class Scheduler:
 
 def _arrival(request: Request) -> int:
     return request.arrival_index
+
+
+def _catching_up(request: Request) -> bool:
+    """Still reading its prompt (or, after a preemption, recomputing), rather than decoding one token a step."""
+    return request.num_tokens - request.num_computed_tokens > 1 or request.num_output_tokens == 0

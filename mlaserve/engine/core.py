@@ -116,7 +116,9 @@ class EngineCore:
         )
         self._init_kv_cache(batched)
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, batched, max_len, config.enable_chunked_prefill),
+            SchedulerConfig(
+                config.max_num_seqs, batched, max_len, config.enable_chunked_prefill, config.prefill_first
+            ),
             self.kv_manager,
         )
         self.runner = ModelRunner(

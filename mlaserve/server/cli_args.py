@@ -56,6 +56,7 @@ _ENGINE_FLAGS = [
     ),
     ("--max-num-batched-tokens", int, "tokens per step, prompt chunks included (default: 2048-8192)"),
     ("--enable-chunked-prefill", bool, "split long prompts across steps (default on)"),
+    ("--prefill-first", bool, "while prompts wait, steps run prompt chunks only (default off)"),
     ("--sliding-window", int, "lossy, training-free: full-attention layers see only the last N tokens"),
     ("--num-sink-tokens", int, "with --sliding-window: the first N tokens stay visible (attention sinks)"),
     (
@@ -98,7 +99,8 @@ _ENGINE_OPTIONS = (
     "kv_cache_dtype",
 )
 _ENGINE_OPTIONS += ("kv_cache_memory_bytes", "num_kv_blocks", "max_num_batched_tokens")
-_ENGINE_OPTIONS += ("enable_chunked_prefill", "enable_prefix_caching", "gpu_memory_utilization")
+_ENGINE_OPTIONS += ("enable_chunked_prefill", "prefill_first", "enable_prefix_caching")
+_ENGINE_OPTIONS += ("gpu_memory_utilization",)
 _ENGINE_OPTIONS += ("sliding_window", "num_sink_tokens", "index_topk")
 _SETTINGS = ("host", "port", "metrics_port", "served_model_name", "max_concurrent_requests")
 _SETTINGS += ("request_timeout_s", "shutdown_grace_s", "max_body_bytes")

@@ -48,12 +48,14 @@ def make_scheduler(
     max_model_len: int = 64,
     enable_chunked_prefill: bool = True,
     enable_caching: bool = True,
+    prefill_first: bool = False,
 ) -> Scheduler:
     config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=max_model_len,
         enable_chunked_prefill=enable_chunked_prefill,
+        prefill_first=prefill_first,
     )
     kv = KVCacheManager([CacheGroupSpec(group_id=0, block_size=block_size)], num_blocks, enable_caching)
     return Scheduler(config, kv)

@@ -57,6 +57,43 @@ def test_chunked_prefill_small_budget(make_request) -> None:
     assert summary(out) == [("r1", 6, 1)] and [r.request_id for r in finished] == ["r1"]
 
 
+def test_prefill_first_holds_decodes_while_prompts_wait(make_request) -> None:
+    sched = make_scheduler(max_num_batched_tokens=8, prefill_first=True)
+    r0 = make_request(4, max_tokens=4)
+    sched.add_request(r0)
+    step(sched)
+    r1, r2 = make_request(6, max_tokens=2), make_request(6, max_tokens=2)
+    sched.add_request(r1)
+    sched.add_request(r2)
+    out, _ = step(sched)
+    assert summary(out) == [("r1", 0, 6), ("r2", 0, 2)]  # r0 decodes nothing while prompts wait
+    out, _ = step(sched)
+    assert summary(out) == [("r2", 2, 4)]  # a running prompt's next chunk counts as waiting work too
+    out, _ = step(sched)
+    assert summary(out) == [("r0", 4, 1), ("r1", 6, 1), ("r2", 6, 1)]  # all in: decodes resume together
+    assert r0.output_token_ids == [7, 7]
+
+
+def test_prefill_first_decodes_when_no_prompt_can_be_admitted(make_request) -> None:
+    # max_num_seqs full: the waiting prompt cannot start, so the running ones must decode (and finish) first
+    sched = make_scheduler(max_num_seqs=1, prefill_first=True)
+    r0, r1 = make_request(4, max_tokens=2), make_request(4, max_tokens=2)
+    sched.add_request(r0)
+    sched.add_request(r1)
+    assert summary(step(sched)[0]) == [("r0", 0, 4)]
+    assert summary(step(sched)[0]) == [("r0", 4, 1)]
+    assert summary(step(sched)[0]) == [("r1", 0, 4)]
+    # the pool full: 3 blocks of 4 tokens; r2 holds 2, r3's 8-token prompt needs 2 more
+    sched = make_scheduler(num_blocks=4, prefill_first=True)
+    r2, r3 = make_request(5, max_tokens=3), make_request(8, max_tokens=1)
+    sched.add_request(r2)
+    step(sched)
+    sched.add_request(r3)
+    assert summary(step(sched)[0]) == [("r2", 5, 1)]
+    assert summary(step(sched)[0]) == [("r2", 6, 1)]
+    assert summary(step(sched)[0]) == [("r3", 0, 8)]
+
+
 def test_chunked_prefill_disabled_waits_for_whole_prompt(make_request) -> None:
     sched = make_scheduler(max_num_batched_tokens=32, max_model_len=32, enable_chunked_prefill=False)
     for _ in range(3):

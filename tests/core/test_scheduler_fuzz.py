@@ -105,6 +105,7 @@ def test_random_workload(seed: int, lookahead: bool, make_request) -> None:
         max_model_len=MAX_MODEL_LEN,
         enable_chunked_prefill=chunked,
         enable_caching=tight or rng.random() < 0.8,
+        prefill_first=rng.random() < 0.4,
     )
     bases = [[rng.randrange(VOCAB) for _ in range(32)] for _ in range(3)]
 

@@ -34,6 +34,16 @@ def test_small_kv_budget_preempts_and_finishes_everything(deepseek):
     assert all(len(t) == 32 for t in got)
 
 
+def test_prefill_first_gives_the_same_tokens(llama):
+    prompts = random_prompts(12, seed=3)
+    options = dict(dtype="float32", device="cpu", max_model_len=128, max_num_batched_tokens=40)
+    want = tokens(LLM(str(llama), **options).generate(prompts, GREEDY, use_tqdm=False))
+    engine = LLM(str(llama), prefill_first=True, num_kv_blocks=16, **options)  # short of blocks: preempts too
+    assert tokens(engine.generate(prompts, GREEDY, use_tqdm=False)) == want
+    stats = engine.stats()
+    assert stats["num_preemptions"] > 0 and stats["kv_blocks_used"] == 0
+
+
 def test_kv_bytes_per_token_is_the_latent_row(deepseek, llama):
     cfg = config_dict(deepseek)
     stats = LLM(str(deepseek), dtype="float32", device="cpu", num_kv_blocks=64).stats()
