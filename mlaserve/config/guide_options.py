@@ -16,8 +16,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """The guides' parallel layout. Only one GPU per engine is built so far: sizes other than 1 are refused by the
-    engine's own checks, naming the option."""
+    """The guides' parallel layout: tensor_parallel_size ranks; mla_parallel_mode "expert" splits the MoE experts
+    whole across them (the engine's enable_expert_parallel)."""
 
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -78,6 +78,8 @@ def translate(options: dict[str, object]) -> dict[str, object]:
         if not isinstance(parallel, ParallelConfig):
             raise TypeError(f"parallel_config must be a ParallelConfig, got {type(parallel).__name__}")
         _set(options, "tensor_parallel_size", parallel.tensor_parallel_size, "parallel_config")
+        if parallel.mla_parallel_mode == "expert":
+            _set(options, "enable_expert_parallel", True, "parallel_config")
     if options.get("trust_remote_code"):
         logger.info("trust_remote_code: accepted; mlaserve never runs code shipped with a checkpoint")
     return options

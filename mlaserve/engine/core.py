@@ -9,6 +9,7 @@ import dataclasses
 import itertools
 import logging
 import time
+import weakref
 
 import torch
 
@@ -30,6 +31,8 @@ from mlaserve.kvcache.spec import FULL, KVCacheSpec
 from mlaserve.loader.model_files import resolve_model
 from mlaserve.loader.model_loader import build_model
 from mlaserve.loader.tokenizer import load_tokenizer
+from mlaserve.parallel import SINGLE, ParallelContext
+from mlaserve.parallel.workers import WorkerDied, Workers
 from mlaserve.runner.model_runner import LaunchedStep, ModelRunner, StepResult
 from mlaserve.sampling_params import SamplingParams
 
@@ -70,10 +73,46 @@ def _with_saved_conversion(config: EngineConfig, saved: dict) -> EngineConfig:
     )
 
 
+def stop_ranks(workers: Workers | None, parallel: ParallelContext) -> None:
+    """Send the other ranks the stop, wait for them (killing any of ours that hang) and leave the process group.
+    workers: None when a launcher (torchrun) started the ranks."""
+    from mlaserve.parallel.group import broadcast_object, destroy
+
+    if workers is None or workers.dead is None:
+        try:
+            broadcast_object(parallel, None)
+        except Exception:  # noqa: BLE001 - a rank already gone; stop() kills the rest
+            logger.warning("tensor-parallel ranks did not take the stop; killing them")
+    if workers is not None:
+        workers.stop()
+    destroy()
+
+
+def _launched_rank(size: int) -> int:
+    """This process's rank, from the launcher's environment (torchrun sets RANK and WORLD_SIZE)."""
+    import os
+
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        raise ValueError(
+            "distributed_executor_backend='external_launcher' runs under torchrun (or a launcher that sets RANK, "
+            "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT); they are not set"
+        ) from None
+    if world != size:
+        raise ValueError(
+            f"tensor_parallel_size={size}, but the launcher started {world} processes (WORLD_SIZE)"
+        )
+    return rank
+
+
 class EngineCore:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, tp_rank: int = 0, init_method: str | None = None) -> None:
+        """tp_rank and init_method: a tensor-parallel rank past 0 (parallel/worker.py); rank 0 starts those."""
         self.config = config
         self.device = resolve_device(config.device)
+        self.workers: Workers | None = None
+        self.parallel: ParallelContext = SINGLE
         torch.manual_seed(config.seed)
         files = resolve_model(config.model, need_weights=config.load_format != "dummy")
         # A folder `mlaserve convert` wrote: MLA without calibrating.
@@ -84,9 +123,59 @@ class EngineCore:
             files.config_dict, config.dtype, self.device, config.max_model_len
         )
         check_engine_options(config, self.model_config)  # what the model's cache cannot take, before any load
+        external = config.distributed_executor_backend == "external_launcher"
+        if external:
+            tp_rank, init_method = _launched_rank(config.tensor_parallel_size), "env://"
+        try:
+            if config.distributed:
+                self._start_parallel(tp_rank, init_method, external)
+            self._build(config, files, saved, tp_rank)
+        except BaseException as error:
+            dead = self.workers.wait_for_death(2.0) if self.workers is not None else None
+            self.close()
+            if dead is not None:  # the rank's own traceback is in the log above
+                raise WorkerDied(f"start-up failed: {dead}") from error
+            raise
+        if external and tp_rank:
+            # A launched rank past 0 serves rank 0's steps inside LLM(...) and ends when rank 0's engine closes: the
+            # rest of the script is rank 0's.
+            self.serve_plans()
+            raise SystemExit(0)
+
+    def _start_parallel(self, tp_rank: int, init_method: str | None, external: bool) -> None:
+        """Rank 0 starts the other ranks (unless a launcher did); every rank joins the group on its own device."""
+        import os
+
+        from mlaserve.parallel.group import free_init_method, init_parallel, rank_device
+
+        size = self.config.tensor_parallel_size
+        local_rank = int(os.environ.get("LOCAL_RANK", tp_rank)) if external else tp_rank
+        if self.device.type == "cuda" and local_rank >= torch.cuda.device_count():
+            raise ValueError(
+                f"tensor_parallel_size={size} needs a GPU per rank; rank {tp_rank} is local rank {local_rank} and "
+                f"this process sees {torch.cuda.device_count()} GPU(s)"
+            )
+        if tp_rank == 0 and not external:
+            init_method = free_init_method()
+            self.workers = Workers(self.config, init_method)
+        self.device = rank_device(self.device, local_rank)
+        self.parallel = init_parallel(
+            tp_rank, size, init_method, self.device, self.config.enable_expert_parallel
+        )
+        if tp_rank == 0:
+            # when the engine goes, or at exit, whichever comes first (without holding the engine alive)
+            self._stop_ranks = weakref.finalize(self, stop_ranks, self.workers, self.parallel)
+        logger.info(
+            "tensor parallel: rank %d of %d on %s%s", tp_rank, size, self.device,
+            ", experts split across ranks" if self.config.enable_expert_parallel else "",
+        )  # fmt: skip
+
+    def _build(self, config: EngineConfig, files: object, saved: dict | None, tp_rank: int) -> None:
         # skip_tokenizer_init (as vLLM): token ids in, token ids out; for speed runs on configs with no tokenizer.
         self.tokenizer = (
-            None if config.skip_tokenizer_init else load_tokenizer(files, self.model_config.hf_config)
+            None
+            if config.skip_tokenizer_init or tp_rank
+            else load_tokenizer(files, self.model_config.hf_config)
         )
         self.backend = select_backend(self.device, config.attention_backend)
         self.model, self.load_report = build_model(
@@ -99,6 +188,7 @@ class EngineCore:
             config.mla_disable,
             config.enable_mla,
             config.mla_skip_layers,
+            self.parallel,
         )
         if saved is not None:
             apply_saved_conversion(self.model, files.path)
@@ -122,7 +212,12 @@ class EngineCore:
             self.kv_manager,
         )
         self.runner = ModelRunner(
-            self.model, self.kv_caches, config.block_size, self.device, self.kv_spec.group_rules()
+            self.model,
+            self.kv_caches,
+            config.block_size,
+            self.device,
+            self.kv_spec.group_rules(),
+            self.parallel,
         )
         if self.device.type == "cuda":
             self.runner.warm_up(batched, max_len)
@@ -184,6 +279,10 @@ class EngineCore:
             self.model.set_block_topk(cfg.index_topk)
         self.cache_dtype = dtype = resolve_cache_dtype(cfg.kv_cache_dtype, model_dtype, self.kv_spec.is_mla)
         num_blocks = num_kv_blocks(cfg, self.kv_spec, dtype, self.device)
+        if self.parallel.distributed:  # every rank's cache has the same blocks: the smallest budget decides
+            from mlaserve.parallel.group import min_over_ranks
+
+            num_blocks = min_over_ranks(self.parallel, num_blocks)
         capacity = (num_blocks - 1) * cfg.block_size
         groups = [
             CacheGroupSpec(
@@ -302,6 +401,8 @@ class EngineCore:
         With asynchronous scheduling the next decode step is queued on the device before this step's tokens are
         read, so the GPU does not wait for the host's bookkeeping between steps; that step is the one collected by
         the next call."""
+        if self.workers is not None:
+            self.workers.check()
         launched, self._in_flight = self._in_flight, None
         try:
             if launched is None:
@@ -315,8 +416,11 @@ class EngineCore:
                     self._in_flight = self.runner.launch(ahead, previous=launched)
             result = self.runner.collect(launched)
             outputs = self._apply(launched.output, result)
-        except BaseException:
+        except BaseException as error:
             self._in_flight = None  # its rows are scheduled again from the requests' state
+            if self.workers is not None and self.workers.dead is not None:  # a collective saw the rank go
+                self.workers.noticed.set()
+                raise WorkerDied(self.workers.dead) from error
             raise
         ahead = self._in_flight
         if ahead is not None and all(s.request.is_finished for s in ahead.output.scheduled):
@@ -387,6 +491,23 @@ class EngineCore:
             max(request.num_cached_tokens, 0),
             metrics,
         )
+
+    # ---- tensor parallelism ----------------------------------------------------------------------------------
+    def serve_plans(self) -> None:
+        """A rank past 0: run each step rank 0 sends, until it sends the stop (None)."""
+        from mlaserve.parallel.group import broadcast_object, destroy
+
+        while (plan := broadcast_object(self.parallel)) is not None:
+            self.runner.run_plan(plan)
+        destroy()
+
+    def close(self) -> None:
+        """Rank 0 of a tensor-parallel engine: stop the other ranks and leave the process group; idempotent (also
+        run when the engine is collected, or at exit)."""
+        if hasattr(self, "_stop_ranks"):
+            self._stop_ranks()
+        elif self.workers is not None:  # the process group never formed
+            self.workers.stop(timeout=0)
 
     # ---- introspection ---------------------------------------------------------------------------------------
     def capture_mla_graph(self, max_seq_len: int | None = None) -> int:

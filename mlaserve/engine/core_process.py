@@ -25,6 +25,7 @@ from typing import Any
 
 from mlaserve.core.request import RequestStatus
 from mlaserve.engine.core_output import CoreOutput
+from mlaserve.parallel.workers import WorkerDied
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,10 @@ def core_main(
     # collector's sight, so its full collections stop walking it in the middle of steps (vLLM does the same).
     gc.collect()
     gc.freeze()
-    _CoreLoop(core, conns).run()
+    try:
+        _CoreLoop(core, conns).run()
+    finally:
+        core.close()  # a tensor-parallel engine's other ranks
 
 
 def _send(conn: Connection, message: tuple) -> bool:
@@ -112,7 +116,7 @@ class _CoreLoop:
                     recovered = False
                 for conn, ids in _by_conn(failed).items():
                     _send(conn, ("step_failed", ids, repr(error)))
-                if not recovered or errors >= _MAX_CONSECUTIVE_STEP_ERRORS:
+                if isinstance(error, WorkerDied) or not recovered or errors >= _MAX_CONSECUTIVE_STEP_ERRORS:
                     for conn in self.conns:
                         _send(conn, ("dead", f"the engine core cannot recover from {error!r}"))
                     return

@@ -6,10 +6,15 @@ from mlaserve.config.model_config import ModelConfig, layer_windows
 from mlaserve.conversion.mla import check_options as check_conversion
 from mlaserve.kvcache.quant import resolve_cache_dtype
 from mlaserve.models.registry import get_model_class
+from mlaserve.parallel.layout import layout_problems
 
 
 def check_engine_options(config: EngineConfig, model_config: ModelConfig) -> None:
     model_cls = get_model_class(model_config.architecture)
+    if config.distributed:
+        check_parallel(config, model_config, model_cls)
+    elif config.enable_expert_parallel:
+        raise ValueError("enable_expert_parallel splits experts across tensor-parallel ranks: it needs them")
     heads = getattr(model_config.hf_config, "num_attention_heads", None)
     if config.mla_num_heads is not None and config.mla_num_heads != heads:
         raise ValueError(
@@ -57,3 +62,16 @@ def check_engine_options(config: EngineConfig, model_config: ModelConfig) -> Non
                 f"{option} applies to models with per-head K/V caches so far (Llama, Qwen2, Mistral, or an MLA "
                 f"model with mla_disable): {why}"
             )
+
+
+def check_parallel(config: EngineConfig, model_config: ModelConfig, model_cls: type) -> None:
+    """The layout, before any worker starts or weight loads."""
+    size, arch = config.tensor_parallel_size, model_config.architecture
+    if not model_cls.supports_tensor_parallel:
+        raise ValueError(f"tensor parallelism does not support {arch} yet")
+    converting = config.enable_mla or config.mla_latent_dim or config.qk_rope_head_dim
+    if converting:
+        raise ValueError("enable_mla (GQA -> MLA conversion) is not supported with tensor parallelism yet")
+    problems = layout_problems(model_config.hf_config, size, config.enable_expert_parallel)
+    if problems:
+        raise ValueError(f"{arch} cannot be split over {size} ranks: " + "; ".join(problems))

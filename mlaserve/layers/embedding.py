@@ -31,7 +31,7 @@ class VocabParallelEmbedding(nn.Module):
             default_weight_loader(param, part)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.ctx.tp_size == 1:
+        if not self.ctx.distributed:
             return F.embedding(ids, self.weight)
         local = ids - self.start
         valid = (local >= 0) & (local < self.per_rank)
@@ -55,10 +55,4 @@ class ParallelLMHead(VocabParallelEmbedding):
             logits = skinny(hidden, self.weight)
         else:
             logits = F.linear(hidden, self.weight)
-        if self.ctx.tp_size > 1:
-            import torch.distributed as dist
-
-            parts = [torch.empty_like(logits) for _ in range(self.ctx.tp_size)]
-            dist.all_gather(parts, logits, group=self.ctx.group)
-            logits = torch.cat(parts, dim=-1)
-        return logits[..., : self.vocab_size]
+        return self.ctx.all_gather_last(logits)[..., : self.vocab_size]

@@ -90,40 +90,69 @@ class MoEGate(nn.Module):
 
 
 class FusedExperts(nn.Module):
-    """w13: [E, 2I, hidden] (gate rows then up rows), w2: [E, hidden, I]; I is split across TP ranks."""
+    """w13: [E, 2I, hidden] (gate rows then up rows), w2: [E, hidden, I].
+
+    Tensor parallel: every rank holds every expert, I split across ranks. Expert parallel (ctx.expert_parallel):
+    each rank holds E / ranks whole experts, applies them to the tokens routed to them, and the same all-reduce as
+    tensor parallelism sums the ranks' parts (no all-to-all: every rank sees every token already)."""
 
     def __init__(
         self, num_experts: int, hidden: int, intermediate: int, act: str, ctx: ParallelContext
     ) -> None:
         super().__init__()
         self.ctx = ctx
-        self.inter = ctx.shard(intermediate, "moe_intermediate_size")
+        if ctx.expert_parallel:
+            self.num_local = ctx.shard(num_experts, "n_routed_experts")
+            self.first, self.inter, self.inter_ranks, self.inter_rank = (
+                ctx.tp_rank * self.num_local,
+                intermediate,
+                1,
+                0,
+            )
+        else:
+            self.num_local, self.first = num_experts, 0
+            self.inter = ctx.shard(intermediate, "moe_intermediate_size")
+            self.inter_ranks, self.inter_rank = ctx.tp_size, ctx.tp_rank
         self.act = get_act_fn(act)
-        w13_shards = frozenset((e, i) for e in range(num_experts) for i in (0, 1))
-        self.w13 = make_param(num_experts, 2 * self.inter, hidden, loader=self.load_w13, shards=w13_shards)
-        self.w2 = make_param(
-            num_experts, hidden, self.inter, loader=self.load_w2, shards=frozenset(range(num_experts))
-        )
+        local = range(self.first, self.first + self.num_local)
+        w13_shards = frozenset((e, i) for e in local for i in (0, 1))
+        self.w13 = make_param(self.num_local, 2 * self.inter, hidden, loader=self.load_w13, shards=w13_shards)
+        self.w2 = make_param(self.num_local, hidden, self.inter, loader=self.load_w2, shards=frozenset(local))
+
+    def _local(self, expert: int) -> int | None:
+        index = expert - self.first
+        return index if 0 <= index < self.num_local else None
 
     def load_w13(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: tuple[int, int]) -> None:
         expert, which = shard_id
-        if loaded.shape[0] == self.inter * self.ctx.tp_size:
-            loaded = loaded.narrow(0, self.ctx.tp_rank * self.inter, self.inter)
-        default_weight_loader(param.data[expert].narrow(0, which * self.inter, self.inter), loaded)
+        if (index := self._local(expert)) is None:
+            return  # another rank's expert
+        if loaded.shape[0] == self.inter * self.inter_ranks:
+            loaded = loaded.narrow(0, self.inter_rank * self.inter, self.inter)
+        default_weight_loader(param.data[index].narrow(0, which * self.inter, self.inter), loaded)
 
     def load_w2(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: int) -> None:
-        if loaded.shape[1] == self.inter * self.ctx.tp_size:
-            loaded = loaded.narrow(1, self.ctx.tp_rank * self.inter, self.inter)
-        default_weight_loader(param.data[shard_id], loaded)
+        if (index := self._local(shard_id)) is None:
+            return
+        if loaded.shape[1] == self.inter * self.inter_ranks:
+            loaded = loaded.narrow(1, self.inter_rank * self.inter, self.inter)
+        default_weight_loader(param.data[index], loaded)
 
     def forward(
         self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, add: torch.Tensor | None = None
     ) -> torch.Tensor:
         """The routed experts' output, plus `add` (a full, already reduced [T, hidden] tensor) if given."""
+        if self.ctx.expert_parallel:  # this rank's experts only: the others' routes become -1
+            local = ids - self.first
+            ids = torch.where((local >= 0) & (local < self.num_local), local, -1)
         if x.is_cuda:  # sorted tokens + one grouped Triton GEMM per projection, no host sync
             from mlaserve.layers.fused_moe import fused_experts
 
-            fuse_add = add is not None and self.ctx.tp_size == 1  # with TP, `add` joins after the all-reduce
+            if (
+                self.ctx.expert_parallel
+            ):  # the kernel takes real expert ids: other ranks' routes weigh zero here
+                weights, ids = weights * (ids >= 0), ids.clamp(min=0)
+            fuse_add = add is not None and not self.ctx.distributed  # else `add` joins after the all-reduce
             out = fused_experts(x, self.w13, self.w2, weights, ids, self.act, add=add if fuse_add else None)
             if fuse_add:
                 return out
@@ -134,11 +163,15 @@ class FusedExperts(nn.Module):
 
 
 def experts_reference(x, w13, w2, weights, ids, act) -> torch.Tensor:
-    """Tokens sorted by expert, one GEMM pair per expert that was hit."""
+    """Tokens sorted by expert, one GEMM pair per expert that was hit; routes with id -1 (another rank's expert)
+    are skipped."""
     out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32, device=x.device)
-    flat_ids = ids.flatten()
+    num_experts = w13.shape[0]
+    flat_ids = torch.where(
+        ids >= 0, ids, num_experts
+    ).flatten()  # skipped routes sort last, past every expert
     order = flat_ids.argsort(stable=True)
-    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
+    counts = torch.bincount(flat_ids, minlength=num_experts + 1)[:num_experts].tolist()
     token_of = order // ids.shape[1]
     start = 0
     for expert, count in enumerate(counts):

@@ -10,6 +10,7 @@ from mlaserve.loader.model_files import ModelFiles
 from mlaserve.loader.weights import LoadReport, init_dummy_weights, load_weights
 from mlaserve.models.base import CausalLM
 from mlaserve.models.registry import get_model_class
+from mlaserve.parallel import SINGLE, ParallelContext
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,9 @@ def build_model(
     mla_disable: bool = False,
     enable_mla: bool = False,
     mla_skip_layers: tuple[int, ...] = (),
+    parallel: ParallelContext = SINGLE,
 ) -> tuple[CausalLM, LoadReport]:
+    """parallel: this rank's slice of a tensor-parallel model (its layers take their part of each weight)."""
     cls = get_model_class(model_config.architecture)  # before any allocation: unsupported is a cheap error
     options = {}
     if mla_disable:
@@ -59,6 +62,8 @@ def build_model(
         options["enable_mla"] = True
         if mla_skip_layers:
             options["mla_skip_layers"] = mla_skip_layers
+    if parallel.distributed:
+        options["ctx"] = parallel
     previous = torch.get_default_dtype()
     torch.set_default_dtype(model_config.dtype)
     try:

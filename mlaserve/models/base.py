@@ -27,6 +27,8 @@ class CausalLM(nn.Module):
     supports_prefill_graphs = True
     # whether the engine's training-free sliding_window / num_sink_tokens options apply to its cache
     training_free_window = True
+    # whether its layers split over tensor-parallel ranks (checked against transformers at size 2 on CPU)
+    supports_tensor_parallel = False
     stacked_params: tuple[StackedParam, ...] = ()
     # Checkpoint names containing any of these are not weights (rotary caches, multi-token-prediction heads).
     ignored_fragments: tuple[str, ...] = ("rotary_emb.inv_freq",)

@@ -86,6 +86,7 @@ class DeepseekV2ForCausalLM(CausalLM):
     )
 
     supports_mla_disable = True
+    supports_tensor_parallel = True
 
     @classmethod
     def latent_cache(cls, mla_disable: bool, enable_mla: bool = False) -> bool:
@@ -147,6 +148,7 @@ class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
     # (-1 padded), so a captured step does not depend on the step's lengths. A prefill graph's metadata is its
     # padded size, from which the indexer would pick dense or sparse attention for the real prompts: not captured.
     supports_prefill_graphs = False
+    supports_tensor_parallel = False  # the indexer's split over ranks is not built
 
     @property
     def index_topk(self) -> int:

@@ -132,6 +132,7 @@ class LlamaForCausalLM(CausalLM):
     )
 
     supports_enable_mla = True  # exact GQA -> MLA conversion at load time (layers/latent_gqa.py)
+    supports_tensor_parallel = True
 
     def __init__(
         self,

@@ -1,5 +1,11 @@
-"""Runs one scheduled step: build the batch, forward, logits for the rows that finish a prompt or decode, sample."""
+"""Runs one scheduled step: build the batch, forward, logits for the rows that finish a prompt or decode, sample.
 
+Under tensor parallelism every rank runs the forward of each step: rank 0 (this runner, in the engine core) sends
+the step's plan (the batch as host tensors, no request objects) to the other ranks before its own forward, samples
+alone, and broadcasts the sampled ids, which the next lookahead step reads on every rank.
+"""
+
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -12,11 +18,21 @@ from mlaserve.kvcache.spec import FULL, AttentionRule
 from mlaserve.layers.logits_processors import process_logits
 from mlaserve.layers.sampler import Sampler
 from mlaserve.models.base import CausalLM
-from mlaserve.runner.batch import plan_batch, to_device
-from mlaserve.runner.prompt_logprobs import ScoredSpan, prompt_spans, score_prompt_spans
+from mlaserve.parallel import SINGLE, ParallelContext
+from mlaserve.runner.batch import HostBatch, plan_batch, to_device
+from mlaserve.runner.prompt_logprobs import PromptSpan, ScoredSpan, prompt_spans, score_prompt_spans
 from mlaserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """What every rank needs to run a step's forward: rank 0 sends it to the others."""
+
+    host: HostBatch  # order and sampled left empty: the ranks past 0 hold no requests
+    spans: list[PromptSpan]
+    source_rows: list[int] | None  # a lookahead step: each row's index among the previous step's sampled ids
 
 
 @dataclass(slots=True)
@@ -35,8 +51,11 @@ class ModelRunner:
         block_size: int,
         device: torch.device,
         group_rules: list[AttentionRule] | None = None,
+        parallel: ParallelContext = SINGLE,
     ):
         self.model = model
+        self.parallel = parallel
+        self.last_sampled: torch.Tensor | None = None  # ranks past 0: the previous step's ids, from rank 0
         self.group_rules = group_rules or [FULL]  # each cache group's window and sinks
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -100,35 +119,23 @@ class ModelRunner:
 
         A step of lookahead rows (Scheduler.schedule_lookahead) is launched before `previous` has been collected:
         each row's input token is the one `previous` sampled for the same request, gathered on the device."""
-        graphs = self.graphs
         host = plan_batch(output, self.block_size)
-        source = None
+        source_rows = None
         if previous is not None:
             rows = {s.request.request_id: i for i, s in enumerate(previous.sampled)}
-            source = (previous.token_ids, [rows[s.request.request_id] for s in host.order])
-        prefills = self.prefill_graphs
+            source_rows = [rows[s.request.request_id] for s in host.order]
         spans = prompt_spans(host.order)  # graphs keep only the sampled rows' hidden states
-        scored: list[ScoredSpan] = []
-        if graphs is not None and not spans and graphs.can_run(host):
-            logits = graphs.run(host, source)  # every decode row samples, in row order
-        elif prefills is not None and not spans and host.sampled and prefills.can_run(host):
-            logits = prefills.run(host)  # the sampled sequences' rows, in order
-        else:
-            batch = to_device(
-                host,
-                self.block_size,
-                self.device,
-                with_gather_index=graphs is None,
-                rules=self.group_rules,
+        if self.parallel.distributed:
+            from mlaserve.parallel.group import broadcast_object
+
+            broadcast_object(
+                self.parallel, StepPlan(dataclasses.replace(host, order=[], sampled=[]), spans, source_rows)
             )
-            if source is not None:  # lookahead steps are all decodes: row i is token i
-                index = torch.tensor(source[1], dtype=torch.long, device=self.device)
-                batch.input_ids = source[0].index_select(0, index)
-            hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
-            scored = score_prompt_spans(self.model, hidden, spans)
-            if not host.sampled:
-                return LaunchedStep(output, [], [], None, None, None, None, scored)
-            logits = self.model.compute_logits(hidden[batch.sample_rows])
+        logits, scored = self._forward(
+            host, spans, source_rows, None if previous is None else previous.token_ids
+        )
+        if logits is None:
+            return LaunchedStep(output, [], [], None, None, None, None, scored)
         params = [s.request.sampling_params for s in host.sampled]
         generators = [self.generators.get(s.request.request_id) for s in host.sampled]
         logits = self.sampler.prepare(logits, params)
@@ -136,8 +143,53 @@ class ModelRunner:
         grammars = [self.grammars.get(r.request_id) for r in requests]
         processed = process_logits(logits, params, requests, grammars)
         token_ids = self.sampler.sample(processed, params, generators)
+        if self.parallel.distributed:  # the next lookahead step's inputs, on every rank
+            import torch.distributed as dist
+
+            dist.broadcast(token_ids, src=0, group=self.parallel.group)
         host_ids, done = self._copy_out(token_ids)
         return LaunchedStep(output, host.sampled, params, logits, token_ids, host_ids, done, scored)
+
+    @torch.inference_mode()
+    def run_plan(self, plan: StepPlan) -> None:
+        """A rank past 0: the step's forward as rank 0 runs it, then the ids rank 0 sampled."""
+        self._forward(plan.host, plan.spans, plan.source_rows, self.last_sampled)
+        if plan.host.sample_rows:
+            import torch.distributed as dist
+
+            ids = torch.empty(len(plan.host.sample_rows), dtype=torch.long, device=self.device)
+            dist.broadcast(ids, src=0, group=self.parallel.group)
+            self.last_sampled = ids
+
+    def _forward(
+        self,
+        host: HostBatch,
+        spans: list[PromptSpan],
+        source_rows: list[int] | None,
+        source_ids: torch.Tensor | None,
+    ) -> tuple[torch.Tensor | None, list[ScoredSpan]]:
+        """The logits of the sampled rows (None when no row samples) and the prompt logprobs asked for."""
+        graphs, prefills = self.graphs, self.prefill_graphs
+        source = None if source_rows is None else (source_ids, source_rows)
+        if graphs is not None and not spans and graphs.can_run(host):
+            return graphs.run(host, source), []  # every decode row samples, in row order
+        if prefills is not None and not spans and host.sample_rows and prefills.can_run(host):
+            return prefills.run(host), []  # the sampled sequences' rows, in order
+        batch = to_device(
+            host,
+            self.block_size,
+            self.device,
+            with_gather_index=graphs is None,
+            rules=self.group_rules,
+        )
+        if source is not None:  # lookahead steps are all decodes: row i is token i
+            index = torch.tensor(source[1], dtype=torch.long, device=self.device)
+            batch.input_ids = source[0].index_select(0, index)
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
+        scored = score_prompt_spans(self.model, hidden, spans)
+        if not host.sample_rows:
+            return None, scored
+        return self.model.compute_logits(hidden[batch.sample_rows]), scored
 
     def collect(self, step: "LaunchedStep") -> StepResult:
         """Waits for a launched step's tokens (and reads the logprobs asked for)."""

@@ -92,11 +92,11 @@ class PrefillGraphs:
             batch.num_decodes == 0
             and len(batch.query_lens) <= MAX_SEQS
             and len(batch.ids) <= self.sizes[-1]
-            and all(s.num_computed_tokens == 0 for s in batch.order)
+            and batch.query_lens == batch.seq_lens  # nothing computed before: fresh prompts
         )
 
     def run(self, batch: HostBatch) -> torch.Tensor:
-        """Logits [num_sampled, vocab] of the batch's sampled sequences, in batch.sampled order."""
+        """Logits [num_sampled, vocab] of the batch's sampled sequences, in batch.sample_rows order."""
         size = self.sizes[bisect.bisect_left(self.sizes, len(batch.ids))]
         self._copied.synchronize()
         stage_prefill_inputs(batch, size, self.host_i64, self.host_small)

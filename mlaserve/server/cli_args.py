@@ -44,6 +44,14 @@ _MODEL_FLAGS = [
     ),
 ]
 _ENGINE_FLAGS = [
+    ("--tensor-parallel-size", int, "ranks (GPUs) the model is split over (default 1)"),
+    (
+        "--enable-expert-parallel",
+        bool,
+        "MoE experts split whole across the ranks instead of each expert split",
+    ),
+    ("--pipeline-parallel-size", int, "accepted for vLLM compatibility: only 1"),
+    ("--distributed-executor-backend", str, "mp: one process per rank, even at size 1; uni: one process"),
     ("--max-num-seqs", int, "requests stepped together (default 256)"),
     ("--block-size", int, "KV block size in tokens (default 16)"),
     ("--kv-cache-dtype", str, "auto, fp8_e4m3, int8 (MLA latent caches)"),
@@ -100,7 +108,8 @@ _ENGINE_OPTIONS = (
 )
 _ENGINE_OPTIONS += ("kv_cache_memory_bytes", "num_kv_blocks", "max_num_batched_tokens")
 _ENGINE_OPTIONS += ("enable_chunked_prefill", "prefill_first", "enable_prefix_caching")
-_ENGINE_OPTIONS += ("gpu_memory_utilization",)
+_ENGINE_OPTIONS += ("gpu_memory_utilization", "tensor_parallel_size", "enable_expert_parallel")
+_ENGINE_OPTIONS += ("pipeline_parallel_size", "distributed_executor_backend")
 _ENGINE_OPTIONS += ("sliding_window", "num_sink_tokens", "index_topk")
 _SETTINGS = ("host", "port", "metrics_port", "served_model_name", "max_concurrent_requests")
 _SETTINGS += ("request_timeout_s", "shutdown_grace_s", "max_body_bytes")

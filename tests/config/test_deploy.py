@@ -153,20 +153,19 @@ def test_unreadable_files_are_deploy_errors(tmp_path: Path) -> None:
 def test_tensor_parallel_must_divide_heads(tmp_path: Path) -> None:
     folder = hf_folder(tmp_path, heads=4)
 
-    def text(tp: int) -> str:  # built per size: the tmp path itself may contain digits
-        return f"model: {{path: {folder}}}\nparallel: {{tensor_parallel_size: {tp}}}"
+    def text(tp: int, extra: str = "") -> str:  # built per size: the tmp path itself may contain digits
+        return f"model: {{path: {folder}}}\nparallel: {{tensor_parallel_size: {tp}{extra}}}"
 
     err = error(tmp_path, text(3), check_model_files=True)
     assert keys(err) == ["parallel.tensor_parallel_size"]
-    assert "4 attention heads" in str(err) and "allowed: 1, 2, 4" in str(err)
-    err = error(tmp_path, text(2), check_model_files=True)  # divides, but not built yet
-    assert keys(err) == ["parallel.tensor_parallel_size"] and "not supported yet" in str(err)
-    assert load(tmp_path, text(1), check_model_files=True).parallel.tensor_parallel_size == 1
-
-
-def test_tensor_parallel_not_supported_even_without_model_check(tmp_path: Path) -> None:
-    err = error(tmp_path, "parallel: {tensor_parallel_size: 2}")
-    assert keys(err) == ["parallel.tensor_parallel_size"] and "not supported yet" in str(err)
+    assert "num_attention_heads (4)" in str(err) and "sizes that do: 1, 2, 4" in str(err)
+    config = load(tmp_path, text(2, ", distributed_executor_backend: mp"), check_model_files=True)
+    options = config.engine_options()
+    assert options["tensor_parallel_size"] == 2 and options["distributed_executor_backend"] == "mp"
+    err = error(tmp_path, text(2, ", enable_expert_parallel: true"), check_model_files=True)
+    assert "no routed experts" in str(err)  # a dense model
+    err = error(tmp_path, "parallel: {pipeline_parallel_size: 2}")
+    assert keys(err) == ["parallel.pipeline_parallel_size"] and "not supported" in str(err)
 
 
 def test_max_model_len_beyond_the_model_names_the_key(tmp_path: Path) -> None:

@@ -101,7 +101,7 @@ def test_kv_cache_ratio_is_a_share_of_the_devices_memory(llama):
     [
         (dict(mla_latent_dim_fn=lambda n: 8), "rank chosen by context length is not built"),
         (dict(mla_ascend_mode=True), "no Ascend backend"),
-        (dict(parallel_config=ParallelConfig(tensor_parallel_size=2)), "tensor parallelism is not built"),
+        (dict(parallel_config=ParallelConfig(tensor_parallel_size=3)), "cannot be split over 3 ranks"),
     ],
 )
 def test_what_is_not_built_is_a_clear_error(llama, options, message):

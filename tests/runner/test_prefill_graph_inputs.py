@@ -20,9 +20,11 @@ def prefill_batch(lens: list[int], sampled: list[bool], computed: list[int] | No
         slots += [(i + 1) * 64 + p for p in range(n)]
         if sampled[i]:
             rows.append(len(ids) - 1)
-    order = [_Scheduled(c) for c in (computed or [0] * len(lens))]
+    computed = computed or [0] * len(lens)
+    order = [_Scheduled(c) for c in computed]
+    seq_lens = [c + n for c, n in zip(computed, lens, strict=True)]
     return HostBatch(ids, torch.tensor(positions), torch.tensor(slots), torch.zeros(len(lens), 1, dtype=torch.int32),
-                     lens, lens, 0, order, rows, [o for o, s in zip(order, sampled) if s])  # fmt: skip
+                     lens, seq_lens, 0, order, rows, [o for o, s in zip(order, sampled) if s])  # fmt: skip
 
 
 def test_tokens_padding_sequence_and_sampled_rows() -> None:

@@ -1,0 +1,67 @@
+"""The ranks' process group: NCCL for tensors on GPUs, gloo on CPU, and always a gloo group for host messages."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+
+import torch
+
+from mlaserve.parallel import ParallelContext
+
+# A collective that waits this long has lost a rank (a dead worker is noticed sooner: parallel/workers.py)
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+def free_init_method(host: str = "127.0.0.1") -> str:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return f"tcp://{host}:{s.getsockname()[1]}"
+
+
+def rank_device(device: torch.device, rank: int) -> torch.device:
+    """Each rank's device: rank r of a CUDA job takes cuda:r (of the GPUs this process sees)."""
+    if device.type != "cuda":
+        return device
+    return torch.device("cuda", rank % max(torch.cuda.device_count(), 1))
+
+
+def init_parallel(
+    rank: int, size: int, init_method: str, device: torch.device, expert_parallel: bool
+) -> ParallelContext:
+    import torch.distributed as dist
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    options = {"device_id": device} if device.type == "cuda" else {}
+    dist.init_process_group(
+        backend, init_method=init_method, rank=rank, world_size=size, timeout=COLLECTIVE_TIMEOUT, **options
+    )
+    world = dist.group.WORLD
+    cpu_group = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT) if backend == "nccl" else world
+    return ParallelContext(rank, size, world, cpu_group, expert_parallel)
+
+
+def broadcast_object(ctx: ParallelContext, obj: object = None) -> object:
+    """Rank 0's obj on every rank (over the gloo group: a host-side message)."""
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=ctx.cpu_group)
+    return box[0]
+
+
+def min_over_ranks(ctx: ParallelContext, value: int) -> int:
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.long)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=ctx.cpu_group)
+    return int(t.item())
+
+
+def destroy() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
