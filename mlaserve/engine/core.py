@@ -418,9 +418,14 @@ class EngineCore:
             outputs = self._apply(launched.output, result)
         except BaseException as error:
             self._in_flight = None  # its rows are scheduled again from the requests' state
-            if self.workers is not None and self.workers.dead is not None:  # a collective saw the rank go
-                self.workers.noticed.set()
-                raise WorkerDied(self.workers.dead) from error
+            # a collective that failed: did a rank go?
+            dead = (
+                self.workers.wait_for_death(1.0 if isinstance(error, RuntimeError) else 0.0)
+                if self.workers
+                else None
+            )
+            if dead is not None:
+                raise WorkerDied(dead) from error
             raise
         ahead = self._in_flight
         if ahead is not None and all(s.request.is_finished for s in ahead.output.scheduled):
@@ -554,6 +559,7 @@ class EngineCore:
             "dtype": str(dtype).removeprefix("torch."),
             "kv_cache_dtype": str(self.cache_dtype).removeprefix("torch."),
             "device": str(self.device),
+            "tensor_parallel_size": self.config.tensor_parallel_size,
         }
         if self.kv_spec.mha_elements_per_layer:
             stats["mha_kv_bytes_per_token"] = self.kv_spec.mha_bytes_per_token(dtype)

@@ -12,21 +12,21 @@ def layout_problems(cfg: object, size: int, expert_parallel: bool) -> list[str]:
     """What does not divide: attention heads, KV heads, MLP widths, and the experts (whole experts per rank with
     expert parallelism, each expert's width otherwise)."""
 
-    def check(value: object, what: str, by: int = size) -> None:
-        if isinstance(value, int) and value > 0 and value % by:
+    def check(value: object, what: str, why: str = "") -> None:
+        if isinstance(value, int) and value > 0 and value % size:
             problems.append(
-                f"tensor_parallel_size={size} does not divide {what} ({value}); sizes that do: {_divisors(value)}"
+                f"tensor_parallel_size={size} does not divide {what} ({value}{why}); sizes that do: {_divisors(value)}"
             )
 
     problems: list[str] = []
     check(getattr(cfg, "num_attention_heads", None), "num_attention_heads")
     if "num_key_value_heads" in vars(cfg) and getattr(cfg, "kv_lora_rank", None) is None:  # per-head K/V
-        check(cfg.num_key_value_heads, "num_key_value_heads (KV heads are split, not replicated)")
+        check(cfg.num_key_value_heads, "num_key_value_heads", ": KV heads are split, not replicated")
     check(getattr(cfg, "intermediate_size", None), "intermediate_size")
     experts = getattr(cfg, "n_routed_experts", None)
     if experts:
         if expert_parallel:
-            check(experts, "n_routed_experts (expert parallelism puts whole experts on each rank)")
+            check(experts, "n_routed_experts", ": expert parallelism puts whole experts on each rank")
         else:
             check(getattr(cfg, "moe_intermediate_size", None), "moe_intermediate_size")
         shared = getattr(cfg, "n_shared_experts", None) or 0

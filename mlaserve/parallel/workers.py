@@ -48,13 +48,24 @@ class Workers:
         return [p.pid for p in self.procs]
 
     def wait_for_death(self, timeout: float) -> str | None:
-        """After a failed collective: whether (and how) a worker died, once the watcher has seen it."""
+        """After a failed collective: whether (and how) a worker died. A collective fails as soon as a peer's
+        socket closes, possibly before its exit code is readable: this waits up to `timeout` for one."""
         deadline = time.monotonic() + timeout
-        while self.dead is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if self.dead is not None:
-            self.noticed.set()
+        while self.dead is None:
+            for rank, proc in enumerate(self.procs, start=1):
+                if (code := proc.poll()) is not None:
+                    self.dead = self._death(rank, proc, code)
+                    break
+            else:
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.02)
+        self.noticed.set()
         return self.dead
+
+    @staticmethod
+    def _death(rank: int, proc: subprocess.Popen, code: int) -> str:
+        return f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code {code}: the engine cannot go on without it"
 
     def check(self) -> None:
         """Raises WorkerDied once a worker has exited unexpectedly."""
@@ -67,10 +78,7 @@ class Workers:
             for rank, proc in enumerate(self.procs, start=1):
                 code = proc.poll()
                 if code is not None and not self.stopping:
-                    self.dead = (
-                        f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code {code}: "
-                        "the engine cannot go on without it"
-                    )
+                    self.dead = self.dead or self._death(rank, proc, code)
                     logger.error(self.dead)
                     if not self.noticed.wait(_GRACE_S):  # the core is stuck in a collective with that rank
                         print(

@@ -45,7 +45,14 @@ def startup_report(engine: EngineCore, settings: ServerSettings) -> dict:
             "unexpected": list(load.unexpected[:10]),
             "shape_mismatches": list(load.shape_mismatches[:10]),
         },
-        "parallel": {"tensor_parallel_size": engine.config.tensor_parallel_size, "pipeline_parallel_size": 1},
+        "parallel": {
+            "tensor_parallel_size": engine.config.tensor_parallel_size,
+            "pipeline_parallel_size": 1,
+            "expert_parallel": engine.config.enable_expert_parallel,
+            "distributed": engine.config.distributed,
+            # ranks past 0, when the engine started them (not under torchrun)
+            "rank_pids": list(engine.workers.pids) if engine.workers is not None else [],
+        },
         "attention_backend": stats["attention_backend"],
         "attention_backend_reason": why,
         "attention_kernel": stats["attention_kernel"],
@@ -73,8 +80,15 @@ def format_report(report: dict) -> list[str]:
         f"{w['ignored']} ignored; "
         f"missing: {names(w['missing'])}; unexpected: {names(w['unexpected'])}; "
         f"shape mismatches: {names(w['shape_mismatches'])}",
-        f"parallel layout: tensor parallel {par['tensor_parallel_size']}, "
-        f"pipeline parallel {par['pipeline_parallel_size']}",
+        f"parallel layout: tensor parallel {par['tensor_parallel_size']}"
+        + (", experts split across ranks" if par.get("expert_parallel") else "")
+        + f", pipeline parallel {par['pipeline_parallel_size']}"
+        + (
+            f"; one process per rank, ranks 1+ pid {', '.join(map(str, par['rank_pids']))}, each rank's KV cache "
+            "as below"
+            if par.get("rank_pids")
+            else ""
+        ),
         f"attention backend: {report['attention_backend']} ({report['attention_backend_reason']}); "
         f"decode kernel: {report['attention_kernel']}",
         f"KV cache: {kv['blocks']} blocks x {kv['block_size']} tokens = {kv['capacity_tokens']} tokens, "
