@@ -20,6 +20,9 @@ Sections:
   v4        DeepSeek-V4-shaped decode attention (window, 128:1 entries, indexer + top-512 of 4:1 entries, sinks)
             composed from our kernels vs dense MLA decode at 65,536 tokens, batch 32, and KV bytes per token
             (benchmarks/gpu_v4.py)
+  tp        the V2-Lite shape per tensor-parallel layout the machine allows (one process; the process group of one;
+            N GPUs tensor and expert parallel): greedy tokens against the first layout, decode tok/s at batch 1 and
+            32, 256 x (1,000 + 100) requests/s, the collectives' share of a decode step (benchmarks/gpu_tp.py)
 Timings are medians of CUDA-event runs with L2 emptied before each (bench below), or of repeated wall-clock runs
 after a warm-up.
 """
@@ -38,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import gpu_sparse, gpu_v4  # noqa: E402
+from benchmarks import gpu_sparse, gpu_tp, gpu_v4  # noqa: E402
 from benchmarks.step_timer import DecodeStepTimer  # noqa: E402
 from mlaserve.attention.metadata import build_metadata  # noqa: E402
 from mlaserve.attention.torch_ref import TorchBackend  # noqa: E402
@@ -471,7 +474,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--sections", default="ceilings,kernels,decode,moe,tiny,lite,mla_vs_mha,throughput,sparse,v4"
+        "--sections", default="ceilings,kernels,decode,moe,tiny,lite,mla_vs_mha,throughput,sparse,v4,tp"
     )
     parser.add_argument(
         "--hf-peer", action="store_true", help="also time transformers generate in the lite section"
@@ -496,7 +499,8 @@ def main() -> None:
                          ("lite", lambda: lite(Path(tmp), args.hf_peer, args.eager, args.profile)),
                          ("mla_vs_mha", lambda: mla_vs_mha(Path(tmp))), ("throughput", lambda: throughput(Path(tmp))),
                          ("sparse", lambda: gpu_sparse.sparse(bench, bench_graph)),
-                         ("v4", lambda: gpu_v4.v4(bench, bench_graph))]:  # fmt: skip
+                         ("v4", lambda: gpu_v4.v4(bench, bench_graph)),
+                         ("tp", lambda: gpu_tp.tp(Path(tmp), lite_llm, random_prompts, DecodeStepTimer))]:  # fmt: skip
             if name in sections:
                 t = time.perf_counter()
                 try:

@@ -1,0 +1,129 @@
+"""The GPU suite's `tp` section: the DeepSeek-V2-Lite shape (random bf16 weights) at each tensor-parallel layout the
+machine allows, from one run.
+
+Layouts: size 1 in one process ("uni"); size 1 through the process group ("mp": the NCCL code path of the
+multi-GPU engine, with its plan broadcast and collectives, on one GPU); and, with two GPUs or more, size N tensor
+parallel and size N expert parallel. For each: the greedy tokens of 8 fixed prompts (compared with the first
+layout's), decode tok/s at batch 1 and 32 (decode-only steps, benchmarks/step_timer.py), requests/s for 256
+requests of 1,000 prompt + 100 output tokens submitted at once, and the collectives' share of a batch-32 decode
+step: the device time of NCCL kernels over all device time in a torch profile of 8 eager steps (CUDA graphs hide
+their kernels from the profiler, so those steps run in an engine built with enforce_eager).
+
+    python benchmarks/gpu_suite.py --sections tp --out benchmarks/results/h200-tp-DATE.json
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+
+def layouts() -> list[dict]:
+    found = [dict(tensor_parallel_size=1), dict(tensor_parallel_size=1, distributed_executor_backend="mp")]
+    gpus = torch.cuda.device_count()
+    if gpus >= 2:
+        found += [
+            dict(tensor_parallel_size=gpus),
+            dict(tensor_parallel_size=gpus, enable_expert_parallel=True),
+        ]
+    return found
+
+
+def tp(tmp: Path, lite_llm: Callable, random_prompts: Callable, timer_cls: type) -> dict:
+    from mlaserve import SamplingParams
+
+    rows, reference = [], None
+    gen = torch.Generator().manual_seed(0)
+    fixed = random_prompts(gen, 8, 256)
+    batch32 = random_prompts(gen, 32, 512)
+    burst = random_prompts(gen, 256, 1000)
+    greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    for layout in layouts():
+        row: dict = {"layout": layout}
+        llm = lite_llm(tmp / "v2lite", max_num_seqs=256, **layout)
+        try:
+            row["stats"] = llm.stats()
+            tokens = [o.outputs[0].token_ids for o in llm.generate(fixed, greedy, use_tqdm=False)]
+            if reference is None:
+                reference = tokens
+            row["greedy_tokens_equal_first_layout"] = tokens == reference
+            row["greedy_tokens_differing_prompts"] = sum(
+                a != b for a, b in zip(tokens, reference, strict=True)
+            )
+            for batch, prompts in ((1, batch32[:1]), (32, batch32)):
+                llm.engine.kv_manager.reset_prefix_cache()
+                with timer_cls(llm.engine, torch.cuda.synchronize) as timer:
+                    llm.generate(
+                        prompts, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True), use_tqdm=False
+                    )
+                row[f"decode_tok_s_batch{batch}"] = timer.tokens_per_s
+            llm.engine.kv_manager.reset_prefix_cache()
+            params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            outs = llm.generate(burst, params, use_tqdm=False)
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - start
+            assert all(len(o.outputs[0].token_ids) == 100 for o in outs)
+            row["burst_256x1000+100_req_s"] = 256 / wall
+        except Exception as e:  # noqa: BLE001 - the other layouts' figures still count
+            row["error"] = f"{type(e).__name__}: {e}"
+        finally:
+            llm.engine.close()
+            del llm
+            gc.collect()
+            torch.cuda.empty_cache()
+        if "error" not in row and layout.get("distributed_executor_backend") != "uni":
+            row["collective_share_of_decode_step"] = collective_share(tmp, lite_llm, batch32, layout)
+        print(json.dumps({k: v for k, v in row.items() if k != "stats"}), flush=True)
+        rows.append(row)
+    return {"rows": rows, "gpus": torch.cuda.device_count()}
+
+
+def collective_share(tmp: Path, lite_llm: Callable, prompts: list, layout: dict) -> dict:
+    """NCCL kernels' device time over all kernels' device time in 8 eager decode steps at batch 32 (rank 0)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from mlaserve import SamplingParams
+
+    if layout["tensor_parallel_size"] == 1 and "distributed_executor_backend" not in layout:
+        return {"nccl_us": 0.0, "share": 0.0}
+    llm = lite_llm(tmp / "v2lite", max_num_seqs=64, enforce_eager=True, **layout)
+    try:
+        engine = llm.engine
+        for p in prompts:
+            engine.add_request(p, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+        while engine.scheduler.num_waiting or any(
+            r.num_output_tokens == 0 for r in engine.scheduler.running
+        ):  # past every prefill
+            engine.step()
+        for _ in range(4):
+            engine.step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(8):
+                engine.step()
+            torch.cuda.synchronize()
+        while engine.has_unfinished_requests():
+            engine.step()
+    finally:
+        llm.engine.close()
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+    total = nccl = 0.0
+    for event in prof.key_averages():
+        device_us = getattr(event, "self_device_time_total", 0.0) or 0.0
+        total += device_us
+        if "nccl" in event.key.lower():
+            nccl += device_us
+    return {
+        "nccl_us_per_step": nccl / 8,
+        "device_us_per_step": total / 8,
+        "share": nccl / total if total else None,
+    }
