@@ -150,7 +150,10 @@ class EngineCore:
 
         size = self.config.tensor_parallel_size
         local_rank = int(os.environ.get("LOCAL_RANK", tp_rank)) if external else tp_rank
-        if self.device.type == "cuda" and local_rank >= torch.cuda.device_count():
+        gpus = torch.cuda.device_count() if self.device.type == "cuda" else 0
+        if self.device.type == "cuda" and not external and size > gpus:
+            raise ValueError(f"tensor_parallel_size={size} needs {size} GPUs; this process sees {gpus}")
+        if self.device.type == "cuda" and local_rank >= gpus:
             raise ValueError(
                 f"tensor_parallel_size={size} needs a GPU per rank; rank {tp_rank} is local rank {local_rank} and "
                 f"this process sees {torch.cuda.device_count()} GPU(s)"
@@ -526,6 +529,10 @@ class EngineCore:
         if self.device.type != "cuda":
             raise RuntimeError(
                 f"capture_mla_graph: CUDA graphs need a GPU; this engine runs on {self.device}"
+            )
+        if self.parallel.distributed:
+            raise RuntimeError(
+                "capture_mla_graph: not with tensor parallelism (every rank would capture again)"
             )
         if self.runner.graphs is None:
             raise RuntimeError(
