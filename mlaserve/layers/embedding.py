@@ -6,6 +6,7 @@ from torch import nn
 
 from mlaserve.layers import cpu_gemm
 from mlaserve.layers.linear import default_weight_loader, make_param, skinny_kernel_for
+from mlaserve.loader.checkpoint_slice import read, slice_aware
 from mlaserve.parallel import SINGLE, ParallelContext
 
 
@@ -18,15 +19,17 @@ class VocabParallelEmbedding(nn.Module):
         self.start = ctx.tp_rank * self.per_rank
         self.weight = make_param(self.per_rank, hidden, loader=self.weight_loader)
 
+    @slice_aware
     def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: object = None) -> None:
         if loaded.shape[0] != self.vocab_size:
             raise ValueError(
                 f"embedding rows: checkpoint {loaded.shape[0]}, expected vocab_size {self.vocab_size}"
             )
-        part = loaded[self.start : self.start + self.per_rank]
-        if part.shape[0] < self.per_rank:  # the last rank's padding rows stay zero
+        rows = max(0, min(self.per_rank, self.vocab_size - self.start))
+        part = loaded.narrow(0, min(self.start, self.vocab_size), rows)
+        if rows < self.per_rank:  # the last rank's padding rows stay zero
             param.data.zero_()
-            param.data[: part.shape[0]].copy_(part)
+            param.data[:rows].copy_(read(part))
         else:
             default_weight_loader(param, part)
 

@@ -12,6 +12,7 @@ from torch import nn
 
 from mlaserve.layers import cpu_gemm
 from mlaserve.layers.cuda_kernels import kernel_for
+from mlaserve.loader.checkpoint_slice import read, slice_aware
 from mlaserve.parallel import SINGLE, ParallelContext
 
 _SKINNY = ("mlaserve.layers.triton_skinny", "skinny_linear")
@@ -37,9 +38,10 @@ def check_shape(target: torch.Tensor, loaded: torch.Tensor, what: str) -> None:
         raise ShapeMismatch(f"{what}: checkpoint shape {tuple(loaded.shape)}, expected {tuple(target.shape)}")
 
 
+@slice_aware
 def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable = None) -> None:
     check_shape(param, loaded, "tensor")
-    param.data.copy_(loaded)
+    param.data.copy_(read(loaded))  # in the parameter's dtype
 
 
 def make_param(
@@ -97,6 +99,7 @@ class ReplicatedLinear(LinearBase):
     ):
         super().__init__(in_features, out_features, bias, ctx)
 
+    @slice_aware
     def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable = None) -> None:
         default_weight_loader(param, loaded)
 
@@ -109,6 +112,7 @@ class ColumnParallelLinear(LinearBase):
     ):
         super().__init__(in_features, ctx.shard(out_features, "output features"), bias, ctx)
 
+    @slice_aware
     def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable = None) -> None:
         n = param.shape[0]
         loaded = (
@@ -126,6 +130,7 @@ class MergedColumnParallelLinear(LinearBase):
         self.local_sizes = [ctx.shard(s, "output features") for s in output_sizes]
         super().__init__(in_features, sum(self.local_sizes), bias, ctx, frozenset(range(len(output_sizes))))
 
+    @slice_aware
     def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable = None) -> None:
         size = self.local_sizes[shard_id]
         offset = sum(self.local_sizes[:shard_id])
@@ -152,6 +157,7 @@ class QKVParallelLinear(LinearBase):
         self.shard_offsets = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}
         super().__init__(hidden, q + 2 * kv, bias, ctx, frozenset({"q", "k", "v"}))
 
+    @slice_aware
     def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable = None) -> None:
         offset, size = self.shard_offsets[shard_id]
         if loaded.shape[0] == size * self.ctx.tp_size:
@@ -167,6 +173,7 @@ class RowParallelLinear(LinearBase):
     ):
         super().__init__(ctx.shard(in_features, "input features"), out_features, bias, ctx)
 
+    @slice_aware
     def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable = None) -> None:
         if param.dim() == 2:
             n = param.shape[1]

@@ -11,6 +11,7 @@ from torch import nn
 from mlaserve.layers.activation import get_act_fn
 from mlaserve.layers.cuda_kernels import kernel_for
 from mlaserve.layers.linear import default_weight_loader, make_param
+from mlaserve.loader.checkpoint_slice import slice_aware
 from mlaserve.parallel import ParallelContext
 
 
@@ -123,6 +124,7 @@ class FusedExperts(nn.Module):
         index = expert - self.first
         return index if 0 <= index < self.num_local else None
 
+    @slice_aware
     def load_w13(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: tuple[int, int]) -> None:
         expert, which = shard_id
         if (index := self._local(expert)) is None:
@@ -131,6 +133,7 @@ class FusedExperts(nn.Module):
             loaded = loaded.narrow(0, self.inter_rank * self.inter, self.inter)
         default_weight_loader(param.data[index].narrow(0, which * self.inter, self.inter), loaded)
 
+    @slice_aware
     def load_w2(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: int) -> None:
         if (index := self._local(shard_id)) is None:
             return

@@ -20,9 +20,9 @@ def checkpoint_tensors(files: ModelFiles):
         from mlaserve.loader.gguf_reader import iter_gguf_tensors
 
         return iter_gguf_tensors(files.path)
-    from mlaserve.loader.safetensors_reader import iter_safetensors
+    from mlaserve.loader.safetensors_reader import iter_safetensor_slices
 
-    return iter_safetensors(files.path)
+    return iter_safetensor_slices(files.path)  # a tensor-parallel rank reads only its part of each
 
 
 def pack_cpu_weights(model: torch.nn.Module) -> None:

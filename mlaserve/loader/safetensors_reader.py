@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from mlaserve.loader.checkpoint_slice import CheckpointSlice
+
 INDEX_FILE = "model.safetensors.index.json"
 
 
@@ -30,6 +32,16 @@ def safetensors_shards(folder: str | Path) -> list[Path]:
     if not shards:
         raise FileNotFoundError(f"no *.safetensors files in {folder}")
     return shards
+
+
+def iter_safetensor_slices(folder: str | Path) -> Iterator[tuple[str, torch.Tensor | CheckpointSlice]]:
+    """(name, slice) for every tensor of the checkpoint, nothing read until a loader reads its part (scalars are
+    read at once); each slice is valid until the next one is taken."""
+    for shard in safetensors_shards(folder):
+        with safe_open(shard, framework="pt") as reader:
+            for name in reader.keys():
+                source = reader.get_slice(name)
+                yield name, CheckpointSlice.of(source) if source.get_shape() else reader.get_tensor(name)
 
 
 def iter_safetensors(folder: str | Path) -> Iterator[tuple[str, torch.Tensor]]:

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from mlaserve.layers.linear import ShapeMismatch, default_weight_loader
+from mlaserve.loader.checkpoint_slice import read
 
 
 @dataclass
@@ -59,8 +60,11 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
             report.unexpected.append(ckpt_name)
             continue
         param = params[name]
+        loader = getattr(param, "weight_loader", default_weight_loader)
+        if not getattr(loader, "takes_slices", False):
+            tensor = read(tensor).to(param.dtype)
         try:
-            getattr(param, "weight_loader", default_weight_loader)(param, tensor.to(param.dtype), shard_id)
+            loader(param, tensor, shard_id)
         except ShapeMismatch as e:
             report.shape_mismatches.append(f"{ckpt_name} ({e})")
             continue

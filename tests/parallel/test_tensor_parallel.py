@@ -54,12 +54,10 @@ def assert_same(want: list, got: list) -> None:
         ("deepseek_v3", {}),
         ("deepseek_v3", {"enable_expert_parallel": True}),
         ("llama", {}),
-        (
-            "deepseek_v3",
-            {"tensor_parallel_size": 1, "distributed_executor_backend": "mp"},
-        ),  # the group of one
+        ("deepseek_v3", {"tensor_parallel_size": 1, "distributed_executor_backend": "mp"}),  # a group of one
+        ("deepseek_v2", {"kv_cache_dtype": "int8"}),  # the 8-bit latent cache, on every rank
     ],
-    ids=["v2-tp2", "v3-tp2", "v3-ep2", "llama-tp2", "v3-mp1"],
+    ids=["v2-tp2", "v3-tp2", "v3-ep2", "llama-tp2", "v3-mp1", "v2-tp2-int8"],
 )
 def test_same_tokens_and_logprobs_as_one_process(tiny, name, options):
     model = tiny(name)
@@ -74,7 +72,7 @@ def test_same_tokens_and_logprobs_as_one_process(tiny, name, options):
         pids = [] if workers is None else workers.pids
     finally:
         llm.engine.close()
-    assert_same(run(model), got)
+    assert_same(run(model, **{k: v for k, v in options.items() if k == "kv_cache_dtype"}), got)
     for pid in pids:  # close() stopped the ranks it started
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
 
