@@ -151,19 +151,21 @@ SERVE = textwrap.dedent(
     import sys
     from mlaserve.server.run import serve
     from mlaserve.server.settings import ServerSettings
-    options = dict(model=sys.argv[1], dtype="float32", device="cpu", max_model_len=128, tensor_parallel_size=2)
+    options = dict(model=sys.argv[1], dtype="float32", device="cpu", max_model_len=128, tensor_parallel_size=2,
+                   enable_expert_parallel=sys.argv[2] == "ep")
     sys.exit(serve(options, ServerSettings(port=0, metrics_port=0, shutdown_grace_s=2.0)))
     """
 )
 
 
-def test_server_at_tp2_answers_as_one_process_and_dies_with_a_rank(tiny):
+@pytest.mark.parametrize(("name", "split"), [("deepseek_v3", "tp"), ("deepseek_v3", "ep"), ("llama", "tp")])
+def test_server_at_tp2_answers_as_one_process_and_dies_with_a_rank(tiny, name, split):
     import re
 
-    model = tiny("deepseek_v3")
+    model = tiny(name)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(
-        [sys.executable, "-c", SERVE, str(model)],
+        [sys.executable, "-c", SERVE, str(model), split],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -188,7 +190,7 @@ def test_server_at_tp2_answers_as_one_process_and_dies_with_a_rank(tiny):
         body = {"model": name, "prompt": prompts()[1]["prompt_token_ids"], "max_tokens": 10, "temperature": 0}
         body |= {"ignore_eos": True, "logprobs": 1}
         choice = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]
-        assert choice["logprobs"]["tokens"] and len(choice["logprobs"]["token_logprobs"]) == 10
+        assert choice["text"] == want[1].outputs[0].text and len(choice["logprobs"]["token_logprobs"]) == 10
         expected = want[1].outputs[0].logprobs
         for got, step, token in zip(
             choice["logprobs"]["token_logprobs"], expected, want[1].outputs[0].token_ids
