@@ -20,6 +20,8 @@ Sections:
   v4        DeepSeek-V4-shaped decode attention (window, 128:1 entries, indexer + top-512 of 4:1 entries, sinks)
             composed from our kernels vs dense MLA decode at 65,536 tokens, batch 32, and KV bytes per token
             (benchmarks/gpu_v4.py)
+  conversion a Llama-3-8B shape with its per-head K/V cache against the same model converted to MLA at each KV cut
+            of the quality table: decode tok/s at batch 32 and 8,000-token contexts (benchmarks/gpu_conversion.py)
   tp        the V2-Lite shape per tensor-parallel layout the machine allows (one process; the process group of one;
             N GPUs tensor and expert parallel): greedy tokens against the first layout, decode tok/s at batch 1 and
             32, 256 x (1,000 + 100) requests/s, the collectives' share of a decode step (benchmarks/gpu_tp.py)
@@ -41,7 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import gpu_sparse, gpu_tp, gpu_v4  # noqa: E402
+from benchmarks import gpu_conversion, gpu_sparse, gpu_tp, gpu_v4  # noqa: E402
 from benchmarks.step_timer import DecodeStepTimer  # noqa: E402
 from mlaserve.attention.metadata import build_metadata  # noqa: E402
 from mlaserve.attention.torch_ref import TorchBackend  # noqa: E402
@@ -478,12 +480,19 @@ def throughput(tmp: Path) -> dict:
     return result
 
 
+def byte_tokenizer(folder: Path) -> None:
+    from tests.tiny_models import save_byte_tokenizer
+
+    save_byte_tokenizer(folder)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--sections", default="ceilings,kernels,decode,moe,tiny,lite,mla_vs_mha,throughput,sparse,v4,tp"
+        "--sections",
+        default="ceilings,kernels,decode,moe,tiny,lite,mla_vs_mha,throughput,sparse,v4,tp,conversion",
     )
     parser.add_argument(
         "--hf-peer", action="store_true", help="also time transformers generate in the lite section"
@@ -509,6 +518,7 @@ def main() -> None:
                          ("mla_vs_mha", lambda: mla_vs_mha(Path(tmp))), ("throughput", lambda: throughput(Path(tmp))),
                          ("sparse", lambda: gpu_sparse.sparse(bench, bench_graph)),
                          ("v4", lambda: gpu_v4.v4(bench, bench_graph)),
+                         ("conversion", lambda: gpu_conversion.conversion(Path(tmp), DecodeStepTimer, byte_tokenizer)),
                          ("tp", lambda: gpu_tp.tp(Path(tmp), lite_llm, random_prompts, DecodeStepTimer, timed_burst))]:  # fmt: skip
             if name in sections:
                 t = time.perf_counter()
