@@ -28,6 +28,7 @@ LLAMA3_8B = dict(
 # (x 8) plus a latent: -25% 8 x 128 + 512, -50% 8 x 64 + 512, -75% 8 x 32 + 256, -87.5% 8 x 16 + 128.
 LAYOUTS = [
     ("original (per-head K/V)", {}),
+    ("MLA exact (same bytes)", dict(enable_mla=True)),
     ("MLA -25% (values only)", dict(enable_mla=True, mla_latent_dim=512, qk_rope_head_dim=128)),
     ("MLA -50%", dict(enable_mla=True, mla_latent_dim=512, qk_rope_head_dim=64)),
     ("MLA -75%", dict(enable_mla=True, mla_latent_dim=256, qk_rope_head_dim=32)),
