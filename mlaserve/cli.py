@@ -147,13 +147,14 @@ def cmd_convert(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         "device": args.device,
     }
-    section = convert_folder(args.src, args.dst, **{k: v for k, v in options.items() if v is not None})
+    options = {k: v for k, v in options.items() if v is not None}
+    section = convert_folder(args.src, args.dst, args.format, **options)
     kv, skipped = section["kv_bytes_per_token"], section["mla_skip_layers"]
     print(
         f"converted {args.src} -> {args.dst}: kv_lora_rank per layer {section['ranks']}"
         + (f" (layers {skipped} keep per-head K/V)" if skipped else "")
         + f"; KV bytes per token {kv['before']} -> {kv['after']} ({section['cache_dtype']}); "
-        f"calibration: {section['calibration'] or 'none (exact conversion)'}"
+        f"calibration: {section['calibration'] or 'none (exact conversion)'}; format {section['format']}"
     )
     return 0
 
@@ -205,6 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     convert.add_argument("--mla-rank-allocation", default=None, help="uniform (default) or error")
     convert.add_argument("--dtype", default="float32", help="dtype the calibration runs in (default float32)")
     convert.add_argument("--device", default="cpu")
+    convert.add_argument(
+        "--format",
+        default="auto",
+        choices=("auto", "deepseek_v2", "mlaserve"),
+        help="deepseek_v2: a DeepSeek-V2 folder transformers loads too (one rank, no skipped layer); mlaserve: any "
+        "conversion, served by mlaserve; auto (default): deepseek_v2 where it can",
+    )
     export = sub.add_parser("export-tokenizer", help="write the model's tokenizer as a Hugging Face folder")
     export.add_argument("output", help="folder to write (created if missing)")
     export.add_argument(

@@ -1,7 +1,10 @@
 """`mlaserve convert SRC DST`: a Llama/Qwen2/Mistral folder converted to MLA once, served by `LLM(DST)` without
 calibrating again.
 
-DST holds SRC's files unchanged (the converted layers still project keys and values with the original weights; the
+Two formats. `deepseek_v2` (what `auto` writes when every layer is converted at one rank, without attention biases
+or sliding windows): a DeepSeek-V2 folder that transformers' DeepseekV2ForCausalLM loads too
+(conversion/deepseek_format.py).
+`mlaserve` (what `auto` writes otherwise: per-layer ranks, skipped layers, Qwen2's biases): DST holds SRC's files unchanged (the converted layers still project keys and values with the original weights; the
 latent is those projections' kept rotary pairs and principal directions), plus:
   mlaserve_mla/latent.safetensors   per converted layer: the rotary pairs each KV head keeps, and the latent basis
                                (absent for an exact layer)
@@ -26,10 +29,15 @@ SECTION = "mlaserve_mla"
 TENSORS = "mlaserve_mla/latent.safetensors"  # a subfolder: the checkpoint loader reads every top-level file
 
 
-def convert_folder(src: str, dst: str, **options: object) -> dict:
+def convert_folder(src: str, dst: str, format: str = "auto", **options: object) -> dict:
     """Convert SRC with the engine's own enable_mla path (options: mla_latent_dim, qk_rope_head_dim,
-    mla_skip_layers, mla_rank_allocation, dtype, device) and write DST; returns the config section."""
+    mla_skip_layers, mla_rank_allocation, dtype, device) and write DST in `format` ("auto", "deepseek_v2",
+    "mlaserve"); returns the conversion's summary (the mlaserve config section, with the format written)."""
     from mlaserve import LLM
+    from mlaserve.conversion.deepseek_format import check_exportable, export_deepseek_v2
+
+    if format not in ("auto", "deepseek_v2", "mlaserve"):
+        raise ValueError(f"format must be auto, deepseek_v2 or mlaserve, got {format!r}")
 
     target = Path(dst)
     if target.exists() and any(target.iterdir()):
@@ -69,12 +77,20 @@ def convert_folder(src: str, dst: str, **options: object) -> dict:
         if options.get("mla_latent_dim") or options.get("qk_rope_head_dim")
         else None,
     }
+    problems = check_exportable(llm.engine.model_config.hf_config, model) if format != "mlaserve" else []
+    if format == "deepseek_v2" and problems:
+        raise ValueError(
+            "cannot write the DeepSeek-V2 format: " + "; ".join(problems) + " (use --format mlaserve)"
+        )
+    if format != "mlaserve" and not problems:
+        export_deepseek_v2(source, target, model, llm.engine.model_config.hf_config, original)
+        return {**section, "format": "deepseek_v2"}
     shutil.copytree(source, target, dirs_exist_ok=True)
     original[SECTION] = section
     (target / "config.json").write_text(json.dumps(original, indent=2) + "\n")
     (target / TENSORS).parent.mkdir()
     save_file(tensors, str(target / TENSORS))
-    return section
+    return {**section, "format": "mlaserve"}
 
 
 def saved_conversion(config_dict: dict) -> dict | None:

@@ -26,6 +26,10 @@ from mlaserve.parallel import ParallelContext
 
 _PREP_KERNEL = ("mlaserve.layers.triton_mla_prep", "mla_prep")
 
+# The latent norms' eps is fixed, whatever rms_norm_eps says: DeepSeek's code and transformers both leave it at
+# the RMSNorm default (a config with another rms_norm_eps would otherwise differ from the reference).
+LATENT_NORM_EPS = 1e-6
+
 
 def yarn_mscale(factor: float, mscale: float) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
@@ -58,7 +62,7 @@ class MLAAttention(nn.Module):
         self.q_lora_rank = getattr(cfg, "q_lora_rank", None)
         if self.q_lora_rank:
             self.q_a_proj = ReplicatedLinear(cfg.hidden_size, self.q_lora_rank, bias, ctx)
-            self.q_a_layernorm = RMSNorm(self.q_lora_rank, cfg.rms_norm_eps)
+            self.q_a_layernorm = RMSNorm(self.q_lora_rank, LATENT_NORM_EPS)
             self.q_b_proj = ColumnParallelLinear(
                 self.q_lora_rank, cfg.num_attention_heads * qk_head, False, ctx
             )
@@ -67,7 +71,7 @@ class MLAAttention(nn.Module):
         self.kv_a_proj_with_mqa = ReplicatedLinear(
             cfg.hidden_size, self.kv_lora_rank + self.rope_dim, bias, ctx
         )
-        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, cfg.rms_norm_eps)
+        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, LATENT_NORM_EPS)
         self.kv_b_proj = ColumnParallelLinear(
             self.kv_lora_rank, cfg.num_attention_heads * (self.nope_dim + self.v_dim), False, ctx
         )
