@@ -52,6 +52,8 @@ CONFIGS: dict[str, tuple[str, dict]] = {
             routed_scaling_factor=1.5,
         ),
     ),
+    # rms_norm_eps far from 1e-6: the latent norms keep DeepSeek's fixed 1e-6, the layer norms take the config's
+    "deepseek_v2_eps": ("DeepseekV2", dict(MLA, q_lora_rank=48, n_group=1, topk_group=1, rms_norm_eps=1e-2)),
     "deepseek_v3": (
         "DeepseekV3",
         dict(MLA, q_lora_rank=48, n_group=4, topk_group=2, routed_scaling_factor=2.5),
