@@ -76,11 +76,12 @@ def _with_saved_conversion(config: EngineConfig, saved: dict) -> EngineConfig:
 def stop_ranks(workers: Workers | None, parallel: ParallelContext) -> None:
     """Send the other ranks the stop, wait for them (killing any of ours that hang) and leave the process group.
     workers: None when a launcher (torchrun) started the ranks."""
-    from mlaserve.parallel.group import broadcast_object, destroy
+    from mlaserve.parallel.group import broadcast_object, destroy, leave
 
     if workers is None or workers.dead is None:
         try:
             broadcast_object(parallel, None)
+            leave(parallel)
         except Exception:  # noqa: BLE001 - a rank already gone; stop() kills the rest
             logger.warning("tensor-parallel ranks did not take the stop; killing them")
     if workers is not None:
@@ -139,8 +140,10 @@ class EngineCore:
         if external and tp_rank:
             # A launched rank past 0 serves rank 0's steps inside LLM(...) and ends when rank 0's engine closes: the
             # rest of the script is rank 0's.
+            from mlaserve.parallel.group import exit_rank
+
             self.serve_plans()
-            raise SystemExit(0)
+            exit_rank()
 
     def _start_parallel(self, tp_rank: int, init_method: str | None, external: bool) -> None:
         """Rank 0 starts the other ranks (unless a launcher did); every rank joins the group on its own device."""
@@ -503,11 +506,11 @@ class EngineCore:
     # ---- tensor parallelism ----------------------------------------------------------------------------------
     def serve_plans(self) -> None:
         """A rank past 0: run each step rank 0 sends, until it sends the stop (None)."""
-        from mlaserve.parallel.group import broadcast_object, destroy
+        from mlaserve.parallel.group import broadcast_object, leave
 
         while (plan := broadcast_object(self.parallel)) is not None:
             self.runner.run_plan(plan)
-        destroy()
+        leave(self.parallel)
 
     def close(self) -> None:
         """Rank 0 of a tensor-parallel engine: stop the other ranks and leave the process group; idempotent (also

@@ -60,8 +60,28 @@ def min_over_ranks(ctx: ParallelContext, value: int) -> int:
     return int(t.item())
 
 
+def leave(ctx: ParallelContext) -> None:
+    """Every rank, after the stop: wait until all have it, then leave the group. Without the barrier a rank could
+    tear its group down while another still talks to it, and the process aborts at exit."""
+    import torch.distributed as dist
+
+    dist.barrier(group=ctx.cpu_group)
+    destroy()
+
+
 def destroy() -> None:
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_rank() -> None:
+    """A rank past 0 whose engine has stopped: end the process without the interpreter's teardown, where the
+    process group's C++ threads can abort it."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

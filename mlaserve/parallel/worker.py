@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 
+from mlaserve.parallel.group import exit_rank
 from mlaserve.parallel.workers import ENV
 
 
@@ -37,6 +38,7 @@ def main() -> None:
     except RuntimeError as error:  # rank 0 went away mid-collective: its own log says why
         logging.getLogger(__name__).warning("rank %d: leaving, rank 0 is gone (%s)", rank, str(error)[:200])
         raise SystemExit(1) from None
+    exit_rank()
 
 
 if __name__ == "__main__":
