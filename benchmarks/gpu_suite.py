@@ -20,6 +20,8 @@ Sections:
   v4        DeepSeek-V4-shaped decode attention (window, 128:1 entries, indexer + top-512 of 4:1 entries, sinks)
             composed from our kernels vs dense MLA decode at 65,536 tokens, batch 32, and KV bytes per token
             (benchmarks/gpu_v4.py)
+  mixed     a mixed-length workload (256 requests, prompts and outputs from skewed distributions, all at once) on the
+            V2-Lite shape, bf16 and fp8 caches, against a roofline from the ceilings (benchmarks/gpu_mixed.py)
   conversion a Llama-3-8B shape with its per-head K/V cache against the same model converted to MLA at each KV cut
             of the quality table: decode tok/s at batch 32 and 8,000-token contexts (benchmarks/gpu_conversion.py)
   tp        the V2-Lite shape per tensor-parallel layout the machine allows (one process; the process group of one;
@@ -43,7 +45,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import gpu_conversion, gpu_sparse, gpu_tp, gpu_v4  # noqa: E402
+from benchmarks import gpu_conversion, gpu_mixed, gpu_sparse, gpu_tp, gpu_v4  # noqa: E402
 from benchmarks.step_timer import DecodeStepTimer  # noqa: E402
 from mlaserve.attention.metadata import build_metadata  # noqa: E402
 from mlaserve.attention.torch_ref import TorchBackend  # noqa: E402
@@ -518,6 +520,7 @@ def main() -> None:
                          ("mla_vs_mha", lambda: mla_vs_mha(Path(tmp))), ("throughput", lambda: throughput(Path(tmp))),
                          ("sparse", lambda: gpu_sparse.sparse(bench, bench_graph)),
                          ("v4", lambda: gpu_v4.v4(bench, bench_graph)),
+                         ("mixed", lambda: gpu_mixed.mixed(Path(tmp), ceil, lite_llm, V2_LITE)),
                          ("conversion", lambda: gpu_conversion.conversion(Path(tmp), DecodeStepTimer, byte_tokenizer)),
                          ("tp", lambda: gpu_tp.tp(Path(tmp), lite_llm, random_prompts, DecodeStepTimer, timed_burst))]:  # fmt: skip
             if name in sections:
