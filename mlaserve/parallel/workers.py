@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +38,12 @@ class Workers:
         self.stopping = False
         self.dead: str | None = None  # what went wrong, once a worker exited unexpectedly
         self.noticed = threading.Event()  # set by the core once it raised WorkerDied
+        # the workers import this same mlaserve, wherever it came from (installed, PYTHONPATH or a sys.path entry)
+        source = str(Path(__file__).resolve().parents[2])
+        path = os.pathsep.join(p for p in (source, os.environ.get("PYTHONPATH", "")) if p)
         for rank in range(1, size):
             payload = base64.b64encode(pickle.dumps((rank, size, init_method, config, os.getpid())))
-            env = {**os.environ, ENV: payload.decode()}
+            env = {**os.environ, ENV: payload.decode(), "PYTHONPATH": path}
             self.procs.append(subprocess.Popen([sys.executable, "-m", "mlaserve.parallel.worker"], env=env))
         threading.Thread(target=self._watch, name="mlaserve-tp-watch", daemon=True).start()
 
