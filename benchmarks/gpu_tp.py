@@ -71,7 +71,7 @@ def tp(
             del llm
             gc.collect()
             torch.cuda.empty_cache()
-        if "error" not in row and layout.get("distributed_executor_backend") != "uni":
+        if "error" not in row:
             row["collective_share_of_decode_step"] = collective_share(tmp, lite_llm, batch32, layout)
         print(json.dumps({k: v for k, v in row.items() if k != "stats"}), flush=True)
         rows.append(row)
@@ -120,7 +120,7 @@ def collective_share(tmp: Path, lite_llm: Callable, prompts: list, layout: dict)
     from mlaserve import SamplingParams
 
     if layout["tensor_parallel_size"] == 1 and "distributed_executor_backend" not in layout:
-        return {"nccl_us": 0.0, "share": 0.0}
+        return {"nccl_us_per_step": 0.0, "share": 0.0}  # one process: no collectives to profile
     llm = lite_llm(tmp / "v2lite", max_num_seqs=64, enforce_eager=True, **layout)
     try:
         engine = llm.engine

@@ -77,13 +77,11 @@ def convert_folder(src: str, dst: str, format: str = "auto", **options: object) 
         if options.get("mla_latent_dim") or options.get("qk_rope_head_dim")
         else None,
     }
-    problems = check_exportable(llm.engine.model_config.hf_config, model) if format != "mlaserve" else []
-    if format == "deepseek_v2" and problems:
-        raise ValueError(
-            "cannot write the DeepSeek-V2 format: " + "; ".join(problems) + " (use --format mlaserve)"
-        )
-    if format != "mlaserve" and not problems:
-        export_deepseek_v2(source, target, model, llm.engine.model_config.hf_config, original)
+    hf_config = llm.engine.model_config.hf_config
+    if format == "deepseek_v2" or (format == "auto" and not check_exportable(hf_config, model)):
+        export_deepseek_v2(
+            source, target, model, hf_config, original
+        )  # names what it cannot hold, if anything
         return {**section, "format": "deepseek_v2"}
     shutil.copytree(source, target, dirs_exist_ok=True)
     original[SECTION] = section

@@ -114,6 +114,9 @@ class EngineCore:
         self.device = resolve_device(config.device)
         self.workers: Workers | None = None
         self.parallel: ParallelContext = SINGLE
+        self._stop_ranks: weakref.finalize | None = (
+            None  # rank 0 of a process group: leaves it, stops the ranks
+        )
         torch.manual_seed(config.seed)
         files = resolve_model(config.model, need_weights=config.load_format != "dummy")
         # A folder `mlaserve convert` wrote: MLA without calibrating.
@@ -515,7 +518,7 @@ class EngineCore:
     def close(self) -> None:
         """Rank 0 of a tensor-parallel engine: stop the other ranks and leave the process group; idempotent (also
         run when the engine is collected, or at exit)."""
-        if hasattr(self, "_stop_ranks"):
+        if self._stop_ranks is not None:
             self._stop_ranks()
         elif self.workers is not None:  # the process group never formed
             self.workers.stop(timeout=0)

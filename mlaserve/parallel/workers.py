@@ -55,21 +55,24 @@ class Workers:
         """After a failed collective: whether (and how) a worker died. A collective fails as soon as a peer's
         socket closes, possibly before its exit code is readable: this waits up to `timeout` for one."""
         deadline = time.monotonic() + timeout
-        while self.dead is None:
-            for rank, proc in enumerate(self.procs, start=1):
-                if (code := proc.poll()) is not None:
-                    self.dead = self._death(rank, proc, code)
-                    break
-            else:
-                if time.monotonic() >= deadline:
-                    return None
-                time.sleep(0.02)
+        while self._poll() is None:
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
         self.noticed.set()
         return self.dead
 
-    @staticmethod
-    def _death(rank: int, proc: subprocess.Popen, code: int) -> str:
-        return f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code {code}: the engine cannot go on without it"
+    def _poll(self) -> str | None:
+        """The first worker found exited, described (recorded once); None while every worker runs."""
+        if self.dead is None:
+            for rank, proc in enumerate(self.procs, start=1):
+                if (code := proc.poll()) is not None:
+                    self.dead = (
+                        f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code {code}: "
+                        "the engine cannot go on without it"
+                    )
+                    break
+        return self.dead
 
     def check(self) -> None:
         """Raises WorkerDied once a worker has exited unexpectedly."""
@@ -79,18 +82,13 @@ class Workers:
 
     def _watch(self) -> None:
         while not self.stopping:
-            for rank, proc in enumerate(self.procs, start=1):
-                code = proc.poll()
-                if code is not None and not self.stopping:
-                    self.dead = self.dead or self._death(rank, proc, code)
-                    logger.error(self.dead)
-                    if not self.noticed.wait(_GRACE_S):  # the core is stuck in a collective with that rank
-                        print(
-                            f"mlaserve: {self.dead}; ending the engine process", file=sys.stderr, flush=True
-                        )
-                        os._exit(1)
-                    self._kill()
-                    return
+            if self._poll() is not None and not self.stopping:
+                logger.error(self.dead)
+                if not self.noticed.wait(_GRACE_S):  # the core is stuck in a collective with that rank
+                    print(f"mlaserve: {self.dead}; ending the engine process", file=sys.stderr, flush=True)
+                    os._exit(1)
+                self._kill()
+                return
             time.sleep(0.2)
 
     def stop(self, timeout: float = 10.0) -> None:
