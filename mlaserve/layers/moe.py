@@ -102,18 +102,14 @@ class FusedExperts(nn.Module):
     ) -> None:
         super().__init__()
         self.ctx = ctx
-        if ctx.expert_parallel:
+        if ctx.expert_parallel:  # this rank's run of whole experts
             self.num_local = ctx.shard(num_experts, "n_routed_experts")
-            self.first, self.inter, self.inter_ranks, self.inter_rank = (
-                ctx.tp_rank * self.num_local,
-                intermediate,
-                1,
-                0,
-            )
-        else:
+            self.first, self.inter = ctx.tp_rank * self.num_local, intermediate
+        else:  # every expert, this rank's slice of its width
             self.num_local, self.first = num_experts, 0
             self.inter = ctx.shard(intermediate, "moe_intermediate_size")
-            self.inter_ranks, self.inter_rank = ctx.tp_size, ctx.tp_rank
+        # the width split a checkpoint tensor is narrowed by: none with expert parallelism
+        self.inter_rank, self.inter_ranks = (0, 1) if ctx.expert_parallel else (ctx.tp_rank, ctx.tp_size)
         self.act = get_act_fn(act)
         local = range(self.first, self.first + self.num_local)
         w13_shards = frozenset((e, i) for e in local for i in (0, 1))
