@@ -1,11 +1,11 @@
 """The same requests through the offline API and through `mlaserve serve`: how much of the engine the server keeps.
 
 N requests of exactly --prompt-len token ids and --new-tokens output tokens (ignore_eos, greedy) are sent at once:
-to `LLM.generate` in a process of its own, then as N concurrent streaming clients to a server launched with the same
+to `LLM.generate` in a process of its own, and as N concurrent streaming clients to a server launched with the same
 engine options (benchmarks/serving.py's client, spread over --client-processes: TTFT, inter-token latency, output
-tokens/s). Each side runs a warm-up batch of the same size first, then --repeats measured batches (the same prompts
-on both sides); the median run of each side is reported. The figure is the ratio server / offline of output
-tokens/s; beside the server's ITL stands the offline decode step time (the offline run's decode phase divided by its
+tokens/s). Both stay up and their runs alternate, the same prompts on both sides: a warm-up pair, then --repeats
+measured pairs. The figure is the ratio server / offline of output tokens/s, the median over the pairs (the median
+run of each side is reported too); beside the server's ITL stands the offline decode step time (the offline run's decode phase divided by its
 steps), and beside each server run how busy each process was (CPU seconds over wall seconds: API server, engine
 core, client), which says which one bounds it.
 
@@ -39,21 +39,35 @@ def token_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[i
     return [[rng.randrange(10, min(vocab, 30000)) for _ in range(length)] for _ in range(count)]
 
 
-def offline_runs(options: dict, batches: list[list[list[list[int]]]], new_tokens: int) -> list[list[dict]]:
-    """The offline side, in a process of its own: its GPU memory is all given back before the server starts.
-    batches[i] is a warm-up batch then the measured repeats of one stream count."""
-    import multiprocessing
+class OfflineSide:
+    """`LLM.generate` in a process of its own, alive beside the server so that the two sides' runs interleave
+    (offline, server, offline, ...): a shared or noisy machine's drift then lands on both alike. On a GPU it takes
+    half the memory fraction, which leaves the server's engine the other half."""
 
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(1) as pool:
-        return pool.apply(_offline_runs, (options, batches, new_tokens))
+    def __init__(self, options: dict) -> None:
+        import multiprocessing
+
+        self.options = options
+        self.pool = multiprocessing.get_context("spawn").Pool(1)
+
+    def run(self, prompts: list[list[int]], new_tokens: int) -> dict:
+        return self.pool.apply(_offline_run, (self.options, prompts, new_tokens))
+
+    def close(self) -> None:
+        self.pool.terminate()
+        self.pool.join()
 
 
-def _offline_runs(options: dict, batches: list[list[list[list[int]]]], new_tokens: int) -> list[list[dict]]:
-    from mlaserve import LLM
+_LLM: object = None  # the offline side's engine, built by its first run (an error reaches the caller)
 
-    llm = LLM(**options)
-    return [[offline(llm, prompts, new_tokens) for prompts in runs][1:] for runs in batches]
+
+def _offline_run(options: dict, prompts: list[list[int]], new_tokens: int) -> dict:
+    global _LLM
+    if _LLM is None:
+        from mlaserve import LLM
+
+        _LLM = LLM(**options)
+    return offline(_LLM, prompts, new_tokens)
 
 
 def offline(llm: object, prompts: list[list[int]], new_tokens: int) -> dict:
@@ -140,7 +154,12 @@ def main() -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--streams", default="32", help="comma-separated numbers of concurrent streams")
     parser.add_argument("--prompt-len", type=int, default=64)
-    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument(
+        "--new-tokens",
+        type=int,
+        default=256,
+        help="output tokens per request (long enough for a steady state)",
+    )
     parser.add_argument("--rates", default="", help="Poisson arrival rates (req/s) to try, comma-separated")
     parser.add_argument("--rate-requests", type=int, default=128, help="requests per Poisson rate")
     parser.add_argument("--max-model-len", type=int, default=1024)
@@ -188,7 +207,7 @@ def main() -> int:
         max_num_seqs=max(256, most),
     )
     if args.device != "cpu":
-        options["gpu_memory_utilization"] = args.gpu_memory_utilization
+        options["gpu_memory_utilization"] = args.gpu_memory_utilization / 2
     if args.max_num_batched_tokens is not None:
         options["max_num_batched_tokens"] = args.max_num_batched_tokens
     if args.prefill_first:
@@ -203,9 +222,6 @@ def main() -> int:
         [token_prompts(n, args.prompt_len, vocab, seed=1000 * n + r) for r in range(args.repeats + 1)]
         for n in streams
     ]
-    for n, runs in zip(streams, offline_runs(options, batches, args.new_tokens), strict=True):
-        report["rows"].append({"streams": n, "offline": median_run(runs, lambda r: r["output_tok_s"])})
-
     flags = f"--load-format {args.load_format} --dtype {args.dtype} --device {args.device} "
     flags += (
         f"--max-model-len {args.max_model_len} --max-num-seqs {max(256, most)} --served-model-name bench "
@@ -218,24 +234,40 @@ def main() -> int:
     if args.prefill_first:
         flags += " --prefill-first"
     launch = argparse.Namespace(config=None, model=model, server_args=flags, launch_timeout_s=1800)
+    offline_side = OfflineSide(options)
     server, args.base_url, log = serving.launch_server(launch)
     try:
         models = serving.fetch_models(
             argparse.Namespace(base_url=args.base_url, api_key_env="MLASERVE_API_KEY")
         )
         processes = models["data"][0]["mlaserve"]["processes"]
-        for row, runs in zip(report["rows"], batches, strict=True):
-            n = row["streams"]
-            measured = [served(args, prompts, n, float("inf"), processes) for prompts in runs][1:]
-            row["server"] = median_run(measured, lambda r: r["output_token_throughput_tps"])
-            server_tok_s = row["server"]["output_token_throughput_tps"]
-            row["server_over_offline"] = server_tok_s / row["offline"]["output_tok_s"]
+        for n, runs in zip(streams, batches, strict=True):
+            pairs = []
+            for prompts in runs:  # the first pair warms both sides up
+                pairs.append(
+                    (
+                        offline_side.run(prompts, args.new_tokens),
+                        served(args, prompts, n, float("inf"), processes),
+                    )
+                )
+            pairs = pairs[1:]
+            row = {
+                "streams": n,
+                "offline": median_run([o for o, _ in pairs], lambda r: r["output_tok_s"]),
+                "server": median_run([s for _, s in pairs], lambda r: r["output_token_throughput_tps"]),
+            }
+            ratios = sorted(s["output_token_throughput_tps"] / o["output_tok_s"] for o, s in pairs)
+            row["pair_ratios"] = ratios
+            row["server_over_offline"] = ratios[(len(ratios) - 1) // 2]
             itl_p99 = row["server"]["itl_s"]["p99"]
             step = row["offline"]["decode_step_ms"] / 1000
             row["itl_p99_over_offline_step"] = None if itl_p99 is None else itl_p99 / step
+            report["rows"].append(row)
+            server_tok_s = row["server"]["output_token_throughput_tps"]
             print(
                 f"{n} streams: offline {row['offline']['output_tok_s']:.0f} tok/s, server {server_tok_s:.0f} tok/s "
-                f"({row['server_over_offline']:.2f}x); TTFT p50 {row['server']['ttft_s']['p50']}, "
+                f"(server/offline per pair, median {row['server_over_offline']:.2f}x of {ratios}); "
+                f"TTFT p50 {row['server']['ttft_s']['p50']}, "
                 f"ITL p50/p99 {row['server']['itl_s']['p50']}/{itl_p99} s, offline step {step * 1000:.2f} ms; "
                 f"CPU busy {row['server']['cpu_busy']}"
             )
@@ -248,6 +280,7 @@ def main() -> int:
             )
     finally:
         serving.stop_server(server)
+        offline_side.close()
     within = [r["rate_req_s"] for r in report["rates"] if (r["server"]["itl_s"]["p99"] or 1e9) < 0.050]
     report.update(
         date=datetime.date.today().isoformat(),

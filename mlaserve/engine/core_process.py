@@ -52,7 +52,9 @@ def core_main(
     from mlaserve.engine.core import EngineCore
 
     try:
-        core = EngineCore(EngineConfig.from_kwargs(**options))
+        config = EngineConfig.from_kwargs(**options)
+        _leave_cores_for_api_servers(config.device, len(conns))
+        core = EngineCore(config)
         info = {
             "model_config": core.model_config,
             "stats": core.stats(),
@@ -72,6 +74,25 @@ def core_main(
         _CoreLoop(core, conns).run()
     finally:
         core.close()  # a tensor-parallel engine's other ranks
+
+
+def _leave_cores_for_api_servers(device: str, api_servers: int) -> None:
+    """On CPU the model's intra-op threads would take every core, and the API servers (HTTP, detokenization,
+    streams) would then preempt them in the middle of parallel regions, where every thread waits for the slowest:
+    the core ran at about half its offline speed on 2 cores. It leaves one core per API server instead (vLLM's CPU
+    backend reserves cores the same way). OMP_NUM_THREADS, when set, is the user's choice and stays."""
+    import os
+
+    import torch
+
+    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    if not on_cpu or "OMP_NUM_THREADS" in os.environ:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = max(1, min(torch.get_num_threads(), cores - api_servers))
+    if threads != torch.get_num_threads():
+        logger.info("engine core: %d CPU thread(s), %d core(s) left to the API server(s)", threads, cores - threads)
+        torch.set_num_threads(threads)
 
 
 def _send(conn: Connection, message: tuple) -> bool:

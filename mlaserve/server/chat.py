@@ -24,7 +24,7 @@ from mlaserve.server.protocol import (
 )
 from mlaserve.server.sampling import build_params, chat_max_tokens, constraint_field, prepare_choices
 from mlaserve.server.sampling import chat_logprobs as requested_logprobs
-from mlaserve.server.sse import DONE, EventStreamResponse, sse
+from mlaserve.server.sse import DONE, INDEX_SLOT, TEXT_SLOT, EventStreamResponse, sse, sse_template
 from mlaserve.server.state import ServerState
 
 
@@ -91,16 +91,17 @@ async def _events(
     # The hot path (a text delta, no logprobs): the same JSON as `chunk`, without building pydantic models.
     head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
 
-    def text_chunk(index: int, text: str) -> str:
-        usage = gen.usage().model_dump() if continuous_usage else None
+    def payload(index: object, text: object, usage: dict | None) -> dict:
         delta = {"role": None, "content": text}
-        return sse(
-            {
-                **head,
-                "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}],
-                "usage": usage,
-            }
-        )
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+        return {**head, "choices": [choice], "usage": usage}
+
+    text_event = sse_template(payload(INDEX_SLOT, TEXT_SLOT, None), INDEX_SLOT, TEXT_SLOT)
+
+    def text_chunk(index: int, text: str) -> str:
+        if not continuous_usage:
+            return text_event(index, text)
+        return sse(payload(index, text, gen.usage().model_dump()))
 
     try:
         # OpenAI opens each choice with the role, before any token.

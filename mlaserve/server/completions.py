@@ -27,7 +27,7 @@ from mlaserve.server.protocol import (
     CompletionResponse,
 )
 from mlaserve.server.sampling import build_params, completion_prompts, constraint_field, prepare_choices
-from mlaserve.server.sse import DONE, EventStreamResponse, sse
+from mlaserve.server.sse import DONE, INDEX_SLOT, TEXT_SLOT, EventStreamResponse, sse, sse_template
 from mlaserve.server.state import ServerState
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
@@ -126,10 +126,16 @@ async def _events(
     # The hot path (a text delta, no logprobs): the same JSON as `chunk`, without building pydantic models.
     head = {"id": request_id, "object": "text_completion", "created": created, "model": model}
 
-    def text_chunk(index: int, text: str) -> str:
-        usage = gen.usage().model_dump() if continuous_usage else None
+    def payload(index: object, text: object, usage: dict | None) -> dict:
         choice = {"index": index, "text": text, "logprobs": None, "finish_reason": None}
-        return sse({**head, "choices": [choice], "usage": usage})
+        return {**head, "choices": [choice], "usage": usage}
+
+    text_event = sse_template(payload(INDEX_SLOT, TEXT_SLOT, None), INDEX_SLOT, TEXT_SLOT)
+
+    def text_chunk(index: int, text: str) -> str:
+        if not continuous_usage:
+            return text_event(index, text)
+        return sse(payload(index, text, gen.usage().model_dump()))
 
     offsets: dict[int, int] = {}
     echo_pending = set(range(len(echoed.prompts))) if echoed is not None else set()

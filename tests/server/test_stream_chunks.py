@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import httpx
 
@@ -13,6 +14,7 @@ from mlaserve.server.protocol import (
     CompletionResponse,
     Delta,
 )
+from mlaserve.server.sse import INDEX_SLOT, TEXT_SLOT, sse, sse_template
 from tests.server.conftest import make_engine, serving
 
 
@@ -40,3 +42,20 @@ def test_streamed_text_chunks_are_the_protocol_models_json(tiny_model):
             assert chunk == model.model_dump()
     finally:
         engine.shutdown()
+
+
+def test_sse_template_gives_sse_of_the_filled_payload():
+    rng = random.Random(0)
+    alphabet = ['"', "\\", "\n", "\x00", "é", "世", "🙂", "a", " ", "\x00text", "index"]
+    for _ in range(200):
+        # Client-chosen strings before the slots may contain the slots' own text: they are found from the end.
+        model = "".join(rng.choices(alphabet, k=rng.randrange(0, 6)))
+        head = {"id": "cmpl-1", "object": "text_completion", "created": 7, "model": model}
+
+        def payload(index: object, text: object, head: dict = head) -> dict:
+            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": None}
+            return {**head, "choices": [choice], "usage": None}
+
+        fill = sse_template(payload(INDEX_SLOT, TEXT_SLOT), INDEX_SLOT, TEXT_SLOT)
+        index, text = rng.randrange(0, 20), "".join(rng.choices(alphabet, k=rng.randrange(0, 8)))
+        assert fill(index, text) == sse(payload(index, text))
