@@ -3,7 +3,8 @@ submitted at once, against a roofline computed from the model's shapes and the G
 
 Workload (seeded): 256 requests, prompt lengths log-normal around 500 tokens (16 to 4,000), output lengths
 log-normal around 100 (8 to 512), ignore_eos. Reported: requests/s and output tokens/s of one `LLM.generate` over
-all of them, for the bf16 and the fp8 latent cache.
+all of them, for the bf16 and the fp8 latent cache, first with plenty of KV memory (gpu_memory_utilization 0.85),
+then with a 2 GiB KV budget that holds only part of the workload at once (the 8-bit cache fits twice the rows).
 
 Roofline (a lower bound on the wall time, printed beside it): every prompt's prefill at the measured bf16 GEMM rate
 (2 x the active parameters per token, plus causal attention), then the decode steps as the workload's lengths make
@@ -26,6 +27,9 @@ from pathlib import Path
 import torch
 
 REQUESTS = 256
+LIMITED_KV_BYTES = (
+    2 << 30
+)  # about a third of the bf16 KV the whole workload would hold at once (the JSON says)
 
 
 def workload(seed: int = 0, count: int = REQUESTS) -> list[tuple[int, int]]:
@@ -112,10 +116,16 @@ def mixed(tmp: Path, ceilings: dict, lite_llm: Callable, config: dict) -> dict:
     s = shapes(config)
     copy_Bps, flops = ceilings["copy_GBps"] * 1e9, ceilings["bf16_gemm_TFLOPs"] * 1e12
     rows = []
-    for cache in ("auto", "fp8_e4m3"):
+    for budget, cache in [
+        (None, "auto"),
+        (None, "fp8_e4m3"),
+        (LIMITED_KV_BYTES, "auto"),
+        (LIMITED_KV_BYTES, "fp8_e4m3"),
+    ]:
         gc.collect()
         torch.cuda.empty_cache()
-        llm = lite_llm(tmp / "v2lite", max_num_seqs=REQUESTS, kv_cache_dtype=cache)
+        limit = {} if budget is None else {"kv_cache_memory_bytes": budget}
+        llm = lite_llm(tmp / "v2lite", max_num_seqs=REQUESTS, kv_cache_dtype=cache, **limit)
         kv_bpt = llm.stats()["kv_bytes_per_token"]
         llm.generate(
             prompts[:4], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False
@@ -131,6 +141,9 @@ def mixed(tmp: Path, ceilings: dict, lite_llm: Callable, config: dict) -> dict:
         bound = roofline(work, s, kv_bpt, copy_Bps, flops)
         row = {
             "kv_cache_dtype": cache,
+            "kv_budget_bytes": budget,
+            "kv_capacity_tokens": llm.stats()["kv_capacity_tokens"],
+            "num_preemptions": llm.stats()["num_preemptions"],
             "kv_bytes_per_token": kv_bpt,
             "wall_s": wall,
             "req_per_s": len(work) / wall,
@@ -150,6 +163,8 @@ def mixed(tmp: Path, ceilings: dict, lite_llm: Callable, config: dict) -> dict:
         "prompt_len_p50_p99_max": _spread(lengths[0]),
         "output_len_p50_p99_max": _spread(lengths[1]),
         "fp8_over_bf16_tok_s": rows[1]["output_tok_per_s"] / rows[0]["output_tok_per_s"],
+        "fp8_over_bf16_tok_s_kv_limited": rows[3]["output_tok_per_s"] / rows[2]["output_tok_per_s"],
+        "kv_bytes_whole_workload_bf16": sum(p + o for p, o in work) * rows[0]["kv_bytes_per_token"],
     }
 
 

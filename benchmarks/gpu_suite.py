@@ -20,8 +20,11 @@ Sections:
   v4        DeepSeek-V4-shaped decode attention (window, 128:1 entries, indexer + top-512 of 4:1 entries, sinks)
             composed from our kernels vs dense MLA decode at 65,536 tokens, batch 32, and KV bytes per token
             (benchmarks/gpu_v4.py)
+  flashinfer FlashInfer's paged MLA decode (fa3, fa2) beside ours on the same caches and queries, six shapes, and our
+            fp8 cache at the 16-head ones; needs FlashInfer importable (--flashinfer-peer, benchmarks/gpu_flashinfer.py)
   mixed     a mixed-length workload (256 requests, prompts and outputs from skewed distributions, all at once) on the
-            V2-Lite shape, bf16 and fp8 caches, against a roofline from the ceilings (benchmarks/gpu_mixed.py)
+            V2-Lite shape, bf16 and fp8 caches, with plenty of KV memory and with a KV budget that limits the batch,
+            against a roofline from the ceilings (benchmarks/gpu_mixed.py)
   conversion a Llama-3-8B shape with its per-head K/V cache against the same model converted to MLA at each KV cut
             of the quality table: decode tok/s at batch 32 and 8,000-token contexts (benchmarks/gpu_conversion.py)
   tp        the V2-Lite shape per tensor-parallel layout the machine allows (one process; the process group of one;
@@ -45,7 +48,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import gpu_conversion, gpu_mixed, gpu_sparse, gpu_tp, gpu_v4  # noqa: E402
+from benchmarks import gpu_conversion, gpu_flashinfer, gpu_mixed, gpu_sparse, gpu_tp, gpu_v4  # noqa: E402
 from benchmarks.step_timer import DecodeStepTimer  # noqa: E402
 from mlaserve.attention.metadata import build_metadata  # noqa: E402
 from mlaserve.attention.torch_ref import TorchBackend  # noqa: E402
@@ -502,11 +505,18 @@ def main() -> None:
     parser.add_argument(
         "--tune", action="store_true", help="sweep the decode kernel's tile sizes, report the best"
     )
+    parser.add_argument(
+        "--flashinfer-peer",
+        action="store_true",
+        help="also run the flashinfer section: FlashInfer's MLA decode beside ours (it must be importable)",
+    )
     parser.add_argument("--eager", action="store_true", help="lite: no CUDA graphs")
     parser.add_argument("--profile", action="store_true", help="lite: print a torch profile of one request")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     sections = args.sections.split(",")
+    if args.flashinfer_peer and "flashinfer" not in sections:
+        sections.append("flashinfer")
     report = {**run_header(), "torch": torch.__version__}
     import triton
 
@@ -520,6 +530,7 @@ def main() -> None:
                          ("mla_vs_mha", lambda: mla_vs_mha(Path(tmp))), ("throughput", lambda: throughput(Path(tmp))),
                          ("sparse", lambda: gpu_sparse.sparse(bench, bench_graph)),
                          ("v4", lambda: gpu_v4.v4(bench, bench_graph)),
+                         ("flashinfer", lambda: gpu_flashinfer.flashinfer_peer(paged_case, bench_graph)),
                          ("mixed", lambda: gpu_mixed.mixed(Path(tmp), ceil, lite_llm, V2_LITE)),
                          ("conversion", lambda: gpu_conversion.conversion(Path(tmp), DecodeStepTimer, byte_tokenizer)),
                          ("tp", lambda: gpu_tp.tp(Path(tmp), lite_llm, random_prompts, DecodeStepTimer, timed_burst))]:  # fmt: skip
