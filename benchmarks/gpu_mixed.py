@@ -104,7 +104,7 @@ def roofline(
     }
 
 
-def mixed(tmp: Path, ceilings: dict, lite_llm: Callable, config: dict) -> dict:
+def mixed(tmp: Path, ceilings: dict, lite_llm: Callable, config: dict, step_timer: Callable) -> dict:
     from mlaserve import SamplingParams
 
     if not ceilings:
@@ -116,16 +116,18 @@ def mixed(tmp: Path, ceilings: dict, lite_llm: Callable, config: dict) -> dict:
     s = shapes(config)
     copy_Bps, flops = ceilings["copy_GBps"] * 1e9, ceilings["bf16_gemm_TFLOPs"] * 1e12
     rows = []
-    for budget, cache in [
-        (None, "auto"),
-        (None, "fp8_e4m3"),
-        (LIMITED_KV_BYTES, "auto"),
-        (LIMITED_KV_BYTES, "fp8_e4m3"),
+    tok_s = {}
+    limited = {"kv_cache_memory_bytes": LIMITED_KV_BYTES}
+    for name, options in [
+        ("bf16", {}),
+        ("fp8", {"kv_cache_dtype": "fp8_e4m3"}),
+        ("bf16_kv_limited", limited),
+        ("fp8_kv_limited", {**limited, "kv_cache_dtype": "fp8_e4m3"}),
+        ("bf16_prefill_first", {"prefill_first": True}),
     ]:
         gc.collect()
         torch.cuda.empty_cache()
-        limit = {} if budget is None else {"kv_cache_memory_bytes": budget}
-        llm = lite_llm(tmp / "v2lite", max_num_seqs=REQUESTS, kv_cache_dtype=cache, **limit)
+        llm = lite_llm(tmp / "v2lite", max_num_seqs=REQUESTS, **options)
         kv_bpt = llm.stats()["kv_bytes_per_token"]
         llm.generate(
             prompts[:4], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False
@@ -140,8 +142,8 @@ def mixed(tmp: Path, ceilings: dict, lite_llm: Callable, config: dict) -> dict:
         assert tokens == sum(o for _, o in work)
         bound = roofline(work, s, kv_bpt, copy_Bps, flops)
         row = {
-            "kv_cache_dtype": cache,
-            "kv_budget_bytes": budget,
+            "run": name,
+            "options": options,
             "kv_capacity_tokens": llm.stats()["kv_capacity_tokens"],
             "num_preemptions": llm.stats()["num_preemptions"],
             "kv_bytes_per_token": kv_bpt,
@@ -151,8 +153,21 @@ def mixed(tmp: Path, ceilings: dict, lite_llm: Callable, config: dict) -> dict:
             "roofline": bound,
             "roofline_over_wall": bound["total_s"] / wall,
         }
+        if name in ("bf16", "bf16_prefill_first"):  # where the time goes: a second run, every step timed
+            llm.engine.kv_manager.reset_prefix_cache()
+            with step_timer(llm.engine, torch.cuda.synchronize) as timer:
+                llm.generate(prompts, params, use_tqdm=False)
+            row["steps_timed"] = {
+                "decode_only": {"steps": timer.steps, "seconds": timer.seconds, "tokens": timer.tokens},
+                "with_prompt_tokens": {
+                    "steps": timer.other_steps,
+                    "seconds": timer.other_seconds,
+                    "tokens": timer.other_tokens,
+                },
+            }
         print(json.dumps(row), flush=True)
         rows.append(row)
+        tok_s[name] = row["output_tok_per_s"]
         del llm
     lengths = [p for p, _ in work], [o for _, o in work]
     return {
@@ -162,8 +177,8 @@ def mixed(tmp: Path, ceilings: dict, lite_llm: Callable, config: dict) -> dict:
         "output_tokens": sum(lengths[1]),
         "prompt_len_p50_p99_max": _spread(lengths[0]),
         "output_len_p50_p99_max": _spread(lengths[1]),
-        "fp8_over_bf16_tok_s": rows[1]["output_tok_per_s"] / rows[0]["output_tok_per_s"],
-        "fp8_over_bf16_tok_s_kv_limited": rows[3]["output_tok_per_s"] / rows[2]["output_tok_per_s"],
+        "fp8_over_bf16_tok_s": tok_s["fp8"] / tok_s["bf16"],
+        "fp8_over_bf16_tok_s_kv_limited": tok_s["fp8_kv_limited"] / tok_s["bf16_kv_limited"],
         "kv_bytes_whole_workload_bf16": sum(p + o for p, o in work) * rows[0]["kv_bytes_per_token"],
     }
 

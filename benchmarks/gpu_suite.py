@@ -521,6 +521,8 @@ def main() -> None:
     import triton
 
     report["triton"] = triton.__version__
+    out = args.out or f"benchmarks/results/h200-{report['date']}.json"
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         ceil = ceilings() if "ceilings" in sections else {}
         report["ceilings"] = ceil
@@ -531,7 +533,7 @@ def main() -> None:
                          ("sparse", lambda: gpu_sparse.sparse(bench, bench_graph)),
                          ("v4", lambda: gpu_v4.v4(bench, bench_graph)),
                          ("flashinfer", lambda: gpu_flashinfer.flashinfer_peer(paged_case, bench_graph)),
-                         ("mixed", lambda: gpu_mixed.mixed(Path(tmp), ceil, lite_llm, V2_LITE)),
+                         ("mixed", lambda: gpu_mixed.mixed(Path(tmp), ceil, lite_llm, V2_LITE, DecodeStepTimer)),
                          ("conversion", lambda: gpu_conversion.conversion(Path(tmp), DecodeStepTimer, byte_tokenizer)),
                          ("tp", lambda: gpu_tp.tp(Path(tmp), lite_llm, random_prompts, DecodeStepTimer, timed_burst))]:  # fmt: skip
             if name in sections:
@@ -542,9 +544,9 @@ def main() -> None:
                     report[name] = {"error": f"{type(e).__name__}: {e}"}
                 report[name + "_seconds"] = time.perf_counter() - t
                 print(name, json.dumps(report[name])[:2000], flush=True)
-    out = args.out or f"benchmarks/results/h200-{report['date']}.json"
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(report, indent=2))
+                Path(out).write_text(
+                    json.dumps(report, indent=2)
+                )  # each section's figures, should a later one crash
     print("wrote", out)
 
 

@@ -11,14 +11,16 @@ from collections.abc import Callable
 
 
 class DecodeStepTimer:
-    """Context manager over an LLMEngine: `tokens` and `seconds` of its decode-only steps while active.
+    """Context manager over an LLMEngine: `tokens` and `seconds` of its decode-only steps while active, and
+    `other_steps`, `other_seconds`, `other_tokens` of the rest (steps carrying prompt tokens, alone or mixed).
 
     `sync` makes the device finish its queued work before each clock read (torch.cuda.synchronize on GPU)."""
 
     def __init__(self, engine: object, sync: Callable[[], None] = lambda: None) -> None:
         self.engine, self.sync = engine, sync
         self.tokens, self.seconds, self.steps = 0, 0.0, 0
-        self._decode_only, self._rows = False, 0
+        self.other_tokens, self.other_seconds, self.other_steps = 0, 0.0, 0
+        self._decode_only, self._rows, self._tokens = False, 0, 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -31,11 +33,11 @@ class DecodeStepTimer:
             # The step whose tokens this call applies (with asynchronous scheduling it was queued by the call
             # before); one token per scheduled request means nobody was prefilling in it.
             self._decode_only = output.num_batched_tokens == len(output.scheduled)
-            self._rows = len(output.scheduled)
+            self._rows, self._tokens = len(output.scheduled), output.num_batched_tokens
             return apply(output, result)
 
         def timed_step(**kwargs):
-            self._decode_only = False
+            self._decode_only, self._tokens = False, 0
             self.sync()
             start = time.perf_counter()
             outputs = step(**kwargs)
@@ -44,6 +46,10 @@ class DecodeStepTimer:
                 self.seconds += time.perf_counter() - start
                 self.tokens += self._rows
                 self.steps += 1
+            elif self._tokens:
+                self.other_seconds += time.perf_counter() - start
+                self.other_tokens += self._tokens
+                self.other_steps += 1
             return outputs
 
         self.engine._apply, self.engine.step = apply_and_note, timed_step
