@@ -98,7 +98,8 @@ def _shape(
         )
 
         def peer(w: object = wrapper) -> torch.Tensor:
-            return w.run(query=q, kv_cache=kv)
+            out = w.run(query=q, kv_cache=kv)
+            return out[0] if isinstance(out, tuple) else out  # (output, lse) under some plans
 
         row[f"{backend}_max_err"] = (peer().float() - ref).abs().max().item()
         row[f"{backend}_us"] = 1000 * bench_graph(peer)
