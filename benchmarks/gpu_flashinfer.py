@@ -65,7 +65,7 @@ def _shape(
     q, cache, table, meta = case
     batch, heads, _ = q.shape
     scale = 1 / (192**0.5)
-    ref = TorchBackend().decode(q.float(), cache.float(), None, meta, scale, LAT)
+    ref = TorchBackend().decode(q.float(), cache.float(), None, meta, scale, LAT)[0]
     row: dict = {"B": batch, "H": heads, "L": length}
 
     def ours(rows: torch.Tensor = cache) -> torch.Tensor:

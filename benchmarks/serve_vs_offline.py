@@ -49,6 +49,8 @@ class OfflineSide:
 
         self.options = options
         self.pool = multiprocessing.get_context("spawn").Pool(1)
+        # Built before the server starts: on a GPU, whichever engine sizes its KV cache first takes its fraction.
+        self.pool.apply(_offline_llm, (options,))
 
     def run(self, prompts: list[list[int]], new_tokens: int) -> dict:
         return self.pool.apply(_offline_run, (self.options, prompts, new_tokens))
@@ -58,15 +60,20 @@ class OfflineSide:
         self.pool.join()
 
 
-_LLM: object = None  # the offline side's engine, built by its first run (an error reaches the caller)
+_LLM: object = None  # the offline side's engine (an error building it reaches the caller)
 
 
-def _offline_run(options: dict, prompts: list[list[int]], new_tokens: int) -> dict:
+def _offline_llm(options: dict) -> object:
     global _LLM
     if _LLM is None:
         from mlaserve import LLM
 
         _LLM = LLM(**options)
+    return None
+
+
+def _offline_run(options: dict, prompts: list[list[int]], new_tokens: int) -> dict:
+    _offline_llm(options)
     return offline(_LLM, prompts, new_tokens)
 
 
@@ -235,7 +242,11 @@ def main() -> int:
         flags += " --prefill-first"
     launch = argparse.Namespace(config=None, model=model, server_args=flags, launch_timeout_s=1800)
     offline_side = OfflineSide(options)
-    server, args.base_url, log = serving.launch_server(launch)
+    try:
+        server, args.base_url, log = serving.launch_server(launch)
+    except BaseException:
+        offline_side.close()
+        raise
     try:
         models = serving.fetch_models(
             argparse.Namespace(base_url=args.base_url, api_key_env="MLASERVE_API_KEY")
