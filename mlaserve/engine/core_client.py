@@ -20,6 +20,7 @@ from typing import Any
 
 from mlaserve.engine.core_output import CoreOutput
 from mlaserve.engine.core_process import core_main
+from mlaserve.engine.core_threads import LOAD_REPORT_EVERY_S
 from mlaserve.engine.intake import PreparedRequest
 from mlaserve.engine.output_stream import EngineDeadError, EngineStepError, OutputStream
 
@@ -61,6 +62,7 @@ class CoreClient:
         self.model_config = info["model_config"]
         self.startup_report = info["report"]
         self._stats = info["stats"]
+        self._load_at, self._load_cpu = time.monotonic(), time.process_time()
         self._reader = threading.Thread(target=self._read, name="mlaserve-core-reader", daemon=True)
         self._reader.start()
 
@@ -168,6 +170,7 @@ class CoreClient:
                     self._stats = stats
                 if outputs:
                     self._dispatch(outputs)
+                self._report_load()
             elif kind in ("add_failed", "step_failed"):
                 ids, text = message[1], message[2]
                 error: BaseException = (
@@ -188,6 +191,15 @@ class CoreClient:
         self._fail_streams(None, EngineDeadError("the engine core process stopped"))
         if self.on_death is not None and not self._stopping:
             self.on_death()
+
+    def _report_load(self) -> None:
+        """How busy this process was (CPU seconds over wall seconds) since its last report: on CPU the core
+        leaves this process cores to match (core_threads.py)."""
+        now = time.monotonic()
+        if now - self._load_at >= LOAD_REPORT_EVERY_S:
+            cpu = time.process_time()
+            self._send(("load", (cpu - self._load_cpu) / (now - self._load_at)))
+            self._load_at, self._load_cpu = now, cpu
 
     def _dispatch(self, outputs: list[CoreOutput]) -> None:
         """Hand a step's deltas to their streams: one call into each event loop per step, not one per stream."""

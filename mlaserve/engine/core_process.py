@@ -3,8 +3,9 @@
 One Python interpreter could not run hundreds of HTTP streams, their detokenization and the GPU's step loop at
 once: on an H200 the threaded server delivered 27-40% of the offline API's tokens/s. Here the core process does no
 HTTP, tokenization or detokenization; API-server processes (one, or `api_server_count`) do, each over a pipe of
-its own with pickled messages: commands in (add, abort, detach, stop), and per step one message out to each API server
-whose requests moved (their deltas, and now and then the stats). The clients are in core_client.py.
+its own with pickled messages: commands in (add, abort, detach, stop; and each API server's CPU load, which sets
+the core's CPU threads: core_threads.py), and per step one message out to each API server whose requests moved
+(their deltas, and now and then the stats). The clients are in core_client.py.
 
 The first pipe belongs to the process that started the core: when it closes, or says "stop", the core ends. A
 later pipe that closes takes only its own requests with it (aborted, their blocks freed).
@@ -25,6 +26,7 @@ from typing import Any
 
 from mlaserve.core.request import RequestStatus
 from mlaserve.engine.core_output import CoreOutput
+from mlaserve.engine.core_threads import CoreThreads
 from mlaserve.parallel.workers import WorkerDied
 
 logger = logging.getLogger(__name__)
@@ -53,7 +55,7 @@ def core_main(
 
     try:
         config = EngineConfig.from_kwargs(**options)
-        _leave_cores_for_api_servers(config.device, len(conns))
+        threads = CoreThreads(config.device)
         core = EngineCore(config)
         info = {
             "model_config": core.model_config,
@@ -71,28 +73,9 @@ def core_main(
     gc.collect()
     gc.freeze()
     try:
-        _CoreLoop(core, conns).run()
+        _CoreLoop(core, conns, threads).run()
     finally:
         core.close()  # a tensor-parallel engine's other ranks
-
-
-def _leave_cores_for_api_servers(device: str, api_servers: int) -> None:
-    """On CPU the model's intra-op threads would take every core, and the API servers (HTTP, detokenization,
-    streams) would then preempt them in the middle of parallel regions, where every thread waits for the slowest:
-    the core ran at about half its offline speed on 2 cores. It leaves one core per API server instead (vLLM's CPU
-    backend reserves cores the same way). OMP_NUM_THREADS, when set, is the user's choice and stays."""
-    import os
-
-    import torch
-
-    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
-    if not on_cpu or "OMP_NUM_THREADS" in os.environ:
-        return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    threads = max(1, min(torch.get_num_threads(), cores - api_servers))
-    if threads != torch.get_num_threads():
-        logger.info("engine core: %d CPU thread(s), %d core(s) left to the API server(s)", threads, cores - threads)
-        torch.set_num_threads(threads)
 
 
 def _send(conn: Connection, message: tuple) -> bool:
@@ -104,8 +87,9 @@ def _send(conn: Connection, message: tuple) -> bool:
 
 
 class _CoreLoop:
-    def __init__(self, core: Any, conns: list[Connection]) -> None:
+    def __init__(self, core: Any, conns: list[Connection], threads: CoreThreads) -> None:
         self.core = core
+        self.threads = threads
         self.main = conns[0]
         self.conns = list(conns)
         self.owner: dict[str, Connection] = {}  # request id -> the pipe of the API server that added it
@@ -168,6 +152,7 @@ class _CoreLoop:
         if conn is self.main:
             return False
         self.conns.remove(conn)
+        self.threads.forget(conn)
         conn.close()
         gone = sorted(rid for rid, owner in self.owner.items() if owner is conn)
         for rid in gone:
@@ -192,6 +177,8 @@ class _CoreLoop:
                 RequestStatus.FINISHED_STOPPED if message[2] == "stop" else RequestStatus.FINISHED_ABORTED
             )
             self._send_outputs(self.core.abort_core(ids, status))
+        elif kind == "load":
+            self.threads.report(conn, message[1])
         elif kind == "stop":
             return False
         return True
