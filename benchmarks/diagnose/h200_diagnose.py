@@ -37,6 +37,7 @@ decode_flush  the decode record shapes and the copy ceiling timed with L2 emptie
               zeroing a buffer (triton's do_bench) and not at all (back-to-back graph replays)
 overlap       lite batch 1 and 32 with asynchronous scheduling off and on: walls, lookahead launches, GPU busy
               time against its span and the idle gaps between kernels (torch.profiler), the host's CUDA calls
+burst         serve_vs_offline's 256-prompt burst offline, decode-first against prefill-first, every step timed
 host          where host time goes: torch.profiler over one batch-1 prefill of 512 tokens (CPU ops by self
               time, syncs, GPU busy time), and cProfile over the lite workload at batch 1 and 32 (functions by
               own time)
@@ -975,6 +976,28 @@ def overlap(tmp: Path) -> dict:
     return result
 
 
+def burst(tmp: Path) -> dict:
+    """serve_vs_offline's burst offline (256 prompts of 512 random ids, 128 new tokens, all at once) on the V2-Lite
+    shape, decode-first (the default) against prefill-first, every step timed: where decode-first's time goes."""
+    from mlaserve import SamplingParams
+
+    result = {}
+    prompts = random_prompts(torch.Generator().manual_seed(2), 256, 512)
+    params = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
+    for policy in ("decode_first", "prefill_first"):
+        llm = lite_llm(tmp / "v2lite", max_num_seqs=256, prefill_first=policy == "prefill_first")
+        llm.generate(prompts[:8], params, use_tqdm=False)
+        llm.engine.kv_manager.reset_prefix_cache()
+        for rep in range(2):
+            wall, log = logged_generate(llm, prompts, params)
+            summary = dict(wall_s=wall, tok_s=256 * 128 / wall, **log.summary())
+            summary["step_list"] = [(s["tokens"], s["seqs"], round(s["ms"], 2)) for s in log.steps]
+            result[f"{policy}_{rep}"] = summary
+            print(policy, json.dumps({k: v for k, v in summary.items() if k != "step_list"}), flush=True)
+        del llm
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -1006,6 +1029,7 @@ def main() -> None:
                 "wide_warps": wide_warps,
                 "fp8_tiles": fp8_tiles,
                 "overlap": lambda: overlap(Path(tmp)),
+                "burst": lambda: burst(Path(tmp)),
             }[name]
             t = time.perf_counter()
             try:
