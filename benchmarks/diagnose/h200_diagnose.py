@@ -214,9 +214,9 @@ class StepLog:
         self._jit, self._orig = jit.JITFunction, jit.JITFunction._do_compile
         info = {}
 
-        def apply_and_note(out, result, stream):  # the step this call collects (queued earlier when async)
+        def apply_and_note(out, result, *rest):  # the step this call collects (queued earlier when async)
             info.update(tokens=out.num_batched_tokens, seqs=len(out.scheduled))
-            return apply(out, result, stream)
+            return apply(out, result, *rest)
 
         def timed_step(**kwargs):
             torch.cuda.synchronize()
