@@ -243,6 +243,7 @@ class StepLog:
     def __exit__(self, *exc) -> None:
         del self.engine._apply, self.engine.step
         self._jit._do_compile = self._orig
+        self.engine = None  # a log kept for its figures must not keep the engine's memory
 
     def summary(self) -> dict:
         decode = [s for s in self.steps if s["tokens"] == s["seqs"]]
