@@ -17,7 +17,7 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None  # explicit KV budget; CPU default is 1 GiB
     num_kv_blocks: int | None = None  # overrides the budget (tests, capacity experiments)
     max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None  # default: max(8192, max_model_len) without chunking
+    max_num_batched_tokens: int | None = None  # default: 8192; max(8192, max_model_len) without chunking
     enable_chunked_prefill: bool = True
     # Steps with waiting prompts hold prompt chunks only (SGLang's default); off: decodes first (vLLM's).
     prefill_first: bool = False

@@ -210,8 +210,11 @@ class EngineCore:
         elif config.mla_latent_dim or config.qk_rope_head_dim:
             self._convert_to_low_rank_mla()
         max_len = self.model_config.max_model_len
+        # With chunked prefill the budget is vLLM's for large GPUs, whatever max_model_len: tying it to a short
+        # max_model_len (2,048) ran a burst of 256 prompts through 65 mixed steps instead of 17, at half the
+        # offline tokens/s (27-layer V2-Lite shape on an H200, diagnose burst section against serve_vs_offline).
         batched = config.max_num_batched_tokens or (
-            max(8192, max_len) if not config.enable_chunked_prefill else max(2048, min(8192, max_len))
+            max(8192, max_len) if not config.enable_chunked_prefill else 8192
         )
         self._init_kv_cache(batched)
         self.scheduler = Scheduler(

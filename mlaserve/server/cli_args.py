@@ -62,7 +62,7 @@ _ENGINE_FLAGS = [
         float,
         "share of GPU memory the engine may use, KV cache included (default 0.9)",
     ),
-    ("--max-num-batched-tokens", int, "tokens per step, prompt chunks included (default: 2048-8192)"),
+    ("--max-num-batched-tokens", int, "tokens per step, prompt chunks included (default: 8192)"),
     ("--enable-chunked-prefill", bool, "split long prompts across steps (default on)"),
     ("--prefill-first", bool, "while prompts wait, steps run prompt chunks only (default off)"),
     ("--sliding-window", int, "lossy, training-free: full-attention layers see only the last N tokens"),
