@@ -24,7 +24,7 @@ from mlaserve.server.protocol import (
 )
 from mlaserve.server.sampling import build_params, chat_max_tokens, constraint_field, prepare_choices
 from mlaserve.server.sampling import chat_logprobs as requested_logprobs
-from mlaserve.server.sse import DONE, INDEX_SLOT, TEXT_SLOT, EventStreamResponse, sse, sse_template
+from mlaserve.server.sse import DONE, EventStreamResponse, sse, text_chunk_writer
 from mlaserve.server.state import ServerState
 
 
@@ -96,12 +96,7 @@ async def _events(
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
         return {**head, "choices": [choice], "usage": usage}
 
-    text_event = sse_template(payload(INDEX_SLOT, TEXT_SLOT, None), INDEX_SLOT, TEXT_SLOT)
-
-    def text_chunk(index: int, text: str) -> str:
-        if not continuous_usage:
-            return text_event(index, text)
-        return sse(payload(index, text, gen.usage().model_dump()))
+    text_chunk = text_chunk_writer(payload, (lambda: gen.usage().model_dump()) if continuous_usage else None)
 
     try:
         # OpenAI opens each choice with the role, before any token.

@@ -27,7 +27,7 @@ from mlaserve.server.protocol import (
     CompletionResponse,
 )
 from mlaserve.server.sampling import build_params, completion_prompts, constraint_field, prepare_choices
-from mlaserve.server.sse import DONE, INDEX_SLOT, TEXT_SLOT, EventStreamResponse, sse, sse_template
+from mlaserve.server.sse import DONE, EventStreamResponse, sse, text_chunk_writer
 from mlaserve.server.state import ServerState
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
@@ -130,12 +130,7 @@ async def _events(
         choice = {"index": index, "text": text, "logprobs": None, "finish_reason": None}
         return {**head, "choices": [choice], "usage": usage}
 
-    text_event = sse_template(payload(INDEX_SLOT, TEXT_SLOT, None), INDEX_SLOT, TEXT_SLOT)
-
-    def text_chunk(index: int, text: str) -> str:
-        if not continuous_usage:
-            return text_event(index, text)
-        return sse(payload(index, text, gen.usage().model_dump()))
+    text_chunk = text_chunk_writer(payload, (lambda: gen.usage().model_dump()) if continuous_usage else None)
 
     offsets: dict[int, int] = {}
     echo_pending = set(range(len(echoed.prompts))) if echoed is not None else set()

@@ -47,6 +47,16 @@ def sse_template(payload: dict, *slots: str) -> Callable[..., str]:
     return fill
 
 
+def text_chunk_writer(
+    payload: Callable[[object, object, dict | None], dict], usage: Callable[[], dict] | None
+) -> Callable[[int, str], str]:
+    """The streaming hot path's text event, (choice index, text) -> SSE text: payload(index, text, usage) gives
+    its JSON. Without per-event usage (`usage` None) it comes from a template; with it, each is encoded whole."""
+    if usage is None:
+        return sse_template(payload(INDEX_SLOT, TEXT_SLOT, None), INDEX_SLOT, TEXT_SLOT)
+    return lambda index, text: sse(payload(index, text, usage()))
+
+
 class EventStreamResponse(StreamingResponse):
     def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering of tokens
