@@ -37,7 +37,8 @@ decode_flush  the decode record shapes and the copy ceiling timed with L2 emptie
               zeroing a buffer (triton's do_bench) and not at all (back-to-back graph replays)
 overlap       lite batch 1 and 32 with asynchronous scheduling off and on: walls, lookahead launches, GPU busy
               time against its span and the idle gaps between kernels (torch.profiler), the host's CUDA calls
-burst         serve_vs_offline's 256-prompt burst offline, decode-first against prefill-first, every step timed
+burst         serve_vs_offline's 256-prompt burst offline, every step timed: decode-first at token budgets 2,048 and
+              8,192, prefill-first; a torch profile of one mixed step (prompt chunk beside running decodes)
 host          where host time goes: torch.profiler over one batch-1 prefill of 512 tokens (CPU ops by self
               time, syncs, GPU busy time), and cProfile over the lite workload at batch 1 and 32 (functions by
               own time)
@@ -979,24 +980,71 @@ def overlap(tmp: Path) -> dict:
 
 def burst(tmp: Path) -> dict:
     """serve_vs_offline's burst offline (256 prompts of 512 random ids, 128 new tokens, all at once) on the V2-Lite
-    shape, decode-first (the default) against prefill-first, every step timed: where decode-first's time goes."""
+    shape, every step timed: decode-first at token budgets of 2,048 and 8,192 and prefill-first at 8,192. Then a
+    torch profile of one decode-first step that mixes a 2,048-token prompt chunk with running decodes (at a 2,048
+    budget the burst ran at half the speed of 8,192: 65 such steps instead of 17): GPU kernel time by kernel, GPU
+    busy time against the step's wall, the host's own time by op."""
+    from torch.profiler import ProfilerActivity, profile
+
     from mlaserve import SamplingParams
 
     result = {}
     prompts = random_prompts(torch.Generator().manual_seed(2), 256, 512)
     params = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
-    for policy in ("decode_first", "prefill_first"):
-        llm = lite_llm(tmp / "v2lite", max_num_seqs=256, prefill_first=policy == "prefill_first")
+    for name, options in [
+        ("decode_first_2048", {"max_num_batched_tokens": 2048}),
+        ("decode_first_8192", {"max_num_batched_tokens": 8192}),
+        ("prefill_first_8192", {"max_num_batched_tokens": 8192, "prefill_first": True}),
+    ]:
+        llm = lite_llm(tmp / "v2lite", max_num_seqs=256, **options)
         llm.generate(prompts[:8], params, use_tqdm=False)
         llm.engine.kv_manager.reset_prefix_cache()
-        for rep in range(2):
-            wall, log = logged_generate(llm, prompts, params)
-            summary = dict(wall_s=wall, tok_s=256 * 128 / wall, **log.summary())
-            summary["step_list"] = [(s["tokens"], s["seqs"], round(s["ms"], 2)) for s in log.steps]
-            result[f"{policy}_{rep}"] = summary
-            print(policy, json.dumps({k: v for k, v in summary.items() if k != "step_list"}), flush=True)
-        del llm
+        wall, log = logged_generate(llm, prompts, params)
+        summary = dict(wall_s=wall, tok_s=256 * 128 / wall, **log.summary())
+        summary["step_list"] = [(s["tokens"], s["seqs"], round(s["ms"], 2)) for s in log.steps]
+        result[name] = summary
+        print(name, json.dumps({k: v for k, v in summary.items() if k != "step_list"}), flush=True)
+        if name == "decode_first_2048":
+            result["mixed_step_profile"] = _profile_mixed_step(
+                llm, prompts, params, profile, ProfilerActivity
+            )
+            print(json.dumps(result["mixed_step_profile"])[:3000], flush=True)
+        del llm, log
     return result
+
+
+def _profile_mixed_step(llm, prompts: list, params, profile, activities) -> dict:
+    """Admit 64 requests and decode them a few steps, add the rest, then profile the next step (it carries a
+    prompt chunk beside 64 decodes)."""
+    engine = llm.engine
+    for i, prompt in enumerate(prompts[:64]):
+        engine.add_request(prompt, params, request_id=f"warm-{i}")
+    while engine.scheduler.num_waiting or not engine.scheduler.num_running:
+        engine.step()
+    for _ in range(3):
+        engine.step()
+    for i, prompt in enumerate(prompts[64:]):
+        engine.add_request(prompt, params, request_id=f"burst-{i}")
+    torch.cuda.synchronize()
+    with profile(activities=[activities.CPU, activities.CUDA]) as prof:
+        t = time.perf_counter()
+        engine.step()
+        torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - t) * 1e3
+    events = prof.key_averages()
+    gpu = sorted(events, key=lambda e: -e.self_device_time_total)
+    cpu = sorted(events, key=lambda e: -e.self_cpu_time_total)
+    while engine.has_unfinished_requests():  # drain, so the engine ends clean
+        engine.step()
+    llm.engine.kv_manager.reset_prefix_cache()
+    return dict(
+        wall_ms=wall_ms,
+        gpu_busy_ms=sum(e.self_device_time_total for e in events) / 1e3,
+        cpu_self_ms=sum(e.self_cpu_time_total for e in events) / 1e3,
+        kernels=sum(e.count for e in events if e.self_device_time_total > 0),
+        top_gpu=[[e.key[:80], e.count, round(e.self_device_time_total / 1e3, 3)] for e in gpu[:25]],
+        top_cpu=[[e.key[:80], e.count, round(e.self_cpu_time_total / 1e3, 3)] for e in cpu[:25]],
+    )
 
 
 def main() -> None:
