@@ -273,13 +273,16 @@ def main() -> int:
             itl_p99 = row["server"]["itl_s"]["p99"]
             step = row["offline"]["decode_step_ms"] / 1000
             row["itl_p99_over_offline_step"] = None if itl_p99 is None else itl_p99 / step
+            after_first = row["server"]["itl_after_first_s"]["p99"]
+            row["itl_p99_after_first_over_offline_step"] = None if after_first is None else after_first / step
             report["rows"].append(row)
             server_tok_s = row["server"]["output_token_throughput_tps"]
             print(
                 f"{n} streams: offline {row['offline']['output_tok_s']:.0f} tok/s, server {server_tok_s:.0f} tok/s "
                 f"(server/offline per pair, median {row['server_over_offline']:.2f}x of {ratios}); "
                 f"TTFT p50 {row['server']['ttft_s']['p50']}, "
-                f"ITL p50/p99 {row['server']['itl_s']['p50']}/{itl_p99} s, offline step {step * 1000:.2f} ms; "
+                f"ITL p50/p99 {row['server']['itl_s']['p50']}/{itl_p99} s (p99 without first gaps {after_first} s), "
+                f"offline step {step * 1000:.2f} ms; "
                 f"CPU busy {row['server']['cpu_busy']}"
             )
         for rate in rates:

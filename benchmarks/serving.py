@@ -101,6 +101,9 @@ def summarize(records: Sequence[RequestRecord], duration_s: float) -> dict[str, 
         "ttft_s": _spread([r.ttft for r in done if r.ttft is not None]),
         "tpot_s": _spread([r.tpot for r in done if r.tpot is not None]),
         "itl_s": _spread([gap for r in done for gap in r.itls]),
+        # Without each request's first gap, which under a burst spans the rest of the burst's prefill: says
+        # whether a p99 comes from those or from the decode steps themselves.
+        "itl_after_first_s": _spread([gap for r in done for gap in r.itls[1:]]),
         "e2e_s": _spread([r.e2e for r in done if r.e2e is not None]),
         "errors": sorted({r.error for r in records if r.error}),
     }

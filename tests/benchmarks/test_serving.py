@@ -47,7 +47,7 @@ def test_request_timings_ttft_tpot_itl() -> None:
 
 def test_summarize_counts_failures_and_throughput() -> None:
     ok = serving.RequestRecord(
-        ok=True, ttft=0.1, e2e=0.5, tpot=0.1, output_tokens=5, prompt_tokens=8, itls=[0.1] * 4
+        ok=True, ttft=0.1, e2e=0.5, tpot=0.1, output_tokens=5, prompt_tokens=8, itls=[0.9] + [0.1] * 3
     )
     ok2 = serving.RequestRecord(
         ok=True, ttft=0.3, e2e=0.7, tpot=0.1, output_tokens=5, prompt_tokens=12, itls=[0.1]
@@ -57,7 +57,9 @@ def test_summarize_counts_failures_and_throughput() -> None:
     assert (summary["requests_completed"], summary["requests_failed"]) == (2, 1)
     assert summary["request_throughput_rps"] == 1.0 and summary["output_token_throughput_tps"] == 5.0
     assert summary["ttft_s"]["p50"] == pytest.approx(0.2) and summary["ttft_s"]["mean"] == pytest.approx(0.2)
-    assert summary["itl_s"]["p99"] == pytest.approx(0.1) and summary["mean_prompt_tokens"] == 10
+    assert summary["itl_s"]["p99"] == pytest.approx(0.9 - 0.04 * 0.8)  # a long first gap: p99 near it
+    assert summary["itl_after_first_s"]["p99"] == pytest.approx(0.1)  # without first gaps: the steady ones
+    assert summary["mean_prompt_tokens"] == 10
     assert summary["errors"] == ["HTTP 429: busy"]
 
 
