@@ -152,7 +152,7 @@ class EngineCore:
         """Rank 0 starts the other ranks (unless a launcher did); every rank joins the group on its own device."""
         import os
 
-        from mlaserve.parallel.group import free_init_method, init_parallel, rank_device
+        from mlaserve.parallel.group import free_init_method, init_parallel, rank_device, share_cpu_cores
 
         size = self.config.tensor_parallel_size
         local_rank = int(os.environ.get("LOCAL_RANK", tp_rank)) if external else tp_rank
@@ -168,6 +168,10 @@ class EngineCore:
             init_method = free_init_method()
             self.workers = Workers(self.config, init_method)
         self.device = rank_device(self.device, local_rank)
+        if (
+            self.device.type == "cpu"
+        ):  # ranks on one machine share its cores (torchrun says how many share them)
+            share_cpu_cores(int(os.environ.get("LOCAL_WORLD_SIZE", size)) if external else size)
         self.parallel = init_parallel(
             tp_rank, size, init_method, self.device, self.config.enable_expert_parallel
         )

@@ -55,8 +55,8 @@ def core_main(
 
     try:
         config = EngineConfig.from_kwargs(**options)
-        threads = CoreThreads(config.device)
         core = EngineCore(config)
+        threads = CoreThreads(config.device)  # after the engine: a tensor-parallel rank 0 has taken its share
         info = {
             "model_config": core.model_config,
             "stats": core.stats(),
