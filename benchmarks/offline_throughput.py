@@ -60,7 +60,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default=None, help="HF folder or .gguf file (default: the SmolLM2 GGUF)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="HF folder or .gguf file (default: the SmolLM2 GGUF); 'tiny-llama': the tests' random Llama "
+        "(tests/tiny_models.py) at hidden 256, 8 heads, 4 KV heads, 4 layers",
+    )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=32, help="tokens per prompt, exactly")
@@ -84,6 +89,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--output", default=str(REPO_ROOT / "benchmarks" / "results" / f"offline_throughput-{today}.json")
     )
     parser.add_argument("--skip-hf", action="store_true", help="time mlaserve only")
+    parser.add_argument(
+        "--tensor-parallel-size", type=int, default=1, help="mlaserve's ranks (processes on this machine)"
+    )
     parser.add_argument(
         "--profile",
         action="store_true",
@@ -147,9 +155,22 @@ def git_state() -> tuple[str | None, bool | None]:
 
 
 class OursRunner:
-    def __init__(self, model: str | None, dtype: str, new_tokens: int, prefix_caching: bool) -> None:
+    def __init__(
+        self,
+        model: str | None,
+        dtype: str,
+        new_tokens: int,
+        prefix_caching: bool,
+        tensor_parallel_size: int = 1,
+    ) -> None:
         start = time.perf_counter()
-        self.llm = LLM(model=model, dtype=dtype, device="cpu", enable_prefix_caching=prefix_caching)
+        self.llm = LLM(
+            model=model,
+            dtype=dtype,
+            device="cpu",
+            enable_prefix_caching=prefix_caching,
+            tensor_parallel_size=tensor_parallel_size,
+        )
         self.load_s = time.perf_counter() - start
         self.new_tokens = new_tokens
         self.params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
@@ -240,14 +261,27 @@ def profile_call(generate, prompts: list[list[int]]) -> dict:
     }
 
 
+def tiny_llama() -> str:
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.tiny_models import build_tiny
+
+    widths = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8)
+    folder = Path(tempfile.mkdtemp(prefix="mlaserve-tiny-llama-"))
+    return str(build_tiny("llama", folder, num_key_value_heads=4, max_position_embeddings=4096, **widths))
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.model == "tiny-llama":
+        args.model = tiny_llama()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
 
     print(f"loading mlaserve ({args.model or 'default SmolLM2 GGUF'}) ...", flush=True)
-    ours = OursRunner(args.model, args.dtype, args.new_tokens, args.prefix_caching)
+    ours = OursRunner(args.model, args.dtype, args.new_tokens, args.prefix_caching, args.tensor_parallel_size)
     tokenizer = ours.llm.get_tokenizer()
     prompts = build_prompts(tokenizer, args.batch_size, args.prompt_len, args.prompt_format)
     hf = None
@@ -294,6 +328,8 @@ def main(argv: list[str] | None = None) -> dict:
             **summarize(ours_times, num_tokens),
             "load_s": ours.load_s,
             "prefix_caching": args.prefix_caching,
+            "tensor_parallel_size": args.tensor_parallel_size,
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "stats": ours.llm.stats(),
         },
         "environment": {
