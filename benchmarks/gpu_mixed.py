@@ -27,9 +27,8 @@ from pathlib import Path
 import torch
 
 REQUESTS = 256
-LIMITED_KV_BYTES = (
-    2 << 30
-)  # about a third of the bf16 KV the whole workload would hold at once (the JSON says)
+# About a third of the bf16 KV the whole workload would hold at once (kv_bytes_whole_workload_bf16 in the JSON).
+LIMITED_KV_BYTES = 2 << 30
 
 
 def workload(seed: int = 0, count: int = REQUESTS) -> list[tuple[int, int]]:
