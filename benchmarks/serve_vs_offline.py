@@ -63,13 +63,12 @@ class OfflineSide:
 _LLM: object = None  # the offline side's engine (an error building it reaches the caller)
 
 
-def _offline_llm(options: dict) -> object:
+def _offline_llm(options: dict) -> None:
     global _LLM
     if _LLM is None:
         from mlaserve import LLM
 
         _LLM = LLM(**options)
-    return None
 
 
 def _offline_run(options: dict, prompts: list[list[int]], new_tokens: int) -> dict:

@@ -114,9 +114,8 @@ class EngineCore:
         self.device = resolve_device(config.device)
         self.workers: Workers | None = None
         self.parallel: ParallelContext = SINGLE
-        self._stop_ranks: weakref.finalize | None = (
-            None  # rank 0 of a process group: leaves it, stops the ranks
-        )
+        # rank 0 of a process group: leaves it, stops the ranks
+        self._stop_ranks: weakref.finalize | None = None
         torch.manual_seed(config.seed)
         files = resolve_model(config.model, need_weights=config.load_format != "dummy")
         # A folder `mlaserve convert` wrote: MLA without calibrating.
@@ -168,9 +167,7 @@ class EngineCore:
             init_method = free_init_method()
             self.workers = Workers(self.config, init_method)
         self.device = rank_device(self.device, local_rank)
-        if (
-            self.device.type == "cpu"
-        ):  # ranks on one machine share its cores (torchrun says how many share them)
+        if self.device.type == "cpu":  # the ranks of one machine share its cores (torchrun says how many)
             share_cpu_cores(int(os.environ.get("LOCAL_WORLD_SIZE", size)) if external else size)
         self.parallel = init_parallel(
             tp_rank, size, init_method, self.device, self.config.enable_expert_parallel

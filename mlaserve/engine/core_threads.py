@@ -19,16 +19,14 @@ from collections.abc import Callable, Hashable
 
 import torch
 
+from mlaserve.parallel.group import available_cores
+
 logger = logging.getLogger(__name__)
 
 LOAD_REPORT_EVERY_S = 0.2  # how often an API server reports its load while the core sends it anything
 _IGNORED_LOAD = 0.25  # API-server load below this (in cores) takes no thread from the model
 _SHRINK_SLACK = 0.75  # a reserved core is given back only once the load is this far below the reservation,
 _SHRINK_AFTER_S = 5.0  # and has stayed there this long
-
-
-def available_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class CoreThreads:

@@ -26,6 +26,13 @@ def rank_device(device: torch.device, rank: int) -> torch.device:
     return torch.device("cuda", rank % max(torch.cuda.device_count(), 1))
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its affinity, where the platform has one)."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def share_cpu_cores(local_ranks: int) -> int:
     """On CPU, each of a machine's `local_ranks` ranks takes its share of the cores for torch's threads: with every
     rank running a thread per core, their parallel regions preempted one another (tensor-parallel size 2 of a small
@@ -34,8 +41,7 @@ def share_cpu_cores(local_ranks: int) -> int:
     import os
 
     if "OMP_NUM_THREADS" not in os.environ and local_ranks > 1:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        torch.set_num_threads(max(1, min(torch.get_num_threads(), cores // local_ranks)))
+        torch.set_num_threads(max(1, min(torch.get_num_threads(), available_cores() // local_ranks)))
     return torch.get_num_threads()
 
 
