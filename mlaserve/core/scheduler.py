@@ -178,21 +178,32 @@ class Scheduler:
         """The next decode step of `previous`'s requests, scheduled before its sampled tokens are known, so the
         runner can queue it on the GPU while the host waits for those tokens (asynchronous scheduling).
 
-        Only when this step is what schedule() would pick anyway once the tokens arrive: nothing waits for
-        admission, every running request was in `previous` and samples a token there. A request that
-        `previous` finishes by length is left out; one that stops on EOS or a stop string there wastes its row,
-        which update_from_output skips (the request is finished by then). Never preempts: None when the pool is
-        short, and the caller falls back to schedule() once the tokens are in. Blocks taken for rows before a
-        failing one stay with their requests, which need them next step anyway.
+        Only when this step is what schedule() would pick anyway once the tokens arrive: a decode token for every
+        running request, nothing waiting for admission. Every request in `previous` samples a token there; a
+        running request that `previous` left out must be one token short of its known tokens (as after a
+        prefill-only step, whose siblings sampled their first tokens in earlier steps): its row is an ordinary
+        decode row. A request that `previous` finishes by length is left out; one that stops on EOS or a stop
+        string there wastes its row, which update_from_output skips (the request is finished by then). Never
+        preempts: None when the pool is short, and the caller falls back to schedule() once the tokens are in.
+        Blocks taken for rows before a failing one stay with their requests, which need them next step anyway.
         """
-        if self.waiting or len(previous.scheduled) != len(self.running):
+        if self.waiting or len(self.running) > self.config.max_num_batched_tokens:
+            return None
+        items = {item.request.request_id: item for item in previous.scheduled}
+        if any(item.request.is_finished or not item.needs_sample for item in items.values()):
             return None
         kv = self.kv_cache_manager
         scheduled: list[ScheduledRequest] = []
-        for item in previous.scheduled:
-            request = item.request
-            if request.is_finished or not item.needs_sample:
-                return None
+        for request in self.running:  # schedule()'s order
+            item = items.get(request.request_id)
+            if item is None:  # its last token is known: an ordinary decode row
+                if request.num_tokens - request.num_computed_tokens != 1:
+                    return None  # a prompt still catching up: schedule() would give it a chunk
+                block_ids = kv.allocate_slots(request, 1)
+                if block_ids is None:
+                    return None
+                scheduled.append(ScheduledRequest(request, 1, request.num_computed_tokens, block_ids))
+                continue
             if (
                 request.num_output_tokens + 1 >= request.max_tokens
                 or request.num_tokens + 1 >= self.config.max_model_len

@@ -142,9 +142,9 @@ class ModelRunner:
         each row's input token is the one `previous` sampled for the same request, gathered on the device."""
         host = plan_batch(output, self.block_size)
         source_rows = None
-        if previous is not None:
+        if previous is not None:  # -1: a row whose input token is known (see lookahead_source)
             rows = {s.request.request_id: i for i, s in enumerate(previous.sampled)}
-            source_rows = [rows[s.request.request_id] for s in host.order]
+            source_rows = [rows.get(s.request.request_id, -1) for s in host.order]
         spans = prompt_spans(host.order)  # graphs keep only the sampled rows' hidden states
         if self.parallel.distributed:
             from mlaserve.parallel.group import broadcast_object
@@ -191,7 +191,7 @@ class ModelRunner:
     ) -> tuple[torch.Tensor | None, list[ScoredSpan]]:
         """The logits of the sampled rows (None when no row samples) and the prompt logprobs asked for."""
         graphs, prefills = self.graphs, self.prefill_graphs
-        source = None if source_rows is None else (source_ids, source_rows)
+        source = None if source_rows is None else lookahead_source(source_ids, source_rows, host.ids)
         if graphs is not None and not spans and graphs.can_run(host):
             return graphs.run(host, source), []  # every decode row samples, in row order
         if prefills is not None and not spans and host.sample_rows and prefills.can_run(host):
@@ -259,6 +259,22 @@ class ModelRunner:
         done = self._events[self._turn]
         done.record()
         return buffer, done
+
+
+def lookahead_source(
+    sampled: torch.Tensor, rows: list[int], ids: list[int]
+) -> tuple[torch.Tensor, list[int]]:
+    """A lookahead step's inputs as (ids on the device, each row's index among them). sampled: the previous step's
+    tokens on the device; rows: each row's index among them, or -1 for a row whose token is known (a request the
+    previous step did not run, after a prefill-only step): those tokens (ids, one per row) go after the sampled."""
+    known = [i for i, row in enumerate(rows) if row < 0]
+    if not known:
+        return sampled, rows
+    extra = torch.tensor([ids[i] for i in known], dtype=sampled.dtype, device=sampled.device)
+    rows = list(rows)
+    for k, i in enumerate(known):
+        rows[i] = sampled.shape[0] + k
+    return torch.cat((sampled, extra)), rows
 
 
 @dataclass(slots=True)

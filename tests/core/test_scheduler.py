@@ -252,6 +252,29 @@ def test_lookahead_only_when_nothing_else_would_be_scheduled(make_request) -> No
     assert chunked.schedule_lookahead(chunked.schedule()) is None  # mid-prompt: no token sampled
 
 
+def test_lookahead_after_a_prefill_only_step(make_request) -> None:
+    """Prefill-first: the last prompt's step holds that prompt alone, while the requests prefilled before it wait
+    with their first tokens known. The step after it (every request's decode) is queued ahead all the same: the
+    waiting requests' rows are ordinary decode rows, the new prompt's row takes the token its step samples."""
+    sched = make_scheduler(block_size=4, max_num_batched_tokens=6, prefill_first=True)
+    r0, r1 = make_request(6, max_tokens=4), make_request(5, max_tokens=4)
+    sched.add_request(r0)
+    sched.add_request(r1)
+    first = sched.schedule()
+    assert summary(first) == [("r0", 0, 6)]
+    assert sched.schedule_lookahead(first) is None  # r1 waits: schedule() would prefill it next
+    sched.update_from_output(first, {"r0": 7})
+    second = sched.schedule()
+    assert summary(second) == [("r1", 0, 5)]
+    ahead = sched.schedule_lookahead(second)
+    assert summary(ahead) == [("r0", 6, 1), ("r1", 5, 1)]  # schedule()'s order: oldest first
+    assert [s.lookahead for s in ahead.scheduled] == [False, True]
+    assert all(s.needs_sample for s in ahead.scheduled)
+    sched.update_from_output(second, {"r1": 8})
+    sched.update_from_output(ahead, {"r0": 9, "r1": 9})
+    assert r0.output_token_ids == [7, 9] and r1.output_token_ids == [8, 9]
+
+
 def test_prefix_hit_on_first_schedule(make_request) -> None:
     sched = make_scheduler()
     sched.add_request(make_request(list(range(10)), max_tokens=1))

@@ -146,7 +146,12 @@ def test_random_workload(seed: int, lookahead: bool, make_request) -> None:
             next_out = sched.schedule_lookahead(out)
             if next_out is not None:
                 check_invariants(sched, next_out)
-                assert all(s.lookahead and s.needs_sample for s in next_out.scheduled)
+                # A row is queued ahead exactly when its request ran in `out`; the others' tokens are known.
+                ran = {s.request.request_id for s in out.scheduled}
+                assert all(
+                    s.needs_sample and s.lookahead == (s.request.request_id in ran)
+                    for s in next_out.scheduled
+                )
                 ahead = next_out, run_fake_step(kv_store, next_out, block_size, sampled)
         sched.update_from_output(out, sampled)  # tokens for partial prefills are ignored
         if rng.random() < 0.02 and sched.requests:

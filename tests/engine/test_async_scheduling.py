@@ -85,6 +85,27 @@ def test_same_outputs_under_preemption_and_with_logprobs(deepseek, monkeypatch):
     assert [o.outputs[0].logprobs for o in got] == [o.outputs[0].logprobs for o in sync]
 
 
+def test_prefill_first_queues_the_decode_after_the_last_prompt(llama, monkeypatch):
+    """Prefill-first with a small budget: each step after a prompt-only step (whose siblings already hold their
+    first tokens) is queued ahead with rows of both kinds, and the tokens stay those of the plain loop."""
+    llms = engines(llama, prefill_first=True, max_num_batched_tokens=40)
+    batch = prompts(8, seed=4)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    want = completions(llms[False].generate(batch, params, use_tqdm=False))
+    mixed = [0]
+    original = ModelRunner.launch
+
+    def launch(self, output, previous=None):
+        kinds = {s.lookahead for s in output.scheduled}
+        mixed[0] += previous is not None and kinds == {False, True}
+        return original(self, output, previous)
+
+    monkeypatch.setattr(ModelRunner, "launch", launch)
+    assert completions(llms[True].generate(batch, params, use_tqdm=False)) == want
+    assert mixed[0] > 0
+    assert llms[True].stats()["kv_blocks_used"] == 0 and llms[True].engine._in_flight is None
+
+
 def test_abort_and_new_requests_while_a_step_is_in_flight(llama):
     llms = engines(llama)
     batch = prompts(3, seed=3)
