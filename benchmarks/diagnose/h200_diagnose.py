@@ -978,12 +978,12 @@ def overlap(tmp: Path) -> dict:
     return result
 
 
-def burst(tmp: Path) -> dict:
+def burst(tmp: Path, runs: list[str] | None = None) -> dict:
     """serve_vs_offline's burst offline (256 prompts of 512 random ids, 128 new tokens, all at once) on the V2-Lite
     shape, every step timed: decode-first at token budgets of 2,048 and 8,192 and prefill-first at 8,192. Then a
     torch profile of one decode-first step that mixes a 2,048-token prompt chunk with running decodes (at a 2,048
     budget the burst ran at half the speed of 8,192: 65 such steps instead of 17): GPU kernel time by kernel, GPU
-    busy time against the step's wall, the host's own time by op."""
+    busy time against the step's wall, the host's own time by op. runs: the schedules to run (default all)."""
     from torch.profiler import ProfilerActivity, profile
 
     from mlaserve import SamplingParams
@@ -996,6 +996,8 @@ def burst(tmp: Path) -> dict:
         ("decode_first_8192", {"max_num_batched_tokens": 8192}),
         ("prefill_first_8192", {"max_num_batched_tokens": 8192, "prefill_first": True}),
     ]:
+        if runs and name not in runs:
+            continue
         llm = lite_llm(tmp / "v2lite", max_num_seqs=256, **options)
         llm.generate(prompts[:8], params, use_tqdm=False)
         llm.engine.kv_manager.reset_prefix_cache()
@@ -1056,6 +1058,7 @@ def main() -> None:
     )
     parser.add_argument("out")
     parser.add_argument("--sections", default="moe,prefill_attn,steps")
+    parser.add_argument("--burst-runs", default="", help="burst: the schedules to run, comma-separated")
     args = parser.parse_args()
     out = run_header()
     with tempfile.TemporaryDirectory() as tmp:
@@ -1081,7 +1084,7 @@ def main() -> None:
                 "wide_warps": wide_warps,
                 "fp8_tiles": fp8_tiles,
                 "overlap": lambda: overlap(Path(tmp)),
-                "burst": lambda: burst(Path(tmp)),
+                "burst": lambda: burst(Path(tmp), [r for r in args.burst_runs.split(",") if r]),
             }[name]
             t = time.perf_counter()
             try:
