@@ -204,8 +204,7 @@ class ModelRunner:
             rules=self.group_rules,
         )
         if source is not None:  # lookahead steps are all decodes: row i is token i
-            index = torch.tensor(source[1], dtype=torch.long, device=self.device)
-            batch.input_ids = source[0].index_select(0, index)
+            batch.input_ids = source[0].index_select(0, queued_copy(source[1], self.device))
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
         scored = score_prompt_spans(self.model, hidden, spans)
         if not host.sample_rows:
@@ -261,6 +260,14 @@ class ModelRunner:
         return buffer, done
 
 
+def queued_copy(values: list[int], device: torch.device) -> torch.Tensor:
+    """int64 values on `device`, copied behind the work already queued there without waiting for it. A GPU copy
+    from pageable memory waits for the whole queue: a lookahead step that made one waited for the step before it
+    (a 100 ms prefill at 27 layers) before its own launch, which undid its head start."""
+    host = torch.tensor(values, dtype=torch.long, pin_memory=device.type == "cuda")
+    return host.to(device, non_blocking=True)
+
+
 def lookahead_source(
     sampled: torch.Tensor, rows: list[int], ids: list[int]
 ) -> tuple[torch.Tensor, list[int]]:
@@ -270,7 +277,7 @@ def lookahead_source(
     known = [i for i, row in enumerate(rows) if row < 0]
     if not known:
         return sampled, rows
-    extra = torch.tensor([ids[i] for i in known], dtype=sampled.dtype, device=sampled.device)
+    extra = queued_copy([ids[i] for i in known], sampled.device)
     rows = list(rows)
     for k, i in enumerate(known):
         rows[i] = sampled.shape[0] + k
