@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from tqdm.auto import tqdm
 
 from mlaserve.config.engine_config import EngineConfig
+from mlaserve.engine.heap import start_up_objects_frozen
 from mlaserve.engine.llm_engine import LLMEngine
 from mlaserve.outputs import RequestOutput
 from mlaserve.sampling_params import SamplingParams
@@ -69,18 +70,21 @@ class LLM:
         results: dict[str, RequestOutput] = {}
         wanted = set(request_ids)
         bar = tqdm(total=len(request_ids), desc="Processed prompts", disable=not use_tqdm)
-        try:
-            while len(results) < len(request_ids) and self.engine.has_unfinished_requests():
-                for out in self.engine.step(stream=False):
-                    if out.finished and out.request_id in wanted:
-                        results[out.request_id] = out
-                        bar.update(1)
-        except BaseException:
-            for rid in wanted - results.keys():  # an interrupted call leaves no request (and no block) behind
-                self.engine.abort_request(rid)
-            raise
-        finally:
-            bar.close()
+        with start_up_objects_frozen():
+            try:
+                while len(results) < len(request_ids) and self.engine.has_unfinished_requests():
+                    for out in self.engine.step(stream=False):
+                        if out.finished and out.request_id in wanted:
+                            results[out.request_id] = out
+                            bar.update(1)
+            except BaseException:
+                for rid in (
+                    wanted - results.keys()
+                ):  # an interrupted call leaves no request (and no block) behind
+                    self.engine.abort_request(rid)
+                raise
+            finally:
+                bar.close()
         return [results[rid] for rid in request_ids]
 
     def stats(self) -> dict:

@@ -13,7 +13,6 @@ later pipe that closes takes only its own requests with it (aborted, their block
 
 from __future__ import annotations
 
-import gc
 import logging
 import queue
 import signal
@@ -27,6 +26,7 @@ from typing import Any
 from mlaserve.core.request import RequestStatus
 from mlaserve.engine.core_output import CoreOutput
 from mlaserve.engine.core_threads import CoreThreads
+from mlaserve.engine.heap import freeze_start_up_objects
 from mlaserve.parallel.workers import WorkerDied
 
 logger = logging.getLogger(__name__)
@@ -68,10 +68,7 @@ def core_main(
         return
     for conn in conns:
         _send(conn, ("ready", info))
-    # What start-up built (the model's modules, the scheduler) lives as long as the process: out of the cyclic
-    # collector's sight, so its full collections stop walking it in the middle of steps (vLLM does the same).
-    gc.collect()
-    gc.freeze()
+    freeze_start_up_objects()  # the model's modules, the scheduler: they live as long as the process
     try:
         _CoreLoop(core, conns, threads).run()
     finally:

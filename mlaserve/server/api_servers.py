@@ -13,7 +13,6 @@ them (prometheus_client's multiprocess mode), so any process answers /metrics fo
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
 import multiprocessing
@@ -28,6 +27,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
+from mlaserve.engine.heap import freeze_start_up_objects
 from mlaserve.server.settings import ServerSettings
 
 logger = logging.getLogger("mlaserve.server")
@@ -54,13 +54,6 @@ def catch_early_signals(signals: tuple[signal.Signals, ...]) -> list[int]:
     for sig in signals:
         signal.signal(sig, lambda number, _frame: caught.append(number))
     return caught
-
-
-def freeze_start_up_objects() -> None:
-    """Move what start-up built (imports, the app, the tokenizer) out of the cyclic collector's sight: it lives as
-    long as the process, and a full collection would walk all of it while this process's streams wait."""
-    gc.collect()
-    gc.freeze()
 
 
 def share_metrics_across_processes() -> str:

@@ -25,10 +25,10 @@ import uvicorn
 from fastapi import FastAPI
 
 from mlaserve.engine.core_client import CoreClient, CoreProcessClient
+from mlaserve.engine.heap import freeze_start_up_objects
 from mlaserve.server.api_servers import (
     ApiServers,
     catch_early_signals,
-    freeze_start_up_objects,
     per_process_share,
     share_metrics_across_processes,
 )
