@@ -202,6 +202,18 @@ def prefill_attn() -> dict:
     return result
 
 
+def stall_counters() -> dict:
+    import gc
+
+    stats = torch.cuda.memory_stats()
+    return {
+        "gc_full": gc.get_stats()[2]["collections"],
+        "alloc_retries": stats.get("num_alloc_retries", 0),
+        "cuda_mallocs": stats.get("num_device_alloc", 0),
+        "cuda_frees": stats.get("num_device_free", 0),
+    }
+
+
 class StepLog:
     """Times every engine step (synchronized) and counts Triton compiles while active."""
 
@@ -221,10 +233,15 @@ class StepLog:
 
         def timed_step(**kwargs):
             torch.cuda.synchronize()
+            before = stall_counters()
             t = time.perf_counter()
             outs = step(**kwargs)
             torch.cuda.synchronize()
-            self.steps.append(dict(info, ms=(time.perf_counter() - t) * 1e3))
+            ms = (time.perf_counter() - t) * 1e3
+            # What may stall a step: a full collection, the allocator's cudaMalloc/cudaFree (a retry frees the
+            # whole cache). Kept only where one happened.
+            stalls = {k: v - before[k] for k, v in stall_counters().items() if v != before[k]}
+            self.steps.append(dict(info, ms=ms, **({"stalls": stalls} if stalls else {})))
             return outs
 
         log, orig = self.compiles, self._orig
@@ -257,6 +274,7 @@ class StepLog:
             prefill_tokens=sum(s["tokens"] - 0 for s in mixed), slowest=slow,
             compiles=len(self.compiles), compile_s=sum(c["s"] for c in self.compiles),
             compiled=[f"{c['kernel']}@{c['step']}:{c['s']:.2f}s" for c in self.compiles][:20],
+            stalls=[dict(step=i, **s) for i, s in enumerate(self.steps) if "stalls" in s][:20],
         )  # fmt: skip
 
 
