@@ -107,6 +107,8 @@ class CacheSection(_Section):
     # Training-free sliding window with attention sinks (lossy; benchmarks/quality.py measures the cost).
     sliding_window: PositiveInt | None = _ENGINE["sliding_window"]
     num_sink_tokens: NonNegativeInt = _ENGINE["num_sink_tokens"]
+    # With the window: older tokens seen as one mean-pooled entry per compress_ratio (lossy, no memory saved yet).
+    compress_ratio: PositiveInt | None = _ENGINE["compress_ratio"]
     # Training-free block-sparse attention (lossy, no memory saved): the index_topk best cache blocks per query.
     index_topk: PositiveInt | None = _ENGINE["index_topk"]
 
@@ -121,6 +123,11 @@ class CacheSection(_Section):
             raise KeyProblem(
                 "num_sink_tokens",
                 f"must be 0 unless cache.sliding_window is set, got {self.num_sink_tokens}",
+            )
+        if self.compress_ratio is not None and self.sliding_window is None:
+            raise KeyProblem(
+                "compress_ratio",
+                f"must be unset unless cache.sliding_window is set, got {self.compress_ratio}",
             )
         if self.index_topk and self.sliding_window is not None:
             raise KeyProblem(
@@ -232,6 +239,7 @@ class DeployConfig(_Section):
             "enable_prefix_caching": self.cache.enable_prefix_caching,
             "sliding_window": self.cache.sliding_window,
             "num_sink_tokens": self.cache.num_sink_tokens,
+            "compress_ratio": self.cache.compress_ratio,
             "index_topk": self.cache.index_topk,
             "max_num_seqs": self.scheduler.max_batch_size,
             "max_num_batched_tokens": self.scheduler.max_num_batched_tokens,

@@ -33,6 +33,7 @@ FLAG_KEYS: dict[str, str] = {
     "kv_cache_memory_bytes": "cache.kv_cache_memory_bytes",
     "sliding_window": "cache.sliding_window",
     "num_sink_tokens": "cache.num_sink_tokens",
+    "compress_ratio": "cache.compress_ratio",
     "index_topk": "cache.index_topk",
     "max_batch_size": "scheduler.max_batch_size",
     "max_num_seqs": "scheduler.max_batch_size",

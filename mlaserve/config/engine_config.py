@@ -41,6 +41,10 @@ class EngineConfig:
     # first num_sink_tokens of the sequence (attention sinks); their blocks go back to the pool as they leave.
     sliding_window: int | None = None
     num_sink_tokens: int = 0
+    # Training-free, lossy, no memory saved yet: with sliding_window, the tokens before the window are not dropped
+    # but seen through one mean-pooled entry per compress_ratio tokens (attention/pooled_window.py); every block
+    # stays in the cache.
+    compress_ratio: int | None = None
     # Serve a model with per-head K/V caches (Llama, Qwen2, Mistral) from an MLA latent cache: the exact
     # conversion (layers/latent_gqa.py), same answers and cache size; the MLA kernels and 8-bit latent caches apply.
     enable_mla: bool = False
@@ -104,6 +108,21 @@ class EngineConfig:
         checks.append(
             ("index_topk", not (self.index_topk and self.sliding_window), "unset with sliding_window")
         )
+        ratio = self.compress_ratio
+        if ratio is not None:
+            window = self.sliding_window
+            checks.append(("compress_ratio", isinstance(ratio, int) and ratio >= 2, "an int >= 2"))
+            checks.append(("compress_ratio", window is not None, "unset unless sliding_window is set"))
+            checks.append(
+                ("compress_ratio", not isinstance(window, int) or ratio <= window, "at most sliding_window")
+            )
+            checks.append(
+                (
+                    "compress_ratio",
+                    isinstance(ratio, int) and ratio >= 2 and not self.num_sink_tokens % ratio,
+                    "a divisor of num_sink_tokens (the pooled groups start after the sinks)",
+                )
+            )
         # Lists (from LLM(...) or YAML) become tuples: the dataclass is frozen.
         if isinstance(self.mla_latent_dim, list):
             object.__setattr__(self, "mla_latent_dim", tuple(self.mla_latent_dim))

@@ -13,6 +13,7 @@ import weakref
 
 import torch
 
+from mlaserve.attention.pooled_window import PooledWindow
 from mlaserve.attention.selector import attention_kernel, select_backend
 from mlaserve.config.engine_config import EngineConfig
 from mlaserve.config.model_config import ModelConfig
@@ -284,10 +285,19 @@ class EngineCore:
 
     def _init_kv_cache(self, max_step_tokens: int) -> None:
         cfg, model_dtype = self.config, self.model_config.dtype
-        self.kv_spec = with_sliding_window(
-            self.model.kv_cache_spec(), cfg.sliding_window, cfg.num_sink_tokens
-        )
+        if (
+            cfg.compress_ratio
+        ):  # the window is applied by the layers: every block stays, for the pooled entries
+            self.kv_spec = self.model.kv_cache_spec()
+        else:
+            self.kv_spec = with_sliding_window(
+                self.model.kv_cache_spec(), cfg.sliding_window, cfg.num_sink_tokens
+            )
         self.model.set_cache_groups(self.kv_spec.layer_groups())
+        if cfg.compress_ratio:
+            rule = PooledWindow(cfg.sliding_window, cfg.compress_ratio, cfg.num_sink_tokens)
+            full = {i for i, r in enumerate(self.kv_spec.group_rules()) if r.window is None}
+            self.model.set_pooled_window(rule, full)
         if cfg.index_topk:
             self.model.set_block_topk(cfg.index_topk)
         self.cache_dtype = dtype = resolve_cache_dtype(cfg.kv_cache_dtype, model_dtype, self.kv_spec.is_mla)

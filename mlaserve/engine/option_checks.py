@@ -51,7 +51,7 @@ def check_engine_options(config: EngineConfig, model_config: ModelConfig) -> Non
             "lower max_model_len to the window"
         )
     resolve_cache_dtype(config.kv_cache_dtype, model_config.dtype, latent)
-    for option in ("sliding_window", "index_topk"):
+    for option in ("sliding_window", "compress_ratio", "index_topk"):
         if getattr(config, option) and (latent or not model_cls.training_free_window):
             why = (
                 "the latent-cache decode kernels take no window"

@@ -6,6 +6,7 @@ from torch import nn
 from mlaserve.attention.backend import AttentionBackend, write_to_cache
 from mlaserve.attention.block_topk import block_topk_attention
 from mlaserve.attention.metadata import AttentionMetadata
+from mlaserve.attention.pooled_window import PooledWindow, pooled_window_attention
 
 
 class PagedAttention(nn.Module):
@@ -17,6 +18,8 @@ class PagedAttention(nn.Module):
             0  # set by the engine (CausalLM.set_cache_groups): whose block tables and window apply
         )
         self.block_topk: int | None = None  # the engine's training-free index_topk (attention/block_topk.py)
+        # the engine's training-free compress_ratio (attention/pooled_window.py)
+        self.pooled_window: PooledWindow | None = None
 
     def forward(
         self,
@@ -33,6 +36,8 @@ class PagedAttention(nn.Module):
         write_to_cache(v_cache, meta.slot_mapping, v)
         if self.block_topk:
             return block_topk_attention(q, k_cache, v_cache, meta, self.scale, self.block_topk)
+        if self.pooled_window is not None:
+            return pooled_window_attention(q, k_cache, v_cache, meta, self.scale, self.pooled_window)
         nd = meta.num_decodes
         parts = []
         if nd:

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from mlaserve.attention.metadata import AttentionMetadata
+from mlaserve.attention.pooled_window import PooledWindow
 from mlaserve.kvcache.spec import KVCacheSpec
 from mlaserve.parallel import ParallelContext
 
@@ -93,6 +94,15 @@ class CausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, PagedAttention):
                 module.block_topk = topk
+
+    def set_pooled_window(self, rule: PooledWindow, full_groups: set[int]) -> None:
+        """The engine's training-free compress_ratio, on every paged attention layer of the full-attention cache
+        groups (per-head K/V caches; layers the model windows itself keep their window)."""
+        from mlaserve.layers.attention import PagedAttention
+
+        for module in self.modules():
+            if isinstance(module, PagedAttention) and module.cache_group in full_groups:
+                module.pooled_window = rule
 
     def process_weights_after_loading(self) -> None:
         """Derived tensors (absorbed MLA weights, fused experts) are built here, once."""

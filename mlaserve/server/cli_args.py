@@ -68,6 +68,12 @@ _ENGINE_FLAGS = [
     ("--sliding-window", int, "lossy, training-free: full-attention layers see only the last N tokens"),
     ("--num-sink-tokens", int, "with --sliding-window: the first N tokens stay visible (attention sinks)"),
     (
+        "--compress-ratio",
+        int,
+        "with --sliding-window: tokens before the window are seen as one mean-pooled entry per N (lossy; no "
+        "memory saved yet)",
+    ),
+    (
         "--index-topk",
         int,
         "lossy, training-free: each query reads its N best cache blocks + first/local blocks",
@@ -110,7 +116,7 @@ _ENGINE_OPTIONS += ("kv_cache_memory_bytes", "num_kv_blocks", "max_num_batched_t
 _ENGINE_OPTIONS += ("enable_chunked_prefill", "prefill_first", "enable_prefix_caching")
 _ENGINE_OPTIONS += ("gpu_memory_utilization", "tensor_parallel_size", "enable_expert_parallel")
 _ENGINE_OPTIONS += ("pipeline_parallel_size", "distributed_executor_backend")
-_ENGINE_OPTIONS += ("sliding_window", "num_sink_tokens", "index_topk")
+_ENGINE_OPTIONS += ("sliding_window", "num_sink_tokens", "compress_ratio", "index_topk")
 _SETTINGS = ("host", "port", "metrics_port", "served_model_name", "max_concurrent_requests")
 _SETTINGS += ("request_timeout_s", "shutdown_grace_s", "max_body_bytes")
 _SETTINGS += ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "max_connections")
