@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mlaserve.attention.metadata import AttentionMetadata, slot_indices
+from mlaserve.attention.metadata import AttentionMetadata
 
 
 @dataclass(frozen=True)
@@ -35,14 +35,18 @@ class PooledWindow:
         """Per query, the first position it sees exactly (sinks aside): its window's start, back to a group start."""
         return (q_pos - self.window + 1).clamp(min=0) // self.ratio * self.ratio
 
-    def masks(self, q_pos: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """([q, n] exact keys, [q, n // ratio] pooled entries) each query at positions q_pos sees, in a context of
-        n cached tokens (only whole groups are pooled)."""
+    def masks(
+        self, q_pos: torch.Tensor, key_pos: torch.Tensor, entries: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """([q, keys] exact keys, [q, entries] pooled entries) that queries at positions q_pos see, among cached keys
+        at positions key_pos and the pooled entries (group indices) given."""
         start = self.exact_start(q_pos)[:, None]
-        keys = torch.arange(n, device=q_pos.device)[None, :]
-        exact = (keys <= q_pos[:, None]) & ((keys >= start) | (keys < self.sinks))
-        entries = torch.arange(n // self.ratio, device=q_pos.device)[None, :]
-        pooled = (entries >= self.sinks // self.ratio) & ((entries + 1) * self.ratio <= start)
+        exact = (key_pos[None, :] <= q_pos[:, None]) & (
+            (key_pos[None, :] >= start) | (key_pos[None, :] < self.sinks)
+        )
+        pooled = (entries[None, :] >= self.sinks // self.ratio) & (
+            (entries[None, :] + 1) * self.ratio <= start
+        )
         return exact, pooled
 
 
@@ -57,22 +61,33 @@ def pooled_window_attention(
     """Every sequence's queries ([T, H, D], this step's K/V already cached) over its exact span and pooled entries."""
     out, start = [], 0
     bias = math.log(rule.ratio)
+    cache_k, cache_v = k_cache.flatten(0, 1), v_cache.flatten(0, 1)
     for i, (q_len, n) in enumerate(zip(meta.query_lens, meta.host_seq_lens, strict=True)):
-        slots = slot_indices(meta.block_tables[i], n, meta.block_size)
-        k = k_cache.flatten(0, 1)[slots].float()  # [n, Hkv, D]
-        v = v_cache.flatten(0, 1)[slots].float()
-        count = n // rule.ratio
-        k_pool = k[: count * rule.ratio].view(count, rule.ratio, *k.shape[1:]).mean(1)
-        v_pool = v[: count * rule.ratio].view(count, rule.ratio, *v.shape[1:]).mean(1)
-        exact, pooled = rule.masks(torch.arange(n - q_len, n, device=q.device), n)
+        q_pos = torch.arange(n - q_len, n, device=q.device)
+        # Only what some query of this step reads: the sinks and the keys from the first query's exact span on,
+        # and the groups before the last query's span (the queries' spans only move forward).
+        first, last = (int(x) for x in rule.exact_start(q_pos[[0, -1]]))
+        sinks = min(rule.sinks, first)
+        key_pos = torch.cat((torch.arange(sinks, device=q.device), torch.arange(first, n, device=q.device)))
+        pooled_from = rule.sinks // rule.ratio * rule.ratio
+        pool_pos = torch.arange(pooled_from, max(last, pooled_from), device=q.device)
+        table = meta.block_tables[i].long()
+        slots = table[key_pos // meta.block_size] * meta.block_size + key_pos % meta.block_size
+        pool_slots = table[pool_pos // meta.block_size] * meta.block_size + pool_pos % meta.block_size
+        k, v = cache_k[slots].float(), cache_v[slots].float()  # [keys, Hkv, D]
+        count = pool_pos.numel() // rule.ratio
+        k_pool = cache_k[pool_slots].float().view(count, rule.ratio, *k.shape[1:]).mean(1)
+        v_pool = cache_v[pool_slots].float().view(count, rule.ratio, *v.shape[1:]).mean(1)
+        entries = torch.arange(pooled_from // rule.ratio, pooled_from // rule.ratio + count, device=q.device)
+        exact, pooled = rule.masks(q_pos, key_pos, entries)
         qi = q[start : start + q_len].float()
-        groups = qi.shape[1] // k.shape[1]
-        keys = torch.cat((k, k_pool)).repeat_interleave(groups, 1)
-        values = torch.cat((v, v_pool)).repeat_interleave(groups, 1)
-        scores = torch.einsum("qhd,khd->hqk", qi, keys) * scale
-        scores[..., n:] += bias
+        hkv = k.shape[1]
+        qg = qi.view(q_len, hkv, -1, qi.shape[-1])  # query heads grouped by the KV head they read
+        keys, values = torch.cat((k, k_pool)), torch.cat((v, v_pool))
+        scores = torch.einsum("qhgd,khd->hgqk", qg, keys) * scale
+        scores[..., k.shape[0] :] += bias
         visible = torch.cat((exact, pooled), dim=1)
-        probs = scores.masked_fill(~visible[None], float("-inf")).softmax(-1)
-        out.append(torch.einsum("hqk,khd->qhd", probs, values).to(q.dtype))
+        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+        out.append(torch.einsum("hgqk,khd->qhgd", probs, values).reshape(qi.shape).to(q.dtype))
         start += q_len
     return torch.cat(out)
