@@ -119,6 +119,7 @@ scheduler: {max_batch_size: 8, max_num_batched_tokens: 1024, enable_chunked_pref
         ("scheduler: {max_batch_size: 0}", "scheduler.max_batch_size", "greater than 0"),
         ("cache: {num_sink_tokens: -1}", "cache.num_sink_tokens", "greater than or equal to 0"),
         ("cache: {num_sink_tokens: 4}", "cache.num_sink_tokens", "unless cache.sliding_window is set"),
+        ("cache: {compress_ratio: 4}", "cache.compress_ratio", "unless cache.sliding_window is set"),
         ("cache: {sliding_window: 0}", "cache.sliding_window", "greater than 0"),
         ("cache: {index_topk: 0}", "cache.index_topk", "greater than 0"),
         ("cache: {index_topk: 8, sliding_window: 64}", "cache.index_topk", "cannot be combined"),

@@ -71,10 +71,10 @@ def test_scheduler_flags_reach_the_deploy_config():
     from mlaserve.config.deploy_overrides import overrides_from_flags
 
     args = parse("--max-num-batched-tokens", "64", "--no-enable-prefix-caching", "--sliding-window", "256",
-                 "--num-sink-tokens", "4")  # fmt: skip
+                 "--num-sink-tokens", "4", "--compress-ratio", "4")  # fmt: skip
     options = load_deploy_config(None, overrides_from_flags(vars(args))).engine_options()
     assert options["max_num_batched_tokens"] == 64 and options["enable_prefix_caching"] is False
-    assert (options["sliding_window"], options["num_sink_tokens"]) == (256, 4)
+    assert (options["sliding_window"], options["num_sink_tokens"], options["compress_ratio"]) == (256, 4, 4)
     assert options["enable_chunked_prefill"] is True
     args = parse("--index-topk", "8", "--enable-mla")
     options = load_deploy_config(None, overrides_from_flags(vars(args))).engine_options()
