@@ -11,6 +11,7 @@ benchmarks/quality.py measures what it costs.
 """
 
 import torch
+import torch.nn.functional as F
 
 from mlaserve.attention.metadata import AttentionMetadata, slot_indices
 
@@ -61,9 +62,15 @@ def block_topk_attention(
         qi = q[start : start + q_len]
         mask = block_mask(qi, k, torch.arange(n - q_len, n, device=q.device), meta.block_size, topk)
         groups = qi.shape[1] // k.shape[1]
-        scores = torch.einsum("qhd,khd->hqk", qi.float(), k.float().repeat_interleave(groups, 1)) * scale
-        scores = scores.masked_fill(~mask.repeat_interleave(groups, 0), float("-inf"))
-        probs = scores.softmax(-1)
-        out.append(torch.einsum("hqk,khd->qhd", probs, v.float().repeat_interleave(groups, 1)).to(q.dtype))
+        # Fused by SDPA (each query sees at least its own key); the mask is per KV head, so per query head repeated.
+        attended = F.scaled_dot_product_attention(
+            qi.float().transpose(0, 1),
+            k.float().transpose(0, 1),
+            v.float().transpose(0, 1),
+            attn_mask=mask.repeat_interleave(groups, 0),
+            scale=scale,
+            enable_gqa=True,
+        )
+        out.append(attended.transpose(0, 1).to(q.dtype))
         start += q_len
     return torch.cat(out)

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from mlaserve.attention.metadata import AttentionMetadata
 
@@ -80,14 +81,14 @@ def pooled_window_attention(
         v_pool = cache_v[pool_slots].float().view(count, rule.ratio, *v.shape[1:]).mean(1)
         entries = torch.arange(pooled_from // rule.ratio, pooled_from // rule.ratio + count, device=q.device)
         exact, pooled = rule.masks(q_pos, key_pos, entries)
-        qi = q[start : start + q_len].float()
-        hkv = k.shape[1]
-        qg = qi.view(q_len, hkv, -1, qi.shape[-1])  # query heads grouped by the KV head they read
         keys, values = torch.cat((k, k_pool)), torch.cat((v, v_pool))
-        scores = torch.einsum("qhgd,khd->hgqk", qg, keys) * scale
-        scores[..., k.shape[0] :] += bias
-        visible = torch.cat((exact, pooled), dim=1)
-        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
-        out.append(torch.einsum("hgqk,khd->qhgd", probs, values).reshape(qi.shape).to(q.dtype))
+        # One additive mask: 0 for an exact key, log(ratio) for a pooled entry, -inf for what the query does not see
+        # (each query sees at least itself). SDPA fuses the rest and reads each KV head for its query heads.
+        mask = torch.cat((exact.float().log(), pooled.float().log() + bias), dim=1)
+        qi = q[start : start + q_len].float().transpose(0, 1)  # [H, q_len, D]
+        attended = F.scaled_dot_product_attention(
+            qi, keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=True
+        )
+        out.append(attended.transpose(0, 1).to(q.dtype))
         start += q_len
     return torch.cat(out)
