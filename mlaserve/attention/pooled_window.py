@@ -11,10 +11,10 @@ size, the chunking of a prompt or the batch. A group is pooled for a query once 
 window; the tokens before the window that share a group with the window's first tokens stay exact, so the exact
 span reaches back to the start of that group (up to window + ratio - 1 tokens).
 
-This is the torch reference: per sequence the whole context is gathered and every entry pooled from it, so the
-cache holds every token, as the exact model's does (no memory is saved yet: that takes a cache group of pooled
-entries, whose blocks would replace those the window gives back). It is lossy by design; benchmarks/quality.py
-measures what it costs.
+This is the torch reference: per sequence, the keys some query of the step reads are gathered and the entries are
+pooled from full-rate rows at every step, so the cache holds every token, as the exact model's does (no memory is
+saved yet: that takes a cache group of pooled entries, whose blocks would replace those the window gives back;
+docs/cache-groups.md). It is lossy by design; benchmarks/quality.py measures what it costs.
 """
 
 import math

@@ -285,9 +285,8 @@ class EngineCore:
 
     def _init_kv_cache(self, max_step_tokens: int) -> None:
         cfg, model_dtype = self.config, self.model_config.dtype
-        if (
-            cfg.compress_ratio
-        ):  # the window is applied by the layers: every block stays, for the pooled entries
+        # With compress_ratio the layers apply the window themselves: every block stays, for the pooled entries.
+        if cfg.compress_ratio:
             self.kv_spec = self.model.kv_cache_spec()
         else:
             self.kv_spec = with_sliding_window(

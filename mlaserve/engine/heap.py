@@ -2,8 +2,7 @@
 
 A full collection walks every tracked object. After importing torch and transformers and building a model that is
 some 400,000 objects, and one walk took 260 ms on the CI machine: inside a generate call it lands in the middle of a
-step (an offline burst on the H200 had one 256-sequence decode step of 330 ms against 15 ms). Frozen objects are
-out of the collector's sight, so its collections only walk what the run itself creates.
+step. Frozen objects are out of the collector's sight, so its collections only walk what the run itself creates.
 """
 
 import gc
