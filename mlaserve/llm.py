@@ -78,9 +78,8 @@ class LLM:
                             results[out.request_id] = out
                             bar.update(1)
             except BaseException:
-                for rid in (
-                    wanted - results.keys()
-                ):  # an interrupted call leaves no request (and no block) behind
+                # An interrupted call leaves no request (and no block) behind.
+                for rid in wanted - results.keys():
                     self.engine.abort_request(rid)
                 raise
             finally:
