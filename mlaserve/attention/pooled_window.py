@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mlaserve.attention.metadata import AttentionMetadata
+from mlaserve.attention.metadata import AttentionMetadata, slot_indices
 
 
 @dataclass(frozen=True)
@@ -71,12 +71,12 @@ def pooled_window_attention(
         sinks = min(rule.sinks, first)
         key_pos = torch.cat((torch.arange(sinks, device=q.device), torch.arange(first, n, device=q.device)))
         pooled_from = rule.sinks // rule.ratio * rule.ratio
-        pool_pos = torch.arange(pooled_from, max(last, pooled_from), device=q.device)
-        table = meta.block_tables[i].long()
-        slots = table[key_pos // meta.block_size] * meta.block_size + key_pos % meta.block_size
-        pool_slots = table[pool_pos // meta.block_size] * meta.block_size + pool_pos % meta.block_size
+        pooled_to = max(last, pooled_from)
+        table, size = meta.block_tables[i], meta.block_size
+        slots = torch.cat((slot_indices(table, sinks, size), slot_indices(table, n, size, first)))
+        pool_slots = slot_indices(table, pooled_to, size, pooled_from)
         k, v = cache_k[slots].float(), cache_v[slots].float()  # [keys, Hkv, D]
-        count = pool_pos.numel() // rule.ratio
+        count = (pooled_to - pooled_from) // rule.ratio
         k_pool = cache_k[pool_slots].float().view(count, rule.ratio, *k.shape[1:]).mean(1)
         v_pool = cache_v[pool_slots].float().view(count, rule.ratio, *v.shape[1:]).mean(1)
         entries = torch.arange(pooled_from // rule.ratio, pooled_from // rule.ratio + count, device=q.device)

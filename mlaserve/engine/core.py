@@ -286,12 +286,8 @@ class EngineCore:
     def _init_kv_cache(self, max_step_tokens: int) -> None:
         cfg, model_dtype = self.config, self.model_config.dtype
         # With compress_ratio the layers apply the window themselves: every block stays, for the pooled entries.
-        if cfg.compress_ratio:
-            self.kv_spec = self.model.kv_cache_spec()
-        else:
-            self.kv_spec = with_sliding_window(
-                self.model.kv_cache_spec(), cfg.sliding_window, cfg.num_sink_tokens
-            )
+        window = None if cfg.compress_ratio else cfg.sliding_window
+        self.kv_spec = with_sliding_window(self.model.kv_cache_spec(), window, cfg.num_sink_tokens)
         self.model.set_cache_groups(self.kv_spec.layer_groups())
         if cfg.compress_ratio:
             rule = PooledWindow(cfg.sliding_window, cfg.compress_ratio, cfg.num_sink_tokens)
