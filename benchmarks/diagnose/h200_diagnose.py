@@ -234,14 +234,19 @@ class StepLog:
         def timed_step(**kwargs):
             torch.cuda.synchronize()
             before = stall_counters()
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.thread_time()
             outs = step(**kwargs)
+            # host_ms: until step() returns; cpu_ms: this thread's CPU time in it. A slow step with a small
+            # host_ms waited on the GPU; a large host_ms with a small cpu_ms was blocked (a sync, a lock).
+            host_ms, cpu_ms = (time.perf_counter() - t) * 1e3, (time.thread_time() - cpu) * 1e3
             torch.cuda.synchronize()
             ms = (time.perf_counter() - t) * 1e3
             # What may stall a step: a full collection, the allocator's cudaMalloc/cudaFree (a retry frees the
             # whole cache). Kept only where one happened.
             stalls = {k: v - before[k] for k, v in stall_counters().items() if v != before[k]}
-            self.steps.append(dict(info, ms=ms, **({"stalls": stalls} if stalls else {})))
+            self.steps.append(
+                dict(info, ms=ms, host_ms=host_ms, cpu_ms=cpu_ms, **({"stalls": stalls} if stalls else {}))
+            )
             return outs
 
         log, orig = self.compiles, self._orig
@@ -1009,21 +1014,22 @@ def burst(tmp: Path, runs: list[str] | None = None) -> dict:
     result = {}
     prompts = random_prompts(torch.Generator().manual_seed(2), 256, 512)
     params = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
-    for name, options in [
-        ("decode_first_2048", {"max_num_batched_tokens": 2048}),
-        ("decode_first_8192", {"max_num_batched_tokens": 8192}),
-        ("prefill_first_8192", {"max_num_batched_tokens": 8192, "prefill_first": True}),
-    ]:
-        if runs and name not in runs:
-            continue
+    schedules = {
+        "decode_first_2048": {"max_num_batched_tokens": 2048},
+        "decode_first_8192": {"max_num_batched_tokens": 8192},
+        "prefill_first_8192": {"max_num_batched_tokens": 8192, "prefill_first": True},
+    }
+    for i, name in enumerate(runs or list(schedules)):  # a name given twice runs twice (the stall is rare)
+        options = schedules[name]
+        key = name if name not in result else f"{name}_{i}"
         llm = lite_llm(tmp / "v2lite", max_num_seqs=256, **options)
         llm.generate(prompts[:8], params, use_tqdm=False)
         llm.engine.kv_manager.reset_prefix_cache()
         wall, log = logged_generate(llm, prompts, params)
         summary = dict(wall_s=wall, tok_s=256 * 128 / wall, **log.summary())
         summary["step_list"] = [(s["tokens"], s["seqs"], round(s["ms"], 2)) for s in log.steps]
-        result[name] = summary
-        print(name, json.dumps({k: v for k, v in summary.items() if k != "step_list"}), flush=True)
+        result[key] = summary
+        print(key, json.dumps({k: v for k, v in summary.items() if k != "step_list"}), flush=True)
         if name == "decode_first_2048":
             result["mixed_step_profile"] = _profile_mixed_step(
                 llm, prompts, params, profile, ProfilerActivity
@@ -1076,7 +1082,9 @@ def main() -> None:
     )
     parser.add_argument("out")
     parser.add_argument("--sections", default="moe,prefill_attn,steps")
-    parser.add_argument("--burst-runs", default="", help="burst: the schedules to run, comma-separated")
+    parser.add_argument(
+        "--burst-runs", default="", help="burst: the schedules to run, comma-separated (repeats allowed)"
+    )
     args = parser.parse_args()
     out = run_header()
     with tempfile.TemporaryDirectory() as tmp:
