@@ -45,6 +45,8 @@ host          where host time goes: torch.profiler over one batch-1 prefill of 5
 """
 
 import argparse
+import collections
+import gc
 import json
 import sys
 import tempfile
@@ -203,8 +205,6 @@ def prefill_attn() -> dict:
 
 
 def stall_counters() -> dict:
-    import gc
-
     stats = torch.cuda.memory_stats()
     return {
         "gc_full": gc.get_stats()[2]["collections"],
@@ -261,9 +261,28 @@ class StepLog:
 
         self.engine._apply, self.engine.step = apply_and_note, timed_step
         self._jit._do_compile = counted
+        self.collections = []
+        gc.callbacks.append(self._full_collection)
         return self
 
+    def _full_collection(self, phase: str, info: dict) -> None:
+        """Each full collection while active: how long it took, what it walked (the unfrozen objects it found
+        in the oldest generation, by type) and what it freed, at which step."""
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            walked = gc.get_objects(generation=2)
+            types = collections.Counter(type(o).__name__ for o in walked).most_common(8)
+            self._started = (time.perf_counter(), len(walked), types)
+            return
+        t, walked, types = self._started
+        self.collections.append(
+            dict(step=len(self.steps), ms=(time.perf_counter() - t) * 1e3, walked=walked, types=types,
+                 frozen=gc.get_freeze_count(), collected=info["collected"], uncollectable=info["uncollectable"])
+        )  # fmt: skip
+
     def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._full_collection)
         del self.engine._apply, self.engine.step
         self._jit._do_compile = self._orig
         self.engine = None  # a log kept for its figures must not keep the engine's memory
@@ -280,6 +299,7 @@ class StepLog:
             compiles=len(self.compiles), compile_s=sum(c["s"] for c in self.compiles),
             compiled=[f"{c['kernel']}@{c['step']}:{c['s']:.2f}s" for c in self.compiles][:20],
             stalls=[dict(step=i, **s) for i, s in enumerate(self.steps) if "stalls" in s][:20],
+            full_collections=self.collections,
         )  # fmt: skip
 
 
