@@ -86,6 +86,19 @@ def _spread(values: Sequence[float]) -> dict[str, float | None]:
     return {"mean": mean, "p50": percentile(values, 50), "p99": percentile(values, 99)}
 
 
+def _top_gaps_by_position(done: Sequence[RequestRecord]) -> dict[str, list[float]]:
+    """The largest 1% of all gaps (what sets the p99) by their place in a request's stream (1: the first gap):
+    [count, smallest, largest] seconds for each place."""
+    gaps = sorted(((gap, i + 1) for r in done for i, gap in enumerate(r.itls)), reverse=True)
+    top = gaps[: max(1, len(gaps) // 100)] if gaps else []
+    places: dict[str, list[float]] = {}
+    for gap, place in top:
+        key = str(place) if place <= 3 else "4-10" if place <= 10 else "11+"
+        count, low, high = places.get(key, [0, gap, gap])
+        places[key] = [count + 1, min(low, gap), max(high, gap)]
+    return places
+
+
 def summarize(records: Sequence[RequestRecord], duration_s: float) -> dict[str, object]:
     done = [r for r in records if r.ok]
     output_tokens = sum(r.output_tokens for r in done)
@@ -105,6 +118,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float) -> dict[str, 
         # whether a p99 comes from those or from the decode steps themselves.
         "itl_after_first_s": _spread([gap for r in done for gap in r.itls[1:]]),
         "e2e_s": _spread([r.e2e for r in done if r.e2e is not None]),
+        "itl_top_percent": _top_gaps_by_position(done),
         "errors": sorted({r.error for r in records if r.error}),
     }
 

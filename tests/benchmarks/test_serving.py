@@ -59,6 +59,7 @@ def test_summarize_counts_failures_and_throughput() -> None:
     assert summary["ttft_s"]["p50"] == pytest.approx(0.2) and summary["ttft_s"]["mean"] == pytest.approx(0.2)
     assert summary["itl_s"]["p99"] == pytest.approx(0.9 - 0.04 * 0.8)  # a long first gap: p99 near it
     assert summary["itl_after_first_s"]["p99"] == pytest.approx(0.1)  # without first gaps: the steady ones
+    assert summary["itl_top_percent"] == {"1": [1, 0.9, 0.9]}  # 5 gaps: the top one, each request's first gap
     assert summary["mean_prompt_tokens"] == 10
     assert summary["errors"] == ["HTTP 429: busy"]
 
@@ -146,3 +147,11 @@ def test_launch_against_tiny_model(tmp_path: Path) -> None:
     assert result["summary"]["requests_completed"] == 4 and result["summary"]["requests_failed"] == 0
     assert result["summary"]["total_output_tokens"] == 32 and result["summary"]["ttft_s"]["p50"] is not None
     assert result["server_models"]["data"][0]["id"] == "tiny-llama" and result["server_log_head"]
+
+
+def test_the_largest_gaps_are_counted_by_their_place_in_the_stream() -> None:
+    slow_second = [0.01, 0.5] + [0.01] * 98  # its second gap is the slowest of all
+    slow_late = [0.01] * 20 + [0.3, 0.2] + [0.01] * 78
+    records = [serving.RequestRecord(ok=True, itls=gaps, output_tokens=101) for gaps in (slow_second, slow_late)]
+    top = serving.summarize(records, duration_s=1.0)["itl_top_percent"]  # 200 gaps: the top 2
+    assert top == {"2": [1, 0.5, 0.5], "11+": [1, 0.3, 0.3]}
