@@ -119,13 +119,12 @@ def served(
         api_key_env="MLASERVE_API_KEY",
     )
     before = server_cpu_s(processes)
-    records, duration, client_cpu = serving.run_load_processes(
-        client_args, "bench", prompts, args.client_processes
-    )
+    run = serving.run_load_processes(client_args, "bench", prompts, args.client_processes)
     after = server_cpu_s(processes)
-    summary = serving.summarize(records, duration)
-    summary["cpu_busy"] = {name: (after[name] - before[name]) / duration for name in after}
-    summary["cpu_busy"]["client"] = client_cpu / duration
+    summary = serving.summarize(run.records, run.duration_s)
+    summary["cpu_busy"] = {name: (after[name] - before[name]) / run.duration_s for name in after}
+    summary["cpu_busy"]["client"] = run.cpu_s / run.duration_s
+    summary["client_full_collections_ms"] = run.full_collections_ms
     summary["client_processes"] = args.client_processes
     return summary
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import gc
 import ipaddress
 import json
 import math
@@ -30,7 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -202,17 +204,20 @@ async def one_request(
     return record
 
 
-def run_load_processes(
-    args: argparse.Namespace, model: str, prompts: list, processes: int
-) -> tuple[list[RequestRecord], float, float]:
+@dataclass
+class LoadRun:
+    records: list[RequestRecord]
+    duration_s: float  # from the common start to the last end
+    cpu_s: float  # client CPU seconds over all processes
+    full_collections_ms: list[float]  # each full collection in a client process while it measured
+
+
+def run_load_processes(args: argparse.Namespace, model: str, prompts: list, processes: int) -> LoadRun:
     """run_load spread over `processes` client processes, so that one Python interpreter parsing every stream's
     events does not bound what a server can be seen to deliver. Each process takes every k-th prompt, its share
-    of --concurrency and of --request-rate (a sum of Poisson processes is one), and all start at one moment.
-    Returns (records, duration from that moment to the last end, client CPU seconds over all processes)."""
+    of --concurrency and of --request-rate (a sum of Poisson processes is one), and all start at one moment."""
     if processes <= 1:
-        cpu = time.process_time()
-        records, duration = asyncio.run(run_load(args, model, prompts))
-        return records, duration, time.process_time() - cpu
+        return _load_share(args, model, prompts, time.perf_counter())
     import multiprocessing
 
     shares = [prompts[k::processes] for k in range(processes)]
@@ -228,18 +233,46 @@ def run_load_processes(
     with ctx.Pool(processes) as pool:
         start_at = time.perf_counter() + 2.0 + 0.5 * processes  # CLOCK_MONOTONIC: one clock for every process
         results = pool.starmap(_load_share, [(*job, start_at) for job in jobs])
-    records = [r for share_records, _, _ in results for r in share_records]
-    duration = max(end for _, end, _ in results) - start_at
-    return records, duration, sum(cpu for _, _, cpu in results)
+    return LoadRun(
+        records=[r for run in results for r in run.records],
+        duration_s=max(run.duration_s for run in results),
+        cpu_s=sum(run.cpu_s for run in results),
+        full_collections_ms=[ms for run in results for ms in run.full_collections_ms],
+    )
 
 
-def _load_share(
-    args: argparse.Namespace, model: str, prompts: list, start_at: float
-) -> tuple[list[RequestRecord], float, float]:
+def _load_share(args: argparse.Namespace, model: str, prompts: list, start_at: float) -> LoadRun:
     time.sleep(max(0.0, start_at - time.perf_counter()))
-    cpu = time.process_time()
-    records, _ = asyncio.run(run_load(args, model, prompts, t0=start_at))
-    return records, time.perf_counter(), time.process_time() - cpu
+    with client_heap() as collections_ms:
+        cpu = time.process_time()
+        records, _ = asyncio.run(run_load(args, model, prompts, t0=start_at))
+        cpu = time.process_time() - cpu
+    return LoadRun(records, time.perf_counter() - start_at, cpu, collections_ms)
+
+
+@contextmanager
+def client_heap() -> Iterator[list[float]]:
+    """The client's own start-up objects frozen while it measures, and its full collections timed (yielded, in
+    ms): a collection that walks the client's imports stalls every stream it reads, and the stall would count as
+    the server's inter-token latency."""
+    gc.collect()
+    gc.freeze()
+    times: list[float] = []
+    started = [0.0]
+
+    def timed(phase: str, info: dict) -> None:
+        if info["generation"] == 2:
+            if phase == "start":
+                started[0] = time.perf_counter()
+            else:
+                times.append((time.perf_counter() - started[0]) * 1e3)
+
+    gc.callbacks.append(timed)
+    try:
+        yield times
+    finally:
+        gc.callbacks.remove(timed)
+        gc.unfreeze()
 
 
 async def run_load(
@@ -411,14 +444,15 @@ def main(argv: list[str] | None = None) -> int:
         models = fetch_models(args)
         model = args.model_name or models["data"][0]["id"]
         prompts = make_prompts(args.num_prompts, args.prompt_len, args.seed)
-        records, duration, _ = run_load_processes(args, model, prompts, args.client_processes)
+        run = run_load_processes(args, model, prompts, args.client_processes)
     except (RuntimeError, httpx.HTTPError) as e:
         print(f"serving benchmark: {e}", file=sys.stderr)
         return 1
     finally:
         if server is not None:
             stop_server(server)
-    summary = summarize(records, duration)
+    summary = summarize(run.records, run.duration_s)
+    summary["client_full_collections_ms"] = run.full_collections_ms
     now = dt.datetime.now()
     mode = f"c{args.concurrency}" if args.concurrency else f"r{args.request_rate:g}"
     output = Path(args.output) if args.output else RESULTS / f"serving-{now.date().isoformat()}-{mode}.json"
@@ -432,10 +466,10 @@ def main(argv: list[str] | None = None) -> int:
         "server_models": models,
         "server_log_head": log_path.read_text(errors="replace").splitlines()[:80] if log_path else None,
         "summary": summary,
-        "requests": [asdict(r) for r in records],
+        "requests": [asdict(r) for r in run.records],
     }
     output.write_text(json.dumps(result, indent=1, default=str) + "\n")
-    print_table(summary, f"{model} via {args.endpoint}, {mode}, {len(records)} requests")
+    print_table(summary, f"{model} via {args.endpoint}, {mode}, {len(run.records)} requests")
     print(f"wrote {output}")
     return 0 if summary["requests_completed"] else 1
 
