@@ -6,8 +6,12 @@ step. Frozen objects are out of the collector's sight, so its collections only w
 """
 
 import gc
+import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+logger = logging.getLogger(__name__)
 
 _frozen_for_good = False
 
@@ -18,7 +22,30 @@ def freeze_start_up_objects() -> None:
     global _frozen_for_good
     gc.collect()
     gc.freeze()
+    if not _frozen_for_good:
+        gc.callbacks.append(_SlowCollections())
     _frozen_for_good = True
+
+
+class _SlowCollections:
+    """Logs each full collection that takes longer than threshold_ms: in a serving process, one stalls every
+    stream it touches (SGLang warns the same way), and the log says which process it was."""
+
+    def __init__(self, threshold_ms: float = 10.0) -> None:
+        self.threshold_ms, self.started = threshold_ms, 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self.started = time.perf_counter()
+            return
+        ms = (time.perf_counter() - self.started) * 1e3
+        if ms > self.threshold_ms:
+            logger.warning(
+                "a full garbage collection took %.0f ms (%d objects freed); frozen: %d",
+                ms, info["collected"], gc.get_freeze_count(),
+            )  # fmt: skip
 
 
 @contextmanager

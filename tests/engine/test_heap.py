@@ -51,3 +51,16 @@ def test_generate_runs_its_steps_frozen_and_leaves_nothing_frozen(llama) -> None
     llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=3), use_tqdm=False)
     assert seen and min(seen) > 0  # every step ran with the start-up objects frozen
     assert gc.get_freeze_count() == 0
+
+
+def test_a_slow_full_collection_is_logged(caplog) -> None:
+    watch = heap._SlowCollections(threshold_ms=0.0)
+    gc.callbacks.append(watch)
+    try:
+        with caplog.at_level("WARNING", logger="mlaserve.engine.heap"):
+            gc.collect(1)  # a young collection is not reported
+            assert not caplog.records
+            gc.collect()
+    finally:
+        gc.callbacks.remove(watch)
+    assert len(caplog.records) == 1 and "full garbage collection took" in caplog.records[0].getMessage()
