@@ -88,16 +88,28 @@ def _spread(values: Sequence[float]) -> dict[str, float | None]:
     return {"mean": mean, "p50": percentile(values, 50), "p99": percentile(values, 99)}
 
 
-def _top_gaps_by_position(done: Sequence[RequestRecord]) -> dict[str, list[float]]:
+def _top_gaps_by_position(done: Sequence[RequestRecord]) -> dict[str, list]:
     """The largest 1% of all gaps (what sets the p99) by their place in a request's stream (1: the first gap):
-    [count, smallest, largest] seconds for each place."""
-    gaps = sorted(((gap, i + 1) for r in done for i, gap in enumerate(r.itls)), reverse=True)
-    top = gaps[: max(1, len(gaps) // 100)] if gaps else []
-    places: dict[str, list[float]] = {}
-    for gap, place in top:
+    [count, smallest, largest] seconds for each place. "11+ at": for the late ones, when they ended (seconds
+    since the run began, to 10 ms) and how many ended then: one stall of the engine ends many streams' gaps at
+    once, a slow stream or process spreads them."""
+    gaps = []
+    for r in done:
+        t = r.start + (r.ttft or 0.0)
+        for i, gap in enumerate(r.itls):
+            t += gap
+            gaps.append((gap, i + 1, t))
+    gaps.sort(reverse=True)
+    places: dict[str, list] = {}
+    ends: dict[float, int] = {}
+    for gap, place, end in gaps[: max(1, len(gaps) // 100)] if gaps else []:
         key = str(place) if place <= 3 else "4-10" if place <= 10 else "11+"
         count, low, high = places.get(key, [0, gap, gap])
         places[key] = [count + 1, min(low, gap), max(high, gap)]
+        if place > 10:
+            ends[round(end, 2)] = ends.get(round(end, 2), 0) + 1
+    if ends:
+        places["11+ at"] = sorted(([t, n] for t, n in ends.items()), key=lambda e: -e[1])[:8]
     return places
 
 

@@ -152,6 +152,8 @@ def test_launch_against_tiny_model(tmp_path: Path) -> None:
 def test_the_largest_gaps_are_counted_by_their_place_in_the_stream() -> None:
     slow_second = [0.01, 0.5] + [0.01] * 98  # its second gap is the slowest of all
     slow_late = [0.01] * 20 + [0.3, 0.2] + [0.01] * 78
-    records = [serving.RequestRecord(ok=True, itls=gaps, output_tokens=101) for gaps in (slow_second, slow_late)]
+    records = [
+        serving.RequestRecord(ok=True, itls=gaps, output_tokens=101) for gaps in (slow_second, slow_late)
+    ]
     top = serving.summarize(records, duration_s=1.0)["itl_top_percent"]  # 200 gaps: the top 2
-    assert top == {"2": [1, 0.5, 0.5], "11+": [1, 0.3, 0.3]}
+    assert top == {"2": [1, 0.5, 0.5], "11+": [1, 0.3, 0.3], "11+ at": [[0.5, 1]]}  # ended at 20 x 0.01 + 0.3
