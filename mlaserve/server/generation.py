@@ -157,6 +157,10 @@ class Generation:
                 raise OpenAIError(status_code, message, code="engine_error", status=None) from None
             if not outputs:
                 self.outcome = self.outcome or "ok"
+                # The streams a step finished were all woken by it; without this pause each would run its
+                # completion (usage, [DONE], the response's end) before the next one wrote its last tokens, and
+                # at 64 streams an API server the last waited ~20 ms (the H200's burst, every final gap).
+                await asyncio.sleep(0)
                 return
             deltas, stopped, finished = self._processor.process(outputs)
             self._stream.finish(stopped)  # stop strings: the core stops those requests
