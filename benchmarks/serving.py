@@ -229,7 +229,7 @@ def run_load_processes(args: argparse.Namespace, model: str, prompts: list, proc
     events does not bound what a server can be seen to deliver. Each process takes every k-th prompt, its share
     of --concurrency and of --request-rate (a sum of Poisson processes is one), and all start at one moment."""
     if processes <= 1:
-        return _load_share(args, model, prompts, time.perf_counter())
+        return _load_share(args, model, prompts, None)
     import multiprocessing
 
     shares = [prompts[k::processes] for k in range(processes)]
@@ -253,9 +253,11 @@ def run_load_processes(args: argparse.Namespace, model: str, prompts: list, proc
     )
 
 
-def _load_share(args: argparse.Namespace, model: str, prompts: list, start_at: float) -> LoadRun:
-    time.sleep(max(0.0, start_at - time.perf_counter()))
-    with client_heap() as collections_ms:
+def _load_share(args: argparse.Namespace, model: str, prompts: list, start_at: float | None) -> LoadRun:
+    """start_at: the moment every process starts sending (None: once this one is ready)."""
+    with client_heap() as collections_ms:  # its collect before the start: not inside the measured run
+        start_at = time.perf_counter() if start_at is None else start_at
+        time.sleep(max(0.0, start_at - time.perf_counter()))
         cpu = time.process_time()
         records, _ = asyncio.run(run_load(args, model, prompts, t0=start_at))
         cpu = time.process_time() - cpu
