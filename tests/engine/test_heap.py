@@ -25,9 +25,8 @@ def test_a_few_objects_frozen_earlier_do_not_keep_the_rest_in_sight() -> None:
 
 def test_a_freeze_for_good_is_left_alone(monkeypatch) -> None:
     gc.freeze()
-    monkeypatch.setattr(
-        heap, "_frozen_for_good", True
-    )  # as freeze_start_up_objects leaves it, without its collect
+    # As freeze_start_up_objects leaves it, without its collect.
+    monkeypatch.setattr(heap, "_frozen_for_good", True)
     try:
         count = gc.get_freeze_count()
         made_since = [[i] for i in range(1000)]
