@@ -131,6 +131,8 @@ def summarize(records: Sequence[RequestRecord], duration_s: float) -> dict[str, 
         # Without each request's first gap, which under a burst spans the rest of the burst's prefill: says
         # whether a p99 comes from those or from the decode steps themselves.
         "itl_after_first_s": _spread([gap for r in done for gap in r.itls[1:]]),
+        # Each request's last gap alone: a step that finishes many streams at once shows here.
+        "itl_last_s": _spread([r.itls[-1] for r in done if r.itls]),
         "e2e_s": _spread([r.e2e for r in done if r.e2e is not None]),
         "itl_top_percent": _top_gaps_by_position(done),
         "errors": sorted({r.error for r in records if r.error}),
@@ -201,8 +203,14 @@ async def one_request(
                 if "error" in payload:
                     record.error = f"stream error: {payload['error']}"[:200]
                     return record
-                if any(_carries_token(choice) for choice in payload.get("choices") or []):
+                choices = payload.get("choices") or []
+                if any(_carries_token(choice) for choice in choices):
                     chunks.append(time.perf_counter())
+                if any(choice.get("finish_reason") for choice in choices):
+                    # Every stream one server step finished is woken at once in this process: without the pause
+                    # each would run its end (usage, [DONE], the connection's release) before the next stamped
+                    # its last token, and this client's own work would count as the server's last gaps.
+                    await asyncio.sleep(0)
                 if payload.get("usage"):
                     usage_tokens = payload["usage"].get("completion_tokens")
                     record.prompt_tokens = payload["usage"].get("prompt_tokens")

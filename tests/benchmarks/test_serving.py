@@ -60,6 +60,7 @@ def test_summarize_counts_failures_and_throughput() -> None:
     assert summary["itl_s"]["p99"] == pytest.approx(0.9 - 0.04 * 0.8)  # a long first gap: p99 near it
     assert summary["itl_after_first_s"]["p99"] == pytest.approx(0.1)  # without first gaps: the steady ones
     assert summary["itl_top_percent"] == {"1": [1, 0.9, 0.9]}  # 5 gaps: the top one, each request's first gap
+    assert summary["itl_last_s"]["p50"] == pytest.approx(0.1)  # each request's last gap (ok2's only one)
     assert summary["mean_prompt_tokens"] == 10
     assert summary["errors"] == ["HTTP 429: busy"]
 
