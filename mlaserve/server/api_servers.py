@@ -2,7 +2,8 @@
 
 One Python process parsing every request and framing every streamed token bounds what a server delivers once the
 GPU's steps are short: at 256 streams and a few milliseconds a step that is tens of thousands of events a second.
-Each extra API-server process accepts connections from the same listening socket, runs the same app over its own
+Each extra API-server process accepts connections on the same port (a socket of its own where the OS spreads
+connections over them, connections.listening_sockets), runs the same app over its own
 pipe to the core (core_client.CoreClient), and tokenizes, detokenizes and streams for the requests it accepted.
 
 The first process (the one an operator started) owns the core, the ops port and the signals: SIGTERM and SIGINT
@@ -68,21 +69,21 @@ def share_metrics_across_processes() -> str:
 
 
 class ApiServers:
-    """The extra API-server processes: one per extra pipe to the core, serving `listener` (the main port; the ops
-    port stays with the first process)."""
+    """The extra API-server processes: one per extra pipe to the core, each serving its one of `listeners` (the
+    main port; the ops port stays with the first process)."""
 
     def __init__(
         self,
         pipes: Sequence[Connection],
         engine_options: dict,
         settings: ServerSettings,
-        listener: socket.socket,
+        listeners: Sequence[socket.socket],
     ) -> None:
         ctx = multiprocessing.get_context("spawn")
         level = logging.getLogger().getEffectiveLevel()
         self.processes: list[BaseProcess] = []
         self._reports: list[Connection] = []  # "attached" from the worker, then the start-up report to it
-        for index, pipe in enumerate(pipes, start=1):
+        for index, (pipe, listener) in enumerate(zip(pipes, listeners, strict=True), start=1):
             mine, theirs = ctx.Pipe(duplex=True)
             worker = ctx.Process(
                 target=api_server_main,

@@ -37,6 +37,7 @@ from mlaserve.server.connections import (
     ConnectionLimits,
     connection_cap,
     listening_socket,
+    listening_sockets,
     quiet_accept_errors,
     uvicorn_config,
 )
@@ -81,7 +82,8 @@ def _serve(engine_options: dict, settings: ServerSettings, early: list[int]) -> 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        sockets = [listening_socket(settings.host, settings.port)]
+        listeners = listening_sockets(settings.host, settings.port, settings.api_server_count)
+        sockets = listeners[:1]
         if settings.metrics_port is not None:
             sockets.append(listening_socket(settings.host, settings.metrics_port))
     except OSError as e:
@@ -91,28 +93,38 @@ def _serve(engine_options: dict, settings: ServerSettings, early: list[int]) -> 
     settings = _with_bound_ports(settings, sockets)
     metrics_dir = share_metrics_across_processes() if settings.api_server_count > 1 else None
     try:
-        return _run_processes(engine_options, settings, sockets, early)
+        return _run_processes(engine_options, settings, sockets, listeners[1:], early)
     finally:
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 def _run_processes(
-    engine_options: dict, settings: ServerSettings, sockets: list[socket.socket], early: list[int]
+    engine_options: dict,
+    settings: ServerSettings,
+    sockets: list[socket.socket],
+    listeners: list[socket.socket],
+    early: list[int],
 ) -> int:
-    """Start the engine core and the extra API-server processes, serve until drained, then stop them all."""
+    """Start the engine core and the extra API-server processes (one of `listeners` each), serve until drained,
+    then stop them all."""
     describe = functools.partial(describe_core, settings=settings)
     engine = CoreProcessClient(
         engine_options, describe, quiet=_REPORTED_BY_THE_ENGINE, api_servers=settings.api_server_count
     )
     app, workers, code = None, None, 1
     try:
-        workers = ApiServers(engine.extra_pipes, engine_options, settings, sockets[0])
+        workers = ApiServers(engine.extra_pipes, engine_options, settings, listeners)
         try:
             workers.wait_attached(timeout_s=600)
         except RuntimeError as error:  # an API-server process that could not start
             logger.error("%s", error)
             return 1
+        for listener in listeners:
+            if (
+                listener is not sockets[0]
+            ):  # the process's own now: a copy here would hold its queue open after it
+                listener.close()
         pids = [os.getpid()] + [w.pid for w in workers.processes]
         report = {
             **engine.startup_report,
