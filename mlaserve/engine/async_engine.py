@@ -180,6 +180,7 @@ class AsyncEngine:
                     break
                 if self.engine.has_unfinished_requests():
                     self._dispatch(self.engine.step_core())
+                    self.engine.release_finished()
                     consecutive_errors = 0
                 self._stats = self.engine.stats()
             except Exception as error:  # noqa: BLE001 - any step failure is reported to its requests

@@ -412,6 +412,11 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def release_finished(self) -> None:
+        """Free the blocks of the requests the last step finished: call once its outputs are sent (the next step
+        does it otherwise)."""
+        self.scheduler.release_finished()
+
     # ---- the step loop ----------------------------------------------------------------------------------------
     def step_core(self) -> list[CoreOutput]:
         """Schedule, run the model once, apply the sampled tokens: one CoreOutput per request that got a token.
@@ -558,6 +563,7 @@ class EngineCore:
         return len(self.runner.graphs.sizes)
 
     def stats(self) -> dict:
+        self.release_finished()  # the block counts are the pool's
         cache = self.kv_manager.prefix_cache_stats()
         dtype = self.model_config.dtype
         stats = {

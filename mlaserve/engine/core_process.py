@@ -124,6 +124,7 @@ class _CoreLoop:
                     return
                 continue
             self._send_outputs(outputs)
+            self.core.release_finished()  # after the send: the last tokens do not wait for the pool
 
     def _apply_inbox(self, inbox: queue.SimpleQueue, wait_s: float | None) -> bool:
         """Apply every command received so far (waiting up to wait_s for the first when idle); False when the

@@ -60,6 +60,7 @@ class LLMEngine(EngineCore):
         not, as vLLM's engine does); stream=False returns the finished ones only (what LLM.generate keeps),
         skipping a copy of every running request's prompt and output ids per step."""
         deltas, stopped, finished = self.outputs.process(self.step_core())
+        self.release_finished()
         if stopped:  # stop strings found in the text: those requests end now
             self.abort_core(stopped, RequestStatus.FINISHED_STOPPED)
         outputs = [state.output(rid) for rid, state in finished.items()]

@@ -10,7 +10,9 @@ def step(sched, token: int = 7) -> tuple[SchedulerOutput, list]:
     """One engine step with a fake model that samples `token` for every request that needs a sample."""
     out = sched.schedule()
     sampled = {s.request.request_id: token for s in out.scheduled if s.needs_sample}
-    return out, sched.update_from_output(out, sampled)
+    finished = sched.update_from_output(out, sampled)
+    sched.release_finished()  # as the engine does once the step's outputs are sent
+    return out, finished
 
 
 def summary(out: SchedulerOutput) -> list[tuple[str, int, int]]:
@@ -35,6 +37,23 @@ def test_continuous_batching(make_request) -> None:
     assert r0.output_token_ids == [7, 7, 7] and r1.output_token_ids == [7, 7]
     assert r0.status is RequestStatus.FINISHED_LENGTH and not sched.has_unfinished_requests()
     assert sched.kv_cache_manager.num_used_blocks == 0 and sched.schedule().is_empty
+
+
+def test_finished_blocks_go_back_at_release_or_at_the_next_schedule(make_request) -> None:
+    sched = make_scheduler()
+    r0 = make_request(6, max_tokens=1)
+    sched.add_request(r0)
+    out = sched.schedule()
+    assert sched.update_from_output(out, {"r0": 7}) == [r0] and r0.is_finished
+    kv = sched.kv_cache_manager
+    assert kv.num_used_blocks == 2  # the last token goes out before the pool takes its blocks back
+    sched.release_finished()
+    assert kv.num_used_blocks == 0
+    r1 = make_request(6, max_tokens=1)
+    sched.add_request(r1)
+    out = sched.schedule()
+    sched.update_from_output(out, {"r1": 7})
+    assert sched.schedule().is_empty and kv.num_used_blocks == 0  # the next schedule frees them if no one did
 
 
 def test_chunked_prefill_small_budget(make_request) -> None:
@@ -231,6 +250,7 @@ def test_lookahead_schedules_the_next_decode_before_the_tokens_arrive(make_reque
     assert sched.update_from_output(ahead, {"r0": 7, "r1": 9}) == [r0, r1]  # r1 stops on EOS
     assert r1.output_token_ids == [7, 9] and r1.status is RequestStatus.FINISHED_STOPPED
     assert sched.update_from_output(third, {"r1": 7}) == []  # r1's wasted row is skipped
+    sched.release_finished()
     assert r1.output_token_ids == [7, 9] and sched.kv_cache_manager.num_used_blocks == 0
 
 

@@ -154,6 +154,8 @@ def test_random_workload(seed: int, lookahead: bool, make_request) -> None:
                 )
                 ahead = next_out, run_fake_step(kv_store, next_out, block_size, sampled)
         sched.update_from_output(out, sampled)  # tokens for partial prefills are ignored
+        if rng.random() < 0.5:  # the engine releases after sending; else the next schedule does
+            sched.release_finished()
         if rng.random() < 0.02 and sched.requests:
             victim = rng.choice(sorted(sched.requests))
             assert sched.finish_request(victim, RequestStatus.FINISHED_ABORTED) is not None
@@ -163,6 +165,7 @@ def test_random_workload(seed: int, lookahead: bool, make_request) -> None:
     else:
         pytest.fail("workload did not finish")
 
+    sched.release_finished()
     kv = sched.kv_cache_manager
     assert kv.num_used_blocks == 0 and kv.num_free_blocks == kv.num_total_blocks
     assert all(not m.req_to_blocks for m in kv.managers)
