@@ -40,6 +40,9 @@ class AttentionMetadata:
     token_rows: torch.Tensor | None = None
     # One metadata per cache group (this one first) when the model's layers have different attention rules.
     groups: list["AttentionMetadata"] | None = None
+    # A pooled-entries group (AttentionRule.ratio): slot_mapping holds the slot of each entry this step completes,
+    # and this its sources, [entries, ratio]: the slots of the tokens it pools, in its window group.
+    pooled_sources: torch.Tensor | None = None
 
     def for_group(self, group: int) -> "AttentionMetadata":
         return self if not self.groups else self.groups[group]

@@ -11,10 +11,12 @@ size, the chunking of a prompt or the batch. A group is pooled for a query once 
 window; the tokens before the window that share a group with the window's first tokens stay exact, so the exact
 span reaches back to the start of that group (up to window + ratio - 1 tokens).
 
-This is the torch reference: per sequence, the keys some query of the step reads are gathered and the entries are
-pooled from full-rate rows at every step, so the cache holds every token, as the exact model's does (no memory is
-saved yet: that takes a cache group of pooled entries, whose blocks would replace those the window gives back;
-docs/cache-groups.md). It is lossy by design; benchmarks/quality.py measures what it costs.
+The engine keeps two cache groups (docs/cache-groups.md): a window group of window + ratio - 1 tokens (and the
+sinks), whose older blocks go back to the pool, and a group of pooled entries, `block_size` entries a block,
+each written once by the step that completes it (write_pooled_entries) from rows the window group still holds;
+paged_pooled_attention reads both. pooled_window_attention is its reference: it pools from full-rate rows of a
+table that holds every token, at every step. Torch attention, per sequence; lossy by design:
+benchmarks/quality.py measures what it costs.
 """
 
 import math
@@ -59,7 +61,48 @@ def pooled_window_attention(
     scale: float,
     rule: PooledWindow,
 ) -> torch.Tensor:
-    """Every sequence's queries ([T, H, D], this step's K/V already cached) over its exact span and pooled entries."""
+    """The reference: every sequence's queries ([T, H, D], this step's K/V already cached) over its exact span and
+    entries pooled here from the full-rate rows of one table that holds every token."""
+    return _attend_per_sequence(q, k_cache, v_cache, meta, None, scale, rule)
+
+
+def paged_pooled_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    entries: AttentionMetadata,
+    scale: float,
+    rule: PooledWindow,
+) -> torch.Tensor:
+    """The engine's: the exact span from the window group's table (`meta`, which holds the sinks and the last
+    window + ratio - 1 tokens), the pooled entries from the entries group's (`entries`), as write_pooled_entries
+    left them."""
+    return _attend_per_sequence(q, k_cache, v_cache, meta, entries, scale, rule)
+
+
+def write_pooled_entries(cache: torch.Tensor, entries: AttentionMetadata) -> None:
+    """Pool and store the entries this step completes (after its own rows are cached): the mean of each one's
+    `ratio` rows, in float32, stored in the cache's dtype."""
+    if entries.slot_mapping.numel() == 0:
+        return
+    flat = cache.view(-1, *cache.shape[2:])
+    pooled = flat[entries.pooled_sources].float().mean(1).to(cache.dtype)  # [entries, Hkv, D]
+    if cache.element_size() == 1:  # 8-bit rows: copy bytes (index_copy_ has no fp8 kernel on every device)
+        flat, pooled = flat.view(torch.uint8), pooled.view(torch.uint8)
+    flat.index_copy_(0, entries.slot_mapping, pooled)
+
+
+def _attend_per_sequence(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    entries: AttentionMetadata | None,
+    scale: float,
+    rule: PooledWindow,
+) -> torch.Tensor:
+    """entries None: pool from meta's full-rate rows (the reference); else read the stored entries."""
     out, start = [], 0
     bias = math.log(rule.ratio)
     cache_k, cache_v = k_cache.flatten(0, 1), v_cache.flatten(0, 1)
@@ -74,13 +117,17 @@ def pooled_window_attention(
         pooled_to = max(last, pooled_from)
         table, size = meta.block_tables[i], meta.block_size
         slots = torch.cat((slot_indices(table, sinks, size), slot_indices(table, n, size, first)))
-        pool_slots = slot_indices(table, pooled_to, size, pooled_from)
         k, v = cache_k[slots].float(), cache_v[slots].float()  # [keys, Hkv, D]
-        count = (pooled_to - pooled_from) // rule.ratio
-        k_pool = cache_k[pool_slots].float().view(count, rule.ratio, *k.shape[1:]).mean(1)
-        v_pool = cache_v[pool_slots].float().view(count, rule.ratio, *v.shape[1:]).mean(1)
-        entries = torch.arange(pooled_from // rule.ratio, pooled_from // rule.ratio + count, device=q.device)
-        exact, pooled = rule.masks(q_pos, key_pos, entries)
+        first_entry, count = pooled_from // rule.ratio, (pooled_to - pooled_from) // rule.ratio
+        if entries is None:
+            pool_slots = slot_indices(table, pooled_to, size, pooled_from)
+            k_pool = cache_k[pool_slots].float().view(count, rule.ratio, *k.shape[1:]).mean(1)
+            v_pool = cache_v[pool_slots].float().view(count, rule.ratio, *v.shape[1:]).mean(1)
+        else:  # entry e sits at row e % size of block e // size of the entries table
+            entry_slots = slot_indices(entries.block_tables[i], first_entry + count, size, first_entry)
+            k_pool, v_pool = cache_k[entry_slots].float(), cache_v[entry_slots].float()
+        entry_ids = torch.arange(first_entry, first_entry + count, device=q.device)
+        exact, pooled = rule.masks(q_pos, key_pos, entry_ids)
         keys, values = torch.cat((k, k_pool)), torch.cat((v, v_pool))
         # One additive mask: 0 for an exact key, log(ratio) for a pooled entry, -inf for what the query does not see
         # (each query sees at least itself). SDPA fuses the rest and reads each KV head for its query heads.

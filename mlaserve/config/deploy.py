@@ -107,7 +107,7 @@ class CacheSection(_Section):
     # Training-free sliding window with attention sinks (lossy; benchmarks/quality.py measures the cost).
     sliding_window: PositiveInt | None = _ENGINE["sliding_window"]
     num_sink_tokens: NonNegativeInt = _ENGINE["num_sink_tokens"]
-    # With the window: older tokens seen as one mean-pooled entry per compress_ratio (lossy, no memory saved yet).
+    # With the window: older tokens seen as one mean-pooled entry per compress_ratio (lossy; 1/ratio of the rows).
     compress_ratio: PositiveInt | None = _ENGINE["compress_ratio"]
     # Training-free block-sparse attention (lossy, no memory saved): the index_topk best cache blocks per query.
     index_topk: PositiveInt | None = _ENGINE["index_topk"]

@@ -41,9 +41,8 @@ class EngineConfig:
     # first num_sink_tokens of the sequence (attention sinks); their blocks go back to the pool as they leave.
     sliding_window: int | None = None
     num_sink_tokens: int = 0
-    # Training-free, lossy, no memory saved yet: with sliding_window, the tokens before the window are not dropped
-    # but seen through one mean-pooled entry per compress_ratio tokens (attention/pooled_window.py); every block
-    # stays in the cache.
+    # Training-free, lossy: with sliding_window, the tokens before the window are not dropped but seen through one
+    # mean-pooled entry per compress_ratio tokens (attention/pooled_window.py), held in a cache group of their own.
     compress_ratio: int | None = None
     # Serve a model with per-head K/V caches (Llama, Qwen2, Mistral) from an MLA latent cache: the exact
     # conversion (layers/latent_gqa.py), same answers and cache size; the MLA kernels and 8-bit latent caches apply.

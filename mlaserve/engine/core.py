@@ -28,7 +28,7 @@ from mlaserve.engine.option_checks import check_engine_options
 from mlaserve.engine.structured_output import GrammarCompiler
 from mlaserve.kvcache.allocate import allocate_kv_caches
 from mlaserve.kvcache.quant import resolve_cache_dtype
-from mlaserve.kvcache.spec import FULL, KVCacheSpec
+from mlaserve.kvcache.spec import FULL, AttentionRule, KVCacheSpec
 from mlaserve.loader.model_files import resolve_model
 from mlaserve.loader.model_loader import build_model
 from mlaserve.loader.tokenizer import load_tokenizer
@@ -230,7 +230,7 @@ class EngineCore:
             self.kv_caches,
             config.block_size,
             self.device,
-            self.kv_spec.group_rules(),
+            self.group_rules,
             self.parallel,
         )
         if self.device.type == "cuda":
@@ -285,14 +285,19 @@ class EngineCore:
 
     def _init_kv_cache(self, max_step_tokens: int) -> None:
         cfg, model_dtype = self.config, self.model_config.dtype
-        # With compress_ratio the layers apply the window themselves: every block stays, for the pooled entries.
-        window = None if cfg.compress_ratio else cfg.sliding_window
+        window, ratio = cfg.sliding_window, cfg.compress_ratio
+        if ratio:
+            # A query sees exactly back to the start of the group its window begins in: window + ratio - 1 tokens
+            # stay in the window group; older ones live on as pooled entries, in a group of their own.
+            window += ratio - 1
         self.kv_spec = with_sliding_window(self.model.kv_cache_spec(), window, cfg.num_sink_tokens)
         self.model.set_cache_groups(self.kv_spec.layer_groups())
-        if cfg.compress_ratio:
-            rule = PooledWindow(cfg.sliding_window, cfg.compress_ratio, cfg.num_sink_tokens)
-            full = {i for i, r in enumerate(self.kv_spec.group_rules()) if r.window is None}
-            self.model.set_pooled_window(rule, full)
+        self.group_rules = self.kv_spec.group_rules()
+        if ratio:
+            source = AttentionRule(window, cfg.num_sink_tokens)
+            self.group_rules.append(dataclasses.replace(source, ratio=ratio))
+            rule = PooledWindow(cfg.sliding_window, ratio, cfg.num_sink_tokens)
+            self.model.set_pooled_window(rule, self.group_rules.index(source), len(self.group_rules) - 1)
         if cfg.index_topk:
             self.model.set_block_topk(cfg.index_topk)
         self.cache_dtype = dtype = resolve_cache_dtype(cfg.kv_cache_dtype, model_dtype, self.kv_spec.is_mla)
@@ -303,10 +308,13 @@ class EngineCore:
             num_blocks = min_over_ranks(self.parallel, num_blocks)
         capacity = (num_blocks - 1) * cfg.block_size
         groups = [
-            CacheGroupSpec(
+            # A pooled group's block holds block_size entries, i.e. spans block_size x ratio tokens.
+            CacheGroupSpec(i, "full", cfg.block_size * r.ratio)
+            if r.ratio
+            else CacheGroupSpec(
                 i, "full" if r.window is None else "sliding_window", cfg.block_size, r.window, r.sinks
             )
-            for i, r in enumerate(self.kv_spec.group_rules())
+            for i, r in enumerate(self.group_rules)
         ]
         self.kv_manager = KVCacheManager(groups, num_blocks, cfg.enable_prefix_caching, max_step_tokens)
         # One request of max_model_len tokens must fit alone: every group's blocks for it (a window group's stay
@@ -344,7 +352,11 @@ class EngineCore:
         sizes = self.kv_spec.group_bytes_per_token(self.cache_dtype)
         index = self.kv_spec.group_bytes_per_token(self.cache_dtype, index_only=True)
         out = []
-        for g, rule in enumerate(self.kv_spec.group_rules()):
+        for g, rule in enumerate(self.group_rules):
+            if rule.ratio:
+                source = self.group_rules.index(dataclasses.replace(rule, ratio=None))
+                out.append(f"pooled 1:{rule.ratio} of group {source}: {sizes[source]} bytes/entry")
+                continue
             kind = "full" if rule.window is None else f"window {rule.window}"
             kind += f" + {rule.sinks} sink tokens" if rule.sinks else ""
             text = f"{kind}: {groups.count(g)} layers, {sizes[g]} bytes/token"

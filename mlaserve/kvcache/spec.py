@@ -10,10 +10,15 @@ from mlaserve.kvcache.quant import row_width
 @dataclass(frozen=True)
 class AttentionRule:
     """Which cached tokens a query attends to: all earlier ones (window None), or the last `window` (itself
-    included) plus the sequence's first `sinks` tokens. Layers with the same rule form one cache group."""
+    included) plus the sequence's first `sinks` tokens. Layers with the same rule form one cache group.
+
+    With `ratio`, the group is not a layer's own but the pooled entries of the (window, sinks) group's layers: one
+    entry per `ratio` tokens, `block_size` entries a block (the engine's compress_ratio, attention/pooled_window.py).
+    """
 
     window: int | None = None
     sinks: int = 0
+    ratio: int | None = None
 
 
 FULL = AttentionRule()

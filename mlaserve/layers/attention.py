@@ -6,7 +6,12 @@ from torch import nn
 from mlaserve.attention.backend import AttentionBackend, write_to_cache
 from mlaserve.attention.block_topk import block_topk_attention
 from mlaserve.attention.metadata import AttentionMetadata
-from mlaserve.attention.pooled_window import PooledWindow, pooled_window_attention
+from mlaserve.attention.pooled_window import (
+    PooledWindow,
+    paged_pooled_attention,
+    pooled_window_attention,
+    write_pooled_entries,
+)
 
 
 class PagedAttention(nn.Module):
@@ -18,8 +23,9 @@ class PagedAttention(nn.Module):
             0  # set by the engine (CausalLM.set_cache_groups): whose block tables and window apply
         )
         self.block_topk: int | None = None  # the engine's training-free index_topk (attention/block_topk.py)
-        # the engine's training-free compress_ratio (attention/pooled_window.py)
+        # the engine's training-free compress_ratio (attention/pooled_window.py), its entries in this cache group
         self.pooled_window: PooledWindow | None = None
+        self.pooled_group = 0
 
     def forward(
         self,
@@ -30,6 +36,7 @@ class PagedAttention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """q: [T, H, D]; k, v: [T, Hkv, D]; kv_cache: [2, blocks, block_size, Hkv, D]. Returns [T, H, D]."""
+        groups = meta.groups
         meta = meta.for_group(self.cache_group)
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         write_to_cache(k_cache, meta.slot_mapping, k)
@@ -37,7 +44,12 @@ class PagedAttention(nn.Module):
         if self.block_topk:
             return block_topk_attention(q, k_cache, v_cache, meta, self.scale, self.block_topk)
         if self.pooled_window is not None:
-            return pooled_window_attention(q, k_cache, v_cache, meta, self.scale, self.pooled_window)
+            if groups is None:  # the runner's warm-up pass, with no block tables at all
+                return pooled_window_attention(q, k_cache, v_cache, meta, self.scale, self.pooled_window)
+            entries = groups[self.pooled_group]
+            write_pooled_entries(k_cache, entries)
+            write_pooled_entries(v_cache, entries)
+            return paged_pooled_attention(q, k_cache, v_cache, meta, entries, self.scale, self.pooled_window)
         nd = meta.num_decodes
         parts = []
         if nd:

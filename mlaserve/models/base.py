@@ -95,14 +95,15 @@ class CausalLM(nn.Module):
             if isinstance(module, PagedAttention):
                 module.block_topk = topk
 
-    def set_pooled_window(self, rule: PooledWindow, full_groups: set[int]) -> None:
-        """The engine's training-free compress_ratio, on every paged attention layer of the full-attention cache
-        groups (per-head K/V caches; layers the model windows itself keep their window)."""
+    def set_pooled_window(self, rule: PooledWindow, group: int, pooled_group: int) -> None:
+        """The engine's training-free compress_ratio, on every paged attention layer of cache group `group` (the
+        model's full-attention layers, now windowed; per-head K/V caches), whose pooled entries are group
+        `pooled_group`'s."""
         from mlaserve.layers.attention import PagedAttention
 
         for module in self.modules():
-            if isinstance(module, PagedAttention) and module.cache_group in full_groups:
-                module.pooled_window = rule
+            if isinstance(module, PagedAttention) and module.cache_group == group:
+                module.pooled_window, module.pooled_group = rule, pooled_group
 
     def process_weights_after_loading(self) -> None:
         """Derived tensors (absorbed MLA weights, fused experts) are built here, once."""

@@ -36,6 +36,9 @@ class HostBatch:
     sampled: list[ScheduledRequest]  # requests that get a new token this step
     # (tables, slots) of cache groups 1, 2, ... (tables and slots above are group 0's)
     other_groups: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # Pooled-entries groups (AttentionRule.ratio) by index: the window-group slots of each entry's tokens
+    # (their `slots` are the entries' own, one per entry this step completes)
+    pooled_sources: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 def _tables_and_slots(
@@ -47,7 +50,30 @@ def _tables_and_slots(
     return tables, slots
 
 
-def plan_batch(output: SchedulerOutput, block_size: int) -> HostBatch:
+def pooled_entries(
+    tables: torch.Tensor,
+    source: tuple[torch.Tensor, torch.Tensor],
+    rows: torch.Tensor,
+    positions: torch.Tensor,
+    block_size: int,
+    ratio: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(slots, sources) of the entries this step completes: an entry is written by the step that computes the last
+    of its `ratio` tokens; tables hold `block_size` entries a block, source is the window group's (tables, slots)."""
+    done = (positions + 1) % ratio == 0
+    rows, positions = rows[done], positions[done]
+    entry = positions // ratio
+    slots = tables[rows, entry // block_size].long() * block_size + entry % block_size
+    # Its tokens: positions - ratio + 1 .. positions, all still in the window group (its window reaches that far).
+    pos = positions[:, None] - ratio + 1 + torch.arange(ratio)
+    source_tables = source[0]
+    sources = source_tables[rows[:, None], pos // block_size].long() * block_size + pos % block_size
+    return slots, sources
+
+
+def plan_batch(
+    output: SchedulerOutput, block_size: int, rules: list[AttentionRule] | None = None
+) -> HostBatch:
     # Decodes first: the attention layers split the batch at num_decodes.
     order = sorted(output.scheduled, key=lambda s: s.num_new_tokens != 1)
     num_decodes = sum(1 for s in order if s.num_new_tokens == 1)
@@ -74,10 +100,17 @@ def plan_batch(output: SchedulerOutput, block_size: int) -> HostBatch:
     # Rows built in Python with the positions, not by torch.repeat_interleave: the diagnosis's cProfile had that
     # at 1.2 ms per call at batch 32 on the GPU host (30 us here), for a 32-element result.
     rows_t = torch.tensor(rows)
-    groups = [
-        _tables_and_slots([s.block_ids[g] for s in order], rows_t, positions_t, block_size)
-        for g in range(len(order[0].block_ids))
-    ]
+    rules = rules or [FULL] * len(order[0].block_ids)
+    groups, pooled = [], {}
+    for g, rule in enumerate(rules):
+        if rule.ratio is None:
+            groups.append(_tables_and_slots([s.block_ids[g] for s in order], rows_t, positions_t, block_size))
+            continue
+        # Built after its window group, which comes first (the engine appends the pooled groups).
+        tables, _ = _tables_and_slots([s.block_ids[g] for s in order], rows_t, positions_t * 0, block_size)
+        source = groups[rules.index(AttentionRule(rule.window, rule.sinks))]
+        slots, pooled[g] = pooled_entries(tables, source, rows_t, positions_t, block_size, rule.ratio)
+        groups.append((tables, slots))
     (tables, slots), others = groups[0], groups[1:]
     return HostBatch(
         ids,
@@ -91,6 +124,7 @@ def plan_batch(output: SchedulerOutput, block_size: int) -> HostBatch:
         sample_rows,
         sampled,
         others,
+        pooled,
     )
 
 
@@ -113,22 +147,29 @@ def to_device(
 ) -> ModelInput:
     """rules: each cache group's attention rule (window, sinks); one metadata per group."""
     rules = rules or [FULL] * (1 + len(batch.other_groups))
-    metas = [
-        build_metadata(
-            block_size,
-            tables.to(device),
-            batch.query_lens,
-            batch.seq_lens,
-            batch.num_decodes,
-            slots.to(device),
-            with_gather_index,
-            rule.window,
-            rule.sinks,
-        )
-        for (tables, slots), rule in zip(
-            [(batch.tables, batch.slots), *batch.other_groups], rules, strict=True
-        )
-    ]
+    metas = []
+    for g, ((tables, slots), rule) in enumerate(
+        zip([(batch.tables, batch.slots), *batch.other_groups], rules, strict=True)
+    ):
+        if rule.ratio is not None:  # read through its tables, written at its entry slots: no gather indices
+            seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int32, device=device)
+            meta = AttentionMetadata(
+                block_size, slots.to(device), seq_lens, tables.to(device), batch.num_decodes, batch.query_lens,
+                batch.seq_lens, pooled_sources=batch.pooled_sources[g].to(device),
+            )  # fmt: skip
+        else:
+            meta = build_metadata(
+                block_size,
+                tables.to(device),
+                batch.query_lens,
+                batch.seq_lens,
+                batch.num_decodes,
+                slots.to(device),
+                with_gather_index,
+                rule.window,
+                rule.sinks,
+            )
+        metas.append(meta)
     meta = metas[0]
     if len(metas) > 1:
         meta.groups = metas
@@ -150,4 +191,4 @@ def build_model_input(
     with_gather_index: bool = True,
     rules: list[AttentionRule] | None = None,
 ) -> ModelInput:
-    return to_device(plan_batch(output, block_size), block_size, device, with_gather_index, rules)
+    return to_device(plan_batch(output, block_size, rules), block_size, device, with_gather_index, rules)

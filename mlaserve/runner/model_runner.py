@@ -40,18 +40,20 @@ class StepPlan:
         host = self.host
         arrays = [host.positions.numpy(), host.slots.numpy(), host.tables.numpy()]
         others = [(tables.numpy(), slots.numpy()) for tables, slots in host.other_groups]
+        pooled = {g: sources.numpy() for g, sources in host.pooled_sources.items()}
         fields = (host.ids, host.query_lens, host.seq_lens, host.num_decodes, host.sample_rows)
-        return _rebuild_plan, (arrays, others, fields, self.spans, self.source_rows)
+        return _rebuild_plan, (arrays, others, pooled, fields, self.spans, self.source_rows)
 
 
 def _rebuild_plan(
-    arrays: list, others: list, fields: tuple, spans: list, source_rows: list | None
+    arrays: list, others: list, pooled: dict, fields: tuple, spans: list, source_rows: list | None
 ) -> StepPlan:
     positions, slots, tables = (torch.from_numpy(a) for a in arrays)
     ids, query_lens, seq_lens, num_decodes, sample_rows = fields
     groups = [(torch.from_numpy(t), torch.from_numpy(s)) for t, s in others]
+    sources = {g: torch.from_numpy(a) for g, a in pooled.items()}
     host = HostBatch(
-        ids, positions, slots, tables, query_lens, seq_lens, num_decodes, [], sample_rows, [], groups
+        ids, positions, slots, tables, query_lens, seq_lens, num_decodes, [], sample_rows, [], groups, sources
     )
     return StepPlan(host, spans, source_rows)
 
@@ -140,7 +142,7 @@ class ModelRunner:
 
         A step of lookahead rows (Scheduler.schedule_lookahead) is launched before `previous` has been collected:
         each row's input token is the one `previous` sampled for the same request, gathered on the device."""
-        host = plan_batch(output, self.block_size)
+        host = plan_batch(output, self.block_size, self.group_rules)
         source_rows = None
         if previous is not None:  # -1: a row whose input token is known (see lookahead_source)
             rows = {s.request.request_id: i for i, s in enumerate(previous.sampled)}

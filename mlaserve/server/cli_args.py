@@ -70,8 +70,8 @@ _ENGINE_FLAGS = [
     (
         "--compress-ratio",
         int,
-        "with --sliding-window: tokens before the window are seen as one mean-pooled entry per N (lossy; no "
-        "memory saved yet)",
+        "with --sliding-window: tokens before the window are seen as one mean-pooled entry per N, kept in a "
+        "cache group of their own (lossy)",
     ),
     (
         "--index-topk",

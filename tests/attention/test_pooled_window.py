@@ -9,8 +9,14 @@ import pytest
 import torch
 
 from mlaserve import LLM, SamplingParams
-from mlaserve.attention.metadata import build_metadata
-from mlaserve.attention.pooled_window import PooledWindow, pooled_window_attention
+from mlaserve.attention.metadata import AttentionMetadata, build_metadata
+from mlaserve.attention.pooled_window import (
+    PooledWindow,
+    paged_pooled_attention,
+    pooled_window_attention,
+    write_pooled_entries,
+)
+from mlaserve.runner.batch import pooled_entries
 from tests.engine.test_sliding_window import prompts
 from tests.tiny_models import build_tiny
 
@@ -77,6 +83,82 @@ def test_matches_its_definition(rule: PooledWindow) -> None:
         start += n
 
 
+@pytest.mark.parametrize("rule", [PooledWindow(8, 4), PooledWindow(6, 4, sinks=4), PooledWindow(5, 2)])
+def test_the_window_and_entries_groups_give_the_reference(rule: PooledWindow) -> None:
+    """The engine's layout against the reference over full-rate rows: the window group holds only the sinks and
+    what the step's queries read exactly (every other block is the null block, full of NaN, so a read of a block
+    the window gave back shows), entries are pooled into their own blocks by the steps that complete them."""
+    gen = torch.Generator().manual_seed(rule.window + 3 * rule.ratio)
+    heads, kv_heads, dim, block = 4, 2, 8, 4
+    query_lens, seq_lens = [1, 1, 9, 30], [23, 5, 9, 41]
+    full_blocks = [-(-n // block) for n in seq_lens]
+    entry_blocks = [-(-n // (block * rule.ratio)) for n in seq_lens]
+    caches = torch.zeros(2, 1 + sum(full_blocks) + sum(entry_blocks), block, kv_heads, dim)
+    order = (torch.randperm(caches.shape[1] - 1, generator=gen) + 1).int()
+    full = torch.zeros(len(seq_lens), max(full_blocks), dtype=torch.int32)
+    entries = torch.zeros(len(seq_lens), max(entry_blocks), dtype=torch.int32)
+    used = 0
+    for i, (nf, ne) in enumerate(zip(full_blocks, entry_blocks, strict=True)):
+        full[i, :nf], entries[i, :ne] = order[used : used + nf], order[used + nf : used + nf + ne]
+        used += nf + ne
+    kv = torch.randn(2, sum(seq_lens), kv_heads, dim, generator=gen)
+    rows = torch.cat([torch.full((n,), i) for i, n in enumerate(seq_lens)])
+    positions = torch.cat([torch.arange(n) for n in seq_lens])
+    slots = full[rows, positions // block].long() * block + positions % block
+    caches[:, 1:].flatten(1, 2)[:, slots - block] = kv  # every token's row (the null block stays zero)
+    # Every entry any step completed, pooled as the engine's steps would have, from the rows in the window group.
+    entry_slots, sources = pooled_entries(entries, (full, slots), rows, positions, block, rule.ratio)
+    entry_meta = AttentionMetadata(
+        block, entry_slots, torch.tensor(seq_lens), entries, 2, query_lens, seq_lens
+    )
+    entry_meta.pooled_sources = sources
+    write_pooled_entries(caches[0], entry_meta)
+    write_pooled_entries(caches[1], entry_meta)
+    q = torch.randn(sum(query_lens), heads, dim, generator=gen)
+    no_writes = torch.zeros(sum(query_lens), dtype=torch.long)
+    want = pooled_window_attention(
+        q, caches[0], caches[1], build_metadata(block, full, query_lens, seq_lens, 2, no_writes), 0.3, rule
+    )
+    # The window group's tables: the sinks' blocks and those from each step's first exact position on.
+    window = full.clone()
+    for i, (q_len, n) in enumerate(zip(query_lens, seq_lens, strict=True)):
+        first = int(rule.exact_start(torch.tensor(n - q_len)))
+        keep = set(range(-(-rule.sinks // block))) | set(range(first // block, full_blocks[i]))
+        for b in range(full_blocks[i]):
+            window[i, b] = full[i, b] if b in keep else 0
+    caches[:, 0] = float("nan")
+    got = paged_pooled_attention(
+        q,
+        caches[0],
+        caches[1],
+        build_metadata(block, window, query_lens, seq_lens, 2, no_writes, False),
+        entry_meta,
+        0.3,
+        rule,
+    )
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_long_generation_holds_the_window_and_one_entry_per_ratio_tokens(llama):
+    llm = LLM(
+        str(llama), dtype="float32", device="cpu", block_size=4, num_kv_blocks=64, max_num_batched_tokens=32,
+        sliding_window=12, num_sink_tokens=4, compress_ratio=4,
+    )  # fmt: skip
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+    engine.add_request({"prompt_token_ids": prompts(1, seed=5, low=40, high=41)[0]}, params)
+    most = [0, 0]
+    while engine.has_unfinished_requests():
+        engine.step(stream=False)
+        blocks = engine.stats()["kv_blocks_by_group"]
+        most = [max(m, b) for m, b in zip(most, blocks, strict=True)]
+    # 440 tokens: the window group holds the sink block and 12 + 3 tokens of window (and the step's own tokens),
+    # the entries group one block per 4 x 4 tokens. A full-rate cache would hold 110 blocks (more than the pool).
+    assert most[0] <= 1 + -(-(12 + 3 + 32) // 4) + 1, most
+    assert most[1] == -(-440 // 16), most
+    assert llm.stats()["kv_blocks_used"] == 0
+
+
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     return build_tiny("llama", tmp_path_factory.mktemp("llama"))
@@ -115,7 +197,9 @@ def test_pooled_tokens_do_not_depend_on_chunking_batching_or_prefix_hits(llama):
     cold = generate(llama, shared, **options, max_num_seqs=1, enable_prefix_caching=False)
     hits = []
     assert generate(llama, shared, hits, **options, max_num_seqs=1) == cold
-    assert hits[0] >= 3 * 40  # the three later requests read the shared prefix from the cache
+    # The three later requests read the shared prefix from the cache, to a boundary of every group: the pooled
+    # entries' blocks span block_size x ratio = 16 tokens.
+    assert hits[0] >= 3 * 32
 
 
 @pytest.mark.parametrize(

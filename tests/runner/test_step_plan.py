@@ -23,12 +23,16 @@ def test_round_trip_keeps_every_field_of_the_batch() -> None:
         order=[],
         sample_rows=[0, 2],
         sampled=[],
-        other_groups=[(torch.tensor([[7], [8]], dtype=torch.int32), torch.tensor([112, 128, 129]))],
+        other_groups=[
+            (torch.tensor([[7], [8]], dtype=torch.int32), torch.tensor([112, 128, 129])),
+            (torch.tensor([[9], [10]], dtype=torch.int32), torch.tensor([147])),
+        ],
+        pooled_sources={2: torch.tensor([[128, 129]])},
     )
     # a field added to HostBatch must be carried by StepPlan.__reduce__ (and checked here)
     assert [f.name for f in dataclasses.fields(HostBatch)] == [
         "ids", "positions", "slots", "tables", "query_lens", "seq_lens", "num_decodes", "order", "sample_rows",
-        "sampled", "other_groups",
+        "sampled", "other_groups", "pooled_sources",
     ]  # fmt: skip
     spans = [PromptSpan("r1", 1, 1, [6, 7], 2)]
     back = pickle.loads(pickle.dumps(StepPlan(host, spans, [1, 0])))
@@ -39,5 +43,7 @@ def test_round_trip_keeps_every_field_of_the_batch() -> None:
             assert torch.equal(got, want) and got.dtype == want.dtype
         elif field.name == "other_groups":
             assert all(torch.equal(a, b) for pair_a, pair_b in zip(got, want) for a, b in zip(pair_a, pair_b))
+        elif field.name == "pooled_sources":
+            assert got.keys() == want.keys() and all(torch.equal(got[g], want[g]) for g in want)
         else:
             assert got == want
