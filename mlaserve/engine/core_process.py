@@ -5,7 +5,7 @@ once: on an H200 the threaded server delivered 27-40% of the offline API's token
 HTTP, tokenization or detokenization; API-server processes (one, or `api_server_count`) do, each over a pipe of
 its own with pickled messages: commands in (add, abort, detach, stop; and each API server's CPU load, which sets
 the core's CPU threads: core_threads.py), and per step one message out to each API server whose requests moved
-(their deltas, and now and then the stats). The clients are in core_client.py.
+(their deltas), then now and then one with the stats. The clients are in core_client.py.
 
 The first pipe belongs to the process that started the core: when it closes, or says "stop", the core ends. A
 later pipe that closes takes only its own requests with it (aborted, their blocks freed).
@@ -124,7 +124,6 @@ class _CoreLoop:
                     return
                 continue
             self._send_outputs(outputs)
-            self.core.release_finished()  # after the send: the last tokens do not wait for the pool
 
     def _apply_inbox(self, inbox: queue.SimpleQueue, wait_s: float | None) -> bool:
         """Apply every command received so far (waiting up to wait_s for the first when idle); False when the
@@ -182,6 +181,9 @@ class _CoreLoop:
         return True
 
     def _send_outputs(self, outputs: list[CoreOutput]) -> None:
+        """The step's deltas first; then the finished requests' blocks go back to the pool and, when due, the
+        stats follow in a message of their own: both cost milliseconds when hundreds of requests finish at once
+        (10k blocks, 5 ms on the H200's host), which every last token would otherwise wait for."""
         by_conn: dict[Connection, list[CoreOutput]] = {}
         for out in outputs:
             conn = self.owner.get(out.request_id)
@@ -190,14 +192,14 @@ class _CoreLoop:
             by_conn.setdefault(conn, []).append(out)
             if out.finish_reason is not None:
                 del self.owner[out.request_id]
+        for conn, outs in by_conn.items():
+            _send(conn, ("out", outs, None))
+        self.core.release_finished()
         now = time.monotonic()
-        stats = None
         if now - self.last_stats >= _STATS_EVERY_S or not self.core.has_unfinished_requests():
             stats, self.last_stats = self.core.stats(), now
-        for conn in self.conns:
-            outs = by_conn.get(conn, [])
-            if outs or stats is not None:
-                _send(conn, ("out", outs, stats))
+            for conn in self.conns:
+                _send(conn, ("out", [], stats))
 
     def _send_stats(self) -> None:
         now = time.monotonic()
