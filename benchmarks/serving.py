@@ -61,6 +61,19 @@ class RequestRecord:
     error: str | None = None
 
 
+_TRACE_DIR = os.environ.get("MLASERVE_STEP_TRACE")  # mlaserve/engine/step_trace.py's, written here alike
+_trace_file: list = []
+
+
+def step_trace(event: str, *fields: object) -> None:
+    """The client's line of the server's opt-in step trace (this script imports nothing from mlaserve)."""
+    if not _TRACE_DIR:
+        return
+    if not _trace_file:
+        _trace_file.append(open(os.path.join(_TRACE_DIR, f"trace-{os.getpid()}.txt"), "a", buffering=1))  # noqa: SIM115
+    _trace_file[0].write(" ".join(map(str, (time.perf_counter(), event, *fields))) + "\n")
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-th percentile (0..100), interpolating between closest ranks like numpy's default; None if empty."""
     if not values:
@@ -207,6 +220,9 @@ async def one_request(
                 if any(_carries_token(choice) for choice in choices):
                     chunks.append(time.perf_counter())
                 if any(choice.get("finish_reason") for choice in choices):
+                    step_trace(
+                        "client_final", chunks[-1] if chunks else 0, chunks[-2] if len(chunks) > 1 else 0
+                    )
                     # Every stream one server step finished is woken at once in this process: without the pause
                     # each would run its end (usage, [DONE], the connection's release) before the next stamped
                     # its last token, and this client's own work would count as the server's last gaps.

@@ -25,6 +25,7 @@ from mlaserve.engine.core_output import CoreOutput
 from mlaserve.engine.intake import PreparedRequest, RequestIntake
 from mlaserve.engine.kv_sizing import num_kv_blocks
 from mlaserve.engine.option_checks import check_engine_options
+from mlaserve.engine.step_trace import trace
 from mlaserve.engine.structured_output import GrammarCompiler
 from mlaserve.kvcache.allocate import allocate_kv_caches
 from mlaserve.kvcache.quant import resolve_cache_dtype
@@ -450,6 +451,7 @@ class EngineCore:
                 if ahead is not None:
                     self._in_flight = self.runner.launch(ahead, previous=launched)
             result = self.runner.collect(launched)
+            trace("core_collected")
             outputs = self._apply(launched.output, result)
         except BaseException as error:
             self._in_flight = None  # its rows are scheduled again from the requests' state

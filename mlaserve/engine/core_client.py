@@ -23,6 +23,7 @@ from mlaserve.engine.core_process import core_main
 from mlaserve.engine.core_threads import LOAD_REPORT_EVERY_S
 from mlaserve.engine.intake import PreparedRequest
 from mlaserve.engine.output_stream import EngineDeadError, EngineStepError, OutputStream
+from mlaserve.engine.step_trace import trace
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +167,8 @@ class CoreClient:
             kind = message[0]
             if kind == "out":
                 outputs, stats = message[1], message[2]
+                if outputs:
+                    trace("api_recv", len(outputs), sum(o.finish_reason is not None for o in outputs))
                 if stats is not None:
                     self._stats = stats
                 if outputs:
@@ -237,6 +240,7 @@ class CoreClient:
 
 
 def _deliver_all(items: list[tuple[OutputStream, CoreOutput]]) -> None:
+    trace("api_deliver", len(items), sum(o.finish_reason is not None for _, o in items))
     by_stream: dict[OutputStream, list[CoreOutput]] = {}
     for stream, out in items:
         by_stream.setdefault(stream, []).append(out)

@@ -27,6 +27,7 @@ from mlaserve.core.request import RequestStatus
 from mlaserve.engine.core_output import CoreOutput
 from mlaserve.engine.core_threads import CoreThreads
 from mlaserve.engine.heap import freeze_start_up_objects
+from mlaserve.engine.step_trace import trace
 from mlaserve.parallel.workers import WorkerDied
 
 logger = logging.getLogger(__name__)
@@ -105,7 +106,9 @@ class _CoreLoop:
                 self._send_stats()
                 continue
             try:
+                trace("core_step_start")
                 outputs = self.core.step_core()
+                trace("core_step_end", len(outputs), sum(o.finish_reason is not None for o in outputs))
                 errors = 0
             except Exception as error:  # noqa: BLE001 - the step's requests fail; the core may recover
                 errors += 1
@@ -124,6 +127,7 @@ class _CoreLoop:
                     return
                 continue
             self._send_outputs(outputs)
+            trace("core_sent")
 
     def _apply_inbox(self, inbox: queue.SimpleQueue, wait_s: float | None) -> bool:
         """Apply every command received so far (waiting up to wait_s for the first when idle); False when the

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from mlaserve.engine.step_trace import trace
 from mlaserve.server.body import validate
 from mlaserve.server.errors import OpenAIError, bad_request
 from mlaserve.server.generation import Generation
@@ -122,6 +123,7 @@ async def _events(
                     )
             if events:
                 yield "".join(events)
+                trace("api_written", int(any(u.finish_reason is not None for u in batch)))
         usage = gen.usage()
         final = ChatCompletionChunk(id=request_id, created=created, model=model, choices=[], usage=usage)
         yield sse(final.model_dump()) + DONE
