@@ -62,6 +62,11 @@ def check_engine_options(config: EngineConfig, model_config: ModelConfig) -> Non
                 f"{option} applies to models with per-head K/V caches so far (Llama, Qwen2, Mistral, or an MLA "
                 f"model with mla_disable): {why}"
             )
+    if config.compress_ratio and windows and len(windows) == len(layer_windows(model_config.hf_config)):
+        raise ValueError(
+            f"compress_ratio pools what full-attention layers see before the window, and every layer of "
+            f"{model_config.architecture} attends through its own window (config.json sliding_window={min(windows)})"
+        )
 
 
 def check_parallel(config: EngineConfig, model_config: ModelConfig, model_cls: type) -> None:

@@ -223,3 +223,9 @@ def test_refused_for_latent_caches(tmp_path):
     mla = build_tiny("deepseek_v2", tmp_path)
     with pytest.raises(ValueError, match="applies to models with per-head K/V caches"):
         LLM(str(mla), device="cpu", sliding_window=16, compress_ratio=4, load_format="dummy")
+
+
+def test_refused_when_every_layer_has_its_own_window(tmp_path):
+    mistral = build_tiny("mistral", tmp_path, sliding_window=64)
+    with pytest.raises(ValueError, match="every layer of MistralForCausalLM attends through its own window"):
+        LLM(str(mistral), device="cpu", sliding_window=16, compress_ratio=4, load_format="dummy")
