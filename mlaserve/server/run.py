@@ -120,10 +120,9 @@ def _run_processes(
         except RuntimeError as error:  # an API-server process that could not start
             logger.error("%s", error)
             return 1
+        # Each extra process has its socket now: a copy left open here would keep its queue after the process.
         for listener in listeners:
-            if (
-                listener is not sockets[0]
-            ):  # the process's own now: a copy here would hold its queue open after it
+            if listener is not sockets[0]:
                 listener.close()
         pids = [os.getpid()] + [w.pid for w in workers.processes]
         report = {
