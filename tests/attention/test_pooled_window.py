@@ -229,3 +229,21 @@ def test_refused_when_every_layer_has_its_own_window(tmp_path):
     mistral = build_tiny("mistral", tmp_path, sliding_window=64)
     with pytest.raises(ValueError, match="every layer of MistralForCausalLM attends through its own window"):
         LLM(str(mistral), device="cpu", sliding_window=16, compress_ratio=4, load_format="dummy")
+
+
+def test_a_model_with_windows_of_its_own_pools_only_its_full_attention_layers(tmp_path):
+    # Qwen2 windows its first two layers itself (24 tokens); the other two are pooled: three cache groups.
+    qwen2 = build_tiny(
+        "qwen2", tmp_path, num_hidden_layers=4, use_sliding_window=True, sliding_window=24, max_window_layers=2,
+    )  # fmt: skip
+    options = dict(sliding_window=12, num_sink_tokens=4, compress_ratio=4, max_model_len=128)
+    llm = LLM(str(qwen2), dtype="float32", device="cpu", block_size=4, num_kv_blocks=200, **options)
+    groups = llm.stats()["kv_cache_groups"]
+    window = groups.index("window 15 + 4 sink tokens: 2 layers, 512 bytes/token")  # 12 + ratio - 1
+    assert sorted(groups[:2]) == sorted(["window 24: 2 layers, 512 bytes/token", groups[window]])
+    assert groups[2] == f"pooled 1:4 of group {window}: 512 bytes/entry"
+    pooled = generate(qwen2, **options)
+    assert pooled != generate(qwen2, max_model_len=128)
+    chunked = dict(enable_chunked_prefill=True, max_num_batched_tokens=11)
+    assert generate(qwen2, **options, **chunked) == pooled
+    assert generate(qwen2, **options, max_num_seqs=1) == pooled
