@@ -185,8 +185,19 @@ def main() -> int:
         default=max(1, min(4, (os.cpu_count() or 1) // 4)),
         help="client processes the streams are spread over (default: a quarter of the cores, at most 4)",
     )
+    parser.add_argument(
+        "--step-trace",
+        action="store_true",
+        help="trace every process's steps (MLASERVE_STEP_TRACE) and report where the last run's final step went",
+    )
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
+    trace_dir = None
+    if (
+        args.step_trace
+    ):  # before any process starts: the server's, the clients' and the offline side's read it
+        trace_dir = Path(tempfile.mkdtemp(prefix="mlaserve-step-trace-"))
+        os.environ["MLASERVE_STEP_TRACE"] = str(trace_dir)
 
     model = args.model
     if args.v2_lite_layers is not None:
@@ -313,6 +324,15 @@ def main() -> int:
         highest_rate_with_itl_p99_under_50ms=max(within) if within else None,
         server_log_head=log.read_text(errors="replace")[:3000],
     )
+    if trace_dir is not None:
+        sys.path.insert(0, str(REPO / "benchmarks" / "diagnose"))
+        from step_trace import report as trace_report
+
+        try:
+            report["step_trace"] = trace_report(trace_dir)
+        except SystemExit as problem:  # a run that finished no request, say: the record still gets written
+            report["step_trace"] = [str(problem)]
+        print("\n".join(report["step_trace"]))
     output = Path(args.output or REPO / "benchmarks" / "results" / f"serve-vs-offline-{report['date']}.json")
     output.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {output}")

@@ -61,16 +61,17 @@ class RequestRecord:
     error: str | None = None
 
 
-_TRACE_DIR = os.environ.get("MLASERVE_STEP_TRACE")  # mlaserve/engine/step_trace.py's, written here alike
 _trace_file: list = []
 
 
 def step_trace(event: str, *fields: object) -> None:
-    """The client's line of the server's opt-in step trace (this script imports nothing from mlaserve)."""
-    if not _TRACE_DIR:
+    """The client's line of the server's opt-in step trace (mlaserve/engine/step_trace.py's format; this script
+    imports nothing from mlaserve). Read at each call: serve_vs_offline.py sets the variable after importing this."""
+    folder = os.environ.get("MLASERVE_STEP_TRACE")
+    if not folder:
         return
     if not _trace_file:
-        _trace_file.append(open(os.path.join(_TRACE_DIR, f"trace-{os.getpid()}.txt"), "a", buffering=1))  # noqa: SIM115
+        _trace_file.append(open(os.path.join(folder, f"trace-{os.getpid()}.txt"), "a", buffering=1))  # noqa: SIM115
     _trace_file[0].write(" ".join(map(str, (time.perf_counter(), event, *fields))) + "\n")
 
 

@@ -158,3 +158,15 @@ def test_the_largest_gaps_are_counted_by_their_place_in_the_stream() -> None:
     ]
     top = serving.summarize(records, duration_s=1.0)["itl_top_percent"]  # 200 gaps: the top 2
     assert top == {"2": [1, 0.5, 0.5], "11+": [1, 0.3, 0.3], "11+ at": [[0.5, 1]]}  # ended at 20 x 0.01 + 0.3
+
+
+def test_the_client_writes_its_step_trace_line_only_when_asked(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLASERVE_STEP_TRACE", raising=False)
+    monkeypatch.setattr(serving, "_trace_file", [])
+    serving.step_trace("client_final", 1.5, 1.25)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("MLASERVE_STEP_TRACE", str(tmp_path))  # set after import, as serve_vs_offline.py does
+    serving.step_trace("client_final", 1.5, 1.25)
+    serving._trace_file[0].close()
+    (line,) = next(tmp_path.iterdir()).read_text().splitlines()
+    assert line.split()[1:] == ["client_final", "1.5", "1.25"]
