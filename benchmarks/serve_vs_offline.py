@@ -193,9 +193,8 @@ def main() -> int:
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
     trace_dir = None
-    if (
-        args.step_trace
-    ):  # before any process starts: the server's, the clients' and the offline side's read it
+    # Set before any process starts: the server's, the clients' and the offline side's read it.
+    if args.step_trace:
         trace_dir = Path(tempfile.mkdtemp(prefix="mlaserve-step-trace-"))
         os.environ["MLASERVE_STEP_TRACE"] = str(trace_dir)
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from mlaserve.attention.backend import write_to_cache
 from mlaserve.attention.metadata import AttentionMetadata, slot_indices
 
 
@@ -86,11 +87,8 @@ def write_pooled_entries(cache: torch.Tensor, entries: AttentionMetadata) -> Non
     `ratio` rows, in float32, stored in the cache's dtype."""
     if entries.slot_mapping.numel() == 0:
         return
-    flat = cache.view(-1, *cache.shape[2:])
-    pooled = flat[entries.pooled_sources].float().mean(1).to(cache.dtype)  # [entries, Hkv, D]
-    if cache.element_size() == 1:  # 8-bit rows: copy bytes (index_copy_ has no fp8 kernel on every device)
-        flat, pooled = flat.view(torch.uint8), pooled.view(torch.uint8)
-    flat.index_copy_(0, entries.slot_mapping, pooled)
+    rows = cache.view(-1, *cache.shape[2:])[entries.pooled_sources]  # [entries, ratio, Hkv, D]
+    write_to_cache(cache, entries.slot_mapping, rows.float().mean(1))
 
 
 def _attend_per_sequence(

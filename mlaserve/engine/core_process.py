@@ -199,15 +199,12 @@ class _CoreLoop:
         for conn, outs in by_conn.items():
             _send(conn, ("out", outs, None))
         self.core.release_finished()
-        now = time.monotonic()
-        if now - self.last_stats >= _STATS_EVERY_S or not self.core.has_unfinished_requests():
-            stats, self.last_stats = self.core.stats(), now
-            for conn in self.conns:
-                _send(conn, ("out", [], stats))
+        self._send_stats(_STATS_EVERY_S if self.core.has_unfinished_requests() else 0.0)
 
-    def _send_stats(self) -> None:
+    def _send_stats(self, every_s: float = 1.0) -> None:
+        """A stats snapshot to every API server, unless one went less than `every_s` seconds ago."""
         now = time.monotonic()
-        if now - self.last_stats >= 1.0:
+        if now - self.last_stats >= every_s:
             self.last_stats = now
             stats = self.core.stats()
             for conn in self.conns:

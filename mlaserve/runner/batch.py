@@ -41,33 +41,36 @@ class HostBatch:
     pooled_sources: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
+def _block_tables(block_lists: list[list[int]]) -> torch.Tensor:
+    max_blocks = max(len(blocks) for blocks in block_lists)
+    return torch.tensor([b + [0] * (max_blocks - len(b)) for b in block_lists], dtype=torch.int32)
+
+
 def _tables_and_slots(
     block_lists: list[list[int]], rows: torch.Tensor, positions: torch.Tensor, block_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    max_blocks = max(len(blocks) for blocks in block_lists)
-    tables = torch.tensor([b + [0] * (max_blocks - len(b)) for b in block_lists], dtype=torch.int32)
+    tables = _block_tables(block_lists)
     slots = tables[rows, positions // block_size].long() * block_size + positions % block_size
     return tables, slots
 
 
 def pooled_entries(
     tables: torch.Tensor,
-    source: tuple[torch.Tensor, torch.Tensor],
+    window_tables: torch.Tensor,
     rows: torch.Tensor,
     positions: torch.Tensor,
     block_size: int,
     ratio: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(slots, sources) of the entries this step completes: an entry is written by the step that computes the last
-    of its `ratio` tokens; tables hold `block_size` entries a block, source is the window group's (tables, slots)."""
+    of its `ratio` tokens; tables hold `block_size` entries a block, window_tables are its window group's."""
     done = (positions + 1) % ratio == 0
     rows, positions = rows[done], positions[done]
     entry = positions // ratio
     slots = tables[rows, entry // block_size].long() * block_size + entry % block_size
     # Its tokens: positions - ratio + 1 .. positions, all still in the window group (its window reaches that far).
     pos = positions[:, None] - ratio + 1 + torch.arange(ratio)
-    source_tables = source[0]
-    sources = source_tables[rows[:, None], pos // block_size].long() * block_size + pos % block_size
+    sources = window_tables[rows[:, None], pos // block_size].long() * block_size + pos % block_size
     return slots, sources
 
 
@@ -107,9 +110,9 @@ def plan_batch(
             groups.append(_tables_and_slots([s.block_ids[g] for s in order], rows_t, positions_t, block_size))
             continue
         # Built after its window group, which comes first (the engine appends the pooled groups).
-        tables, _ = _tables_and_slots([s.block_ids[g] for s in order], rows_t, positions_t * 0, block_size)
-        source = groups[rules.index(AttentionRule(rule.window, rule.sinks))]
-        slots, pooled[g] = pooled_entries(tables, source, rows_t, positions_t, block_size, rule.ratio)
+        tables = _block_tables([s.block_ids[g] for s in order])
+        window_tables, _ = groups[rules.index(AttentionRule(rule.window, rule.sinks))]
+        slots, pooled[g] = pooled_entries(tables, window_tables, rows_t, positions_t, block_size, rule.ratio)
         groups.append((tables, slots))
     (tables, slots), others = groups[0], groups[1:]
     return HostBatch(
@@ -152,10 +155,9 @@ def to_device(
         zip([(batch.tables, batch.slots), *batch.other_groups], rules, strict=True)
     ):
         if rule.ratio is not None:  # read through its tables, written at its entry slots: no gather indices
-            seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int32, device=device)
             meta = AttentionMetadata(
-                block_size, slots.to(device), seq_lens, tables.to(device), batch.num_decodes, batch.query_lens,
-                batch.seq_lens, pooled_sources=batch.pooled_sources[g].to(device),
+                block_size, slots.to(device), metas[0].seq_lens, tables.to(device), batch.num_decodes,
+                batch.query_lens, batch.seq_lens, pooled_sources=batch.pooled_sources[g].to(device),
             )  # fmt: skip
         else:
             meta = build_metadata(
