@@ -41,8 +41,10 @@ class AttentionMetadata:
     # One metadata per cache group (this one first) when the model's layers have different attention rules.
     groups: list["AttentionMetadata"] | None = None
     # A pooled-entries group (AttentionRule.ratio): slot_mapping holds the slot of each entry this step completes,
-    # and this its sources, [entries, ratio]: the slots of the tokens it pools, in its window group.
+    # and this its sources, [entries, span]: the slots of the tokens it pools, in its window group (-1 before the
+    # sequence's start), and pooled_starts [entries] the position of each one's first token.
     pooled_sources: torch.Tensor | None = None
+    pooled_starts: torch.Tensor | None = None
 
     def for_group(self, group: int) -> "AttentionMetadata":
         return self if not self.groups else self.groups[group]

@@ -328,7 +328,7 @@ class EngineCore:
                 "(kv_cache_memory_bytes / gpu_memory_utilization / num_kv_blocks) or lower max_model_len"
             )
         self.kv_caches = allocate_kv_caches(self.kv_spec, num_blocks, cfg.block_size, dtype, self.device)
-        self.bytes_per_token = self.kv_spec.bytes_per_token(dtype)
+        self.bytes_per_token = self.kv_spec.context_bytes_per_token(dtype)
         line = (
             f"KV cache: {num_blocks - 1} blocks x {cfg.block_size} tokens = {capacity} tokens, "
             f"{self.bytes_per_token} bytes/token ({dtype})"
@@ -355,7 +355,7 @@ class EngineCore:
         out = []
         for g, rule in enumerate(self.group_rules):
             if rule.ratio:
-                source = self.group_rules.index(dataclasses.replace(rule, ratio=None))
+                source = self.group_rules.index(dataclasses.replace(rule, ratio=None, span=None))
                 out.append(f"pooled 1:{rule.ratio} of group {source}: {sizes[source]} bytes/entry")
                 continue
             kind = "full" if rule.window is None else f"window {rule.window}"

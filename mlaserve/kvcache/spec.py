@@ -13,12 +13,20 @@ class AttentionRule:
     included) plus the sequence's first `sinks` tokens. Layers with the same rule form one cache group.
 
     With `ratio`, the group is not a layer's own but the pooled entries of the (window, sinks) group's layers: one
-    entry per `ratio` tokens, `block_size` entries a block (the engine's compress_ratio, attention/pooled_window.py).
+    entry per `ratio` tokens, `block_size` entries a block (the engine's compress_ratio, attention/pooled_window.py;
+    DeepSeek-V4's compressed entries, KVCacheSpec.entry_rules). An entry is made, by the step that computes its
+    last token, from the last `span` tokens up to it (`ratio` when None; twice that for V4's overlapping
+    compressors), which the window group still holds.
     """
 
     window: int | None = None
     sinks: int = 0
     ratio: int | None = None
+    span: int | None = None
+
+    @property
+    def source_span(self) -> int:
+        return self.span or self.ratio or 0
 
 
 FULL = AttentionRule()
@@ -52,9 +60,20 @@ class KVCacheSpec:
     is_mla: bool
     # Elements per token per layer that per-head K/V would cache (MLA models only): heads x (qk_head + v_head).
     mha_elements_per_layer: int = 0
+    # Groups of compressed entries the model makes itself (DeepSeek-V4), after the layers' own groups. Each layer's
+    # cache tensor serves every group: an entry is stored in its layer's tensor at a slot of its group's blocks.
+    entry_rules: tuple[AttentionRule, ...] = ()
 
     def bytes_per_token(self, dtype: torch.dtype) -> int:
+        """Bytes of one cache slot: a row of every layer (what a block costs, per token it holds)."""
         return sum(layer.bytes_per_token(dtype) for layer in self.layers)
+
+    def context_bytes_per_token(self, dtype: torch.dtype) -> float:
+        """What the cache grows by per token of a long sequence. With entry groups, a slot per `ratio` tokens of each
+        (the windows hold a fixed number of rows per request and grow by nothing); otherwise a slot per token."""
+        if not self.entry_rules:
+            return self.bytes_per_token(dtype)
+        return round(self.bytes_per_token(dtype) * sum(1 / rule.ratio for rule in self.entry_rules), 2)
 
     def mha_bytes_per_token(self, dtype: torch.dtype) -> int:
         return len(self.layers) * self.mha_elements_per_layer * dtype.itemsize
@@ -66,7 +85,7 @@ class KVCacheSpec:
             rule = AttentionRule(layer.window, layer.sinks)
             if rule not in rules:
                 rules.append(rule)
-        return rules
+        return rules + list(self.entry_rules)
 
     def layer_groups(self) -> list[int]:
         """The cache group of each layer (an index into group_rules())."""

@@ -6,10 +6,13 @@ projections, and the weighted sum is normed and rotated at position w*rate. With
 layers) each token projects two series: entry w pools the first series of window w - 1 and the second series of
 window w, so entries span 2 * rate tokens at a stride of rate (window 0's missing half has zero weight).
 
-The engine caches each token's kv and gate projections (`state`), so the entries are a pure function of cached
-rows: `entries` recomputes them from a sequence's rows. That is the reference's value exactly, whatever the chunking
-of prefill, the batching or the prefix-cache hits, since the reference emits each entry from the same projections
-once its window is complete. An entry is visible to query position t once its window is complete: w < (t+1)//rate.
+The engine caches each token's kv and gate projections (`state`) in its window group, so an entry is a pure
+function of cached rows: `pool` makes it, once, from the rows of the `rate` (with overlap, 2 x rate) tokens up to its
+last, in the step that computes that token, and the entry is cached in a group of its own (models/deepseek_v4.py).
+That is the reference's value exactly, whatever the chunking of prefill, the batching or the prefix-cache hits,
+since the reference emits each entry from the same projections once its window is complete. `entries`, which makes
+every entry of a sequence from all its rows at once, is the slow reference `pool` is tested against. An entry is
+visible to query position t once its window is complete: w < (t+1)//rate.
 
 The indexer compresses its own narrower series the same way and scores each query against the entries:
 sum over its heads of weight[h] * relu(q[h] . key) * index_head_dim^-0.5; a query keeps its index_topk best.
@@ -53,6 +56,23 @@ class Compressor(nn.Module):
             both_kv[:, r:], both_gate[:, r:] = kv[..., d:], gate[..., d:]
             both_kv[1:, :r], both_gate[1:, :r] = kv[:-1, :, :d], gate[:-1, :, :d]
             kv, gate = both_kv, both_gate
+        pooled = self.norm((kv * gate.softmax(dim=1, dtype=torch.float32).to(kv.dtype)).sum(dim=1))
+        return rotate_trailing_pairs(pooled[:, None], cos, sin)[:, 0]
+
+    def pool(
+        self, windows: torch.Tensor, valid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        """Entries [E, dim], each from the cached states [E, >= span, state_width] of the tokens up to its last (span
+        = rate; with overlap, 2 x rate: the window before it, then its own); valid [E, >= span] False before the
+        sequence's start; cos/sin at each entry's first position."""
+        r, d, width = self.rate, self.dim, self.wkv.out_features
+        span = 2 * r if self.overlap else r
+        windows, valid = windows[:, -span:], valid[:, -span:, None]
+        kv, gate = windows[..., :width], windows[..., width:] + self.ape.repeat(span // r, 1)  # float32
+        if self.overlap:  # the earlier window's first series, then this window's second
+            kv = torch.cat((kv[:, :r, :d], kv[:, r:, d:]), dim=1)
+            gate = torch.cat((gate[:, :r, :d], gate[:, r:, d:]), dim=1)
+        kv, gate = kv.masked_fill(~valid, 0), gate.masked_fill(~valid, float("-inf"))
         pooled = self.norm((kv * gate.softmax(dim=1, dtype=torch.float32).to(kv.dtype)).sum(dim=1))
         return rotate_trailing_pairs(pooled[:, None], cos, sin)[:, 0]
 

@@ -8,11 +8,14 @@ picks). One head of head_dim is both key and value for all query heads; every he
 softmax; the rotary part (the last qk_rope_head_dim features, interleaved pairs) of the output is rotated back by
 the query's position before the grouped low-rank output projection.
 
-Cache: each layer keeps one row per token in the paged cache: the rotated kv, then the kv and gate projections of
-its compressor and its indexer (layers/compressor.py). Compressed entries are recomputed from those rows at every
-step, so chunked prefill, batching, preemption and prefix-cache hits need nothing special, but the cache holds the
-full-rate projections instead of the compressed entries: this reference does not save the memory that V4's
-compression saves (kv_bytes_per_token says what it holds).
+Cache groups: every layer keeps one row per token in a sliding-window group (the rotated kv, then the kv and gate
+projections of its compressor and its indexer, layers/compressor.py), whose window reaches as far back as the
+attention window and every compressor's span; its blocks go back to the pool as they leave it. Each compression rate
+has a group of its own (KVCacheSpec.entry_rules), one slot per `rate` tokens: a layer's compressed entry (then its
+indexer key) is made once, by the step that computes the entry's last token, from the rows the window group still
+holds, and stored in the layer's cache tensor at its entry slot. So a long sequence's cache grows by a slot per
+`rate` tokens of each rate, not one per token (kv_bytes_per_token says how much); every block holds rows of every
+layer, so a block of one rate's entries also reserves room in the layers that do not use it.
 """
 
 import re
@@ -23,7 +26,7 @@ from torch import nn
 
 from mlaserve.attention.backend import AttentionBackend, write_to_cache
 from mlaserve.attention.metadata import AttentionMetadata, slot_indices
-from mlaserve.kvcache.spec import KVCacheSpec, LayerCacheSpec
+from mlaserve.kvcache.spec import AttentionRule, KVCacheSpec, LayerCacheSpec
 from mlaserve.layers.compressor import CompressedIndexer, Compressor
 from mlaserve.layers.embedding import VocabParallelEmbedding
 from mlaserve.layers.hyper_connection import HyperConnection, HyperHead, unweighted_rms_norm
@@ -67,6 +70,17 @@ class GroupedLinear(nn.Module):
         return torch.bmm(x.transpose(0, 1), w).transpose(0, 1).flatten(1)
 
 
+def entry_spans(cfg: object) -> dict[int, int]:
+    """Each compression rate of the model's layers -> the tokens an entry of that rate pools (2 x rate where a
+    compressed-sparse layer's overlapping compressors use it), in increasing rate: entry group 1, 2, ..."""
+    spans: dict[int, int] = {}
+    for kind in cfg.layer_types:
+        if kind != SLIDING:
+            rate = cfg.compress_rates[kind]
+            spans[rate] = max(spans.get(rate, 0), 2 * rate if kind == SPARSE else rate)
+    return dict(sorted(spans.items()))
+
+
 class V4Attention(nn.Module):
     def __init__(self, cfg: object, layer_type: str) -> None:
         super().__init__()
@@ -93,6 +107,7 @@ class V4Attention(nn.Module):
                 cfg.hidden_size, self.head_dim, rate, layer_type == SPARSE, cfg.rms_norm_eps
             )
             self.entry_rotary = RotaryEmbedding(v4_rope(cfg, "compress"))
+            self.entry_group = 1 + list(entry_spans(cfg)).index(rate)  # group 0: every layer's rows
         if layer_type == SPARSE:
             self.indexer = CompressedIndexer(
                 cfg.hidden_size, cfg.q_lora_rank, cfg.index_n_heads, cfg.index_head_dim, rate, cfg.index_topk,
@@ -122,40 +137,69 @@ class V4Attention(nn.Module):
             rows.append(self.compressor.state(hidden))
         if self.indexer is not None:
             rows.append(self.indexer.compressor.state(hidden))
-        write_to_cache(kv_cache, meta.slot_mapping, torch.cat(rows, dim=-1)[:, None])
+        write_to_cache(kv_cache, meta.slot_mapping, torch.cat(rows, dim=-1)[:, None])  # group 0: the rows
         cached = kv_cache.view(-1, kv_cache.shape[-1])
+        entries = None
+        if self.compressor is not None and meta.groups is not None:  # None: the runner's warm-up pass
+            entries = meta.groups[self.entry_group]
+            self._write_entries(kv_cache, cached, entries)
         out, start = torch.empty_like(q), 0
         for i, (q_len, n) in enumerate(zip(meta.query_lens, meta.host_seq_lens, strict=True)):
-            ctx = cached[slot_indices(meta.block_tables[i], n, meta.block_size)]
+            first = max(0, n - q_len - self.window + 1)  # the first query's window: older rows may be gone
+            window = cached[slot_indices(meta.block_tables[i], n, meta.block_size, first), : self.head_dim]
+            made = None
+            if entries is not None and n // self.compressor.rate:
+                made = cached[
+                    slot_indices(entries.block_tables[i], n // self.compressor.rate, meta.block_size)
+                ]
             part = slice(start, start + q_len)
-            out[part] = self._attend(q[part], q_resid[part], hidden[part], positions[part], ctx)
+            out[part] = self._attend(
+                q[part], q_resid[part], hidden[part], positions[part], window, first, made
+            )
             start += q_len
         out = rotate_trailing_pairs(out, cos, -sin)  # the values' rotation, undone at the query's position
         return self.wo_b(self.wo_a(out.reshape(num_tokens, self.o_groups, -1)))
 
-    def _attend(self, q, q_resid, hidden, positions, ctx: torch.Tensor) -> torch.Tensor:
-        """One sequence's queries [q_len, H, D] over its cached rows [n, row_width]: the window, then the
-        compressed entries the layer's rule lets each query see, with the sinks in every head's softmax."""
-        n = ctx.shape[0]
-        keys = ctx[:, : self.head_dim]
-        key_pos = torch.arange(n, device=ctx.device)
+    def _write_entries(
+        self, kv_cache: torch.Tensor, cached: torch.Tensor, entries: AttentionMetadata
+    ) -> None:
+        """The entries this step completes (and their indexer keys), from their tokens' rows, at their slots."""
+        sources = entries.pooled_sources
+        if not sources.shape[0]:
+            return
+        states, valid = cached[sources.clamp(min=0)], sources >= 0
+        cos, sin = self.entry_rotary.cos_sin(entries.pooled_starts)
+        split = self.head_dim + self.compressor.state_width
+        row = [self.compressor.pool(states[..., self.head_dim : split], valid, cos, sin)]
+        if self.indexer is not None:
+            row.append(self.indexer.compressor.pool(states[..., split:], valid, cos, sin))
+        row = torch.cat(row, dim=-1)
+        row = F.pad(row, (0, cached.shape[-1] - row.shape[-1]))  # an entry fills the front of its slot's row
+        write_to_cache(kv_cache, entries.slot_mapping, row[:, None])
+
+    def _attend(
+        self, q, q_resid, hidden, positions, window: torch.Tensor, first: int, entries
+    ) -> torch.Tensor:
+        """One sequence's queries [q_len, H, D] over its window's kv [k, D] (positions first..) and its complete
+        compressed entries [E, row] (the layer's rule picks the ones each query sees), with the sinks in every
+        head's softmax."""
+        key_pos = torch.arange(first, first + window.shape[0], device=window.device)
         visible = (key_pos[None, :] <= positions[:, None]) & (
             key_pos[None, :] > positions[:, None] - self.window
         )
-        compressor = self.compressor
-        if compressor is not None and n // compressor.rate:
-            count, rate = n // compressor.rate, compressor.rate
-            cos, sin = self.entry_rotary.cos_sin(torch.arange(count, device=ctx.device) * rate)
-            states = ctx[:, self.head_dim : self.head_dim + compressor.state_width]
-            entries = compressor.entries(states, count, cos, sin)
-            complete = torch.arange(count, device=ctx.device)[None, :] < ((positions + 1) // rate)[:, None]
+        keys = window
+        if entries is not None:
+            rate, d = self.compressor.rate, self.head_dim
+            complete = (
+                torch.arange(entries.shape[0], device=window.device)[None, :]
+                < ((positions + 1) // rate)[:, None]
+            )
             if self.indexer is not None:
-                states = ctx[:, self.head_dim + compressor.state_width :]
-                index_keys = self.indexer.compressor.entries(states, count, cos, sin)
+                index_keys = entries[:, d : d + self.indexer.head_dim]
                 complete = self.indexer.select(
                     q_resid, hidden, *self.entry_rotary.cos_sin(positions), index_keys, complete
                 )
-            keys = torch.cat((keys, entries))
+            keys = torch.cat((keys, entries[:, :d]))
             visible = torch.cat((visible, complete), dim=1)
         logits = torch.einsum("thd,kd->htk", q, keys).float() * self.scale
         logits = logits.masked_fill(~visible[None], float("-inf"))
@@ -299,5 +343,10 @@ class DeepseekV4ForCausalLM(CausalLM):
         return super().map_checkpoint_name(name)
 
     def kv_cache_spec(self) -> KVCacheSpec:
-        layers = tuple(LayerCacheSpec(1, layer.attn.row_width, False) for layer in self.model.layers)
-        return KVCacheSpec(layers, is_mla=False)
+        spans = entry_spans(self.cfg)
+        window = max(self.cfg.sliding_window, *spans.values())  # the rows every compressor still reads
+        layers = tuple(
+            LayerCacheSpec(1, layer.attn.row_width, False, window=window) for layer in self.model.layers
+        )
+        rules = tuple(AttentionRule(window, 0, rate, span) for rate, span in spans.items())
+        return KVCacheSpec(layers, is_mla=False, entry_rules=rules)

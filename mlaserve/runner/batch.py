@@ -36,9 +36,11 @@ class HostBatch:
     sampled: list[ScheduledRequest]  # requests that get a new token this step
     # (tables, slots) of cache groups 1, 2, ... (tables and slots above are group 0's)
     other_groups: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
-    # Pooled-entries groups (AttentionRule.ratio) by index: the window-group slots of each entry's tokens
-    # (their `slots` are the entries' own, one per entry this step completes)
+    # Pooled-entries groups (AttentionRule.ratio) by index: the window-group slots of each entry's tokens, -1 before
+    # the sequence's start (their `slots` are the entries' own, one per entry this step completes),
     pooled_sources: dict[int, torch.Tensor] = field(default_factory=dict)
+    # and the position of each entry's first token (entry index x ratio), where its rotary applies.
+    pooled_starts: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 def _block_tables(block_lists: list[list[int]]) -> torch.Tensor:
@@ -61,17 +63,22 @@ def pooled_entries(
     positions: torch.Tensor,
     block_size: int,
     ratio: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(slots, sources) of the entries this step completes: an entry is written by the step that computes the last
-    of its `ratio` tokens; tables hold `block_size` entries a block, window_tables are its window group's."""
+    span: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(slots, sources, starts) of the entries this step completes: an entry is written by the step that computes
+    the last of its `ratio` tokens; tables hold `block_size` entries a block, window_tables are its window group's.
+    sources: the window-group slots of the `span` (default ratio) tokens up to its last, -1 before position 0;
+    starts: the position of its first token."""
+    span = span or ratio
     done = (positions + 1) % ratio == 0
     rows, positions = rows[done], positions[done]
     entry = positions // ratio
     slots = tables[rows, entry // block_size].long() * block_size + entry % block_size
-    # Its tokens: positions - ratio + 1 .. positions, all still in the window group (its window reaches that far).
-    pos = positions[:, None] - ratio + 1 + torch.arange(ratio)
-    sources = window_tables[rows[:, None], pos // block_size].long() * block_size + pos % block_size
-    return slots, sources
+    # Its tokens: positions - span + 1 .. positions, all still in the window group (its window reaches that far).
+    pos = positions[:, None] - span + 1 + torch.arange(span)
+    inside = pos.clamp(min=0)
+    sources = window_tables[rows[:, None], inside // block_size].long() * block_size + inside % block_size
+    return slots, torch.where(pos >= 0, sources, -1), entry * ratio
 
 
 def plan_batch(
@@ -104,7 +111,7 @@ def plan_batch(
     # at 1.2 ms per call at batch 32 on the GPU host (30 us here), for a 32-element result.
     rows_t = torch.tensor(rows)
     rules = rules or [FULL] * len(order[0].block_ids)
-    groups, pooled = [], {}
+    groups, pooled, starts = [], {}, {}
     for g, rule in enumerate(rules):
         if rule.ratio is None:
             groups.append(_tables_and_slots([s.block_ids[g] for s in order], rows_t, positions_t, block_size))
@@ -112,7 +119,9 @@ def plan_batch(
         # Built after its window group, which comes first (the engine appends the pooled groups).
         tables = _block_tables([s.block_ids[g] for s in order])
         window_tables, _ = groups[rules.index(AttentionRule(rule.window, rule.sinks))]
-        slots, pooled[g] = pooled_entries(tables, window_tables, rows_t, positions_t, block_size, rule.ratio)
+        slots, pooled[g], starts[g] = pooled_entries(
+            tables, window_tables, rows_t, positions_t, block_size, rule.ratio, rule.span
+        )
         groups.append((tables, slots))
     (tables, slots), others = groups[0], groups[1:]
     return HostBatch(
@@ -128,6 +137,7 @@ def plan_batch(
         sampled,
         others,
         pooled,
+        starts,
     )
 
 
@@ -158,6 +168,7 @@ def to_device(
             meta = AttentionMetadata(
                 block_size, slots.to(device), metas[0].seq_lens, tables.to(device), batch.num_decodes,
                 batch.query_lens, batch.seq_lens, pooled_sources=batch.pooled_sources[g].to(device),
+                pooled_starts=batch.pooled_starts[g].to(device),
             )  # fmt: skip
         else:
             meta = build_metadata(

@@ -40,7 +40,9 @@ class StepPlan:
         host = self.host
         arrays = [host.positions.numpy(), host.slots.numpy(), host.tables.numpy()]
         others = [(tables.numpy(), slots.numpy()) for tables, slots in host.other_groups]
-        pooled = {g: sources.numpy() for g, sources in host.pooled_sources.items()}
+        pooled = {
+            g: (sources.numpy(), host.pooled_starts[g].numpy()) for g, sources in host.pooled_sources.items()
+        }
         fields = (host.ids, host.query_lens, host.seq_lens, host.num_decodes, host.sample_rows)
         return _rebuild_plan, (arrays, others, pooled, fields, self.spans, self.source_rows)
 
@@ -51,10 +53,12 @@ def _rebuild_plan(
     positions, slots, tables = (torch.from_numpy(a) for a in arrays)
     ids, query_lens, seq_lens, num_decodes, sample_rows = fields
     groups = [(torch.from_numpy(t), torch.from_numpy(s)) for t, s in others]
-    sources = {g: torch.from_numpy(a) for g, a in pooled.items()}
+    sources = {g: torch.from_numpy(a) for g, (a, _) in pooled.items()}
+    starts = {g: torch.from_numpy(s) for g, (_, s) in pooled.items()}
     host = HostBatch(
-        ids, positions, slots, tables, query_lens, seq_lens, num_decodes, [], sample_rows, [], groups, sources
-    )
+        ids, positions, slots, tables, query_lens, seq_lens, num_decodes, [], sample_rows, [], groups, sources,
+        starts,
+    )  # fmt: skip
     return StepPlan(host, spans, source_rows)
 
 

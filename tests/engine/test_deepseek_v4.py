@@ -51,7 +51,8 @@ def test_v4_equals_transformers(v4, options):
 
 
 def test_prefix_cache_hits_keep_v4_outputs(v4):
-    check_prefix_hits_against_reference(v4, 45, **OPTIONS, num_kv_blocks=256)
+    # A hit ends on a block of every group: entry blocks of 4 span 16 and 32 tokens, so 32 of the 45 shared hit.
+    check_prefix_hits_against_reference(v4, 45, **OPTIONS, num_kv_blocks=256, block_size=4)
 
 
 def test_indexer_really_selects(v4, monkeypatch):
@@ -89,13 +90,32 @@ def test_deepseeks_own_checkpoint_names_load(v4, tmp_path):
     assert [o.outputs[0].token_ids for o in got] == want
 
 
-def test_kv_bytes_per_token_counts_what_each_layer_caches(v4):
+def test_kv_bytes_per_token_counts_a_slot_per_ratio_tokens(v4):
     llm = LLM(str(v4), **OPTIONS, num_kv_blocks=16, max_model_len=128)
     cfg = json.loads((v4 / "config.json").read_text())
     d, i = cfg["head_dim"], cfg["index_head_dim"]
-    # window kv; + the 8:1 compressor's kv and gate; + the 4:1 compressor's two series and the indexer's
-    want = (d + (d + 2 * d) + (d + 4 * d + 4 * i)) * 4
-    assert llm.stats()["kv_bytes_per_token"] == want
+    # A slot: window kv; + the 8:1 compressor's kv and gate; + the 4:1 compressor's two series and the indexer's.
+    slot = (d + (d + 2 * d) + (d + 4 * d + 4 * i)) * 4
+    assert llm.stats()["kv_bytes_per_token"] == slot / 4 + slot / 8
+    assert llm.stats()["kv_cache_groups"][1:] == [f"pooled 1:4 of group 0: {slot} bytes/entry",
+                                                  f"pooled 1:8 of group 0: {slot} bytes/entry"]  # fmt: skip
+
+
+def test_a_long_generation_holds_the_window_and_a_slot_per_ratio_tokens(v4):
+    llm = LLM(str(v4), **OPTIONS, block_size=4, num_kv_blocks=64, max_num_batched_tokens=32, max_model_len=512)
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)
+    engine.add_request({"prompt_token_ids": prompts(1, seed=5, low=40, high=41)[0]}, params)
+    most = [0, 0, 0]
+    while engine.has_unfinished_requests():
+        engine.step(stream=False)
+        blocks = engine.stats()["kv_blocks_by_group"]
+        most = [max(m, b) for m, b in zip(most, blocks, strict=True)]
+    # 340 tokens: the rows group holds the window of 16 (and the step's own tokens), the entry groups a block per
+    # 4 x 4 and 4 x 8 tokens. One row per token would take 85 blocks, more than the pool.
+    assert most[0] <= -(-(16 + 32) // 4) + 1, most
+    assert most[1:] == [-(-340 // 16), -(-340 // 32)], most
+    assert llm.stats()["kv_blocks_used"] == 0
 
 
 @pytest.mark.parametrize(

@@ -48,6 +48,27 @@ def test_entries_from_cached_projections_equal_transformers_compressor(kind):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["one-series", "overlapping"])
+def test_entries_pooled_one_at_a_time_equal_every_entry_at_once(overlap):
+    """The engine's path (pool: each entry once, from the rows of the tokens up to its last, -1 slots before the
+    sequence's start) against the reference that makes every entry from the whole sequence (entries)."""
+    torch.manual_seed(2)
+    rate, dim, count = 4, 16, 6
+    mine = Compressor(24, dim, rate, overlap, 1e-6)
+    with torch.no_grad():
+        for param in mine.parameters():
+            param.normal_(0, 0.5)
+    states = mine.state(torch.randn(count * rate + 2, 24))
+    cos, sin = RotaryEmbedding(torch.rand(4)).cos_sin(torch.arange(count) * rate)
+    want = mine.entries(states, count, cos, sin)
+    span = 2 * rate  # the engine gathers the widest span any layer of that rate needs
+    last = torch.arange(count) * rate + rate - 1
+    pos = last[:, None] - span + 1 + torch.arange(span)
+    windows = states[pos.clamp(min=0)]
+    got = mine.pool(windows, pos >= 0, cos, sin)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
 def test_hyper_connection_and_head_equal_transformers():
     torch.manual_seed(1)
     cfg = v4_config(hc_mult=3)

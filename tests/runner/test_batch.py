@@ -53,3 +53,17 @@ def test_matches_a_per_token_reference():
         assert batch.meta.block_tables[row, : len(blocks)].tolist() == blocks
         assert batch.meta.block_tables[row, len(blocks) :].eq(0).all()
     assert batch.meta.host_seq_lens == [s.num_computed_tokens + s.num_new_tokens for s in order]
+
+
+def test_entries_a_step_completes_name_their_tokens_and_nothing_before_the_start():
+    """pooled_entries: a rate-2 group pooling 4 tokens (V4's overlapping span), block size 2, one sequence whose
+    step computes positions 0-4: entries 0 and 1 complete; entry 0's span starts two tokens before position 0."""
+    from mlaserve.runner.batch import pooled_entries
+
+    window_tables = torch.tensor([[5, 6, 7]], dtype=torch.int32)  # positions 0-1 in block 5, 2-3 in 6, 4-5 in 7
+    entry_tables = torch.tensor([[9]], dtype=torch.int32)  # 2 entries a block
+    rows, positions = torch.zeros(5, dtype=torch.long), torch.arange(5)
+    slots, sources, starts = pooled_entries(entry_tables, window_tables, rows, positions, 2, 2, span=4)
+    assert slots.tolist() == [18, 19]
+    assert sources.tolist() == [[-1, -1, 10, 11], [10, 11, 12, 13]]
+    assert starts.tolist() == [0, 2]

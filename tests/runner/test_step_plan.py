@@ -28,11 +28,12 @@ def test_round_trip_keeps_every_field_of_the_batch() -> None:
             (torch.tensor([[9], [10]], dtype=torch.int32), torch.tensor([147])),
         ],
         pooled_sources={2: torch.tensor([[128, 129]])},
+        pooled_starts={2: torch.tensor([8])},
     )
     # a field added to HostBatch must be carried by StepPlan.__reduce__ (and checked here)
     assert [f.name for f in dataclasses.fields(HostBatch)] == [
         "ids", "positions", "slots", "tables", "query_lens", "seq_lens", "num_decodes", "order", "sample_rows",
-        "sampled", "other_groups", "pooled_sources",
+        "sampled", "other_groups", "pooled_sources", "pooled_starts",
     ]  # fmt: skip
     spans = [PromptSpan("r1", 1, 1, [6, 7], 2)]
     back = pickle.loads(pickle.dumps(StepPlan(host, spans, [1, 0])))
@@ -43,7 +44,7 @@ def test_round_trip_keeps_every_field_of_the_batch() -> None:
             assert torch.equal(got, want) and got.dtype == want.dtype
         elif field.name == "other_groups":
             assert all(torch.equal(a, b) for pair_a, pair_b in zip(got, want) for a, b in zip(pair_a, pair_b))
-        elif field.name == "pooled_sources":
+        elif field.name in ("pooled_sources", "pooled_starts"):
             assert got.keys() == want.keys() and all(torch.equal(got[g], want[g]) for g in want)
         else:
             assert got == want
