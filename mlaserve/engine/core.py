@@ -236,13 +236,12 @@ class EngineCore:
         )
         if self.device.type == "cuda":
             self.runner.warm_up(batched, max_len)
-        # Captured steps read one block table: models with windowed layers (several cache groups) run eagerly.
+        # The backends' captured decode reads one block table: models whose layers go through them with windowed
+        # layers (several cache groups) run eagerly. A model that attends on its own says for itself.
         one_group = self.kv_spec.group_rules() == [FULL]
-        graphable = (
-            self.backend.supports_cuda_graphs
-            and self.kv_spec.is_mla
-            and one_group
-            and self.model.supports_cuda_graphs
+        graphable = self.model.supports_cuda_graphs and (
+            self.model.attends_itself
+            or (self.backend.supports_cuda_graphs and self.kv_spec.is_mla and one_group)
         )
         if self.device.type == "cuda" and not config.enforce_eager and graphable:
             # Fresh-prefill graphs need the varlen flash attention, which takes 16-bit inputs only.

@@ -72,7 +72,9 @@ class Compressor(nn.Module):
         if self.overlap:  # the earlier window's first series, then this window's second
             kv = torch.cat((kv[:, :r, :d], kv[:, r:, d:]), dim=1)
             gate = torch.cat((gate[:, :r, :d], gate[:, r:, d:]), dim=1)
-        kv, gate = kv.masked_fill(~valid, 0), gate.masked_fill(~valid, float("-inf"))
+        # The lowest finite gate, not -inf: a row with no token at all (a captured step's padding row) pools zeros
+        # instead of writing NaN to the null block, which a later step's masked reads would carry.
+        kv, gate = kv.masked_fill(~valid, 0), gate.masked_fill(~valid, torch.finfo(gate.dtype).min)
         pooled = self.norm((kv * gate.softmax(dim=1, dtype=torch.float32).to(kv.dtype)).sum(dim=1))
         return rotate_trailing_pairs(pooled[:, None], cos, sin)[:, 0]
 
@@ -107,11 +109,13 @@ class CompressedIndexer(nn.Module):
         visible: torch.Tensor,
     ) -> torch.Tensor:
         """[T, E] True where a query keeps an entry: its top-k visible entries by index score. q_resid [T, q_lora],
-        hidden [T, hidden], cos/sin of the queries' positions, keys [E, head_dim] (entries), visible [T, E]."""
+        hidden [T, hidden], cos/sin of the queries' positions, keys [E, head_dim] (one sequence's entries) or
+        [T, E, head_dim] (each query's own), visible [T, E]."""
         q = self.wq_b(q_resid).view(q_resid.shape[0], self.num_heads, self.head_dim)
         q = rotate_trailing_pairs(q, cos, sin)
-        scores = torch.relu(torch.einsum("thd,ed->the", q.float(), keys.float())) * self.head_dim**-0.5
+        keys = keys.expand(q.shape[0], -1, -1) if keys.dim() == 2 else keys
+        scores = torch.relu(torch.einsum("thd,ted->the", q.float(), keys.float())) * self.head_dim**-0.5
         weights = self.weights_proj(hidden).float() * self.num_heads**-0.5
         scores = (scores * weights[..., None]).sum(dim=1).masked_fill(~visible, float("-inf"))
-        best = scores.topk(min(self.topk, keys.shape[0]), dim=-1).indices
+        best = scores.topk(min(self.topk, keys.shape[1]), dim=-1).indices
         return torch.zeros_like(visible).scatter_(1, best, True) & visible

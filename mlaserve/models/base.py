@@ -24,6 +24,9 @@ class CausalLM(nn.Module):
     supports_mla_disable = False  # MLA models can cache expanded per-head K/V instead (mla_disable)
     # False where a layer's step has host-dependent shapes (capture would be wrong)
     supports_cuda_graphs = True
+    # True where the layers attend without the attention backend (their own torch code): then supports_cuda_graphs
+    # alone decides capture, whatever the backend, cache layout or groups
+    attends_itself = False
     # False where a prefill graph's padded metadata would change the step's work
     supports_prefill_graphs = True
     # whether the engine's training-free sliding_window / num_sink_tokens options apply to its cache

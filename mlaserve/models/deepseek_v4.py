@@ -143,8 +143,12 @@ class V4Attention(nn.Module):
         if self.compressor is not None and meta.groups is not None:  # None: the runner's warm-up pass
             entries = meta.groups[self.entry_group]
             self._write_entries(kv_cache, cached, entries)
-        out, start = torch.empty_like(q), 0
-        for i, (q_len, n) in enumerate(zip(meta.query_lens, meta.host_seq_lens, strict=True)):
+        out, nd = torch.empty_like(q), meta.num_decodes
+        if nd:
+            out[:nd] = self._decode(q[:nd], q_resid[:nd], hidden[:nd], positions[:nd], cached, meta, entries)
+        start = nd
+        for i in range(nd, meta.num_seqs):
+            q_len, n = meta.query_lens[i], meta.host_seq_lens[i]
             first = max(0, n - q_len - self.window + 1)  # the first query's window: older rows may be gone
             window = cached[slot_indices(meta.block_tables[i], n, meta.block_size, first), : self.head_dim]
             made = None
@@ -176,6 +180,38 @@ class V4Attention(nn.Module):
         row = torch.cat(row, dim=-1)
         row = F.pad(row, (0, cached.shape[-1] - row.shape[-1]))  # an entry fills the front of its slot's row
         write_to_cache(kv_cache, entries.slot_mapping, row[:, None])
+
+    def _decode(
+        self, q, q_resid, hidden, positions, cached, meta: AttentionMetadata, entries
+    ) -> torch.Tensor:
+        """The decode rows [B, H, D] at once: each query over the window's kv and its complete entries, gathered
+        through the tables to widths fixed by the longest context the step allows (max_model_len in a captured
+        step), so a CUDA graph can replay it. The same rule as _attend, which the prefills use."""
+        b, bs, d = q.shape[0], meta.block_size, self.head_dim
+        n = meta.seq_lens[:b].long()
+        pos = n[:, None] - self.window + torch.arange(self.window, device=q.device)
+        visible = pos >= 0
+        pos = pos.clamp(min=0)
+        slots = meta.block_tables[:b].long().gather(1, pos // bs) * bs + pos % bs
+        keys = cached[slots, :d]  # [B, window, D]
+        count = max(meta.host_seq_lens[:b]) // self.compressor.rate if entries is not None else 0
+        if count:
+            e = torch.arange(count, device=q.device)
+            slots = entries.block_tables[:b].long()[:, e // bs] * bs + e % bs
+            made = cached[slots]  # [B, count, row]
+            complete = e[None, :] < (n // self.compressor.rate)[:, None]
+            if self.indexer is not None:
+                index_keys = made[..., d : d + self.indexer.head_dim]
+                complete = self.indexer.select(
+                    q_resid, hidden, *self.entry_rotary.cos_sin(positions), index_keys, complete
+                )
+            keys = torch.cat((keys, made[..., :d]), dim=1)
+            visible = torch.cat((visible, complete), dim=1)
+        logits = torch.einsum("bhd,bkd->bhk", q, keys).float() * self.scale
+        logits = logits.masked_fill(~visible[:, None], float("-inf"))
+        logits = torch.cat((logits, self.attn_sink[None, :, None].expand(b, -1, 1)), dim=-1)
+        probs = torch.softmax(logits - logits.amax(dim=-1, keepdim=True), dim=-1)[..., :-1]
+        return torch.einsum("bhk,bkd->bhd", probs.to(keys.dtype), keys)
 
     def _attend(
         self, q, q_resid, hidden, positions, window: torch.Tensor, first: int, entries
@@ -228,11 +264,25 @@ def run_experts(
     experts: nn.ModuleList, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
 ) -> torch.Tensor:
     """Each routed expert over its tokens (a reference loop), weighted and summed per token."""
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        return run_every_expert(experts, x, ids, weights)
     out = torch.zeros_like(x)
     for expert in ids.unique().tolist():
         token, slot = torch.where(ids == expert)
         out.index_add_(0, token, (experts[expert](x[token]) * weights[token, slot, None]).to(x.dtype))
     return out
+
+
+def run_every_expert(
+    experts: nn.ModuleList, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """run_experts without asking the device which experts were picked, as a captured decode step must: every
+    expert over every token, weighted 0 where it was not routed (a small batch's cost, not a large one's)."""
+    out = torch.zeros_like(x, dtype=torch.float32)
+    for e, expert in enumerate(experts):
+        weight = (weights * (ids == e)).sum(dim=-1, keepdim=True)
+        out += expert(x).float() * weight
+    return out.to(x.dtype)
 
 
 class V4Router(nn.Module):
@@ -322,8 +372,11 @@ class V4Model(nn.Module):
 
 
 class DeepseekV4ForCausalLM(CausalLM):
-    supports_cuda_graphs = False  # a torch reference with host loops over the step's sequences
-    supports_prefill_graphs = False
+    attends_itself = True
+    supports_cuda_graphs = (
+        True  # its decode rows are batched with shapes fixed by max_model_len (V4Attention._decode)
+    )
+    supports_prefill_graphs = False  # prefills loop over their sequences on the host
     training_free_window = False  # its cached rows feed the compressors: a window would drop what they need
     ignored_fragments = ("rotary_emb.inv_freq", "mtp.")
 

@@ -56,6 +56,30 @@ def _tables_and_slots(
     return tables, slots
 
 
+def entry_rows(
+    tables: torch.Tensor,
+    window_tables: torch.Tensor,
+    rows: torch.Tensor,
+    positions: torch.Tensor,
+    block_size: int,
+    ratio: int,
+    span: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per token: (done, slot, sources, start) of the entry of a pooled group (AttentionRule.ratio) that the token
+    is in. done: the token is the entry's last, so this step writes the entry; tables hold `block_size` entries a
+    block, window_tables are its window group's. sources: the window-group slots of the `span` (default ratio)
+    tokens up to the token, -1 before position 0; start: the position of the entry's first token."""
+    span = span or ratio
+    done = (positions + 1) % ratio == 0
+    entry = positions // ratio
+    slots = tables[rows, entry // block_size].long() * block_size + entry % block_size
+    # Its tokens: positions - span + 1 .. positions, all still in the window group (its window reaches that far).
+    pos = positions[:, None] - span + 1 + torch.arange(span)
+    inside = pos.clamp(min=0)
+    sources = window_tables[rows[:, None], inside // block_size].long() * block_size + inside % block_size
+    return done, slots, torch.where(pos >= 0, sources, -1), entry * ratio
+
+
 def pooled_entries(
     tables: torch.Tensor,
     window_tables: torch.Tensor,
@@ -65,20 +89,10 @@ def pooled_entries(
     ratio: int,
     span: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(slots, sources, starts) of the entries this step completes: an entry is written by the step that computes
-    the last of its `ratio` tokens; tables hold `block_size` entries a block, window_tables are its window group's.
-    sources: the window-group slots of the `span` (default ratio) tokens up to its last, -1 before position 0;
-    starts: the position of its first token."""
-    span = span or ratio
-    done = (positions + 1) % ratio == 0
-    rows, positions = rows[done], positions[done]
-    entry = positions // ratio
-    slots = tables[rows, entry // block_size].long() * block_size + entry % block_size
-    # Its tokens: positions - span + 1 .. positions, all still in the window group (its window reaches that far).
-    pos = positions[:, None] - span + 1 + torch.arange(span)
-    inside = pos.clamp(min=0)
-    sources = window_tables[rows[:, None], inside // block_size].long() * block_size + inside % block_size
-    return slots, torch.where(pos >= 0, sources, -1), entry * ratio
+    """(slots, sources, starts) of the entries this step completes (entry_rows of the tokens that are done): an
+    entry is written by the step that computes the last of its tokens."""
+    done, slots, sources, starts = entry_rows(tables, window_tables, rows, positions, block_size, ratio, span)
+    return slots[done], sources[done], starts[done]
 
 
 def plan_batch(

@@ -4,7 +4,10 @@ A decode step of a big MoE model is hundreds of small kernels; replaying a captu
 and Python cost. Graphs need fixed shapes and addresses, so inputs are copied into static buffers, the batch is
 padded to the next captured size (padding rows write to slot 0 of the null block, which no table reads), and
 the attention kernel sizes its KV splits from max_model_len instead of the step's longest sequence.
-Only backends that declare `supports_cuda_graphs` (no data-dependent shapes in decode) are captured.
+Only backends that declare `supports_cuda_graphs` (no data-dependent shapes in decode) are captured, and models whose
+layers attend on their own without host-dependent shapes in decode (DeepSeek-V4). A model with several cache groups
+gets static tables and slots for each; a pooled-entries group (AttentionRule.ratio) gets each row's entry, written by
+every row and kept where the row completes it (a row that does not writes to slot 0 of the null block).
 """
 
 import bisect
@@ -14,8 +17,9 @@ from collections.abc import Callable
 import torch
 
 from mlaserve.attention.metadata import AttentionMetadata
+from mlaserve.kvcache.spec import FULL, AttentionRule
 from mlaserve.models.base import CausalLM
-from mlaserve.runner.batch import HostBatch, stage_token_rows
+from mlaserve.runner.batch import HostBatch, entry_rows, stage_token_rows
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +35,11 @@ class DecodeGraphs:
         max_model_len: int,
         max_num_seqs: int,
         device: torch.device,
+        rules: list[AttentionRule] | None = None,
     ) -> None:
         self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
         self.max_model_len = max_model_len
+        self.rules = rules or [FULL]
         self.sizes = [s for s in CAPTURE_SIZES if s < max_num_seqs] + [min(max_num_seqs, CAPTURE_SIZES[-1])]
         size, blocks = self.sizes[-1], -(-max_model_len // block_size)
         # input ids, positions, slots and (lookahead steps) each row's index into the previous step's sampled
@@ -59,19 +65,15 @@ class DecodeGraphs:
         ]
         self._copied = [torch.cuda.Event(), torch.cuda.Event()]
         self._turn = 0
+        self.group_inputs = allocate_group_inputs(self.rules, size, max_model_len, block_size, device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
 
     def _meta(self, size: int) -> AttentionMetadata:
-        return AttentionMetadata(
-            self.block_size,
-            self.slot_mapping[:size],
-            self.seq_lens[:size],
-            self.block_tables[:size],
-            num_decodes=size,
-            query_lens=[1] * size,
-            host_seq_lens=[self.max_model_len] * size,  # fixed KV split sizes, whatever the step's lengths
-        )
+        return static_decode_meta(
+            self.block_size, self.max_model_len, self.rules, size, self.slot_mapping, self.seq_lens,
+            self.block_tables, self.group_inputs,
+        )  # fmt: skip
 
     def _forward(self, size: int) -> torch.Tensor:
         hidden = self.model(self.input_ids[:size], self.positions[:size], self.kv_caches, self._meta(size))
@@ -103,6 +105,11 @@ class DecodeGraphs:
         self.dev_i64.copy_(host_i64, non_blocking=True)
         self.seq_lens.copy_(host_seq_lens, non_blocking=True)
         self.block_tables[:size].copy_(host_tables[:size], non_blocking=True)
+        # The other groups' inputs from pageable memory: a copy the host waits for, fine for the few models
+        # with several groups (their attention is a torch reference).
+        copy_group_inputs(
+            self.group_inputs, stage_group_inputs(batch, size, self.rules, self.block_size), size
+        )
         self._copied[self._turn].record()
         if source is not None:
             torch.index_select(source[0], 0, self.source_rows[:n], out=self.input_ids[:n])
@@ -152,3 +159,96 @@ def stage_decode_inputs(
     if size > n:
         seq_lens[n:size] = 1
         tables[n:size] = 0
+
+
+def allocate_group_inputs(
+    rules: list[AttentionRule], size: int, max_model_len: int, block_size: int, device: torch.device
+) -> list[tuple[torch.Tensor, ...]]:
+    """Static inputs of each cache group past the first: (tables, slots), and a pooled group's (entry sources,
+    entry starts) too (stage_group_inputs says what they hold)."""
+    group_inputs = []
+    for rule in rules[1:]:
+        blocks = -(-max_model_len // (block_size * (rule.ratio or 1)))
+        inputs = (
+            torch.zeros(size, blocks, dtype=torch.int32, device=device),
+            torch.zeros(size, dtype=torch.long, device=device),
+        )
+        if rule.ratio:
+            inputs += (
+                torch.zeros(size, rule.source_span, dtype=torch.long, device=device),
+                torch.zeros(size, dtype=torch.long, device=device),
+            )
+        group_inputs.append(inputs)
+    return group_inputs
+
+
+def copy_group_inputs(
+    group_inputs: list[tuple[torch.Tensor, ...]], staged: list[tuple[torch.Tensor, ...]], size: int
+) -> None:
+    """stage_group_inputs' host tensors into the static ones (from pageable memory: a copy the host waits for,
+    fine for the few models with several groups, whose attention is a torch reference)."""
+    for static, host_inputs in zip(group_inputs, staged, strict=True):
+        for dev, host in zip(static, host_inputs, strict=True):
+            target = dev[:size, : host.shape[1]] if host.dim() == 2 else dev[:size]
+            target.copy_(host)
+
+
+def static_decode_meta(
+    block_size: int,
+    max_model_len: int,
+    rules: list[AttentionRule],
+    size: int,
+    slot_mapping: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    group_inputs: list[tuple[torch.Tensor, ...]],
+) -> AttentionMetadata:
+    """The metadata a captured decode step of `size` rows reads: views of the static inputs, every host-side length
+    max_model_len (fixed KV split sizes and gather widths, whatever the step's lengths), one per cache group."""
+    fixed = dict(num_decodes=size, query_lens=[1] * size, host_seq_lens=[max_model_len] * size)
+    meta = AttentionMetadata(
+        block_size, slot_mapping[:size], seq_lens[:size], block_tables[:size], window=rules[0].window,
+        sinks=rules[0].sinks, **fixed,
+    )  # fmt: skip
+    if group_inputs:
+        meta.groups = [meta]
+        for rule, (tables, slots, *entries) in zip(rules[1:], group_inputs, strict=True):
+            group = AttentionMetadata(
+                block_size, slots[:size], seq_lens[:size], tables[:size], window=rule.window, sinks=rule.sinks,
+                **fixed,
+            )  # fmt: skip
+            if entries:
+                group.pooled_sources, group.pooled_starts = entries[0][:size], entries[1][:size]
+            meta.groups.append(group)
+    return meta
+
+
+def stage_group_inputs(
+    batch: HostBatch, size: int, rules: list[AttentionRule], block_size: int
+) -> list[tuple[torch.Tensor, ...]]:
+    """The decode batch's inputs of each cache group past the first, padded to `size` rows: (tables, slots) and, for
+    a pooled group, each row's entry (slot, window-group sources, start) with its slot 0 of the null block where the
+    row does not complete it. Padding rows have zero tables, slot 0 and no sources (-1)."""
+    n = len(batch.query_lens)
+    groups = [(batch.tables, batch.slots), *batch.other_groups]
+    staged = []
+    for g, rule in enumerate(rules[1:], start=1):
+        tables, slots = groups[g]
+        padded = torch.zeros(size, tables.shape[1], dtype=torch.int32)
+        padded[:n] = tables
+        row_slots = torch.zeros(size, dtype=torch.long)
+        if rule.ratio is None:
+            row_slots[:n] = slots
+            staged.append((padded, row_slots))
+            continue
+        window_tables = groups[rules.index(AttentionRule(rule.window, rule.sinks))][0]
+        done, entry_slots, sources, starts = entry_rows(
+            tables, window_tables, torch.arange(n), batch.positions, block_size, rule.ratio, rule.span
+        )
+        row_slots[:n] = torch.where(done, entry_slots, 0)
+        row_sources = torch.full((size, sources.shape[1]), -1, dtype=torch.long)
+        row_sources[:n] = sources
+        row_starts = torch.zeros(size, dtype=torch.long)
+        row_starts[:n] = starts
+        staged.append((padded, row_slots, row_sources, row_starts))
+    return staged

@@ -103,7 +103,13 @@ class ModelRunner:
         from mlaserve.runner.prefill_graphs import PREFILL_SIZES, PrefillGraphs
 
         self.graphs = DecodeGraphs(
-            self.model, self.kv_caches, self.block_size, max_model_len, max_num_seqs, self.device
+            self.model,
+            self.kv_caches,
+            self.block_size,
+            max_model_len,
+            max_num_seqs,
+            self.device,
+            self.group_rules,
         )
         self.graphs.capture()
         if prefill_tokens >= PREFILL_SIZES[0]:

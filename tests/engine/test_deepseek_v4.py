@@ -7,6 +7,7 @@ chunked prefill whose chunks split compression windows, preempted, and from pref
 import json
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 from mlaserve import LLM, SamplingParams
@@ -48,6 +49,57 @@ def test_v4_equals_transformers(v4, options):
     assert stats["kv_blocks_used"] == 0
     if "num_kv_blocks" in options:
         assert stats["num_preemptions"] > 0
+
+
+class StaticDecodeOnCPU:
+    """What a captured decode step reads, run eagerly on CPU: DecodeGraphs' staging of every group's inputs into
+    static buffers of `size` rows (padding rows, stale table columns, each row's entry written or sent to the null
+    block) and its metadata, whose host-side lengths are all max_model_len. Only the capture itself is missing."""
+
+    def __init__(self, runner, max_model_len: int, size: int = 8) -> None:
+        from mlaserve.runner.cuda_graphs import allocate_group_inputs
+
+        self.runner, self.size, self.max_model_len, self.steps = runner, size, max_model_len, 0
+        self.host_i64 = torch.zeros(4, size, dtype=torch.long)
+        self.seq_lens = torch.ones(size, dtype=torch.int32)
+        self.tables = torch.zeros(size, -(-max_model_len // runner.block_size), dtype=torch.int32)
+        cpu = torch.device("cpu")
+        self.groups = allocate_group_inputs(runner.group_rules, size, max_model_len, runner.block_size, cpu)
+
+    def can_run(self, batch) -> bool:
+        return batch.num_decodes == len(batch.query_lens) <= self.size
+
+    def run(self, batch, source=None) -> torch.Tensor:
+        from mlaserve.runner.cuda_graphs import (
+            copy_group_inputs,
+            stage_decode_inputs,
+            stage_group_inputs,
+            static_decode_meta,
+        )
+
+        assert source is None  # no lookahead steps on CPU
+        r, n = self.runner, len(batch.query_lens)
+        self.steps += 1
+        stage_decode_inputs(batch, self.size, self.host_i64, self.seq_lens, self.tables)
+        copy_group_inputs(
+            self.groups, stage_group_inputs(batch, self.size, r.group_rules, r.block_size), self.size
+        )
+        meta = static_decode_meta(
+            r.block_size, self.max_model_len, r.group_rules, self.size, self.host_i64[2], self.seq_lens,
+            self.tables, self.groups,
+        )  # fmt: skip
+        hidden = r.model(self.host_i64[0], self.host_i64[1], r.kv_caches, meta)
+        return r.model.compute_logits(hidden)[:n]
+
+
+def test_v4_decode_through_the_captured_steps_inputs_equals_transformers(v4):
+    llm = LLM(str(v4), **OPTIONS, block_size=4, num_kv_blocks=256, max_model_len=160)
+    static = llm.engine.runner.graphs = StaticDecodeOnCPU(llm.engine.runner, 160)
+    batch = prompts(3, seed=4, low=10, high=60)
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=0)
+    outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+    check_against_reference(v4, batch, outs)
+    assert static.steps >= 31 and llm.stats()["kv_blocks_used"] == 0
 
 
 def test_prefix_cache_hits_keep_v4_outputs(v4):
@@ -102,7 +154,9 @@ def test_kv_bytes_per_token_counts_a_slot_per_ratio_tokens(v4):
 
 
 def test_a_long_generation_holds_the_window_and_a_slot_per_ratio_tokens(v4):
-    llm = LLM(str(v4), **OPTIONS, block_size=4, num_kv_blocks=64, max_num_batched_tokens=32, max_model_len=512)
+    llm = LLM(
+        str(v4), **OPTIONS, block_size=4, num_kv_blocks=64, max_num_batched_tokens=32, max_model_len=512
+    )
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)
     engine.add_request({"prompt_token_ids": prompts(1, seed=5, low=40, high=41)[0]}, params)
@@ -169,3 +223,19 @@ def test_transformers_without_a_v4_config_class_reads_config_json_as_spelled_out
     llm = LLM(str(v4), **OPTIONS)
     assert type(llm.engine.model_config.hf_config).__name__.lower() == "pretrainedconfig"
     assert [o.outputs[0].token_ids for o in llm.generate(batch, params, use_tqdm=False)] == want
+
+
+def test_every_expert_weighted_by_its_routing_equals_the_routed_loop():
+    """The MoE path a captured decode step takes (no device-to-host read of the picked experts) against the loop."""
+    from torch import nn
+
+    from mlaserve.models.deepseek_v4 import V4MLP, run_every_expert, run_experts
+
+    torch.manual_seed(3)
+    experts = nn.ModuleList(V4MLP(16, 8, 1.5) for _ in range(6))
+    x, ids = torch.randn(5, 16), torch.stack([torch.randperm(6)[:2] for _ in range(5)])
+    weights = torch.rand(5, 2)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            run_every_expert(experts, x, ids, weights), run_experts(experts, x, ids, weights)
+        )

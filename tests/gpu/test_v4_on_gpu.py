@@ -1,9 +1,11 @@
-"""On a GPU (skipped in CI): DeepSeek-V4's torch reference runs on CUDA and gives the CPU's tokens in float32.
+"""On a GPU (skipped in CI): DeepSeek-V4's torch reference runs on CUDA and gives the CPU's tokens in float32, with
+its decode steps captured in CUDA graphs (three cache groups: the rows' window, entries 4:1 and 8:1) and eagerly.
 
 The config is written out field by field, as transformers' save_pretrained writes it, so the GPU image's
-transformers (which may have no DeepseekV4Config) reads it through the engine's spelled-out fallback. The CPU suite checks the model itself against transformers (tests/engine/test_deepseek_v4.py). V4 runs
-eagerly (no CUDA graphs) and has no GPU kernels yet. Random weights drawn on the CPU and saved, so both devices run
-the same model.
+transformers (which may have no DeepseekV4Config) reads it through the engine's spelled-out fallback. The CPU suite
+checks the model itself against transformers (tests/engine/test_deepseek_v4.py), also through a captured step's
+inputs. V4 has no GPU kernels of its own yet. Random weights drawn on the CPU and saved, so both devices run the same
+model.
 """
 
 import json
@@ -51,4 +53,9 @@ def test_v4_on_cuda_gives_the_cpu_tokens(tmp_path):
     # the CPU model's random weights, saved under the model's own names, are what the GPU run loads
     weights = {name: t.contiguous() for name, t in cpu.engine.model.state_dict().items()}
     save_file(weights, str(tmp_path / "model.safetensors"))
-    assert generate(LLM(str(tmp_path), device="cuda", **options)) == generate(cpu)
+    want = generate(cpu)
+    graphs = LLM(str(tmp_path), device="cuda", **options)
+    assert graphs.engine.runner.graphs is not None  # captured
+    assert generate(graphs) == want
+    del graphs
+    assert generate(LLM(str(tmp_path), device="cuda", enforce_eager=True, **options)) == want

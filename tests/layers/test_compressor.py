@@ -67,6 +67,9 @@ def test_entries_pooled_one_at_a_time_equal_every_entry_at_once(overlap):
     windows = states[pos.clamp(min=0)]
     got = mine.pool(windows, pos >= 0, cos, sin)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    # a captured step's padding row has no token at all: its entry (sent to the null block) must not be NaN
+    nothing = mine.pool(windows[:1], torch.zeros(1, span, dtype=torch.bool), cos[:1], sin[:1])
+    assert torch.isfinite(nothing).all()
 
 
 def test_hyper_connection_and_head_equal_transformers():

@@ -60,8 +60,10 @@ def test_entries_a_step_completes_name_their_tokens_and_nothing_before_the_start
     step computes positions 0-4: entries 0 and 1 complete; entry 0's span starts two tokens before position 0."""
     from mlaserve.runner.batch import pooled_entries
 
-    window_tables = torch.tensor([[5, 6, 7]], dtype=torch.int32)  # positions 0-1 in block 5, 2-3 in 6, 4-5 in 7
-    entry_tables = torch.tensor([[9]], dtype=torch.int32)  # 2 entries a block
+    window_tables = torch.tensor(
+        [[5, 6, 7]], dtype=torch.int32
+    )  # positions 0-1 in block 5, 2-3 in 6, 4-5 in 7
+    entry_tables = torch.tensor([[9, 4]], dtype=torch.int32)  # 2 entries (4 tokens) a block
     rows, positions = torch.zeros(5, dtype=torch.long), torch.arange(5)
     slots, sources, starts = pooled_entries(entry_tables, window_tables, rows, positions, 2, 2, span=4)
     assert slots.tolist() == [18, 19]
