@@ -72,9 +72,12 @@ def test_batched_equals_one_by_one_and_chunked_and_prefix_cached(tiny):
 
     shared = prompts(seed=3, lengths=(40,))[0]
     with_prefix = [{"prompt_token_ids": shared + p["prompt_token_ids"]} for p in batch]
-    plain = LLM(str(path), dtype="float32", device="cpu", num_kv_blocks=256, enable_prefix_caching=False)
+    # Blocks of 4: a hit ends on a block of every cache group, and DeepSeek-V4's entry blocks span block_size x its
+    # largest compression rate (32 tokens here, 128 with blocks of 16: longer than the shared prefix).
+    small = dict(dtype="float32", device="cpu", num_kv_blocks=512, block_size=4)
+    plain = LLM(str(path), **small, enable_prefix_caching=False)
     want = [o.outputs[0].token_ids for o in plain.generate(with_prefix, params, use_tqdm=False)]
-    cached = LLM(str(path), dtype="float32", device="cpu", num_kv_blocks=256)
+    cached = LLM(str(path), **small)
     cached.generate(with_prefix[:1], params, use_tqdm=False)  # warms the cache with the shared prefix
     got = [o.outputs[0].token_ids for o in cached.generate(with_prefix, params, use_tqdm=False)]
     assert got == want, name
