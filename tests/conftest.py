@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 # Before anything imports triton: it reads the variable once.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -23,8 +25,21 @@ if _interpreter is not None:
 
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001 - pytest's hook signature
     """Everything under tests/gpu is marked `gpu`, so `-m "not slow and not gpu"` is the fast CPU subset."""
-    import pytest
-
     for item in items:
         if "/tests/gpu/" in str(item.fspath):
             item.add_marker(pytest.mark.gpu)
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2():
+    """transformers' SmolLM2-135M-Instruct read from the shipped GGUF (float32, eval): the reference of the tests
+    on the real model. Reading it takes about 35 s on 2 cores, so it is read once a session."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from mlaserve.loader.model_files import default_model_path
+
+    path = default_model_path()
+    return AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
+    ).eval()

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import os
-
 import openai
 import pytest
 import torch
@@ -12,7 +10,6 @@ import torch
 from mlaserve.config.engine_config import EngineConfig
 from mlaserve.engine.async_engine import AsyncEngine
 from mlaserve.engine.llm_engine import LLMEngine
-from mlaserve.loader.model_files import default_model_path
 from tests.server.conftest import live_server
 
 pytestmark = pytest.mark.slow
@@ -25,16 +22,6 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def reference():
-    from transformers import AutoModelForCausalLM
-
-    path = default_model_path()
-    return AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
-    ).eval()
-
-
-@pytest.fixture(scope="module")
 def client():
     options = dict(dtype="float32", device="cpu", max_model_len=512, num_kv_blocks=64)
     options.update(enable_chunked_prefill=True, max_num_batched_tokens=16, enable_prefix_caching=True)
@@ -44,7 +31,8 @@ def client():
     engine.shutdown()
 
 
-def test_echoed_prompt_logprobs_equal_transformers(client, reference):
+def test_echoed_prompt_logprobs_equal_transformers(client, hf_smollm2):
+    reference = hf_smollm2
     client, engine = client
     # Warm the prefix cache with the same prompts: a cached prefix must not cost the logprobs asked for.
     client.completions.create(model="smollm2", prompt=TEXTS, max_tokens=1, temperature=0)
