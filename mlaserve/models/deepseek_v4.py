@@ -373,9 +373,8 @@ class V4Model(nn.Module):
 
 class DeepseekV4ForCausalLM(CausalLM):
     attends_itself = True
-    supports_cuda_graphs = (
-        True  # its decode rows are batched with shapes fixed by max_model_len (V4Attention._decode)
-    )
+    # Its decode rows are batched with shapes fixed by max_model_len (V4Attention._decode): capturable.
+    supports_cuda_graphs = True
     supports_prefill_graphs = False  # prefills loop over their sequences on the host
     training_free_window = False  # its cached rows feed the compressors: a window would drop what they need
     ignored_fragments = ("rotary_emb.inv_freq", "mtp.")
