@@ -80,21 +80,6 @@ def entry_rows(
     return done, slots, torch.where(pos >= 0, sources, -1), entry * ratio
 
 
-def pooled_entries(
-    tables: torch.Tensor,
-    window_tables: torch.Tensor,
-    rows: torch.Tensor,
-    positions: torch.Tensor,
-    block_size: int,
-    ratio: int,
-    span: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(slots, sources, starts) of the entries this step completes (entry_rows of the tokens that are done): an
-    entry is written by the step that computes the last of its tokens."""
-    done, slots, sources, starts = entry_rows(tables, window_tables, rows, positions, block_size, ratio, span)
-    return slots[done], sources[done], starts[done]
-
-
 def plan_batch(
     output: SchedulerOutput, block_size: int, rules: list[AttentionRule] | None = None
 ) -> HostBatch:
@@ -133,9 +118,11 @@ def plan_batch(
         # Built after its window group, which comes first (the engine appends the pooled groups).
         tables = _block_tables([s.block_ids[g] for s in order])
         window_tables, _ = groups[rules.index(AttentionRule(rule.window, rule.sinks))]
-        slots, pooled[g], starts[g] = pooled_entries(
+        # the entries this step completes: each written by the step that computes its last token
+        done, slots, sources, first = entry_rows(
             tables, window_tables, rows_t, positions_t, block_size, rule.ratio, rule.span
         )
+        slots, pooled[g], starts[g] = slots[done], sources[done], first[done]
         groups.append((tables, slots))
     (tables, slots), others = groups[0], groups[1:]
     return HostBatch(

@@ -16,7 +16,7 @@ from mlaserve.attention.pooled_window import (
     pooled_window_attention,
     write_pooled_entries,
 )
-from mlaserve.runner.batch import pooled_entries
+from mlaserve.runner.batch import entry_rows
 from tests.engine.test_sliding_window import prompts
 from tests.tiny_models import build_tiny
 
@@ -107,7 +107,8 @@ def test_the_window_and_entries_groups_give_the_reference(rule: PooledWindow) ->
     slots = full[rows, positions // block].long() * block + positions % block
     caches[:, 1:].flatten(1, 2)[:, slots - block] = kv  # every token's row (the null block stays zero)
     # Every entry any step completed, pooled as the engine's steps would have, from the rows in the window group.
-    entry_slots, sources, _ = pooled_entries(entries, full, rows, positions, block, rule.ratio)
+    done, entry_slots, sources, _ = entry_rows(entries, full, rows, positions, block, rule.ratio)
+    entry_slots, sources = entry_slots[done], sources[done]
     entry_meta = AttentionMetadata(
         block, entry_slots, torch.tensor(seq_lens), entries, 2, query_lens, seq_lens
     )

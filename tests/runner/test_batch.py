@@ -56,16 +56,17 @@ def test_matches_a_per_token_reference():
 
 
 def test_entries_a_step_completes_name_their_tokens_and_nothing_before_the_start():
-    """pooled_entries: a rate-2 group pooling 4 tokens (V4's overlapping span), block size 2, one sequence whose
+    """entry_rows: a rate-2 group pooling 4 tokens (V4's overlapping span), block size 2, one sequence whose
     step computes positions 0-4: entries 0 and 1 complete; entry 0's span starts two tokens before position 0."""
-    from mlaserve.runner.batch import pooled_entries
+    from mlaserve.runner.batch import entry_rows
 
     window_tables = torch.tensor(
         [[5, 6, 7]], dtype=torch.int32
     )  # positions 0-1 in block 5, 2-3 in 6, 4-5 in 7
     entry_tables = torch.tensor([[9, 4]], dtype=torch.int32)  # 2 entries (4 tokens) a block
     rows, positions = torch.zeros(5, dtype=torch.long), torch.arange(5)
-    slots, sources, starts = pooled_entries(entry_tables, window_tables, rows, positions, 2, 2, span=4)
-    assert slots.tolist() == [18, 19]
-    assert sources.tolist() == [[-1, -1, 10, 11], [10, 11, 12, 13]]
-    assert starts.tolist() == [0, 2]
+    done, slots, sources, starts = entry_rows(entry_tables, window_tables, rows, positions, 2, 2, span=4)
+    assert done.tolist() == [False, True, False, True, False]
+    assert slots[done].tolist() == [18, 19] and slots[4].item() == 4 * 2  # position 4: entry 2, block 4
+    assert sources[done].tolist() == [[-1, -1, 10, 11], [10, 11, 12, 13]]
+    assert starts.tolist() == [0, 0, 2, 2, 4]
