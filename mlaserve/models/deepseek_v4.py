@@ -198,7 +198,8 @@ class V4Attention(nn.Module):
         if count:
             e = torch.arange(count, device=q.device)
             slots = entries.block_tables[:b].long()[:, e // bs] * bs + e % bs
-            made = cached[slots]  # [B, count, row]
+            width = d + (self.indexer.head_dim if self.indexer is not None else 0)
+            made = cached[slots, :width]  # [B, count, entry (+ indexer key)]: not the rows' full width
             complete = e[None, :] < (n // self.compressor.rate)[:, None]
             if self.indexer is not None:
                 index_keys = made[..., d : d + self.indexer.head_dim]
