@@ -105,8 +105,6 @@ class DecodeGraphs:
         self.dev_i64.copy_(host_i64, non_blocking=True)
         self.seq_lens.copy_(host_seq_lens, non_blocking=True)
         self.block_tables[:size].copy_(host_tables[:size], non_blocking=True)
-        # The other groups' inputs from pageable memory: a copy the host waits for, fine for the few models
-        # with several groups (their attention is a torch reference).
         copy_group_inputs(
             self.group_inputs, stage_group_inputs(batch, size, self.rules, self.block_size), size
         )
