@@ -25,8 +25,9 @@ class AttentionRule:
     span: int | None = None
 
     @property
-    def source_span(self) -> int:
-        return self.span or self.ratio or 0
+    def source_span(self) -> int | None:
+        """Tokens each entry of a pooled group is made from (None for a layer's own group)."""
+        return self.span or self.ratio
 
 
 FULL = AttentionRule()

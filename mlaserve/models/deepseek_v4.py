@@ -201,17 +201,11 @@ class V4Attention(nn.Module):
             width = d + (self.indexer.head_dim if self.indexer is not None else 0)
             made = cached[slots, :width]  # [B, count, entry (+ indexer key)]: not the rows' full width
             complete = e[None, :] < (n // self.compressor.rate)[:, None]
-            if self.indexer is not None:
-                index_keys = made[..., d : d + self.indexer.head_dim]
-                complete = self.indexer.select(
-                    q_resid, hidden, *self.entry_rotary.cos_sin(positions), index_keys, complete
-                )
             keys = torch.cat((keys, made[..., :d]), dim=1)
-            visible = torch.cat((visible, complete), dim=1)
-        logits = torch.einsum("bhd,bkd->bhk", q, keys).float() * self.scale
-        logits = logits.masked_fill(~visible[:, None], float("-inf"))
-        logits = torch.cat((logits, self.attn_sink[None, :, None].expand(b, -1, 1)), dim=-1)
-        probs = torch.softmax(logits - logits.amax(dim=-1, keepdim=True), dim=-1)[..., :-1]
+            visible = torch.cat(
+                (visible, self._kept_entries(q_resid, hidden, positions, made, complete)), dim=1
+            )
+        probs = self._sink_probs(torch.einsum("bhd,bkd->bhk", q, keys), visible)
         return torch.einsum("bhk,bkd->bhd", probs.to(keys.dtype), keys)
 
     def _attend(
@@ -226,23 +220,37 @@ class V4Attention(nn.Module):
         )
         keys = window
         if entries is not None:
-            rate, d = self.compressor.rate, self.head_dim
+            rate = self.compressor.rate
             complete = (
                 torch.arange(entries.shape[0], device=window.device)[None, :]
                 < ((positions + 1) // rate)[:, None]
             )
-            if self.indexer is not None:
-                index_keys = entries[:, d : d + self.indexer.head_dim]
-                complete = self.indexer.select(
-                    q_resid, hidden, *self.entry_rotary.cos_sin(positions), index_keys, complete
-                )
-            keys = torch.cat((keys, entries[:, :d]))
-            visible = torch.cat((visible, complete), dim=1)
-        logits = torch.einsum("thd,kd->htk", q, keys).float() * self.scale
-        logits = logits.masked_fill(~visible[None], float("-inf"))
-        logits = torch.cat((logits, self.attn_sink[:, None, None].expand(-1, q.shape[0], 1)), dim=-1)
-        probs = torch.softmax(logits - logits.amax(dim=-1, keepdim=True), dim=-1)[..., :-1]
-        return torch.einsum("htk,kd->thd", probs.to(keys.dtype), keys)
+            keys = torch.cat((keys, entries[:, : self.head_dim]))
+            visible = torch.cat(
+                (visible, self._kept_entries(q_resid, hidden, positions, entries, complete)), dim=1
+            )
+        probs = self._sink_probs(torch.einsum("thd,kd->thk", q, keys), visible)
+        return torch.einsum("thk,kd->thd", probs.to(keys.dtype), keys)
+
+    def _kept_entries(
+        self, q_resid, hidden, positions, entries: torch.Tensor, complete: torch.Tensor
+    ) -> torch.Tensor:
+        """[T, E] the entries each query attends: the complete ones or, in a compressed-sparse layer, the indexer's
+        top-k of them, scored on the indexer keys stored after each entry's kv (entries [E or T x E, >= row])."""
+        if self.indexer is None:
+            return complete
+        d = self.head_dim
+        index_keys = entries[..., d : d + self.indexer.head_dim]
+        return self.indexer.select(
+            q_resid, hidden, *self.entry_rotary.cos_sin(positions), index_keys, complete
+        )
+
+    def _sink_probs(self, logits: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        """Attention weights [T, H, K] from q.k logits [T, H, K] where visible [T, K], each head's sink logit in its
+        softmax (the sink's own weight dropped: it attends to nothing)."""
+        logits = logits.float().mul(self.scale).masked_fill(~visible[:, None], float("-inf"))
+        logits = torch.cat((logits, self.attn_sink[None, :, None].expand(logits.shape[0], -1, 1)), dim=-1)
+        return torch.softmax(logits - logits.amax(dim=-1, keepdim=True), dim=-1)[..., :-1]
 
 
 class V4MLP(nn.Module):

@@ -63,13 +63,12 @@ def entry_rows(
     positions: torch.Tensor,
     block_size: int,
     ratio: int,
-    span: int | None = None,
+    span: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per token: (done, slot, sources, start) of the entry of a pooled group (AttentionRule.ratio) that the token
     is in. done: the token is the entry's last, so this step writes the entry; tables hold `block_size` entries a
-    block, window_tables are its window group's. sources: the window-group slots of the `span` (default ratio)
-    tokens up to the token, -1 before position 0; start: the position of the entry's first token."""
-    span = span or ratio
+    block, window_tables are its window group's. sources: the window-group slots of the `span` tokens up to the
+    token (AttentionRule.source_span), -1 before position 0; start: the position of the entry's first token."""
     done = (positions + 1) % ratio == 0
     entry = positions // ratio
     slots = tables[rows, entry // block_size].long() * block_size + entry % block_size
@@ -120,7 +119,7 @@ def plan_batch(
         window_tables, _ = groups[rules.index(AttentionRule(rule.window, rule.sinks))]
         # the entries this step completes: each written by the step that computes its last token
         done, slots, sources, first = entry_rows(
-            tables, window_tables, rows_t, positions_t, block_size, rule.ratio, rule.span
+            tables, window_tables, rows_t, positions_t, block_size, rule.ratio, rule.source_span
         )
         slots, pooled[g], starts[g] = slots[done], sources[done], first[done]
         groups.append((tables, slots))

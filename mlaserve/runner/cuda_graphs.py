@@ -241,7 +241,7 @@ def stage_group_inputs(
             continue
         window_tables = groups[rules.index(AttentionRule(rule.window, rule.sinks))][0]
         done, entry_slots, sources, starts = entry_rows(
-            tables, window_tables, torch.arange(n), batch.positions, block_size, rule.ratio, rule.span
+            tables, window_tables, torch.arange(n), batch.positions, block_size, rule.ratio, rule.source_span
         )
         row_slots[:n] = torch.where(done, entry_slots, 0)
         row_sources = torch.full((size, sources.shape[1]), -1, dtype=torch.long)

@@ -107,7 +107,7 @@ def test_the_window_and_entries_groups_give_the_reference(rule: PooledWindow) ->
     slots = full[rows, positions // block].long() * block + positions % block
     caches[:, 1:].flatten(1, 2)[:, slots - block] = kv  # every token's row (the null block stays zero)
     # Every entry any step completed, pooled as the engine's steps would have, from the rows in the window group.
-    done, entry_slots, sources, _ = entry_rows(entries, full, rows, positions, block, rule.ratio)
+    done, entry_slots, sources, _ = entry_rows(entries, full, rows, positions, block, rule.ratio, rule.ratio)
     entry_slots, sources = entry_slots[done], sources[done]
     entry_meta = AttentionMetadata(
         block, entry_slots, torch.tensor(seq_lens), entries, 2, query_lens, seq_lens
