@@ -1,7 +1,10 @@
 """Mixture of experts: DeepSeek routers (V2 softmax, V3 sigmoid with correction bias) and fused expert weights.
 
 Experts live in two stacked tensors so a grouped kernel can replace the per-expert loop without touching
-loading; `experts_reference` is the plain loop that any faster path is checked against.
+loading; `experts_reference` is the plain loop that any faster path is checked against. Shared experts can live
+there too, after the routed ones: the router then routes every token to each of them with weight 1, so one grouped
+GEMM per projection runs the routed and the shared experts (SGLang's shared-experts fusion) instead of a second
+MLP of three more launches per layer.
 """
 
 import torch
@@ -10,7 +13,7 @@ from torch import nn
 
 from mlaserve.layers.activation import get_act_fn
 from mlaserve.layers.cuda_kernels import kernel_for
-from mlaserve.layers.linear import default_weight_loader, make_param
+from mlaserve.layers.linear import ShapeMismatch, default_weight_loader, make_param
 from mlaserve.loader.checkpoint_slice import slice_aware
 from mlaserve.parallel import ParallelContext
 
@@ -42,15 +45,32 @@ def route_sigmoid(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group:
     return scores.gather(1, ids), ids
 
 
+def with_shared_experts(
+    weights: torch.Tensor, ids: torch.Tensor, num_experts: int, num_shared: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The routing with the shared experts (ids num_experts, num_experts + 1, ..., weight 1) appended to every
+    token's routes."""
+    if not num_shared:
+        return weights, ids
+    shared = torch.arange(num_experts, num_experts + num_shared, device=ids.device, dtype=ids.dtype)
+    return (
+        torch.cat((weights, weights.new_ones(weights.shape[0], num_shared)), dim=1),
+        torch.cat((ids, shared.expand(ids.shape[0], -1)), dim=1),
+    )
+
+
 # One launch for a decode-sized batch's float32 gate GEMM
 _GATE_KERNEL = ("mlaserve.layers.triton_router", "gate_logits")
 _GATE_MAX_TOKENS = 16  # triton_router.GATE_MAX_TOKENS, without importing triton on CPU
 
 
 class MoEGate(nn.Module):
-    def __init__(self, cfg: object, sigmoid: bool) -> None:
+    """Routes each token to its top-k experts; with num_shared, also to the shared experts stored after them
+    (with_shared_experts)."""
+
+    def __init__(self, cfg: object, sigmoid: bool, num_shared: int = 0) -> None:
         super().__init__()
-        self.num_experts = cfg.n_routed_experts
+        self.num_experts, self.num_shared = cfg.n_routed_experts, num_shared
         self.top_k, self.sigmoid = cfg.num_experts_per_tok, sigmoid
         self.n_group, self.topk_group = cfg.n_group or 1, cfg.topk_group or 1
         if self.num_experts % self.n_group:
@@ -73,7 +93,7 @@ class MoEGate(nn.Module):
             from mlaserve.layers.triton_router import route_greedy
 
             bias = self.e_score_correction_bias if self.sigmoid else None
-            return route_greedy(logits, bias, self.top_k, self.normalize, self.scaling)
+            return route_greedy(logits, bias, self.top_k, self.normalize, self.scaling, self.num_shared)
         if self.sigmoid:
             weights, ids = route_sigmoid(
                 logits, self.e_score_correction_bias, self.top_k, self.n_group, self.topk_group
@@ -82,7 +102,7 @@ class MoEGate(nn.Module):
             weights, ids = route_softmax(logits, self.top_k, self.method, self.n_group, self.topk_group)
         if self.normalize and self.top_k > 1:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        return weights * self.scaling, ids
+        return with_shared_experts(weights * self.scaling, ids, self.num_experts, self.num_shared)
 
     def _one_launch(self, logits: torch.Tensor) -> bool:
         """Greedy routing on CUDA: the one-launch Triton scores + top-k (moe.py's functions otherwise)."""
@@ -95,12 +115,24 @@ class FusedExperts(nn.Module):
 
     Tensor parallel: every rank holds every expert, I split across ranks. Expert parallel (ctx.expert_parallel):
     each rank holds E / ranks whole experts, applies them to the tokens routed to them, and the same all-reduce as
-    tensor parallelism sums the ranks' parts (no all-to-all: every rank sees every token already)."""
+    tensor parallelism sums the ranks' parts (no all-to-all: every rank sees every token already).
+
+    num_shared: the MoE's shared experts (a checkpoint's one shared MLP of num_shared x I) stored as that many
+    experts of width I after the routed ones, each split over ranks like a routed expert; the router sends every
+    token to them (MoEGate's num_shared). Not with expert parallelism, where every rank would need them whole."""
 
     def __init__(
-        self, num_experts: int, hidden: int, intermediate: int, act: str, ctx: ParallelContext
+        self,
+        num_experts: int,
+        hidden: int,
+        intermediate: int,
+        act: str,
+        ctx: ParallelContext,
+        num_shared: int = 0,
     ) -> None:
         super().__init__()
+        if num_shared and ctx.expert_parallel:
+            raise ValueError("shared experts are stored with the routed ones only without expert parallelism")
         self.ctx = ctx
         if ctx.expert_parallel:  # this rank's run of whole experts
             self.num_local = ctx.shard(num_experts, "n_routed_experts")
@@ -108,21 +140,46 @@ class FusedExperts(nn.Module):
         else:  # every expert, this rank's slice of its width
             self.num_local, self.first = num_experts, 0
             self.inter = ctx.shard(intermediate, "moe_intermediate_size")
+        self.num_shared = num_shared
         # the width split a checkpoint tensor is narrowed by: none with expert parallelism
         self.inter_rank, self.inter_ranks = (0, 1) if ctx.expert_parallel else (ctx.tp_rank, ctx.tp_size)
         self.act = get_act_fn(act)
         local = range(self.first, self.first + self.num_local)
         w13_shards = frozenset((e, i) for e in local for i in (0, 1))
-        self.w13 = make_param(self.num_local, 2 * self.inter, hidden, loader=self.load_w13, shards=w13_shards)
-        self.w2 = make_param(self.num_local, hidden, self.inter, loader=self.load_w2, shards=frozenset(local))
+        w2_shards = frozenset(local)
+        if num_shared:
+            w13_shards |= {("shared", 0), ("shared", 1)}
+            w2_shards |= {"shared"}
+        total = self.num_local + num_shared
+        self.w13 = make_param(total, 2 * self.inter, hidden, loader=self.load_w13, shards=w13_shards)
+        self.w2 = make_param(total, hidden, self.inter, loader=self.load_w2, shards=w2_shards)
 
     def _local(self, expert: int) -> int | None:
         index = expert - self.first
         return index if 0 <= index < self.num_local else None
 
+    def _shared_parts(self, loaded, dim: int, name: str) -> list:
+        """The shared MLP's checkpoint tensor cut into its experts' widths along dim (this rank's slice of each)."""
+        full = self.inter * self.inter_ranks
+        if loaded.shape[dim] != full * self.num_shared:
+            raise ShapeMismatch(
+                f"shared experts' {name}: checkpoint width {loaded.shape[dim]} along dim {dim}, expected "
+                f"n_shared_experts x moe_intermediate_size = {self.num_shared} x {full}"
+            )
+        return [
+            loaded.narrow(dim, j * full + self.inter_rank * self.inter, self.inter)
+            for j in range(self.num_shared)
+        ]
+
     @slice_aware
-    def load_w13(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: tuple[int, int]) -> None:
+    def load_w13(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: tuple) -> None:
         expert, which = shard_id
+        if expert == "shared":  # gate_proj (0) or up_proj (1) of the shared MLP
+            for j, part in enumerate(self._shared_parts(loaded, 0, ("gate_proj", "up_proj")[which])):
+                default_weight_loader(
+                    param.data[self.num_local + j].narrow(0, which * self.inter, self.inter), part
+                )
+            return
         if (index := self._local(expert)) is None:
             return  # another rank's expert
         if loaded.shape[0] == self.inter * self.inter_ranks:
@@ -130,7 +187,11 @@ class FusedExperts(nn.Module):
         default_weight_loader(param.data[index].narrow(0, which * self.inter, self.inter), loaded)
 
     @slice_aware
-    def load_w2(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: int) -> None:
+    def load_w2(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: int | str) -> None:
+        if shard_id == "shared":  # the shared MLP's down_proj
+            for j, part in enumerate(self._shared_parts(loaded, 1, "down_proj")):
+                default_weight_loader(param.data[self.num_local + j], part)
+            return
         if (index := self._local(shard_id)) is None:
             return
         if loaded.shape[1] == self.inter * self.inter_ranks:

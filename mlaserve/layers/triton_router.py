@@ -65,7 +65,7 @@ def gate_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def _route_kernel(
     Logits, Bias, Weights, Ids, num_experts, scaling,
     TOP_K: tl.constexpr, TOPK_P2: tl.constexpr, SIGMOID: tl.constexpr, NORMALIZE: tl.constexpr,
-    BLOCK_E: tl.constexpr,
+    BLOCK_E: tl.constexpr, NUM_SHARED: tl.constexpr, SHARED_P2: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
@@ -89,21 +89,36 @@ def _route_kernel(
         choose = tl.where(e == best, float("-inf"), choose)
     if NORMALIZE:
         top_w = top_w / (tl.sum(top_w, 0) + 1e-20)
-    tl.store(Weights + t * TOP_K + j, top_w * scaling, mask=j < TOP_K)
-    tl.store(Ids + t * TOP_K + j, top_i, mask=j < TOP_K)
+    row = t * (TOP_K + NUM_SHARED)
+    tl.store(Weights + row + j, top_w * scaling, mask=j < TOP_K)
+    tl.store(Ids + row + j, top_i, mask=j < TOP_K)
+    if NUM_SHARED > 0:  # the shared experts, stored after the routed ones: every token, weight 1
+        s = tl.arange(0, SHARED_P2)
+        s_ok = s < NUM_SHARED
+        tl.store(Weights + row + TOP_K + s, tl.full([SHARED_P2], 1.0, tl.float32), mask=s_ok)
+        tl.store(Ids + row + TOP_K + s, (num_experts + s).to(tl.int64), mask=s_ok)
 
 
 def route_greedy(
-    logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, normalize: bool, scaling: float
+    logits: torch.Tensor,
+    bias: torch.Tensor | None,
+    top_k: int,
+    normalize: bool,
+    scaling: float,
+    num_shared: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [T, E] float32 -> (weights [T, top_k] float32, ids [T, top_k] int64): softmax routing when bias
-    is None, else sigmoid routing steered by the bias. normalize: weights divided by their sum (norm_topk_prob)."""
+    """logits [T, E] float32 -> (weights [T, top_k + num_shared] float32, ids [T, top_k + num_shared] int64):
+    softmax routing when bias is None, else sigmoid routing steered by the bias. normalize: weights divided by
+    their sum (norm_topk_prob). The last num_shared columns are the shared experts (ids E, E + 1, ..., weight 1),
+    as moe.with_shared_experts appends them."""
     num_tokens, num_experts = logits.shape
-    weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=logits.device)
-    ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=logits.device)
+    width = top_k + num_shared
+    weights = torch.empty(num_tokens, width, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(num_tokens, width, dtype=torch.int64, device=logits.device)
     _route_kernel[(num_tokens,)](
         logits.contiguous(), bias if bias is not None else logits, weights, ids, num_experts, scaling,
         TOP_K=top_k, TOPK_P2=triton.next_power_of_2(top_k), SIGMOID=bias is not None,
         NORMALIZE=normalize and top_k > 1, BLOCK_E=triton.next_power_of_2(num_experts),
+        NUM_SHARED=num_shared, SHARED_P2=triton.next_power_of_2(max(num_shared, 1)),
     )  # fmt: skip
     return weights, ids

@@ -16,20 +16,24 @@ from mlaserve.models.llama import GatedMLP
 from mlaserve.parallel import SINGLE, ParallelContext
 
 _EXPERT = re.compile(r"\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_SHARED = re.compile(r"\.mlp\.shared_experts\.(gate_proj|up_proj|down_proj)\.weight$")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 class DeepseekMoE(nn.Module):
     def __init__(self, cfg: object, ctx: ParallelContext, sigmoid: bool) -> None:
         super().__init__()
-        self.gate = MoEGate(cfg, sigmoid)
-        self.experts = FusedExperts(
-            cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.hidden_act, ctx
-        )
         shared = cfg.n_shared_experts or 0
+        # The shared experts run in the routed experts' grouped GEMM (layers/moe.py), except under expert
+        # parallelism, where each rank holds only its own experts and the shared MLP stays whole on every rank.
+        fused = 0 if ctx.expert_parallel else shared
+        self.gate = MoEGate(cfg, sigmoid, num_shared=fused)
+        self.experts = FusedExperts(
+            cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.hidden_act, ctx, fused
+        )
         self.shared_experts = (
             GatedMLP(cfg.hidden_size, cfg.moe_intermediate_size * shared, cfg.hidden_act, ctx)
-            if shared
+            if shared and not fused
             else None
         )
 
@@ -98,6 +102,7 @@ class DeepseekV2ForCausalLM(CausalLM):
         super().__init__()
         self.cfg = cfg
         self.mla_disable = mla_disable
+        self.shared_experts_fused = not ctx.expert_parallel  # DeepseekMoE
         self.model = DeepseekModel(cfg, backend, ctx, self.sigmoid_routing, mla_disable)
         self.build_lm_head(cfg, ctx)
 
@@ -130,6 +135,15 @@ class DeepseekV2ForCausalLM(CausalLM):
             if proj == "down_proj":
                 return prefix + "w2", idx
             return prefix + "w13", (idx, 0 if proj == "gate_proj" else 1)
+        shared = _SHARED.search(name) if self.shared_experts_fused else None
+        if shared:
+            prefix = name[: shared.start()] + ".mlp.experts."
+            proj = shared.group(1)
+            return (
+                (prefix + "w2", "shared")
+                if proj == "down_proj"
+                else (prefix + "w13", ("shared", int(proj == "up_proj")))
+            )
         return super().map_checkpoint_name(name)
 
     def process_weights_after_loading(self) -> None:

@@ -1,10 +1,13 @@
 """The experts split over ranks (layers/moe.py): each rank's part, summed as the all-reduce would, equals the whole
-layer, for expert parallelism (whole experts per rank) and tensor parallelism (each expert's width split)."""
+layer, for expert parallelism (whole experts per rank) and tensor parallelism (each expert's width split); shared
+experts stored after the routed ones equal the shared MLP they are loaded from."""
 
 import pytest
 import torch
 
-from mlaserve.layers.moe import FusedExperts, experts_reference
+from mlaserve.layers.linear import ShapeMismatch
+from mlaserve.layers.moe import FusedExperts, experts_reference, with_shared_experts
+from mlaserve.models.llama import GatedMLP
 from mlaserve.parallel import ParallelContext
 
 E, HIDDEN, INTER = 6, 16, 8
@@ -59,3 +62,55 @@ def test_reference_skips_routes_to_other_ranks() -> None:
     want = experts_reference(x, w13, w2, kept, ids.clamp(min=0), act)  # a -1 route weighs nothing
     torch.testing.assert_close(got, want)
     assert got[1].abs().max() == 0
+
+
+SHARED = 2
+
+
+def shared_checkpoint() -> dict[str, torch.Tensor]:
+    """A checkpoint's one shared MLP of SHARED x INTER."""
+    gen = torch.Generator().manual_seed(3)
+    return {
+        "gate_proj": torch.randn(SHARED * INTER, HIDDEN, generator=gen),
+        "up_proj": torch.randn(SHARED * INTER, HIDDEN, generator=gen),
+        "down_proj": torch.randn(HIDDEN, SHARED * INTER, generator=gen),
+    }
+
+
+def build_with_shared(ctx: ParallelContext) -> FusedExperts:
+    routed = build(ctx)
+    layer = FusedExperts(E, HIDDEN, INTER, "silu", ctx, num_shared=SHARED)
+    layer.w13.data[:E], layer.w2.data[:E] = routed.w13.data, routed.w2.data
+    shared = shared_checkpoint()
+    layer.load_w13(layer.w13, shared["gate_proj"], ("shared", 0))
+    layer.load_w13(layer.w13, shared["up_proj"], ("shared", 1))
+    layer.load_w2(layer.w2, shared["down_proj"], "shared")
+    return layer
+
+
+def test_shared_experts_in_the_grouped_weights_equal_the_shared_mlp() -> None:
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(7, HIDDEN, generator=gen)
+    ids = torch.stack([torch.randperm(E, generator=gen)[:2] for _ in range(7)])
+    weights = torch.rand(7, 2, generator=gen)
+    mlp = GatedMLP(HIDDEN, SHARED * INTER, "silu", ParallelContext())
+    shared = shared_checkpoint()
+    mlp.gate_up_proj.weight_loader(mlp.gate_up_proj.weight, shared["gate_proj"], 0)
+    mlp.gate_up_proj.weight_loader(mlp.gate_up_proj.weight, shared["up_proj"], 1)
+    mlp.down_proj.weight_loader(mlp.down_proj.weight, shared["down_proj"])
+    want = build(ParallelContext())(x, weights, ids) + mlp(x)
+    layer = build_with_shared(ParallelContext())
+    got = layer(x, *with_shared_experts(weights, ids, E, SHARED))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # tensor parallel: each rank holds its slice of every shared expert's width, the parts sum to the whole
+    ranks = [build_with_shared(ParallelContext(r, 2)) for r in range(2)]
+    total = sum(rank(x, *with_shared_experts(weights, ids, E, SHARED)) for rank in ranks)
+    torch.testing.assert_close(total, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_shared_mlp_of_the_wrong_width_is_a_shape_error() -> None:
+    layer = FusedExperts(E, HIDDEN, INTER, "silu", ParallelContext(), num_shared=SHARED)
+    with pytest.raises(ShapeMismatch, match="n_shared_experts x moe_intermediate_size"):
+        layer.load_w13(layer.w13, torch.zeros(3 * INTER, HIDDEN), ("shared", 0))
+    with pytest.raises(ValueError, match="expert parallelism"):
+        FusedExperts(E, HIDDEN, INTER, "silu", ParallelContext(0, 2, expert_parallel=True), num_shared=1)
