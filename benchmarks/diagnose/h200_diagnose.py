@@ -39,6 +39,8 @@ overlap       lite batch 1 and 32 with asynchronous scheduling off and on: walls
               time against its span and the idle gaps between kernels (torch.profiler), the host's CUDA calls
 burst         serve_vs_offline's 256-prompt burst offline, every step timed: decode-first at token budgets 2,048 and
               8,192, prefill-first; a torch profile of one mixed step (prompt chunk beside running decodes)
+step_kernels  the lite workload at batch 1 and 32: walls (prefill alone and with 64 new tokens), one captured decode
+              step's GPU time and its kernels by name (launches and microseconds per step)
 host          where host time goes: torch.profiler over one batch-1 prefill of 512 tokens (CPU ops by self
               time, syncs, GPU busy time), and cProfile over the lite workload at batch 1 and 32 (functions by
               own time)
@@ -866,6 +868,27 @@ def steps(tmp: Path) -> dict:
     return result
 
 
+def step_kernels(tmp: Path) -> dict:
+    from mlaserve import SamplingParams
+
+    llm = lite_llm(tmp / "v2lite", max_num_seqs=256)
+    gen = torch.Generator().manual_seed(0)
+    first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    result = {}
+    for batch in (1, 32):
+        prompts, params = lite_workload(llm, gen, batch)
+        walls = timed_walls(llm, prompts, params, 3)[0]
+        result[f"batch{batch}"] = dict(
+            walls_s=walls,
+            tok_s=batch * 64 / sorted(walls)[1],
+            prefill_walls_s=timed_walls(llm, prompts, first, 3)[0],
+            graph_replay_ms=graph_replay_ms(llm, batch),
+            kernels=graph_kernels(llm, batch),
+        )
+        print(json.dumps({k: v for k, v in result[f"batch{batch}"].items() if k != "kernels"}), flush=True)
+    return result
+
+
 def host(tmp: Path) -> dict:
     import cProfile
     import pstats
@@ -1114,6 +1137,7 @@ def main() -> None:
                 "prefill_attn": prefill_attn,
                 "steps": lambda: steps(Path(tmp)),
                 "host": lambda: host(Path(tmp)),
+                "step_kernels": lambda: step_kernels(Path(tmp)),
                 "skinny": skinny,
                 "decode_timing": decode_timing,
                 "page_ahead": page_ahead,

@@ -19,7 +19,12 @@ from mlaserve.kvcache.quant import is_quantized, quantize_rows
 from mlaserve.layers.attention import PagedAttention
 from mlaserve.layers.cuda_kernels import kernel_for
 from mlaserve.layers.indexer import Indexer
-from mlaserve.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from mlaserve.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
 from mlaserve.layers.norm import RMSNorm
 from mlaserve.layers.rotary import RotaryEmbedding, rope_frequencies
 from mlaserve.parallel import ParallelContext
@@ -60,17 +65,28 @@ class MLAAttention(nn.Module):
         qk_head = self.nope_dim + self.rope_dim
         bias = bool(getattr(cfg, "attention_bias", False))
         self.q_lora_rank = getattr(cfg, "q_lora_rank", None)
-        if self.q_lora_rank:
+        q_width = self.q_lora_rank or cfg.num_attention_heads * qk_head
+        self.kv_width = self.kv_lora_rank + self.rope_dim
+        # The query's first projection and kv_a both read the hidden state: one GEMM (one weight stream at decode)
+        # serves both where neither is split over ranks (V3's q_a_proj always, V2's q_proj without tensor
+        # parallelism) and they share the bias setting (V2's q_proj has none).
+        self.fused_qkv_a = bool(self.q_lora_rank or (ctx.tp_size == 1 and not bias))
+        if self.fused_qkv_a:
+            # ranks never split it: every rank computes the whole of both
+            self.fused_qkv_a_proj = MergedColumnParallelLinear(
+                cfg.hidden_size, [q_width, self.kv_width], bias
+            )
+        elif self.q_lora_rank:
             self.q_a_proj = ReplicatedLinear(cfg.hidden_size, self.q_lora_rank, bias, ctx)
+        else:
+            self.q_proj = ColumnParallelLinear(cfg.hidden_size, q_width, False, ctx)
+        if not self.fused_qkv_a:
+            self.kv_a_proj_with_mqa = ReplicatedLinear(cfg.hidden_size, self.kv_width, bias, ctx)
+        if self.q_lora_rank:
             self.q_a_layernorm = RMSNorm(self.q_lora_rank, LATENT_NORM_EPS)
             self.q_b_proj = ColumnParallelLinear(
                 self.q_lora_rank, cfg.num_attention_heads * qk_head, False, ctx
             )
-        else:
-            self.q_proj = ColumnParallelLinear(cfg.hidden_size, cfg.num_attention_heads * qk_head, False, ctx)
-        self.kv_a_proj_with_mqa = ReplicatedLinear(
-            cfg.hidden_size, self.kv_lora_rank + self.rope_dim, bias, ctx
-        )
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, LATENT_NORM_EPS)
         self.kv_b_proj = ColumnParallelLinear(
             self.kv_lora_rank, cfg.num_attention_heads * (self.nope_dim + self.v_dim), False, ctx
@@ -99,11 +115,12 @@ class MLAAttention(nn.Module):
         self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q_resid = self.q_a_layernorm(self.q_a_proj(hidden)) if self.q_lora_rank else None
-        q = (self.q_b_proj(q_resid) if self.q_lora_rank else self.q_proj(hidden)).view(
-            num_tokens, self.num_heads, -1
-        )
-        kv = self.kv_a_proj_with_mqa(hidden)
+        q, kv = self.project_qkv_a(hidden)
+        q_resid = None
+        if self.q_lora_rank:
+            q_resid = self.q_a_layernorm(q)
+            q = self.q_b_proj(q_resid)
+        q = q.view(num_tokens, self.num_heads, -1)
         if self.expanded is not None:
             latent, k_pe = kv.split([self.kv_lora_rank, self.rope_dim], dim=-1)
             q_pe, k_pe = self.rotary(positions, q[..., self.nope_dim :], k_pe.unsqueeze(1))
@@ -131,6 +148,16 @@ class MLAAttention(nn.Module):
             parts.append(self._prefill(q[nd:], kv_cache, meta))
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.v_dim))
+
+    def project_qkv_a(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q_a_proj's output, or V2's q_proj's; kv_a_proj_with_mqa's): column views of one GEMM's output where the
+        two are fused."""
+        if self.fused_qkv_a:
+            q_width = self.fused_qkv_a_proj.out_features - self.kv_width
+            q, kv = self.fused_qkv_a_proj(hidden).split([q_width, self.kv_width], dim=-1)
+            return q, kv
+        q = self.q_a_proj(hidden) if self.q_lora_rank else self.q_proj(hidden)
+        return q, self.kv_a_proj_with_mqa(hidden)
 
     def rope_and_cache(
         self,

@@ -144,6 +144,11 @@ class DeepseekV2ForCausalLM(CausalLM):
                 if proj == "down_proj"
                 else (prefix + "w13", ("shared", int(proj == "up_proj")))
             )
+        if self.model.layers[0].self_attn.fused_qkv_a:  # MLAAttention: q's first projection and kv_a in one
+            for fragment, shard in ((".self_attn.q_a_proj.", 0), (".self_attn.q_proj.", 0),
+                                    (".self_attn.kv_a_proj_with_mqa.", 1)):  # fmt: skip
+                if fragment in name:
+                    return name.replace(fragment, ".self_attn.fused_qkv_a_proj."), shard
         return super().map_checkpoint_name(name)
 
     def process_weights_after_loading(self) -> None:
