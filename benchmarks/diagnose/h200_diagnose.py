@@ -4,6 +4,10 @@
 
 moe           fused MoE at V2-Lite expert shapes, 1 to 16,384 tokens: today's tile plan against forced tile
               heights and the unfused activation, each checked against the per-expert loop; plus 128-row tiles
+shared_moe    V2-Lite's MoE with its two shared experts stored after the routed ones (one grouped GEMM per
+              projection, today's engine) against the shared MLP run apart as the engine ran it before (a
+              merged gate/up linear, silu-and-mul, a down linear, added in the combine), 1 to 8,192 tokens,
+              graph-replayed, each checked against the other
 prefill_attn  prefill attention of one throughput step (10 prompts of 1,000 tokens, V2-Lite heads): the
               per-sequence SDPA loop on shapes it has not seen and on warm shapes, and torch's varlen_attn
 steps         the V2-Lite engine (random bf16 weights): every engine step timed (batch 1 and 32 of the lite
@@ -145,6 +149,46 @@ def moe() -> dict:
             sweep.append(entry)
             print(json.dumps(entry), flush=True)
     return {"rows": rows, "w13_gated_sweep": sweep}
+
+
+def shared_moe() -> dict:
+    from mlaserve.layers.activation import gated_act
+    from mlaserve.layers.fused_moe import fused_experts
+    from mlaserve.layers.linear import skinny_kernel_for
+
+    shared = 2
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w13 = torch.randn(E + shared, 2 * INTER, HID, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    w2 = torch.randn(E + shared, HID, INTER, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    # the same shared experts as one MLP of shared x INTER: gate rows, then up rows; down's columns in order
+    gate_up = torch.cat((w13[E:, :INTER].flatten(0, 1), w13[E:, INTER:].flatten(0, 1))).contiguous()
+    down = torch.cat(list(w2[E:]), dim=1).contiguous()
+
+    def linear(x, w):
+        kernel = skinny_kernel_for(x, w)
+        return kernel(x, w, None) if kernel is not None else F.linear(x, w)
+
+    rows = []
+    for tokens in (1, 4, 32, 256, 2048, 8192):
+        x = torch.randn(tokens, HID, device="cuda", dtype=torch.bfloat16, generator=g)
+        ids = torch.rand(tokens, E, device="cuda", generator=g).topk(TOPK, dim=-1)[1]
+        weights = torch.rand(tokens, TOPK, device="cuda", generator=g)
+        ids_all = torch.cat((ids, torch.arange(E, E + shared, device="cuda").expand(tokens, -1)), 1)
+        weights_all = torch.cat((weights, torch.ones(tokens, shared, device="cuda")), 1)
+
+        def fused(x=x, w=weights_all, i=ids_all):
+            return fused_experts(x, w13, w2, w, i, F.silu)
+
+        def apart(x=x, w=weights, i=ids):
+            mlp = linear(gated_act(linear(x, gate_up)), down)
+            return fused_experts(x, w13[:E], w2[:E], w, i, F.silu, add=mlp)
+
+        a, b = fused().float(), apart().float()
+        row = dict(tokens=tokens, rel_diff=((a - b).norm() / b.norm()).item(),
+                   fused_ms=bench_graph(fused), apart_ms=bench_graph(apart))  # fmt: skip
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return {"rows": rows}
 
 
 def prefill_attn() -> dict:
@@ -1134,6 +1178,7 @@ def main() -> None:
         for name in args.sections.split(","):
             fn = {
                 "moe": moe,
+                "shared_moe": shared_moe,
                 "prefill_attn": prefill_attn,
                 "steps": lambda: steps(Path(tmp)),
                 "host": lambda: host(Path(tmp)),
