@@ -387,6 +387,9 @@ def lite(tmp: Path, hf_peer: bool, eager: bool = False, profile: bool = False) -
             )
         print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=20), flush=True)
     del llm
+    import gc
+
+    gc.collect()  # the engine's cycles hold its KV cache until collected: transformers' model needs the memory
     torch.cuda.empty_cache()
     if hf_peer:
         from transformers import AutoConfig, AutoModelForCausalLM
