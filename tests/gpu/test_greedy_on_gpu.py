@@ -3,7 +3,8 @@ on tiny DeepSeek models. Run with `python -m pytest tests/gpu` on the GPU machin
 
 float32: tokens identical and logprobs within 1e-3 (the kernels run IEEE fp32 dots), bf16 and 8-bit caches alike.
 bfloat16 tolerance: where the greedy runs first differ, the two tokens must be within 0.1 nats under the
-reference's own logprobs at that step (a near-tie that bf16 rounding breaks either way). Only the DeepSeek-V2
+reference's own logprobs at that step (a near-tie that bf16 rounding breaks either way); 0.3 with an 8-bit cache,
+where a rounding difference can move a cached value by a whole e4m3 step (EIGHT_BIT_TIE_NATS). Only the DeepSeek-V2
 config is held to that: in the tiny DeepSeek-V3 config, group-limited sigmoid routing sits on near-tied expert
 scores, so a bf16 rounding difference in attention can flip an expert and move a later token by a whole nat
 (seen: 1.05 nats at token 16), while the same model in float32 matches to 2e-6.
@@ -18,6 +19,19 @@ from tests.tiny_models import build_tiny
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 TIE_NATS = 0.1
+# With an 8-bit cache a rounding difference upstream can move a cached value across an e4m3 step (6-12%), so the
+# runs part at larger gaps: on CPU, the tiny DeepSeek-V2 of test_mla_shapes_on_gpu.py (5 heads, rank 24, rope 8)
+# in bf16 with the fp8 cache first leaves its float32 run (same cache) at token 8 of the 120-token prompt by 0.248
+# nats, at 4d918ae and at 6e5b0e8 alike (benchmarks/diagnose/bf16_ties.py); on the H200 its bf16 Triton run left
+# the bf16 torch run there by 0.18.
+EIGHT_BIT_TIE_NATS = 0.3
+
+
+def tie_nats(kv_cache_dtype: str) -> float:
+    """How far apart, under the reference's logprobs, two bf16 runs' first differing tokens may be."""
+    return TIE_NATS if kv_cache_dtype == "auto" else EIGHT_BIT_TIE_NATS
+
+
 VARIANTS = (("ref", "torch", True), ("eager", "triton_mla", True), ("graphs", "triton_mla", False))
 
 
@@ -64,4 +78,6 @@ def test_bfloat16_differs_only_at_near_ties(tmp_path, kv_cache_dtype):
                 f"{label}: token {have[first]} not in the reference's top 20 at {first}"
             )
             gap = step[want[first]] - step[have[first]]
-            assert gap < TIE_NATS, f"{label}: not a near-tie at token {first} (gap {gap:.3f} nats)"
+            assert gap < tie_nats(kv_cache_dtype), (
+                f"{label}: not a near-tie at token {first} (gap {gap:.3f} nats)"
+            )

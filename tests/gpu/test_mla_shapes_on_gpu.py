@@ -18,6 +18,7 @@ from mlaserve.attention.metadata import build_metadata
 from mlaserve.attention.torch_ref import TorchBackend
 from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
+from tests.gpu.test_greedy_on_gpu import tie_nats
 from tests.tiny_models import build_tiny
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -147,7 +148,8 @@ def test_float32_tokens_match_the_torch_backend(tmp_path, name, shape, kv_cache_
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
 def test_bfloat16_runs_and_differs_only_at_near_ties(tmp_path, shape, kv_cache_dtype):
     """bf16 (the dtype real models serve in) runs at these shapes too; where the greedy runs first differ, the two
-    tokens are within 0.1 nats under the reference's own logprobs (tests/gpu/test_greedy_on_gpu.py's rule)."""
+    tokens are within tie_nats under the reference's own logprobs (tests/gpu/test_greedy_on_gpu.py's rule: 0.1 nats,
+    0.3 with an 8-bit cache)."""
     path = build_tiny("deepseek_v2", tmp_path, **SHAPES[shape])
     ref, _ = generate(path, "torch", "bfloat16", kv_cache_dtype, PAGES[shape])
     got, kernel = generate(path, "triton_mla", "bfloat16", kv_cache_dtype, PAGES[shape])
@@ -159,4 +161,5 @@ def test_bfloat16_runs_and_differs_only_at_near_ties(tmp_path, shape, kv_cache_d
             continue
         step = want.outputs[0].logprobs[first]
         assert other[first] in step, f"token {other[first]} not in the reference's top 20 at {first}"
-        assert step[tokens[first]] - step[other[first]] < 0.1, f"not a near-tie at token {first}"
+        gap = step[tokens[first]] - step[other[first]]
+        assert gap < tie_nats(kv_cache_dtype), f"not a near-tie at token {first} (gap {gap:.3f} nats)"
