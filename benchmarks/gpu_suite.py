@@ -36,6 +36,7 @@ after a warm-up.
 
 import argparse
 import datetime as dt
+import gc
 import json
 import os
 import subprocess
@@ -387,8 +388,6 @@ def lite(tmp: Path, hf_peer: bool, eager: bool = False, profile: bool = False) -
             )
         print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=20), flush=True)
     del llm
-    import gc
-
     gc.collect()  # the engine's cycles hold its KV cache until collected: transformers' model needs the memory
     torch.cuda.empty_cache()
     if hf_peer:
@@ -417,8 +416,6 @@ def lite(tmp: Path, hf_peer: bool, eager: bool = False, profile: bool = False) -
 
 
 def lite_llm(folder: Path, **options):
-    import gc
-
     gc.collect()  # a previous engine's cache must be gone before this one sizes its own
     torch.cuda.empty_cache()
     from mlaserve import LLM

@@ -154,19 +154,19 @@ def moe() -> dict:
 def shared_moe() -> dict:
     from mlaserve.layers.activation import gated_act
     from mlaserve.layers.fused_moe import fused_experts
-    from mlaserve.layers.linear import skinny_kernel_for
+    from mlaserve.layers.linear import ReplicatedLinear
 
     shared = 2
     g = torch.Generator(device="cuda").manual_seed(0)
     w13 = torch.randn(E + shared, 2 * INTER, HID, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
     w2 = torch.randn(E + shared, HID, INTER, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
     # the same shared experts as one MLP of shared x INTER: gate rows, then up rows; down's columns in order
-    gate_up = torch.cat((w13[E:, :INTER].flatten(0, 1), w13[E:, INTER:].flatten(0, 1))).contiguous()
-    down = torch.cat(list(w2[E:]), dim=1).contiguous()
-
-    def linear(x, w):
-        kernel = skinny_kernel_for(x, w)
-        return kernel(x, w, None) if kernel is not None else F.linear(x, w)
+    # through the engine's linear layers (skinny kernel or cuBLAS, as they choose)
+    gate_up, down = ReplicatedLinear(HID, 2 * shared * INTER), ReplicatedLinear(shared * INTER, HID)
+    gate_up.weight.data = torch.cat(
+        (w13[E:, :INTER].flatten(0, 1), w13[E:, INTER:].flatten(0, 1))
+    ).contiguous()
+    down.weight.data = torch.cat(list(w2[E:]), dim=1).contiguous()
 
     rows = []
     for tokens in (1, 4, 32, 256, 2048, 8192):
@@ -180,7 +180,7 @@ def shared_moe() -> dict:
             return fused_experts(x, w13, w2, w, i, F.silu)
 
         def apart(x=x, w=weights, i=ids):
-            mlp = linear(gated_act(linear(x, gate_up)), down)
+            mlp = down(gated_act(gate_up(x)))
             return fused_experts(x, w13[:E], w2[:E], w, i, F.silu, add=mlp)
 
         a, b = fused().float(), apart().float()

@@ -29,6 +29,11 @@ class AttentionRule:
         """Tokens each entry of a pooled group is made from (None for a layer's own group)."""
         return self.span or self.ratio
 
+    @property
+    def source_rule(self) -> "AttentionRule":
+        """The layers' own group (window, sinks) whose rows a pooled group's entries are made from."""
+        return AttentionRule(self.window, self.sinks)
+
 
 FULL = AttentionRule()
 

@@ -153,8 +153,7 @@ class MLAAttention(nn.Module):
         """(q_a_proj's output, or V2's q_proj's; kv_a_proj_with_mqa's): column views of one GEMM's output where the
         two are fused."""
         if self.fused_qkv_a:
-            q_width = self.fused_qkv_a_proj.out_features - self.kv_width
-            q, kv = self.fused_qkv_a_proj(hidden).split([q_width, self.kv_width], dim=-1)
+            q, kv = self.fused_qkv_a_proj(hidden).split(self.fused_qkv_a_proj.local_sizes, dim=-1)
             return q, kv
         q = self.q_a_proj(hidden) if self.q_lora_rank else self.q_proj(hidden)
         return q, self.kv_a_proj_with_mqa(hidden)

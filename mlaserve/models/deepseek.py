@@ -21,12 +21,16 @@ _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 class DeepseekMoE(nn.Module):
+    @staticmethod
+    def fuses_shared_experts(ctx: ParallelContext) -> bool:
+        """The shared experts run in the routed experts' grouped GEMM (layers/moe.py), except under expert
+        parallelism, where each rank holds only its own experts and the shared MLP stays whole on every rank."""
+        return not ctx.expert_parallel
+
     def __init__(self, cfg: object, ctx: ParallelContext, sigmoid: bool) -> None:
         super().__init__()
         shared = cfg.n_shared_experts or 0
-        # The shared experts run in the routed experts' grouped GEMM (layers/moe.py), except under expert
-        # parallelism, where each rank holds only its own experts and the shared MLP stays whole on every rank.
-        fused = 0 if ctx.expert_parallel else shared
+        fused = shared if self.fuses_shared_experts(ctx) else 0
         self.gate = MoEGate(cfg, sigmoid, num_shared=fused)
         self.experts = FusedExperts(
             cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.hidden_act, ctx, fused
@@ -102,7 +106,7 @@ class DeepseekV2ForCausalLM(CausalLM):
         super().__init__()
         self.cfg = cfg
         self.mla_disable = mla_disable
-        self.shared_experts_fused = not ctx.expert_parallel  # DeepseekMoE
+        self.shared_experts_fused = DeepseekMoE.fuses_shared_experts(ctx)
         self.model = DeepseekModel(cfg, backend, ctx, self.sigmoid_routing, mla_disable)
         self.build_lm_head(cfg, ctx)
 

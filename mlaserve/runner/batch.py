@@ -116,7 +116,7 @@ def plan_batch(
             continue
         # Built after its window group, which comes first (the engine appends the pooled groups).
         tables = _block_tables([s.block_ids[g] for s in order])
-        window_tables, _ = groups[rules.index(AttentionRule(rule.window, rule.sinks))]
+        window_tables, _ = groups[rules.index(rule.source_rule)]
         # the entries this step completes: each written by the step that computes its last token
         done, slots, sources, first = entry_rows(
             tables, window_tables, rows_t, positions_t, block_size, rule.ratio, rule.source_span

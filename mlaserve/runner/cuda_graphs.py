@@ -239,7 +239,7 @@ def stage_group_inputs(
             row_slots[:n] = slots
             staged.append((padded, row_slots))
             continue
-        window_tables = groups[rules.index(AttentionRule(rule.window, rule.sinks))][0]
+        window_tables = groups[rules.index(rule.source_rule)][0]
         done, entry_slots, sources, starts = entry_rows(
             tables, window_tables, torch.arange(n), batch.positions, block_size, rule.ratio, rule.source_span
         )
