@@ -86,7 +86,7 @@ def compile_stage1(
     heads = 16 if cache in ("gluon8", "gluonfp8") else 64
     consts = dict(PAGE=64, D_LAT=512, D_ROPE=64, BLOCK_H=heads, BLOCK_N=64) if gluon else dict(
         PAGE=64, D_LAT=512, D_ROPE=64, PRECISION="tf32", QUANTIZED=cache != "bf16", TILE_IN_PAGE=True,
-        PREFETCH=False, Q_F16=False, PAGE_AHEAD=False, WIDEN_BITS=False, LAT_TILE=512, ROPE_TILE=64,
+        PREFETCH=False, Q_F16=False, PAGE_AHEAD=False, WIDEN_BITS=False, LAT_TILE=512, ROPE_TILE=64, PDL=False,
     )  # fmt: skip
     consts |= constexprs
     signature, attrs = {}, {}

@@ -34,7 +34,7 @@ def run(a, w, sorted_ids, tile_expert, num_pairs, row_div, bm, bn, bk, warps, st
     _grouped_gemm[grid](
         a, w, c, sorted_ids, tile_expert, c, num_pairs, n, k,
         a.stride(0), w.stride(0), w.stride(1), w.stride(2), c.stride(0),
-        ROW_DIV=row_div, MUL_ROUTE=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32",
+        ROW_DIV=row_div, MUL_ROUTE=False, GATED=False, PAIR_TILES=False, PDL=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32",
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return c

@@ -134,7 +134,7 @@ def moe() -> dict:
                     x, w13, c, s, t, c, pairs, INTER, HID,
                     x.stride(0), w13.stride(0), w13.stride(1), w13.stride(2), c.stride(0),
                     ROW_DIV=TOPK, MUL_ROUTE=False, GATED=True, PAIR_TILES=False, BLOCK_M=bm, BLOCK_N=bn,
-                    BLOCK_K=bk, PRECISION="tf32", num_warps=warps, num_stages=stages,
+                    BLOCK_K=bk, PRECISION="tf32", PDL=False, num_warps=warps, num_stages=stages,
                 )  # fmt: skip
 
             try:

@@ -55,7 +55,8 @@ def moe_rows(gen: torch.Generator) -> list[dict]:
                     a, w, out, ids, ids, route, TOPK, n, k,
                     a.stride(0), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
                     ROW_DIV=row_div, MUL_ROUTE=not gated, GATED=gated, PAIR_TILES=True,
-                    BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32", num_warps=warps, num_stages=stages,
+                    BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32", PDL=False, num_warps=warps,
+                    num_stages=stages,
                 )  # fmt: skip
 
             try:

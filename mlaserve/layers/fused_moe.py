@@ -11,6 +11,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from mlaserve.layers.pdl import pdl_enter, pdl_launch
+
 
 # The pair count changes every step; specializing on it (1, multiples of 16) would compile mid-serving.
 @triton.jit(do_not_specialize=["num_valid"])
@@ -20,7 +22,9 @@ def _grouped_gemm(
     stride_am, stride_we, stride_wn, stride_wk, stride_cm,
     ROW_DIV: tl.constexpr, MUL_ROUTE: tl.constexpr, GATED: tl.constexpr, PAIR_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_enter(PDL)  # before the early return: every program waits (pdl.py)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     expert = tl.load(TileExpert + pid_m).to(tl.int64)  # int64: expert * stride passes 2**31 for big models
@@ -63,8 +67,9 @@ def _grouped_gemm(
 @triton.jit(do_not_specialize=["num_pairs", "capacity", "num_tiles"])
 def _sort_by_expert_kernel(
     Ids, SortedIds, TileExpert, num_pairs, num_experts, capacity, num_tiles,
-    BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, LOG_E: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, LOG_E: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_enter(PDL)
     # One program does the whole routing table (a decode step has at most a few thousand pairs): what the torch
     # version spends ~15 kernel launches on is one launch here, which matters inside a captured decode step.
     i = tl.arange(0, BLOCK_P)
@@ -124,7 +129,7 @@ def sort_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[t
     _sort_by_expert_kernel[(1,)](
         ids.flatten(), sorted_ids, tile_expert, num_pairs, num_experts, capacity, capacity // block_m,
         BLOCK_P=triton.next_power_of_2(num_pairs), BLOCK_E=block_e, BLOCK_M=block_m,
-        LOG_E=block_e.bit_length(), num_warps=4 if num_pairs <= 1024 else 8,
+        LOG_E=block_e.bit_length(), num_warps=4 if num_pairs <= 1024 else 8, **pdl_launch(ids),
     )  # fmt: skip
     return sorted_ids, tile_expert
 
@@ -184,6 +189,7 @@ def grouped_gemm(
         ROW_DIV=row_div, MUL_ROUTE=route_weights is not None, GATED=gated, PAIR_TILES=sorted_ids is None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,
+        **pdl_launch(a),
     )  # fmt: skip
     return out
 
@@ -215,7 +221,10 @@ def tile_plan(num_pairs: int, num_experts: int) -> tuple[int, bool]:
 
 
 @triton.jit
-def _combine_kernel(Down, Add, Out, hidden, TOP_K: tl.constexpr, HAS_ADD: tl.constexpr, BLOCK: tl.constexpr):
+def _combine_kernel(
+    Down, Add, Out, hidden, TOP_K: tl.constexpr, HAS_ADD: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < hidden
@@ -236,7 +245,14 @@ def combine(down: torch.Tensor, top_k: int, add: torch.Tensor | None) -> torch.T
     out = torch.empty(num_tokens, hidden, dtype=down.dtype, device=down.device)
     block = min(1024, triton.next_power_of_2(hidden))
     _combine_kernel[(num_tokens, triton.cdiv(hidden, block))](
-        down, add if add is not None else down, out, hidden, TOP_K=top_k, HAS_ADD=add is not None, BLOCK=block
+        down,
+        add if add is not None else down,
+        out,
+        hidden,
+        TOP_K=top_k,
+        HAS_ADD=add is not None,
+        BLOCK=block,
+        **pdl_launch(down),
     )
     return out
 

@@ -20,6 +20,7 @@ from mlaserve.layers.attention import PagedAttention
 from mlaserve.layers.cuda_kernels import kernel_for
 from mlaserve.layers.indexer import Indexer
 from mlaserve.layers.linear import (
+    GEMV_MAX_ROWS,
     ColumnParallelLinear,
     MergedColumnParallelLinear,
     ReplicatedLinear,
@@ -30,6 +31,18 @@ from mlaserve.layers.rotary import RotaryEmbedding, rope_frequencies
 from mlaserve.parallel import ParallelContext
 
 _PREP_KERNEL = ("mlaserve.layers.triton_mla_prep", "mla_prep")
+_PER_HEAD_KERNEL = ("mlaserve.layers.triton_skinny", "per_head")
+
+
+def per_head(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [T, H, K] @ w [H, N, K]^T for each head -> [T, H, N]: MLA's absorbed W_UK and W_UV. A decode step of a few
+    tokens on CUDA takes triton_skinny's GEMV kernel (one launch, weights loaded ahead); the einsum otherwise."""
+    if x.shape[0] <= GEMV_MAX_ROWS and x.dtype == w.dtype and x.dtype != torch.float32:
+        kernel = kernel_for(*_PER_HEAD_KERNEL, x, w)
+        if kernel is not None:
+            return kernel(x, w)
+    return torch.einsum("thk,hnk->thn", x, w)
+
 
 # The latent norms' eps is fixed, whatever rms_norm_eps says: DeepSeek's code and transformers both leave it at
 # the RMSNorm default (a config with another rms_norm_eps would otherwise differ from the reference).
@@ -108,7 +121,8 @@ class MLAAttention(nn.Module):
 
     def process_weights_after_loading(self) -> None:
         w = self.kv_b_proj.weight.detach().view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
-        self.w_uk = w[:, : self.nope_dim].contiguous()  # [H, nope, R]: folded into the decode query
+        # [H, R, nope]: folded into the decode query (stored transposed so that per_head reads rows of nope)
+        self.w_uk = w[:, : self.nope_dim].transpose(1, 2).contiguous()
         self.w_uv = w[:, self.nope_dim :].contiguous()  # [H, v, R]: applied to the attended latent
 
     def forward(
@@ -134,11 +148,11 @@ class MLAAttention(nn.Module):
             selected = self.indexer(positions, hidden, q_resid, index_cache, meta)
         self.rope_and_cache(positions, q, kv, kv_cache, meta.slot_mapping)
         if selected is not None:
-            q_latent = torch.einsum("thd,hdr->thr", q[..., : self.nope_dim], self.w_uk)
+            q_latent = per_head(q[..., : self.nope_dim], self.w_uk)
             out = self.backend.sparse_latent(
                 q_latent, q[..., self.nope_dim :], kv_cache, selected, self.scale, self.kv_lora_rank
             )
-            out = torch.einsum("thr,hvr->thv", out, self.w_uv)
+            out = per_head(out, self.w_uv)
             return self.o_proj(out.reshape(num_tokens, self.num_heads * self.v_dim))
 
         nd, parts = meta.num_decodes, []
@@ -191,11 +205,11 @@ class MLAAttention(nn.Module):
         return self.expanded(torch.cat((q_nope, q_pe), dim=-1), k, v.contiguous(), kv_cache, meta)
 
     def _decode(self, q, kv_cache, meta) -> torch.Tensor:
-        q_latent = torch.einsum("thd,hdr->thr", q[..., : self.nope_dim], self.w_uk)
+        q_latent = per_head(q[..., : self.nope_dim], self.w_uk)
         out_latent = self.backend.decode_latent(
             q_latent, q[..., self.nope_dim :], kv_cache, meta, self.scale, self.kv_lora_rank
         )
-        return torch.einsum("thr,hvr->thv", out_latent, self.w_uv)
+        return per_head(out_latent, self.w_uv)
 
     def _prefill(self, q, kv_cache, meta) -> torch.Tensor:
         """q: the prefill tokens' queries, rope part already rotated (rope_and_cache)."""

@@ -6,9 +6,12 @@ import torch
 import triton
 import triton.language as tl
 
+from mlaserve.layers.pdl import pdl_enter, pdl_launch
+
 
 @triton.jit
-def _silu_and_mul_kernel(X, Out, n, stride_x, stride_o, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(X, Out, n, stride_x, stride_o, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)  # int64: row * stride can pass 2**31 in a long prefill
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < n
@@ -29,6 +32,6 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if x.shape[0] > 0:
         block = min(1024, triton.next_power_of_2(n))
         _silu_and_mul_kernel[(x.shape[0], triton.cdiv(n, block))](
-            x, out, n, x.stride(0), out.stride(0), BLOCK=block
+            x, out, n, x.stride(0), out.stride(0), BLOCK=block, **pdl_launch(x)
         )
     return out.reshape(*gate_up.shape[:-1], n)

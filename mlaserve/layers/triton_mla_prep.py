@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from mlaserve.kvcache.quant import TAIL_BYTES, is_quantized, quant_max
+from mlaserve.layers.pdl import pdl_enter, pdl_launch
 from mlaserve.layers.triton_rotary import cos_sin, rotated_halves
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -29,8 +30,9 @@ def _mla_prep_kernel(
     num_heads, eps, scaling, qmax,
     D_LAT: tl.constexpr, LAT_P2: tl.constexpr, NOPE: tl.constexpr, HALF: tl.constexpr, HALF_P2: tl.constexpr,
     BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr, QUANT: tl.constexpr, INT8: tl.constexpr,
-    NORM_DTYPE: tl.constexpr,
+    NORM_DTYPE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)  # int64: t * row stride can pass 2**31 in a long prefill
     cos, sin = cos_sin(Pos, InvFreq, t, stride_pos, scaling, HALF, HALF_P2)
     j = tl.arange(0, HALF_P2)
@@ -157,5 +159,5 @@ def mla_prep(
         D_LAT=d_lat, LAT_P2=triton.next_power_of_2(d_lat), NOPE=q_width - rope, HALF=half, HALF_P2=half_p2,
         BLOCK_H=block_h, INTERLEAVED=interleaved, QUANT=quantized, INT8=cache.dtype == torch.int8,
         NORM_DTYPE=_TL_DTYPES[torch.promote_types(norm_weight.dtype, kv.dtype)],
-        num_warps=4,
+        num_warps=4, **pdl_launch(q),
     )  # fmt: skip

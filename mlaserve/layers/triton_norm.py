@@ -11,17 +11,21 @@ import torch
 import triton
 import triton.language as tl
 
+from mlaserve.layers.pdl import pdl_enter, pdl_launch
+
 
 @triton.jit
 def _rms_norm_kernel(
     X, Res, W, Out, HOut,
     stride_x, stride_r, stride_o, stride_h,
     n_cols, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)  # int64: row * stride can pass 2**31 in a long prefill
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)  # a weight: read before the wait (pdl.py)
+    pdl_enter(PDL)
     x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(Res + row * stride_r + cols, mask=mask, other=0.0)
@@ -34,7 +38,6 @@ def _rms_norm_kernel(
     rstd = tl.rsqrt(tl.sum(x32 * x32, axis=0) / n_cols + eps)
     # The reference rounds the normalised row back to x's dtype before the weight multiply.
     normed = (x32 * rstd).to(X.dtype.element_ty).to(tl.float32)
-    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(Out + row * stride_o + cols, (normed * w).to(Out.dtype.element_ty), mask=mask)
 
 
@@ -74,6 +77,6 @@ def rms_norm(
             x2, x2 if r2 is None else r2, weight.contiguous(), out, out if h is None else h,
             x2.stride(0), 0 if r2 is None else r2.stride(0), out.stride(0), 0 if h is None else h.stride(0),
             n, eps,
-            HAS_RESIDUAL=h is not None, BLOCK_N=block_n, num_warps=_num_warps(block_n),
+            HAS_RESIDUAL=h is not None, BLOCK_N=block_n, num_warps=_num_warps(block_n), **pdl_launch(x2),
         )  # fmt: skip
     return out.view(shape), (None if h is None else h.view(shape))

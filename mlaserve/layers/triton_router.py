@@ -15,14 +15,17 @@ import torch
 import triton
 import triton.language as tl
 
+from mlaserve.layers.pdl import pdl_enter, pdl_launch
+
 GATE_MAX_TOKENS = 16  # past this cuBLAS's GEMM shares each weight tile between tokens
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
 def _gate_kernel(
     X, W, Logits, num_tokens, num_experts, hidden, stride_x,
-    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, TOKENS_P2: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, TOKENS_P2: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_enter(PDL)
     # Program = BLOCK_E experts for every token: each weight row is read once, the tokens' rows come from L2.
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     e_ok = e < num_experts
@@ -56,7 +59,7 @@ def gate_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     )  # [T, 4, K] product in registers
     _gate_kernel[(triton.cdiv(num_experts, 4),)](
         x, weight.contiguous(), logits, num_tokens, num_experts, hidden, x.stride(0),
-        BLOCK_E=4, BLOCK_K=block_k, TOKENS_P2=tokens_p2, num_warps=4,
+        BLOCK_E=4, BLOCK_K=block_k, TOKENS_P2=tokens_p2, num_warps=4, **pdl_launch(x),
     )  # fmt: skip
     return logits
 
@@ -65,8 +68,9 @@ def gate_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def _route_kernel(
     Logits, Bias, Weights, Ids, num_experts, scaling,
     TOP_K: tl.constexpr, TOPK_P2: tl.constexpr, SIGMOID: tl.constexpr, NORMALIZE: tl.constexpr,
-    BLOCK_E: tl.constexpr, NUM_SHARED: tl.constexpr, SHARED_P2: tl.constexpr,
+    BLOCK_E: tl.constexpr, NUM_SHARED: tl.constexpr, SHARED_P2: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     e_ok = e < num_experts
@@ -119,6 +123,6 @@ def route_greedy(
         logits.contiguous(), bias if bias is not None else logits, weights, ids, num_experts, scaling,
         TOP_K=top_k, TOPK_P2=triton.next_power_of_2(top_k), SIGMOID=bias is not None,
         NORMALIZE=normalize and top_k > 1, BLOCK_E=triton.next_power_of_2(num_experts),
-        NUM_SHARED=num_shared, SHARED_P2=triton.next_power_of_2(max(num_shared, 1)),
+        NUM_SHARED=num_shared, SHARED_P2=triton.next_power_of_2(max(num_shared, 1)), **pdl_launch(logits),
     )  # fmt: skip
     return weights, ids

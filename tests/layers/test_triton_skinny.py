@@ -1,19 +1,30 @@
-"""The skinny-GEMM Triton kernel against F.linear, under TRITON_INTERPRET=1 on CPU (tiny sizes).
+"""The skinny-GEMM Triton kernels against F.linear and einsum, under TRITON_INTERPRET=1 on CPU (tiny sizes).
 
-They run in fp16: the interpreter's tl.dot reads bf16 operands as garbage (6e10 for unit values), so bf16 is
-covered on the GPU (tests/gpu/test_skinny_linear.py)."""
+The tile kernel's cases run in fp16: the interpreter's tl.dot reads bf16 operands as garbage (6e10 for unit
+values), so bf16 is covered on the GPU (tests/gpu/test_skinny_linear.py). The GEMV kernel (up to GEMV_MAX_ROWS
+rows) has no tl.dot and runs in both."""
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-from mlaserve.layers.triton_skinny import skinny_linear, skinny_linear_reference  # noqa: E402
+from mlaserve.layers.triton_skinny import (  # noqa: E402
+    GEMV_MAX_ROWS,
+    LM_HEAD_WIDTH,
+    per_head,
+    per_head_reference,
+    skinny_linear,
+    skinny_linear_reference,
+)
 
 CASES = [
     # rows, out, in, weight dtype, bias
-    (1, 40, 64, torch.float16, False),
-    (3, 300, 72, torch.float16, True),  # several column blocks, K not a multiple of the K step
+    (1, 40, 64, torch.float16, False),  # GEMV kernel from here ...
+    (3, 300, 72, torch.bfloat16, True),  # several column blocks, K not a power of two
+    (4, 21, 2100, torch.float16, True),  # K past one 2,048-column block
+    (2, 5, 16, torch.bfloat16, False),  # fewer outputs than one block of rows
+    (2, LM_HEAD_WIDTH + 3, 16, torch.float16, False),  # ... but LM-head widths keep the tile kernel
     (16, 17, 300, torch.float16, False),  # a full row tile, K over one step
     (5, 9000, 24, torch.float16, False),  # the wide-column tiles of an LM head
 ]
@@ -37,6 +48,39 @@ def test_tile_override_gives_the_same_result() -> None:
     torch.testing.assert_close(
         skinny_linear(x, w, tile=(32, 64, 2, 2)), skinny_linear(x, w), rtol=1e-3, atol=1e-3
     )
+
+
+@pytest.mark.parametrize("rows", range(GEMV_MAX_ROWS + 1))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_per_head_matches_einsum(rows: int, dtype: torch.dtype) -> None:
+    """MLA's absorbed products: a strided query slice [T, H, nope] times [H, R, nope] per head, and back."""
+    gen = torch.Generator().manual_seed(rows)
+    heads, nope, rope, rank = 3, 24, 8, 40
+    q = torch.randn(rows, heads, nope + rope, generator=gen).to(dtype)
+    w = (torch.randn(heads, rank, nope, generator=gen) / nope**0.5).to(dtype)
+    got = per_head(q[..., :nope], w)
+    torch.testing.assert_close(
+        got.float(), per_head_reference(q[..., :nope], w).float(), rtol=2e-2, atol=2e-2
+    )
+    back = (torch.randn(heads, nope, rank, generator=gen) / rank**0.5).to(dtype)
+    torch.testing.assert_close(
+        per_head(got, back).float(), per_head_reference(got, back).float(), rtol=2e-2, atol=2e-2
+    )
+
+
+def test_per_head_refuses_what_it_cannot_run() -> None:
+    w = torch.randn(2, 8, 16, dtype=torch.float16)
+    with pytest.raises(ValueError, match="per_head: x \\(5, 2, 16\\)"):
+        per_head(torch.zeros(GEMV_MAX_ROWS + 1, 2, 16, dtype=torch.float16), w)
+    with pytest.raises(ValueError, match="float32"):
+        per_head(torch.zeros(1, 2, 16), w.float())
+
+
+def test_row_limits_agree_with_linear() -> None:
+    """linear.py keeps copies of the row limits so that CPU runs never import triton."""
+    from mlaserve.layers import linear, triton_skinny
+
+    assert (linear.GEMV_MAX_ROWS, linear.SKINNY_MAX_ROWS) == (GEMV_MAX_ROWS, triton_skinny.MAX_ROWS)
 
 
 def test_empty_too_many_rows_and_float32() -> None:

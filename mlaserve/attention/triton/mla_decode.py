@@ -22,11 +22,11 @@ for benchmarks; `decode_plan` says what a call would run.
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
 
 from mlaserve.attention.triton import dispatch
 from mlaserve.attention.triton.decode_rules import DecodeCall, DecodePlan, DecodeShape
 from mlaserve.kvcache.quant import is_quantized
+from mlaserve.layers.pdl import pdl_enter, pdl_launch
 
 LOG2E = 1.4426950408889634
 
@@ -140,8 +140,9 @@ def _stage1(
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
     TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr, PAGE_AHEAD: tl.constexpr,
-    WIDEN_BITS: tl.constexpr, LAT_TILE: tl.constexpr, ROPE_TILE: tl.constexpr,
+    WIDEN_BITS: tl.constexpr, LAT_TILE: tl.constexpr, ROPE_TILE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_enter(PDL)  # the cache row of this step's token comes from the kernel before (pdl.py)
     b = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     split = tl.program_id(2)
@@ -224,10 +225,8 @@ def _stage2(
     num_splits,
     D_LAT: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr, LAT_TILE: tl.constexpr,
 ):  # fmt: skip
-    # Launched early behind a split step that let it (the fp8-dot kernel): wait until that grid has finished and its
-    # partials are visible.
-    if PDL:
-        gdc_wait()
+    # Launched early behind the split step (pdl.py): wait until that grid has finished and its partials are visible.
+    pdl_enter(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
@@ -393,11 +392,12 @@ def launch(
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32", QUANTIZED=is_quantized(kv_cache.dtype),
             TILE_IN_PAGE=plan.tile_in_page, PREFETCH=plan.prefetch, Q_F16=plan.q_f16, PAGE_AHEAD=plan.page_ahead,
             WIDEN_BITS=plan.widen_bits, LAT_TILE=plan.lat_tile, ROPE_TILE=plan.rope_tile,
-            num_warps=plan.num_warps, num_stages=plan.num_stages,
+            num_warps=plan.num_warps, num_stages=plan.num_stages, **pdl_launch(q),
         )  # fmt: skip
     out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, heads, dtype=torch.float32, device=q.device)
-    merge_pdl = plan.pdl and plan.kernel == "gluon_fp8"
+    # The fp8-dot kernel's plan may ask for PDL on its own (its tuning); every kernel takes it where pdl.py does.
+    merge_pdl = (plan.pdl and plan.kernel == "gluon_fp8") or pdl_launch(q)["PDL"]
     _stage2[(batch, heads)](
         mid_o, mid_lse, out, lse,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
