@@ -45,6 +45,9 @@ burst         serve_vs_offline's 256-prompt burst offline, every step timed: dec
               8,192, prefill-first; a torch profile of one mixed step (prompt chunk beside running decodes)
 step_kernels  the lite workload at batch 1 and 32: walls (prefill alone and with 64 new tokens), one captured decode
               step's GPU time and its kernels by name (launches and microseconds per step)
+prefill_kernels the lite workload's prefill alone at batch 1 and 32: walls, GPU busy time against the wall, kernels
+              by name (torch.profiler)
+big_decode    a captured decode step at batch 64, 128 and 256 with 1,024-token contexts: GPU time and kernels
 host          where host time goes: torch.profiler over one batch-1 prefill of 512 tokens (CPU ops by self
               time, syncs, GPU busy time), and cProfile over the lite workload at batch 1 and 32 (functions by
               own time)
@@ -933,6 +936,74 @@ def step_kernels(tmp: Path) -> dict:
     return result
 
 
+def prefill_kernels(tmp: Path) -> dict:
+    """The lite workload's prefill alone (max_tokens=1) at batch 1 and 32: walls, then one run under torch.profiler:
+    the GPU's busy time (union of kernel spans) against the wall, and the kernels by name."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from mlaserve import SamplingParams
+
+    llm = lite_llm(tmp / "v2lite", max_num_seqs=256)
+    gen = torch.Generator().manual_seed(0)
+    first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    result = {}
+    for batch in (1, 32):
+        prompts, _ = lite_workload(llm, gen, batch)
+        walls = timed_walls(llm, prompts, first, 3)[0]
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            llm.generate(prompts, first, use_tqdm=False)
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t
+        llm.engine.kv_manager.reset_prefix_cache()
+        spans = sorted(
+            (e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA
+        )
+        busy, reach = 0.0, spans[0][0]
+        for start, end in spans:
+            busy += max(0.0, end - max(start, reach))
+            reach = max(reach, end)
+        rows = sorted(
+            (
+                (e.key, e.count, e.self_device_time_total)
+                for e in prof.key_averages()
+                if e.self_device_time_total > 0
+            ),
+            key=lambda r: -r[2],
+        )
+        result[f"batch{batch}"] = dict(
+            walls_s=walls, profiled_wall_s=wall, gpu_busy_ms=busy / 1e3, gpu_span_ms=(reach - spans[0][0]) / 1e3,
+            launches=sum(r[1] for r in rows), kernels=[[k[:100], c, round(us, 1)] for k, c, us in rows[:25]],
+        )  # fmt: skip
+        print(json.dumps({k: v for k, v in result[f"batch{batch}"].items() if k != "kernels"}), flush=True)
+        for k, c, us in rows[:25]:
+            print(f"  {us:9.1f} us {c:5d}x  {k[:90]}", flush=True)
+    return result
+
+
+def big_decode(tmp: Path) -> dict:
+    """A captured decode step at the mixed workload's batch sizes: 64, 128 and 256 sequences with 1,024-token
+    prompts decode 8 tokens each, then that size's graph is replayed on the last step's inputs: its GPU time and
+    kernels by name, beside the weight and KV bytes it must read."""
+    from mlaserve import SamplingParams
+
+    llm = lite_llm(tmp / "v2lite", max_num_seqs=256)
+    gen = torch.Generator().manual_seed(0)
+    result = {}
+    for batch in (64, 128, 256):
+        prompts = random_prompts(gen, batch, 1024)
+        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+        result[f"batch{batch}"] = dict(
+            graph_replay_ms=graph_replay_ms(llm, batch), kv_bytes=batch * 1032 * 27 * 576 * 2,
+            kernels=graph_kernels(llm, batch),
+        )  # fmt: skip
+        llm.engine.kv_manager.reset_prefix_cache()
+        print(f"batch {batch}: {result[f'batch{batch}']['graph_replay_ms']} ms", flush=True)
+    return result
+
+
 def host(tmp: Path) -> dict:
     import cProfile
     import pstats
@@ -1183,6 +1254,8 @@ def main() -> None:
                 "steps": lambda: steps(Path(tmp)),
                 "host": lambda: host(Path(tmp)),
                 "step_kernels": lambda: step_kernels(Path(tmp)),
+                "prefill_kernels": lambda: prefill_kernels(Path(tmp)),
+                "big_decode": lambda: big_decode(Path(tmp)),
                 "skinny": skinny,
                 "decode_timing": decode_timing,
                 "page_ahead": page_ahead,
