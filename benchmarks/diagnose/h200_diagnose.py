@@ -3,7 +3,8 @@
   python benchmarks/diagnose/h200_diagnose.py OUT.json [--sections moe,prefill_attn,steps]
 
 moe           fused MoE at V2-Lite expert shapes, 1 to 16,384 tokens: today's tile plan against forced tile
-              heights and the unfused activation, each checked against the per-expert loop; plus 128-row tiles
+              heights (64 and 128 also with torch's sort in place of the one-program sort) and the unfused
+              activation, each checked against the per-expert loop; plus 128-row tiles
 shared_moe    V2-Lite's MoE with its two shared experts stored after the routed ones (one grouped GEMM per
               projection, today's engine) against the shared MLP run apart as the engine ran it before (a
               merged gate/up linear, silu-and-mul, a down linear, added in the combine), 1 to 8,192 tokens,
@@ -88,7 +89,9 @@ def moe() -> dict:
     w2 = torch.randn(E, HID, INTER, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
     unfused = lambda t: F.silu(t)  # noqa: E731  (not F.silu itself: takes the unfused activation path)
     rows = []
-    for tokens in (1, 2, 8, 32, 256, 1024, 4096, 16384):
+    from mlaserve.layers import fused_moe
+
+    for tokens in (1, 8, 32, 256, 512, 1024, 2048, 4096, 16384):
         x = torch.randn(tokens, HID, device="cuda", dtype=torch.bfloat16, generator=g)
         ids = torch.rand(tokens, E, device="cuda", generator=g).topk(TOPK, dim=-1)[1]
         weights = torch.rand(tokens, TOPK, device="cuda", generator=g)
@@ -97,13 +100,18 @@ def moe() -> dict:
         variants = {"plan": (None, F.silu), "plan_unfused_act": (None, unfused)}
         for bm in (16, 64, 128):
             variants[f"sorted{bm}"] = (bm, F.silu)
+        # the same tile heights with the torch sort where the one-program sort would take them
+        variants |= {f"sorted{bm}_torch_sort": (bm, F.silu) for bm in (64, 128)}
+        limit = fused_moe.FUSED_SORT_MAX_PAIRS
         for name, (bm, act) in variants.items():
+            fused_moe.FUSED_SORT_MAX_PAIRS = 0 if name.endswith("torch_sort") else limit
             out = fused_experts(x, w13, w2, weights, ids, act, block_m=bm)
             if ref is not None:
                 row[f"{name}_rel_err"] = ((out.float() - ref).norm() / ref.norm()).item()
             row[f"{name}_ms"] = bench(
                 lambda bm=bm, act=act, x=x, w=weights, i=ids: fused_experts(x, w13, w2, w, i, act, block_m=bm)
             )
+        fused_moe.FUSED_SORT_MAX_PAIRS = limit
         rows.append(row)
         print(json.dumps(row), flush=True)
 

@@ -1,16 +1,28 @@
 #!/bin/bash
 # The lite section (DeepSeek-V2-Lite shape, batch 1 and 32) at several commits, one after another on one GPU, so a
-# change is measured against its base on the same machine. Needs git history: run it in a clone, on the GPU host.
-#   bash benchmarks/diagnose/lite_ab.sh OUT_DIR COMMIT [COMMIT ...]
-# Writes OUT_DIR/lite-COMMIT.json per commit (python benchmarks/gpu_suite.py --sections lite in a copy of that tree).
+# change is measured against its base on the same machine.
+#   bash benchmarks/diagnose/lite_ab.sh OUT_DIR REF [REF ...]
+# A REF is a commit (needs git history: run it in a clone) or a folder holding a tree (mlaserve, benchmarks,
+# pyproject.toml; `git archive COMMIT mlaserve benchmarks pyproject.toml | tar -x -C DIR` makes one where the GPU
+# host has no history), its commit in DIR/COMMIT. "." is the working tree.
+# Writes OUT_DIR/lite-NAME.json per REF (python benchmarks/gpu_suite.py --sections lite in that tree).
 set -u
 out=$(realpath "$1")
 shift
 mkdir -p "$out"
-for commit in "$@"; do
-  tree=$(mktemp -d)
-  git archive "$commit" mlaserve benchmarks pyproject.toml | tar -x -C "$tree"
+for ref in "$@"; do
+  if [ -d "$ref" ]; then
+    tree=$(realpath "$ref")
+    commit=$(cat "$tree/COMMIT" 2>/dev/null || echo "${MLASERVE_COMMIT:-unknown}")
+    name=$(basename "$tree")
+    [ "$ref" = "." ] && name=head
+  else
+    tree=$(mktemp -d)
+    git archive "$ref" mlaserve benchmarks pyproject.toml | tar -x -C "$tree"
+    commit=$ref
+    name=$ref
+  fi
   (cd "$tree" && PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" MLASERVE_COMMIT="$commit" \
-    python benchmarks/gpu_suite.py --sections lite --out "$out/lite-$commit.json" | grep "lite batch")
-  rm -rf "$tree"
+    python benchmarks/gpu_suite.py --sections lite --out "$out/lite-$name.json" | grep "lite batch" | sed "s/^/$name: /")
+  [ -d "$ref" ] || rm -rf "$tree"
 done
