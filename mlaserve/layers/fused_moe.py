@@ -94,10 +94,21 @@ def _sort_by_expert_kernel(
         tl.store(SortedIds + c, tl.full([1024], 0, tl.int64) + num_pairs, mask=c < capacity)
     tl.debug_barrier()  # the sentinel fill must land before the scatter overwrites part of it
     tl.store(SortedIds + dest, sorted_pair.to(tl.int64), mask=valid)
-    # A tile's expert is how many experts' padded runs end at or before its first slot: a binary search of the
-    # (non-decreasing) run ends, LOG_E gathers per tile instead of a tiles x experts comparison.
+    _store_tile_experts(TileExpert, padded_end, num_experts, num_tiles, 0, 1, BLOCK_E, BLOCK_M, LOG_E)
+
+
+@triton.jit
+def _store_tile_experts(
+    TileExpert, padded_end, num_experts, num_tiles, first, programs,
+    BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, LOG_E: tl.constexpr,
+):  # fmt: skip
+    """Every tile's expert (-1 past the last run), for the blocks of 1,024 tiles first, first + programs, ...
+
+    A tile's expert is how many experts' padded runs end at or before its first slot: a binary search of the
+    (non-decreasing) run ends, LOG_E gathers per tile instead of a tiles x experts comparison."""
+    e = tl.arange(0, BLOCK_E)
     ends = tl.where(e < num_experts, padded_end, 2147483647)
-    for t0 in range(0, num_tiles, 1024):
+    for t0 in range(first * 1024, num_tiles, programs * 1024):
         t = t0 + tl.arange(0, 1024)
         lo = tl.zeros([1024], tl.int32)  # experts [0, lo) have ended at the tile's slot
         hi = tl.zeros([1024], tl.int32) + BLOCK_E
@@ -109,10 +120,79 @@ def _sort_by_expert_kernel(
         tl.store(TileExpert + t, tl.where(lo < num_experts, lo, -1).to(tl.int32), mask=t < num_tiles)
 
 
-# The one program sorts in registers, so it stays for decode-sized batches; past a few thousand pairs (long
-# prefills) the torch version's parallel sort takes over. Both are checked against each other on the GPU by
+@triton.jit(do_not_specialize=["num_pairs"])
+def _chunk_counts_kernel(Ids, Counts, num_pairs, num_experts, CHUNK: tl.constexpr, BLOCK_E: tl.constexpr,
+                         PDL: tl.constexpr):  # fmt: skip
+    """Counts[c, e]: how many of chunk c's pairs go to expert e (the padding's bin, num_experts, is never read)."""
+    pdl_enter(PDL)
+    c = tl.program_id(0)
+    i = c * CHUNK + tl.arange(0, CHUNK)
+    expert = tl.load(Ids + i, mask=i < num_pairs, other=num_experts).to(tl.int32)
+    tl.store(Counts + c * BLOCK_E + tl.arange(0, BLOCK_E), tl.histogram(expert, BLOCK_E).to(tl.int32))
+
+
+@triton.jit(do_not_specialize=["num_pairs", "capacity", "num_tiles", "num_chunks"])
+def _chunk_scatter_kernel(
+    Ids, Counts, SortedIds, TileExpert, num_pairs, num_experts, capacity, num_tiles, num_chunks,
+    CHUNK: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, LOG_E: tl.constexpr, ROWS: tl.constexpr,
+    PAD_E: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """Program c places chunk c's pairs: each expert's run starts where the padded runs before it end, and a pair
+    lands after the same expert's pairs of earlier chunks and of its own chunk before it (the stable order). The
+    programs also share the sentinel padding and the tile experts between them."""
+    pdl_enter(PDL)
+    c = tl.program_id(0)
+    e = tl.arange(0, BLOCK_E)
+    total = tl.zeros([BLOCK_E], tl.int32)
+    before = tl.zeros([BLOCK_E], tl.int32)  # this expert's pairs in chunks before c
+    for r0 in range(0, num_chunks, ROWS):
+        r = r0 + tl.arange(0, ROWS)
+        rows = tl.load(Counts + r[:, None] * BLOCK_E + e[None, :], mask=(r < num_chunks)[:, None], other=0)
+        total += tl.sum(rows, 0)
+        before += tl.sum(tl.where((r < c)[:, None], rows, 0), 0)
+    total = tl.where(e < num_experts, total, 0)
+    padded = (total + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    padded_end = tl.cumsum(padded, 0)
+    start = padded_end - padded
+
+    i = c * CHUNK + tl.arange(0, CHUNK)
+    valid = i < num_pairs
+    expert = tl.load(Ids + i, mask=valid, other=num_experts).to(tl.int32)
+    onehot = (expert[:, None] == e[None, :]).to(tl.int32)
+    rank = tl.sum(tl.cumsum(onehot, 0) * onehot, 1) - 1  # earlier pairs of the same expert in this chunk
+    dest = tl.gather(start + before, tl.minimum(expert, BLOCK_E - 1), 0) + rank
+    tl.store(SortedIds + dest, i.to(tl.int64), mask=valid)
+
+    # The sentinel where a run's pairs end before its padded end (PAD_E experts a step), and after the last run:
+    # disjoint from every pair's slot, so no program waits for another.
+    j = tl.arange(0, BLOCK_M)
+    for e0 in range(c * PAD_E, BLOCK_E, num_chunks * PAD_E):
+        ee = e0 + tl.arange(0, PAD_E)
+        first = tl.gather(start + total, ee, 0)
+        count = tl.gather(padded - total, ee, 0)
+        mask = (j[None, :] < count[:, None]) & (ee < num_experts)[:, None]
+        tl.store(
+            SortedIds + first[:, None] + j[None, :],
+            tl.full([PAD_E, BLOCK_M], 0, tl.int64) + num_pairs,
+            mask=mask,
+        )
+    for s0 in range(tl.sum(padded, 0) + c * 1024, capacity, num_chunks * 1024):
+        s = s0 + tl.arange(0, 1024)
+        tl.store(SortedIds + s, tl.full([1024], 0, tl.int64) + num_pairs, mask=s < capacity)
+    _store_tile_experts(
+        TileExpert, padded_end, num_experts, num_tiles, c, num_chunks, BLOCK_E, BLOCK_M, LOG_E
+    )
+
+
+# The one program sorts in registers: decode-sized batches. Past ONE_PROGRAM_MAX_PAIRS its bitonic sort is slow
+# (90 us per MoE layer at a 512-token prompt's 4,096 pairs on an H200, a sixth of the layer), and two launches over
+# chunks of pairs take over: per-chunk expert counts, then each chunk's pairs scattered to their places (a
+# counting sort, stable as the argsort). Past FUSED_SORT_MAX_PAIRS, or where every program would read too many
+# chunk counts, the torch version's parallel sort. All are checked against each other on the GPU by
 # benchmarks/gpu_suite.py's moe section (through fused_experts) and on CPU by tests/layers/test_fused_moe.py.
-FUSED_SORT_MAX_PAIRS = 4096
+ONE_PROGRAM_MAX_PAIRS = 1024
+FUSED_SORT_MAX_PAIRS = 65536
+MAX_CHUNK_COUNTS = 65536  # chunks x expert bins every scatter program reads
 
 
 def sort_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,12 +200,26 @@ def sort_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[t
 
     One Triton launch for decode-sized batches, the torch version (sort_by_expert_reference) otherwise."""
     num_pairs = ids.numel()
-    if num_pairs == 0 or num_pairs > FUSED_SORT_MAX_PAIRS:
+    block_e = triton.next_power_of_2(num_experts + 1)
+    chunk = max(16, 16384 // block_e)  # the scatter's [chunk, experts] one-hot stays in registers
+    chunks = triton.cdiv(num_pairs, chunk)
+    if num_pairs == 0 or num_pairs > FUSED_SORT_MAX_PAIRS or chunks * block_e > MAX_CHUNK_COUNTS:
         return sort_by_expert_reference(ids, num_experts, block_m)
     capacity = _capacity(num_pairs, num_experts, block_m)
     sorted_ids = torch.empty(capacity, dtype=torch.int64, device=ids.device)
     tile_expert = torch.empty(capacity // block_m, dtype=torch.int32, device=ids.device)
-    block_e = triton.next_power_of_2(num_experts + 1)
+    if num_pairs > ONE_PROGRAM_MAX_PAIRS:
+        flat = ids.flatten()
+        counts = torch.empty(chunks, block_e, dtype=torch.int32, device=ids.device)
+        _chunk_counts_kernel[(chunks,)](
+            flat, counts, num_pairs, num_experts, CHUNK=chunk, BLOCK_E=block_e, **pdl_launch(ids)
+        )
+        _chunk_scatter_kernel[(chunks,)](
+            flat, counts, sorted_ids, tile_expert, num_pairs, num_experts, capacity, capacity // block_m, chunks,
+            CHUNK=chunk, BLOCK_E=block_e, BLOCK_M=block_m, LOG_E=block_e.bit_length(),
+            ROWS=max(1, 8192 // block_e), PAD_E=min(block_e, 8192 // block_m), num_warps=8, **pdl_launch(ids),
+        )  # fmt: skip
+        return sorted_ids, tile_expert
     _sort_by_expert_kernel[(1,)](
         ids.flatten(), sorted_ids, tile_expert, num_pairs, num_experts, capacity, capacity // block_m,
         BLOCK_P=triton.next_power_of_2(num_pairs), BLOCK_E=block_e, BLOCK_M=block_m,

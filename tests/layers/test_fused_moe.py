@@ -77,9 +77,13 @@ def test_sort_by_expert_pads_each_expert_to_whole_tiles():
         (5, 160, 8, 16),
         (40, 4, 2, 64),
         pytest.param(430, 256, 8, 4, marks=pytest.mark.slow),  # 15 s under the interpreter
+        # past ONE_PROGRAM_MAX_PAIRS: chunk counts, then the scatter (13 chunks of 128; 41 of 32 with 257 bins)
+        (200, 64, 8, 64),
+        (161, 256, 8, 16),
+        (1100, 3, 1, 128),  # few experts, long runs over many chunks
     ],
 )
-def test_one_launch_sort_equals_the_torch_version(tokens, experts, top_k, block_m):
+def test_fused_sort_equals_the_torch_version(tokens, experts, top_k, block_m):
     gen = torch.Generator().manual_seed(tokens + experts)
     ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
     got = sort_by_expert(ids, experts, block_m)
