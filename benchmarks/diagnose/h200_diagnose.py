@@ -3,7 +3,7 @@
   python benchmarks/diagnose/h200_diagnose.py OUT.json [--sections moe,prefill_attn,steps]
 
 moe           fused MoE at V2-Lite expert shapes, 1 to 16,384 tokens: today's tile plan against forced tile
-              heights (64 and 128 also with torch's sort in place of the one-program sort) and the unfused
+              heights (64 and 128 also with torch's sort in place of ours) and the unfused
               activation, each checked against the per-expert loop; plus 128-row tiles
 shared_moe    V2-Lite's MoE with its two shared experts stored after the routed ones (one grouped GEMM per
               projection, today's engine) against the shared MLP run apart as the engine ran it before (a
@@ -102,16 +102,16 @@ def moe() -> dict:
             variants[f"sorted{bm}"] = (bm, F.silu)
         # the same tile heights with the torch sort where the one-program sort would take them
         variants |= {f"sorted{bm}_torch_sort": (bm, F.silu) for bm in (64, 128)}
-        limit = fused_moe.FUSED_SORT_MAX_PAIRS
+        limit = fused_moe.MAX_CHUNKS
         for name, (bm, act) in variants.items():
-            fused_moe.FUSED_SORT_MAX_PAIRS = 0 if name.endswith("torch_sort") else limit
+            fused_moe.MAX_CHUNKS = 0 if name.endswith("torch_sort") else limit
             out = fused_experts(x, w13, w2, weights, ids, act, block_m=bm)
             if ref is not None:
                 row[f"{name}_rel_err"] = ((out.float() - ref).norm() / ref.norm()).item()
             row[f"{name}_ms"] = bench(
                 lambda bm=bm, act=act, x=x, w=weights, i=ids: fused_experts(x, w13, w2, w, i, act, block_m=bm)
             )
-        fused_moe.FUSED_SORT_MAX_PAIRS = limit
+        fused_moe.MAX_CHUNKS = limit
         rows.append(row)
         print(json.dumps(row), flush=True)
 

@@ -187,12 +187,12 @@ def _chunk_scatter_kernel(
 # The one program sorts in registers: decode-sized batches. Past ONE_PROGRAM_MAX_PAIRS its bitonic sort is slow
 # (90 us per MoE layer at a 512-token prompt's 4,096 pairs on an H200, a sixth of the layer), and two launches over
 # chunks of pairs take over: per-chunk expert counts, then each chunk's pairs scattered to their places (a
-# counting sort, stable as the argsort). Past FUSED_SORT_MAX_PAIRS, or where every program would read too many
-# chunk counts, the torch version's parallel sort. All are checked against each other on the GPU by
-# benchmarks/gpu_suite.py's moe section (through fused_experts) and on CPU by tests/layers/test_fused_moe.py.
+# counting sort, stable as the argsort): 12 us at those 4,096 pairs (32 chunks). Every scatter program reads all
+# chunks' counts, so the cost grows with the square of the chunks: at 512 chunks (65,536 pairs) it took 133 us,
+# no faster than torch's sort, which takes over past MAX_CHUNKS. All are checked against each other on the GPU
+# (tests/gpu/test_fused_moe_on_gpu.py) and on CPU (tests/layers/test_fused_moe.py).
 ONE_PROGRAM_MAX_PAIRS = 1024
-FUSED_SORT_MAX_PAIRS = 65536
-MAX_CHUNK_COUNTS = 65536  # chunks x expert bins every scatter program reads
+MAX_CHUNKS = 128
 
 
 def sort_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,7 +203,7 @@ def sort_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[t
     block_e = triton.next_power_of_2(num_experts + 1)
     chunk = max(16, 16384 // block_e)  # the scatter's [chunk, experts] one-hot stays in registers
     chunks = triton.cdiv(num_pairs, chunk)
-    if num_pairs == 0 or num_pairs > FUSED_SORT_MAX_PAIRS or chunks * block_e > MAX_CHUNK_COUNTS:
+    if num_pairs == 0 or chunks > MAX_CHUNKS:
         return sort_by_expert_reference(ids, num_experts, block_m)
     capacity = _capacity(num_pairs, num_experts, block_m)
     sorted_ids = torch.empty(capacity, dtype=torch.int64, device=ids.device)
