@@ -924,11 +924,7 @@ def steps(tmp: Path) -> dict:
 
 
 def step_kernels(tmp: Path) -> dict:
-    from mlaserve import SamplingParams
-
-    llm = lite_llm(tmp / "v2lite", max_num_seqs=256)
-    gen = torch.Generator().manual_seed(0)
-    first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    llm, gen, first = lite_engine(tmp)
     result = {}
     for batch in (1, 32):
         prompts, params = lite_workload(llm, gen, batch)
@@ -944,17 +940,33 @@ def step_kernels(tmp: Path) -> dict:
     return result
 
 
+def gpu_busy(kernels: list) -> tuple[float, float, list]:
+    """(busy us: the union of the kernels' spans, span us from the first start to the last end, idle gaps as
+    (us, the kernel after it)) of (start, end, name) sorted by start."""
+    busy, gaps, reach = 0.0, [], kernels[0][0]
+    for start, end, name in kernels:
+        if start > reach:
+            gaps.append((start - reach, name))
+        busy += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return busy, reach - kernels[0][0], gaps
+
+
+def lite_engine(tmp: Path) -> tuple:
+    """(the V2-Lite engine, a seeded generator, greedy one-token params) for the lite-workload sections."""
+    from mlaserve import SamplingParams
+
+    llm = lite_llm(tmp / "v2lite", max_num_seqs=256)
+    return llm, torch.Generator().manual_seed(0), SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+
+
 def prefill_kernels(tmp: Path) -> dict:
     """The lite workload's prefill alone (max_tokens=1) at batch 1 and 32: walls, then one run under torch.profiler:
     the GPU's busy time (union of kernel spans) against the wall, and the kernels by name."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    from mlaserve import SamplingParams
-
-    llm = lite_llm(tmp / "v2lite", max_num_seqs=256)
-    gen = torch.Generator().manual_seed(0)
-    first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    llm, gen, first = lite_engine(tmp)
     result = {}
     for batch in (1, 32):
         prompts, _ = lite_workload(llm, gen, batch)
@@ -966,13 +978,13 @@ def prefill_kernels(tmp: Path) -> dict:
             torch.cuda.synchronize()
             wall = time.perf_counter() - t
         llm.engine.kv_manager.reset_prefix_cache()
-        spans = sorted(
-            (e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA
+        busy, span, _ = gpu_busy(
+            sorted(
+                (e.time_range.start, e.time_range.end, e.name)
+                for e in prof.events()
+                if e.device_type == DeviceType.CUDA
+            )
         )
-        busy, reach = 0.0, spans[0][0]
-        for start, end in spans:
-            busy += max(0.0, end - max(start, reach))
-            reach = max(reach, end)
         rows = sorted(
             (
                 (e.key, e.count, e.self_device_time_total)
@@ -982,7 +994,7 @@ def prefill_kernels(tmp: Path) -> dict:
             key=lambda r: -r[2],
         )
         result[f"batch{batch}"] = dict(
-            walls_s=walls, profiled_wall_s=wall, gpu_busy_ms=busy / 1e3, gpu_span_ms=(reach - spans[0][0]) / 1e3,
+            walls_s=walls, profiled_wall_s=wall, gpu_busy_ms=busy / 1e3, gpu_span_ms=span / 1e3,
             launches=sum(r[1] for r in rows), kernels=[[k[:100], c, round(us, 1)] for k, c, us in rows[:25]],
         )  # fmt: skip
         print(json.dumps({k: v for k, v in result[f"batch{batch}"].items() if k != "kernels"}), flush=True)
@@ -1139,12 +1151,7 @@ def overlap(tmp: Path) -> dict:
                     for e in events
                     if e.device_type == DeviceType.CUDA
                 )
-                busy, gaps, reach = 0.0, [], kernels[0][0]
-                for start, end, name in kernels:
-                    if start > reach:
-                        gaps.append((start - reach, name))
-                    busy += max(0.0, end - max(start, reach))
-                    reach = max(reach, end)
+                busy, span, gaps = gpu_busy(kernels)
                 host = {}
                 for e in events:
                     if e.device_type == DeviceType.CPU and e.name.startswith("cuda"):
@@ -1152,7 +1159,7 @@ def overlap(tmp: Path) -> dict:
                         host[e.name] = (total + e.cpu_time_total, count + 1)
                 row = dict(
                     batch=batch, async_scheduling=flag, walls_s=walls, tok_s=batch * 64 / sorted(walls)[1],
-                    lookahead_launches=launches[0] / 3, gpu_span_ms=(reach - kernels[0][0]) / 1e3,
+                    lookahead_launches=launches[0] / 3, gpu_span_ms=span / 1e3,
                     gpu_busy_ms=busy / 1e3, gaps_over_20us=sum(1 for g, _ in gaps if g > 20),
                     gap_ms_over_20us=sum(g for g, _ in gaps if g > 20) / 1e3,
                     largest_gaps=[[round(g), n[:60]] for g, n in sorted(gaps, reverse=True)[:12]],
