@@ -198,7 +198,8 @@ MAX_CHUNKS = 128
 def sort_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(sorted pair ids padded per expert to block_m with the sentinel T*k, the expert of every tile or -1).
 
-    One Triton launch for decode-sized batches, the torch version (sort_by_expert_reference) otherwise."""
+    One Triton launch for decode-sized batches, two (the chunked counting sort) up to MAX_CHUNKS chunks of pairs,
+    the torch version (sort_by_expert_reference) past that."""
     num_pairs = ids.numel()
     block_e = triton.next_power_of_2(num_experts + 1)
     chunk = max(16, 16384 // block_e)  # the scatter's [chunk, experts] one-hot stays in registers

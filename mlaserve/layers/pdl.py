@@ -10,7 +10,8 @@ load them before `pdl_enter`. On an H200, chains of 48 such launches in one CUDA
 
 Why it is safe: every kernel launched this way calls `pdl_enter` before it reads or writes anything another kernel
 of the step touches, and the wait is for the predecessor's completion, which implies its own predecessors' (each of
-them waited too). A kernel launched without PDL (cuBLAS, torch) starts after its predecessor ends, as always.
+them waited too). What a kernel reads before the wait must be a weight: a parameter, written at load time, long
+before any step runs. A kernel launched without PDL (cuBLAS, torch) starts after its predecessor ends, as always.
 
 Off on the CPU interpreter, before sm_90, and with MLASERVE_PDL=0 (for A/B timing).
 """
