@@ -13,7 +13,7 @@ of the step touches, and the wait is for the predecessor's completion, which imp
 them waited too). What a kernel reads before the wait must be a weight: a parameter, written at load time, long
 before any step runs. A kernel launched without PDL (cuBLAS, torch) starts after its predecessor ends, as always.
 
-Off on the CPU interpreter, before sm_90, and with MLASERVE_PDL=0 (for A/B timing).
+Off on the CPU interpreter, on ROCm, before sm_90, and with MLASERVE_PDL=0 (for A/B timing).
 """
 
 import functools
@@ -28,6 +28,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 @functools.cache
 def _device_pdl(index: int) -> bool:
     if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("MLASERVE_PDL", "1") == "0":
+        return False
+    if torch.version.hip is not None:  # griddepcontrol is NVIDIA's; ROCm reports gfx9 as capability 9
         return False
     return torch.cuda.get_device_capability(index)[0] >= 9
 
