@@ -363,6 +363,7 @@ def launch(
     sizes = (heads, scale * LOG2E, num_splits)
     args = (q, q_pe, *tensors, q.stride(0), q.stride(1), q_pe.stride(0), q_pe.stride(1), *strides, *sizes)
     grid = (batch, triton.cdiv(heads, plan.block_h), num_splits)
+    pdl = pdl_launch(q)  # the Triton split step's and the merge's launch options (pdl.py)
     if plan.kernel == "gluon_fp8":
         from mlaserve.attention.triton.fp8_query import split_queries
         from mlaserve.attention.triton.mla_decode_fp8 import stage1_fp8, tma_descriptors
@@ -392,12 +393,12 @@ def launch(
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32", QUANTIZED=is_quantized(kv_cache.dtype),
             TILE_IN_PAGE=plan.tile_in_page, PREFETCH=plan.prefetch, Q_F16=plan.q_f16, PAGE_AHEAD=plan.page_ahead,
             WIDEN_BITS=plan.widen_bits, LAT_TILE=plan.lat_tile, ROPE_TILE=plan.rope_tile,
-            num_warps=plan.num_warps, num_stages=plan.num_stages, **pdl_launch(q),
+            num_warps=plan.num_warps, num_stages=plan.num_stages, **pdl,
         )  # fmt: skip
     out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, heads, dtype=torch.float32, device=q.device)
     # The fp8-dot kernel's plan may ask for PDL on its own (its tuning); every kernel takes it where pdl.py does.
-    merge_pdl = (plan.pdl and plan.kernel == "gluon_fp8") or pdl_launch(q)["PDL"]
+    merge_pdl = (plan.pdl and plan.kernel == "gluon_fp8") or pdl["PDL"]
     _stage2[(batch, heads)](
         mid_o, mid_lse, out, lse,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
