@@ -1249,6 +1249,97 @@ def _profile_mixed_step(llm, prompts: list, params, profile, activities) -> dict
     )
 
 
+def mixed_steps(tmp: Path) -> dict:
+    """The mixed section's bf16 workload (benchmarks/gpu_mixed.py), step by step. One run with every step timed
+    (synchronized, StepLog): the decode-only steps by batch size (mean ms, host ms until step() returns, this
+    thread's CPU ms) and how many ran as a graph replay; the prompt steps' tokens and ms. Then an unsynchronized run
+    with torch.profiler windows of a few steps at four points (prompt chunks, a large decode batch, a middle one,
+    the tail): wall, GPU busy time (union of kernel spans) and its gaps, kernels and host ops by time."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.gpu_mixed import workload
+    from mlaserve import SamplingParams
+
+    work = workload()
+    gen = torch.Generator().manual_seed(1)
+    prompts = [{"prompt_token_ids": torch.randint(0, 100000, (p,), generator=gen).tolist()} for p, _ in work]
+    params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for _, o in work]
+    llm = lite_llm(tmp / "v2lite", max_num_seqs=256)
+    llm.generate(prompts[:4], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    llm.engine.kv_manager.reset_prefix_cache()
+    graphs = llm.engine.runner.graphs
+    replays, run = [0], graphs.run
+
+    def counted(*args, **kwargs):
+        replays[0] += 1
+        return run(*args, **kwargs)
+
+    graphs.run = counted
+    t = time.perf_counter()
+    with StepLog(llm.engine) as log:
+        llm.generate(prompts, params, use_tqdm=False)
+    wall = time.perf_counter() - t
+    del graphs.run
+    llm.engine.kv_manager.reset_prefix_cache()
+    result = dict(synced_wall_s=wall, graph_replays=replays[0], **{k: v for k, v in log.summary().items()
+                  if k in ("steps", "decode_steps", "decode_ms", "prefill_steps", "prefill_ms", "prefill_tokens",
+                           "compiles", "stalls", "full_collections")})  # fmt: skip
+    buckets = {}
+    for s in log.steps:
+        if s["tokens"] != s["seqs"]:
+            continue
+        key = next(b for b in (8, 16, 32, 64, 128, 192, 256) if s["seqs"] <= b)
+        rows = buckets.setdefault(key, [])
+        rows.append((s["ms"], s["host_ms"], s["cpu_ms"]))
+    result["decode_by_batch_upto"] = {
+        k: dict(steps=len(v), ms=sum(r[0] for r in v) / len(v), host_ms=sum(r[1] for r in v) / len(v),
+                cpu_ms=sum(r[2] for r in v) / len(v))
+        for k, v in sorted(buckets.items())
+    }  # fmt: skip
+    result["prompt_steps"] = [(s["tokens"], s["seqs"], round(s["ms"], 1), round(s["host_ms"], 1))
+                              for s in log.steps if s["tokens"] != s["seqs"]]  # fmt: skip
+    print(json.dumps(result), flush=True)
+
+    engine, windows = llm.engine, {}
+    marks = {1: "prompt_chunks", 40: "decode_early", 150: "decode_middle", 350: "decode_tail"}
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        engine.add_request(prompt, p, request_id=f"mixed-{i}")
+    number, t = 0, time.perf_counter()
+    while engine.has_unfinished_requests():
+        if number in marks:
+            running = engine.scheduler.num_running
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for _ in range(6):
+                    engine.step()
+                torch.cuda.synchronize()
+                ms = (time.perf_counter() - start) * 1e3
+            number += 6
+            kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                             if e.device_type == DeviceType.CUDA)  # fmt: skip
+            busy, span, gaps = gpu_busy(kernels)
+            events = prof.key_averages()
+            gpu = sorted(events, key=lambda e: -e.self_device_time_total)
+            cpu = sorted(events, key=lambda e: -e.self_cpu_time_total)
+            windows[marks[number - 6]] = dict(
+                steps=6, running_before=running, wall_ms=ms, gpu_busy_ms=busy / 1e3, gpu_span_ms=span / 1e3,
+                gap_ms_over_20us=sum(g for g, _ in gaps if g > 20) / 1e3,
+                largest_gaps=[[round(g), n[:60]] for g, n in sorted(gaps, reverse=True)[:8]],
+                top_gpu=[[e.key[:90], e.count, round(e.self_device_time_total / 1e3, 3)] for e in gpu[:20]],
+                top_cpu=[[e.key[:80], e.count, round(e.self_cpu_time_total / 1e3, 3)] for e in cpu[:15]],
+            )  # fmt: skip
+            print(marks[number - 6], json.dumps(windows[marks[number - 6]]), flush=True)
+            continue
+        engine.step()
+        number += 1
+    torch.cuda.synchronize()
+    result["profiled_run_wall_s"] = time.perf_counter() - t
+    result["windows"] = windows
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -1271,6 +1362,7 @@ def main() -> None:
                 "step_kernels": lambda: step_kernels(Path(tmp)),
                 "prefill_kernels": lambda: prefill_kernels(Path(tmp)),
                 "big_decode": lambda: big_decode(Path(tmp)),
+                "mixed_steps": lambda: mixed_steps(Path(tmp)),
                 "skinny": skinny,
                 "decode_timing": decode_timing,
                 "page_ahead": page_ahead,
