@@ -66,10 +66,10 @@ def instrumented_module():
     source = patch(source, "stride_mlb, stride_mlh, P_BITS)  # fmt: skip\n",
                    "stride_mlb, stride_mlh, P_BITS)  # fmt: skip\n"
                    f"    gl.store(Times + cta * {SLOTS_PER_CTA} + 4 + 3 * c, {NOW})\n")  # fmt: skip
-    source = patch(source, "    num_heads, scale_log2, num_splits,\n    PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: "
+    source = patch(source, "    num_heads, scale_log2, num_splits, split_target,\n    PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: "
                    "gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,\n    PDL: gl.constexpr,\n):  # fmt: skip\n"
                    "    # Launched",
-                   "    num_heads, scale_log2, num_splits, Times,\n    PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: "
+                   "    num_heads, scale_log2, num_splits, split_target, Times,\n    PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: "
                    "gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,\n    PDL: gl.constexpr,\n):  # fmt: skip\n"
                    f"    b = gl.program_id(0)\n    {CTA}\n    gl.store(Times + cta * {SLOTS_PER_CTA}, {NOW})\n"
                    '    sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [b], dtype=gl.int32, '

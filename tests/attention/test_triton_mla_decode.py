@@ -53,6 +53,52 @@ def test_matches_reference(seq_lens, heads, page, splits):
     torch.testing.assert_close(lse, want_lse, atol=2e-5, rtol=2e-5)
 
 
+@triton.jit
+def _spans_kernel(SeqLens, Out, num_splits, split_target, BLOCK_N: tl.constexpr):
+    from mlaserve.attention.triton.mla_decode import _split_span
+
+    b, split = tl.program_id(0), tl.program_id(2)
+    start, end = _split_span(SeqLens, b, split, num_splits, split_target, BLOCK_N)
+    tl.store(Out + (b * num_splits + split) * 2, start)
+    tl.store(Out + (b * num_splits + split) * 2 + 1, end)
+
+
+def split_spans(
+    lens: list[int], num_splits: int, target: int, block_n: int = 16
+) -> list[list[tuple[int, int]]]:
+    """Each sequence's non-empty (start, end) slices as the decode kernels cut them."""
+    out = torch.zeros(len(lens), num_splits, 2, dtype=torch.int32)
+    _spans_kernel[(len(lens), 1, num_splits)](
+        torch.tensor(lens, dtype=torch.int32), out, num_splits, target, BLOCK_N=block_n
+    )
+    return [[(s, e) for s, e in row.tolist() if s < e] for row in out]
+
+
+@settings(max_examples=25, deadline=None, database=None)
+@given(
+    lens=st.lists(st.integers(1, 3000), min_size=1, max_size=12),
+    target=st.integers(1, 8),
+    room=st.integers(1, 4),
+)
+def test_splits_cover_each_sequence_by_its_share(lens, target, room):
+    """Every sequence's slices tile its rows in order, in whole tiles but the last, at most the grid's count; equal
+    lengths (in whole tiles per slice) take the target count each."""
+    grid = target * room
+    for n, slices in zip(lens, split_spans(lens, grid, target), strict=True):
+        assert slices[0][0] == 0 and slices[-1][1] == n
+        assert all(a[1] == b[0] for a, b in zip(slices, slices[1:]))
+        assert all((e - s) % 16 == 0 for s, e in slices[:-1])
+        assert 1 <= len(slices) <= grid
+    length = 16 * target * (lens[0] % 8 + 1)
+    assert [len(s) for s in split_spans([length] * 3, grid, target)] == [target] * 3
+
+
+def test_a_long_sequence_takes_more_slices_than_the_short_ones():
+    """The mixed workload's case: one sequence far longer than the rest takes room x target slices, the rest one."""
+    spans = split_spans([4000] + [500] * 15, 4, 1, block_n=64)
+    assert [len(s) for s in spans] == [4] + [1] * 15
+
+
 @pytest.mark.parametrize("name", ["deepseek_v2", "deepseek_v3"])
 def test_backend_runs_a_tiny_deepseek_like_the_reference(tmp_path, name):
     from mlaserve import LLM, SamplingParams

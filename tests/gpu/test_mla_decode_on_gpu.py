@@ -99,6 +99,38 @@ def test_many_heads_match_reference_eager_and_in_a_graph(batch, heads, page, ker
     )
 
 
+@pytest.mark.parametrize(
+    "heads, kv, kernel",
+    [
+        (16, "bf16", "triton"),
+        (128, "bf16", "gluon_wgmma"),
+        (16, "fp8_e4m3", "gluon_wgmma8"),
+        (16, "fp8_e4m3", "gluon_fp8"),
+        (16, "int8", "triton"),
+    ],
+)
+def test_uneven_lengths_take_splits_by_share(heads, kv, kernel):
+    """The mixed workload's shape of batch: many short contexts and a few long ones, the grid sized for a longer
+    max_model_len with room for the long ones to take more splits (decode_rules.grid_splits). Every kernel's
+    slices must still cover each context exactly once, eagerly and replayed."""
+    skip_gluon_off_hopper({"kernel": kernel})
+    gen = torch.Generator().manual_seed(heads)
+    lengths = torch.randint(16, 700, (40,), generator=gen).tolist()
+    lengths[3], lengths[17], lengths[30] = 4500, 1, 2900
+    q, cache, table, meta = paged_case(len(lengths), heads, lengths, PAGE, torch.bfloat16, seed=heads)
+    if kv != "bf16":
+        cache = quantize_rows(cache, QUANTIZED[kv])
+    plan = decode_plan(q, cache, 10240, LAT, ROPE, kernel=kernel)
+    assert plan.num_splits > plan.split_target or plan.num_splits == 64
+    check_eager_and_replayed(
+        q,
+        cache,
+        meta,
+        lambda: mla_decode_tuned(q, cache, table, meta.seq_lens, 10240, LAT, 0.07, kernel=kernel),
+        lse_atol=FP8_DOTS_LSE_ATOL if kernel == "gluon_fp8" else 2e-3,
+    )
+
+
 @pytest.mark.skipif(not HOPPER, reason="the Gluon split kernel needs sm_90")
 def test_wgmma_is_the_default_for_many_heads_on_hopper():
     q, cache, table, meta = paged_case(2, 128, [100, 200], 64, torch.bfloat16, seed=0)

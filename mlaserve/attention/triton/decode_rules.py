@@ -62,7 +62,11 @@ class DecodeDevice:
 @dataclasses.dataclass(frozen=True, slots=True)
 class DecodePlan:
     """How one call is launched: the kernel (a name in dispatch.DECODE_KERNELS), the grid's split count, the tile
-    and, for the Triton kernel, its padded widths and loop options (see mla_decode._stage1)."""
+    and, for the Triton kernel, its padded widths and loop options (see mla_decode._stage1).
+
+    split_target is the measured rules' split count, which a batch of equal lengths takes; the kernels give each
+    sequence its share of batch x split_target splits by its length (longer ones more, up to num_splits, the grid's
+    count). 0: num_splits (a count a benchmark names)."""
 
     kernel: str
     num_splits: int
@@ -79,6 +83,7 @@ class DecodePlan:
     tile_in_page: bool = True
     pdl: bool = False
     partial_dtype: torch.dtype = torch.float32
+    split_target: int = 0
 
 
 def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms: int, block_h: int) -> int:
@@ -101,6 +106,23 @@ def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms
 
     best = max(fill(n) for n in range(1, most + 1))
     return next(n for n in range(1, most + 1) if fill(n) >= 0.95 * best)
+
+
+# The partial outputs the grid's spare splits may claim (batch x heads x num_splits x kv_lora_rank float32).
+GRID_ROOM_BYTES = 256 << 20
+
+
+def grid_splits(target: int, batch: int, num_heads: int, kv_lora_rank: int, max_len: int) -> int:
+    """The grid's split count for a call whose target is `target` splits per sequence, when the sequences' lengths
+    under max_len are not known on the host (a CUDA graph is sized for max_model_len): room for a sequence up to four
+    times the batch's mean length to take four times the target, so it is not the one program left running. In
+    the mixed workload of benchmarks/gpu_mixed.py on an H200 (lengths 16 to 4,500 at batch 256, target 1), the
+    split step took 220 us per layer with the grid at the target: the longest sequence alone in one program. The
+    room is bounded by its partial outputs' memory and by 64 splits of at least 256 rows; programs past a
+    sequence's share exit at once."""
+    most = max(1, min(math.ceil(max_len / 256), 64))
+    spare = GRID_ROOM_BYTES // max(batch * num_heads * kv_lora_rank * 4, 1)
+    return max(target, min(most, 4 * target, spare))
 
 
 def fp8_dot_splits(batch: int, head_groups: int, max_len: int, sms: int) -> int:

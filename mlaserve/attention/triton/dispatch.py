@@ -224,7 +224,13 @@ def plan(
     if extra:
         raise ValueError(f"decode kernel {chosen.name!r} takes no {', '.join(sorted(extra))}; its tuning knobs: "
                          f"{', '.join(sorted(chosen.tunables)) or 'none'}")  # fmt: skip
-    return chosen.plan(shape, call, device, tuning)
+    planned = chosen.plan(shape, call, device, tuning)
+    if planned.kernel == "torch reference" or "num_splits" in tuning:
+        return planned
+    room = rules.grid_splits(
+        planned.num_splits, call.batch, shape.num_heads, shape.kv_lora_rank, call.max_seq_len
+    )
+    return dataclasses.replace(planned, num_splits=room, split_target=planned.num_splits)
 
 
 def describe(shape: DecodeShape, device: DecodeDevice) -> str:

@@ -132,11 +132,34 @@ def _attend_tile(
 # Ints that change from step to step are not specialized on (Triton would compile a variant for 1 and for
 # multiples of 16): a compile in the middle of serving costs about a second. The per-head LSE stride is the split
 # count, which an eager mixed step picks from its own batch.
-@triton.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits"])
+@triton.jit
+def _split_span(SeqLens, b, split, num_splits, split_target, BLOCK_N: tl.constexpr):
+    """Rows [start, end) of sequence b that split `split` covers (empty past the sequence's share of splits).
+
+    The batch takes batch x split_target splits, each sequence its share by length: round(split_target x its length
+    / the mean length), at least 1 and at most num_splits (the grid's), its rows spread evenly over them in whole
+    tiles. Equal lengths take split_target each, as the measured rules do; a sequence four times the mean length
+    takes four times as many, so it does not run alone at the end. A CUDA graph sizes the grid for max_model_len
+    (decode_rules.grid_splits), so the lengths are read here: all of them, from the device."""
+    seq_len = tl.load(SeqLens + b)
+    batch = tl.num_programs(0)
+    idx = tl.arange(0, 512)
+    total = tl.sum(tl.load(SeqLens + idx, mask=idx < batch, other=0).to(tl.int64), 0)
+    for i in range(512, batch, 512):  # batches past 512 rows
+        total += tl.sum(tl.load(SeqLens + i + idx, mask=i + idx < batch, other=0).to(tl.int64), 0)
+    total = tl.maximum(total, 1)
+    share = (2 * seq_len.to(tl.int64) * batch * split_target + total) // (2 * total)
+    count = tl.minimum(tl.maximum(share, 1), num_splits).to(tl.int32)
+    split_len = tl.cdiv(tl.cdiv(seq_len, count), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    return start, tl.minimum(start + split_len, seq_len)
+
+
+@triton.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits", "split_target"])
 def _stage1(
     Q, QPe, KV, BlockTable, SeqLens, MidO, MidLse,
     stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
-    num_heads, scale_log2, num_splits,
+    num_heads, scale_log2, num_splits, split_target,
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
     TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr, PAGE_AHEAD: tl.constexpr,
@@ -147,12 +170,7 @@ def _stage1(
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     split = tl.program_id(2)
     head_ok = heads < num_heads
-    seq_len = tl.load(SeqLens + b)
-    # Each sequence spreads its own length over the splits: a CUDA graph sizes the split count for max_model_len,
-    # and slicing by that length would leave a short sequence's whole context to one or two programs.
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * split_len
-    end = tl.minimum(start + split_len, seq_len)
+    start, end = _split_span(SeqLens, b, split, num_splits, split_target, BLOCK_N)
     d = tl.arange(0, LAT_TILE)
     r = tl.arange(0, ROPE_TILE)
     q_ok = _mask(head_ok, d, D_LAT, LAT_TILE)
@@ -214,7 +232,7 @@ def _stage1(
         has, m + tl.log2(tl.where(has, l_sum, 1.0)), float("-inf")
     )  # base-2 LSE; -inf for an empty split
     mo = MidO + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + d[None, :]
-    tl.store(mo, out.to(MidO.dtype.element_ty), mask=q_ok)
+    tl.store(mo, out.to(MidO.dtype.element_ty), mask=q_ok & has[:, None])  # the merge skips empty splits
     tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse2, mask=head_ok)
 
 
@@ -236,9 +254,10 @@ def _stage2(
     w = tl.where(s_ok, tl.exp2(lse2 - top), 0.0)
     total = tl.sum(w, 0)
     d = tl.arange(0, LAT_TILE)
+    # Splits past a sequence's share are empty (LSE -inf) and may not have written their partial output.
     parts = tl.load(
         MidO + b * stride_mob + h * stride_moh + s[:, None] * stride_mos + d[None, :],
-        mask=_mask(s_ok, d, D_LAT, LAT_TILE),
+        mask=_mask(s_ok & (lse2 > float("-inf")), d, D_LAT, LAT_TILE),
         other=0.0,
     ).to(tl.float32)
     out = tl.sum(parts * (w / total)[:, None], 0)
@@ -360,7 +379,7 @@ def launch(
     tensors = (kv, block_table, seq_lens, mid_o, mid_lse)
     strides = (kv.stride(0), block_table.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
                mid_lse.stride(0), mid_lse.stride(1))  # fmt: skip
-    sizes = (heads, scale * LOG2E, num_splits)
+    sizes = (heads, scale * LOG2E, num_splits, plan.split_target or num_splits)
     args = (q, q_pe, *tensors, q.stride(0), q.stride(1), q_pe.stride(0), q_pe.stride(1), *strides, *sizes)
     grid = (batch, triton.cdiv(heads, plan.block_h), num_splits)
     pdl = pdl_launch(q)  # the Triton split step's and the merge's launch options (pdl.py)

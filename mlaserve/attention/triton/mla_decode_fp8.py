@@ -284,7 +284,7 @@ def _scores(
 
 
 @gluon.jit
-def _producer(KV, DescLat, DescPe, DescTail, BlockTable, SeqLens, stride_kv, stride_bt, num_splits, k_ring, pe_ring,
+def _producer(KV, DescLat, DescPe, DescTail, BlockTable, SeqLens, stride_kv, stride_bt, num_splits, split_target, k_ring, pe_ring,
               tail_ring, ready, empty, PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr,
               BLOCK_N: gl.constexpr):  # fmt: skip
     """Copy the split's tiles into the ring in order, each once its slot's consumer has released the tile SLOTS before.
@@ -295,7 +295,7 @@ def _producer(KV, DescLat, DescPe, DescTail, BlockTable, SeqLens, stride_kv, str
     rows: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16-byte copies
     b = gl.program_id(0)
     split = gl.program_id(2)
-    start, end = _split_range(SeqLens, b, split, num_splits, BLOCK_N)
+    start, end = _split_range(SeqLens, b, split, num_splits, split_target, BLOCK_N, gl.SliceLayout(1, rows))
     tiles = gl.cdiv(end - start, BLOCK_N)
     pages = BlockTable + b * stride_bt
     page = gl.load(pages + start // PAGE, mask=start < end, other=0)
@@ -315,7 +315,7 @@ def _consumer(
     c: gl.constexpr,
     Terms, Scales, q_ready, SeqLens, MidO, MidLse,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
-    num_heads, scale_log2, num_splits,
+    num_heads, scale_log2, num_splits, split_target,
     k_ring, pe_ring, tail_ring, ready, empty, q_s, qpe_s, p_his, p_los, m_l, state_ready,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
     PDL: gl.constexpr,
@@ -337,7 +337,7 @@ def _consumer(
     b = gl.program_id(0)
     head0 = gl.program_id(1) * BLOCK_H
     split = gl.program_id(2)
-    start, end = _split_range(SeqLens, b, split, num_splits, BLOCK_N)
+    start, end = _split_range(SeqLens, b, split, num_splits, split_target, BLOCK_N, gl.SliceLayout(1, scores))
     tiles = gl.cdiv(end - start, BLOCK_N)
     if PDL:  # the query terms and scales are the output of the grid this one was launched behind
         _wait_for_prior_grid()
@@ -432,11 +432,11 @@ def _consumer(
                        stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, P_BITS)  # fmt: skip
 
 
-@gluon.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits"])
+@gluon.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits", "split_target"])
 def stage1_fp8(
     Terms, Scales, KV, DescLat, DescPe, DescTail, BlockTable, SeqLens, MidO, MidLse,
     stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
-    num_heads, scale_log2, num_splits,
+    num_heads, scale_log2, num_splits, split_target,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
     PDL: gl.constexpr,
 ):  # fmt: skip
@@ -475,14 +475,14 @@ def stage1_fp8(
     _barrier()
     gl.warp_specialize(
         [
-            (_producer, (KV, DescLat, DescPe, DescTail, BlockTable, SeqLens, stride_kv, stride_bt, num_splits, k_ring,
+            (_producer, (KV, DescLat, DescPe, DescTail, BlockTable, SeqLens, stride_kv, stride_bt, num_splits, split_target, k_ring,
                          pe_ring, tail_ring, ready, empty, PAGE, D_LAT, D_ROPE, BLOCK_N)),
             (_consumer, (0, Terms, Scales, q_ready, SeqLens, MidO, MidLse, stride_mob, stride_moh, stride_mos,
-                         stride_mlb, stride_mlh, num_heads, scale_log2, num_splits, k_ring, pe_ring, tail_ring,
+                         stride_mlb, stride_mlh, num_heads, scale_log2, num_splits, split_target, k_ring, pe_ring, tail_ring,
                          ready, empty, q_s, qpe_s, p_his, p_los, m_l, state_ready, PAGE, D_LAT, D_ROPE, BLOCK_H,
                          BLOCK_N, PDL)),
             (_consumer, (1, Terms, Scales, q_ready, SeqLens, MidO, MidLse, stride_mob, stride_moh, stride_mos,
-                         stride_mlb, stride_mlh, num_heads, scale_log2, num_splits, k_ring, pe_ring, tail_ring,
+                         stride_mlb, stride_mlh, num_heads, scale_log2, num_splits, split_target, k_ring, pe_ring, tail_ring,
                          ready, empty, q_s, qpe_s, p_his, p_los, m_l, state_ready, PAGE, D_LAT, D_ROPE, BLOCK_H,
                          BLOCK_N, PDL)),
         ],

@@ -53,10 +53,19 @@ def _copy_tile(
 
 
 @gluon.jit
-def _split_range(SeqLens, b, split, num_splits, BLOCK_N: gl.constexpr):
-    """Rows [start, end) of sequence b that this split covers, as mla_decode._stage1 slices them."""
+def _split_range(SeqLens, b, split, num_splits, split_target, BLOCK_N: gl.constexpr, lens: gl.constexpr):
+    """Rows [start, end) of sequence b that this split covers, as mla_decode._split_span slices them (each
+    sequence's share of batch x split_target splits by its length). lens: a 1-D layout over the caller's warps."""
     seq_len = gl.load(SeqLens + b)
-    split_len = gl.cdiv(gl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    batch = gl.num_programs(0)
+    idx = gl.arange(0, 512, layout=lens)
+    total = gl.sum(gl.load(SeqLens + idx, mask=idx < batch, other=0).to(gl.int64), 0)
+    for i in range(512, batch, 512):  # batches past 512 rows
+        total += gl.sum(gl.load(SeqLens + i + idx, mask=i + idx < batch, other=0).to(gl.int64), 0)
+    total = gl.maximum(total, 1)
+    share = (2 * seq_len.to(gl.int64) * batch * split_target + total) // (2 * total)
+    count = gl.minimum(gl.maximum(share, 1), num_splits).to(gl.int32)
+    split_len = gl.cdiv(gl.cdiv(seq_len, count), BLOCK_N) * BLOCK_N
     start = split * split_len
     return start, gl.minimum(start + split_len, seq_len)
 
@@ -80,11 +89,11 @@ def _load_queries(
     return q, q_pe
 
 
-@gluon.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits"])
+@gluon.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits", "split_target"])
 def stage1_wgmma(
     Q, QPe, KV, BlockTable, SeqLens, MidO, MidLse,
     stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
-    num_heads, scale_log2, num_splits,
+    num_heads, scale_log2, num_splits, split_target,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
 ):  # fmt: skip
     # Launched with 8 warps (two warpgroups), BLOCK_H = 64 (one wgmma M) and BLOCK_N = 64 rows, any PAGE.
@@ -102,7 +111,7 @@ def stage1_wgmma(
     b = gl.program_id(0)
     head0 = gl.program_id(1) * BLOCK_H
     split = gl.program_id(2)
-    start, end = _split_range(SeqLens, b, split, num_splits, BLOCK_N)
+    start, end = _split_range(SeqLens, b, split, num_splits, split_target, BLOCK_N, gl.SliceLayout(1, rows))
     q, q_pe = _load_queries(Q, QPe, b, head0, num_heads, stride_qb, stride_qh, stride_pb, stride_ph,
                             BLOCK_H, D_LAT, D_ROPE, rows)  # fmt: skip
     q_s = gl.allocate_shared_memory(q.dtype, [BLOCK_H, D_LAT], smem, q)
@@ -162,6 +171,6 @@ def stage1_wgmma(
     o_heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, outs))
     o_cols = gl.arange(0, D_LAT, layout=gl.SliceLayout(0, outs))
     mo = MidO + b * stride_mob + o_heads[:, None] * stride_moh + split * stride_mos + o_cols[None, :]
-    gl.store(mo, out.to(MidO.dtype.element_ty), mask=(o_heads < num_heads)[:, None])
+    gl.store(mo, out.to(MidO.dtype.element_ty), mask=(o_heads < num_heads)[:, None] & (start < end))
     l_heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, scores))
     gl.store(MidLse + b * stride_mlb + l_heads * stride_mlh + split, lse2, mask=l_heads < num_heads)

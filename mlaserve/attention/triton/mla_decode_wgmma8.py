@@ -108,11 +108,11 @@ def _store_partials(
     _store_lse(MidLse, lse2, b, head0, split, num_heads, stride_mlb, stride_mlh)
 
 
-@gluon.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits"])
+@gluon.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits", "split_target"])
 def stage1_wgmma8(
     Q, QPe, KV, BlockTable, SeqLens, MidO, MidLse,
     stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
-    num_heads, scale_log2, num_splits,
+    num_heads, scale_log2, num_splits, split_target,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
 ):  # fmt: skip
     # Launched with 4 warps (one warpgroup), BLOCK_H = 16 heads, BLOCK_N = 64 rows, D_LAT = 4 * CHUNK, PAGE % 64 == 0.
@@ -129,7 +129,7 @@ def stage1_wgmma8(
     b = gl.program_id(0)
     head0 = gl.program_id(1) * BLOCK_H
     split = gl.program_id(2)
-    start, end = _split_range(SeqLens, b, split, num_splits, BLOCK_N)
+    start, end = _split_range(SeqLens, b, split, num_splits, split_target, BLOCK_N, gl.SliceLayout(1, rows))
     q_rows: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     q, q_pe = _load_queries(Q, QPe, b, head0, num_heads, stride_qb, stride_qh, stride_pb, stride_ph,
                             BLOCK_H, D_LAT, D_ROPE, q_rows)  # fmt: skip
