@@ -144,12 +144,13 @@ def _split_span(SeqLens, b, split, num_splits, split_target, BLOCK_N: tl.constex
     seq_len = tl.load(SeqLens + b)
     batch = tl.num_programs(0)
     idx = tl.arange(0, 512)
-    total = tl.sum(tl.load(SeqLens + idx, mask=idx < batch, other=0).to(tl.int64), 0)
+    total = tl.sum(tl.load(SeqLens + idx, mask=idx < batch, other=0), 0)
     for i in range(512, batch, 512):  # batches past 512 rows
-        total += tl.sum(tl.load(SeqLens + i + idx, mask=i + idx < batch, other=0).to(tl.int64), 0)
-    total = tl.maximum(total, 1)
-    share = (2 * seq_len.to(tl.int64) * batch * split_target + total) // (2 * total)
-    count = tl.minimum(tl.maximum(share, 1), num_splits).to(tl.int32)
+        total += tl.sum(tl.load(SeqLens + i + idx, mask=i + idx < batch, other=0), 0)
+    # round(split_target x seq_len / mean length), in float32: exact for equal lengths, no 64-bit products
+    mean = tl.maximum(total, 1).to(tl.float32) / batch
+    share = (seq_len.to(tl.float32) * split_target / mean + 0.5).to(tl.int32)
+    count = tl.minimum(tl.maximum(share, 1), num_splits)
     split_len = tl.cdiv(tl.cdiv(seq_len, count), BLOCK_N) * BLOCK_N
     start = split * split_len
     return start, tl.minimum(start + split_len, seq_len)

@@ -59,12 +59,13 @@ def _split_range(SeqLens, b, split, num_splits, split_target, BLOCK_N: gl.conste
     seq_len = gl.load(SeqLens + b)
     batch = gl.num_programs(0)
     idx = gl.arange(0, 512, layout=lens)
-    total = gl.sum(gl.load(SeqLens + idx, mask=idx < batch, other=0).to(gl.int64), 0)
+    total = gl.sum(gl.load(SeqLens + idx, mask=idx < batch, other=0), 0)
     for i in range(512, batch, 512):  # batches past 512 rows
-        total += gl.sum(gl.load(SeqLens + i + idx, mask=i + idx < batch, other=0).to(gl.int64), 0)
-    total = gl.maximum(total, 1)
-    share = (2 * seq_len.to(gl.int64) * batch * split_target + total) // (2 * total)
-    count = gl.minimum(gl.maximum(share, 1), num_splits).to(gl.int32)
+        total += gl.sum(gl.load(SeqLens + i + idx, mask=i + idx < batch, other=0), 0)
+    # round(split_target x seq_len / mean length), in float32: exact for equal lengths, no 64-bit products
+    mean = gl.maximum(total, 1).to(gl.float32) / batch
+    share = (seq_len.to(gl.float32) * split_target / mean + 0.5).to(gl.int32)
+    count = gl.minimum(gl.maximum(share, 1), num_splits)
     split_len = gl.cdiv(gl.cdiv(seq_len, count), BLOCK_N) * BLOCK_N
     start = split * split_len
     return start, gl.minimum(start + split_len, seq_len)
