@@ -31,6 +31,7 @@ from mlaserve.layers.rotary import RotaryEmbedding, rope_frequencies
 from mlaserve.parallel import ParallelContext
 
 _PREP_KERNEL = ("mlaserve.layers.triton_mla_prep", "mla_prep")
+_PREFILL_KV_KERNEL = ("mlaserve.layers.triton_prefill_kv", "prefill_kv")
 _PER_HEAD_KERNEL = ("mlaserve.layers.triton_skinny", "per_head")
 
 
@@ -216,6 +217,11 @@ class MLAAttention(nn.Module):
         context = self.backend.gather_prefill_context(kv_cache, meta, q.dtype)[:, 0]  # [S, R + P]
         latent, k_pe = context.split([self.kv_lora_rank, self.rope_dim], dim=-1)
         kv = self.kv_b_proj(latent).view(context.shape[0], self.num_heads, self.nope_dim + self.v_dim)
+        kernel = kernel_for(*_PREFILL_KV_KERNEL, kv, k_pe)
+        if kernel is not None and self.v_dim <= self.nope_dim + self.rope_dim:
+            # K and V in one pass, V zero-padded to K's width as flash attention's varlen call takes them
+            k, v = kernel(kv, k_pe, self.nope_dim)
+            return self.backend.prefill(q, k, v, meta, self.scale)[..., : self.v_dim]
         k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
         k = torch.cat((k_nope, k_pe.unsqueeze(1).expand(-1, self.num_heads, -1)), dim=-1)
         return self.backend.prefill(q, k, v, meta, self.scale)
