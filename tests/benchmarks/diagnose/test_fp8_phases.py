@@ -14,9 +14,7 @@ def test_the_instrumented_kernel_builds_from_todays_source(tmp_path, monkeypatch
 
     module = fp8_phases.instrumented_module()
     names = module.stage1_fp8.arg_names
-    assert (
-        names[names.index("split_target") + 1] == "Times"
-    )  # the extra argument after the sizes mla_decode passes
+    assert names[names.index("split_target") + 1] == "Times"  # just after the sizes mla_decode passes
     source = (tmp_path / "mlaserve_fp8_phases.py").read_text()
     assert (
         source.count("%globaltimer") == 6
