@@ -162,6 +162,37 @@ def moe() -> dict:
     return {"rows": rows, "w13_gated_sweep": sweep}
 
 
+def moe_mixed() -> dict:
+    """The fused MoE at the mixed workload's sizes (benchmarks/gpu_mixed.py): decode batches of 45, 106 and 229
+    tokens, where it streams nearly every expert's weights, and its 8,192-token prefill chunks. Each tile height
+    beside the plan's: ms, and the touched experts' weight bytes per second (decode) or TFLOP/s (prefill)."""
+    from mlaserve.layers.fused_moe import fused_experts, tile_plan
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w13 = torch.randn(E, 2 * INTER, HID, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    w2 = torch.randn(E, HID, INTER, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    rows = []
+    for tokens in (45, 106, 229, 8192):
+        x = torch.randn(tokens, HID, device="cuda", dtype=torch.bfloat16, generator=g)
+        ids = torch.rand(tokens, E, device="cuda", generator=g).topk(TOPK, dim=-1)[1]
+        weights = torch.rand(tokens, TOPK, device="cuda", generator=g)
+        touched = ids.unique().numel()
+        row = {"tokens": tokens, "plan": list(tile_plan(tokens * TOPK, E)), "experts_touched": touched}
+        for bm in (None, 16, 32, 64, 128):
+            ms = bench(
+                lambda bm=bm, x=x, w=weights, i=ids: fused_experts(x, w13, w2, w, i, F.silu, block_m=bm)
+            )
+            key = "plan" if bm is None else f"bm{bm}"
+            row[f"{key}_ms"] = ms
+            if tokens < 1024:
+                row[f"{key}_GBps"] = touched * 3 * HID * INTER * 2 / ms / 1e6
+            else:
+                row[f"{key}_TFLOPs"] = tokens * TOPK * 3 * HID * INTER * 2 / ms / 1e9
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return {"rows": rows}
+
+
 def shared_moe() -> dict:
     from mlaserve.layers.activation import gated_act
     from mlaserve.layers.fused_moe import fused_experts
@@ -1355,6 +1386,7 @@ def main() -> None:
         for name in args.sections.split(","):
             fn = {
                 "moe": moe,
+                "moe_mixed": moe_mixed,
                 "shared_moe": shared_moe,
                 "prefill_attn": prefill_attn,
                 "steps": lambda: steps(Path(tmp)),

@@ -119,8 +119,9 @@ def test_deepseek_shapes_keep_their_kernels_and_launches(
     device, heads, cache, query, page, batch, max_len, kernel, splits, triton
 ):
     plan = dispatch.plan(shape(heads, cache, query, page), DecodeCall(batch, max_len), device)
-    assert (plan.kernel, plan.split_target) == (kernel, splits)  # the measured rule's count
-    assert plan.num_splits >= splits  # the grid's, with room for longer sequences (decode_rules.grid_splits)
+    # the measured rule's count; the grid's has room for longer sequences (decode_rules.grid_splits)
+    assert (plan.kernel, plan.split_target or plan.num_splits) == (kernel, splits)
+    assert plan.num_splits >= splits
     if triton is not None:
         assert tuple(getattr(plan, name) for name in TRITON) == triton
         assert (plan.lat_tile, plan.rope_tile) == (512, 64)

@@ -8,6 +8,7 @@ import torch
 
 from benchmarks.gpu_suite import LAT, ROPE, paged_case
 from mlaserve.attention.torch_ref import TorchBackend
+from mlaserve.attention.triton.dispatch import KERNELS_BY_NAME
 from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode, mla_decode_tuned
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
@@ -121,7 +122,10 @@ def test_uneven_lengths_take_splits_by_share(heads, kv, kernel):
     if kv != "bf16":
         cache = quantize_rows(cache, QUANTIZED[kv])
     plan = decode_plan(q, cache, 10240, LAT, ROPE, kernel=kernel)
-    assert plan.num_splits > plan.split_target or plan.num_splits == 64
+    if KERNELS_BY_NAME[kernel].grid_room:  # spare splits for the long ones; the fp8-dot kernel takes none
+        assert plan.num_splits > plan.split_target
+    else:
+        assert plan.split_target == 0
     check_eager_and_replayed(
         q,
         cache,

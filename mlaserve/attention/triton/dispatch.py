@@ -77,6 +77,9 @@ class DecodeKernel:
     pays_when: str = ""
     tunables: frozenset[str] = frozenset({"num_splits", "partial_dtype"})
     tma_rows: bool = False  # copies rows with TMA: 16-byte aligned rows
+    # spare splits for long sequences (decode_rules.grid_splits); the kernel ends a program past its sequence's
+    # share at once
+    grid_room: bool = True
 
 
 # What the Gluon kernels share: Hopper, a 16-bit query, any heads (in groups). The 8-bit kernels were measured with
@@ -95,6 +98,7 @@ DECODE_KERNELS: tuple[DecodeKernel, ...] = (
         cache_dtypes=frozenset({torch.float8_e4m3fn}), ranks=Widths(512, 512), ropes=Widths(32, 128, pow2=True),
         pages=Widths(multiple_of=64), pays=rules.few_heads, pays_per_call=rules.fp8_dots_pay_for, pays_when="fp8_dots_pay",
         plan=rules.plan_gluon_fp8, tunables=frozenset({"num_splits", "partial_dtype", "pdl"}), tma_rows=True,
+        grid_room=False,  # a CTA per SM, warp-specialized: no early end, and empty CTAs would hold whole SMs
     ),
     DecodeKernel(
         "gluon_wgmma8", "8-bit cache widened in wgmma's operand registers (mla_decode_wgmma8.py)", **GLUON,
@@ -225,7 +229,7 @@ def plan(
         raise ValueError(f"decode kernel {chosen.name!r} takes no {', '.join(sorted(extra))}; its tuning knobs: "
                          f"{', '.join(sorted(chosen.tunables)) or 'none'}")  # fmt: skip
     planned = chosen.plan(shape, call, device, tuning)
-    if planned.kernel == "torch reference" or "num_splits" in tuning:
+    if not chosen.grid_room or planned.kernel == "torch reference" or "num_splits" in tuning:
         return planned
     room = rules.grid_splits(
         planned.num_splits, call.batch, shape.num_heads, shape.kv_lora_rank, call.max_seq_len

@@ -172,6 +172,10 @@ def _stage1(
     split = tl.program_id(2)
     head_ok = heads < num_heads
     start, end = _split_span(SeqLens, b, split, num_splits, split_target, BLOCK_N)
+    if start >= end:  # past this sequence's share of splits: an empty LSE, which the merge skips
+        tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, tl.full([BLOCK_H], float("-inf"), tl.float32),
+                 mask=head_ok)  # fmt: skip
+        return
     d = tl.arange(0, LAT_TILE)
     r = tl.arange(0, ROPE_TILE)
     q_ok = _mask(head_ok, d, D_LAT, LAT_TILE)
@@ -233,7 +237,7 @@ def _stage1(
         has, m + tl.log2(tl.where(has, l_sum, 1.0)), float("-inf")
     )  # base-2 LSE; -inf for an empty split
     mo = MidO + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + d[None, :]
-    tl.store(mo, out.to(MidO.dtype.element_ty), mask=q_ok & has[:, None])  # the merge skips empty splits
+    tl.store(mo, out.to(MidO.dtype.element_ty), mask=q_ok)
     tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse2, mask=head_ok)
 
 

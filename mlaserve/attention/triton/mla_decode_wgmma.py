@@ -72,6 +72,15 @@ def _split_range(SeqLens, b, split, num_splits, split_target, BLOCK_N: gl.conste
 
 
 @gluon.jit
+def _store_empty_lse(MidLse, b, head0, split, num_heads, stride_mlb, stride_mlh, BLOCK_H: gl.constexpr,
+                     layout: gl.constexpr):  # fmt: skip
+    """An empty split's LSE (-inf) for heads head0 .. head0 + BLOCK_H: the merge then reads nothing else of it."""
+    heads = head0 + gl.arange(0, BLOCK_H, layout=layout)
+    lse = gl.full([BLOCK_H], float("-inf"), gl.float32, layout)
+    gl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse, mask=heads < num_heads)
+
+
+@gluon.jit
 def _load_queries(
     Q, QPe, b, head0, num_heads, stride_qb, stride_qh, stride_pb, stride_ph,
     BLOCK_H: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, rows: gl.constexpr,
@@ -113,6 +122,11 @@ def stage1_wgmma(
     head0 = gl.program_id(1) * BLOCK_H
     split = gl.program_id(2)
     start, end = _split_range(SeqLens, b, split, num_splits, split_target, BLOCK_N, gl.SliceLayout(1, rows))
+    if start >= end:  # past this sequence's share of splits: an empty LSE, which the merge skips
+        _store_empty_lse(
+            MidLse, b, head0, split, num_heads, stride_mlb, stride_mlh, BLOCK_H, gl.SliceLayout(1, rows)
+        )
+        return
     q, q_pe = _load_queries(Q, QPe, b, head0, num_heads, stride_qb, stride_qh, stride_pb, stride_ph,
                             BLOCK_H, D_LAT, D_ROPE, rows)  # fmt: skip
     q_s = gl.allocate_shared_memory(q.dtype, [BLOCK_H, D_LAT], smem, q)
@@ -172,6 +186,6 @@ def stage1_wgmma(
     o_heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, outs))
     o_cols = gl.arange(0, D_LAT, layout=gl.SliceLayout(0, outs))
     mo = MidO + b * stride_mob + o_heads[:, None] * stride_moh + split * stride_mos + o_cols[None, :]
-    gl.store(mo, out.to(MidO.dtype.element_ty), mask=(o_heads < num_heads)[:, None] & (start < end))
+    gl.store(mo, out.to(MidO.dtype.element_ty), mask=(o_heads < num_heads)[:, None])
     l_heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, scores))
     gl.store(MidLse + b * stride_mlb + l_heads * stride_mlh + split, lse2, mask=l_heads < num_heads)

@@ -16,7 +16,13 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 from mlaserve.attention.triton.mla_decode import _widen_bits
-from mlaserve.attention.triton.mla_decode_wgmma import _barrier, _copy_tile, _load_queries, _split_range
+from mlaserve.attention.triton.mla_decode_wgmma import (
+    _barrier,
+    _copy_tile,
+    _load_queries,
+    _split_range,
+    _store_empty_lse,
+)
 
 CHUNK = gl.constexpr(128)  # latent columns per register operand
 
@@ -130,6 +136,11 @@ def stage1_wgmma8(
     head0 = gl.program_id(1) * BLOCK_H
     split = gl.program_id(2)
     start, end = _split_range(SeqLens, b, split, num_splits, split_target, BLOCK_N, gl.SliceLayout(1, rows))
+    if start >= end:  # past this sequence's share of splits: an empty LSE, which the merge skips
+        _store_empty_lse(
+            MidLse, b, head0, split, num_heads, stride_mlb, stride_mlh, BLOCK_H, gl.SliceLayout(1, rows)
+        )
+        return
     q_rows: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     q, q_pe = _load_queries(Q, QPe, b, head0, num_heads, stride_qb, stride_qh, stride_pb, stride_ph,
                             BLOCK_H, D_LAT, D_ROPE, q_rows)  # fmt: skip
