@@ -50,8 +50,8 @@ def test_fused_adds_the_shared_output_in_its_combine(tokens):
     torch.testing.assert_close(fused_experts(x, w13, w2, weights, ids, F.silu, add=shared), want)
 
 
-@pytest.mark.parametrize("pairs, experts, plan", [(6, 64, (16, True)), (96, 64, (16, False)),
-                                                  (1024, 64, (64, False)), (8192, 64, (128, False))])  # fmt: skip
+@pytest.mark.parametrize("pairs, experts, plan", [(6, 64, (16, True)), (96, 64, (16, False)), (1024, 64, (32, False)),
+                                                  (2048, 64, (64, False)), (8192, 64, (128, False))])  # fmt: skip
 def test_tile_plan(pairs, experts, plan):
     assert tile_plan(pairs, experts) == plan
 

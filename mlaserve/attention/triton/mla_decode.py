@@ -172,17 +172,17 @@ def _stage1(
     split = tl.program_id(2)
     head_ok = heads < num_heads
     start, end = _split_span(SeqLens, b, split, num_splits, split_target, BLOCK_N)
-    if start >= end:  # past this sequence's share of splits: an empty LSE, which the merge skips
-        tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, tl.full([BLOCK_H], float("-inf"), tl.float32),
-                 mask=head_ok)  # fmt: skip
-        return
     d = tl.arange(0, LAT_TILE)
     r = tl.arange(0, ROPE_TILE)
-    q_ok = _mask(head_ok, d, D_LAT, LAT_TILE)
+    # A split past its sequence's share is empty: it loads and stores nothing but its LSE (-inf), which the merge
+    # skips. (Not an early return: Triton then compiles the tile loops inside a branch, and the 16-head kernel lost
+    # 5-15% at the uniform shapes of benchmarks/diagnose/split_room.py on an H200.)
+    live = heads < tl.where(start < end, num_heads, 0)
+    q_ok = _mask(live, d, D_LAT, LAT_TILE)
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=q_ok, other=0.0)
     q_pe = tl.load(
         QPe + b * stride_pb + heads[:, None] * stride_ph + r[None, :],
-        mask=_mask(head_ok, r, D_ROPE, ROPE_TILE),
+        mask=_mask(live, r, D_ROPE, ROPE_TILE),
         other=0.0,
     )
     if Q_F16:  # 8-bit tiles then widen to fp16 (one instruction per pair on Hopper) rather than bf16
