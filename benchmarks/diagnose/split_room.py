@@ -3,7 +3,8 @@ replays with L2 emptied (bench_graph), medians, each call first checked against 
 
 Uniform: the six bf16 shapes of the FlashInfer table (max_seq_len = the length, as that section calls it). Uneven:
 batches like the mixed workload's decode steps (benchmarks/gpu_mixed.py: lengths log-normal around 500, 16 to
-4,500), sized for max_model_len 10,240 as the engine's decode graphs are, at 16 heads (V2-Lite) and 128.
+4,500), sized for max_model_len 10,240 as the engine's decode graphs are, at 16 heads (V2-Lite) and 128; each
+also with the split count forced to 1-16 (grid and target both: no spare splits).
 Run it on two trees to compare split rules (the tree's own mlaserve is imported):
 
     python benchmarks/diagnose/split_room.py OUT.json
@@ -21,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.gpu_suite import LAT, ROPE, bench_graph, paged_case, run_header  # noqa: E402
 from mlaserve.attention.torch_ref import TorchBackend  # noqa: E402
-from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode  # noqa: E402
+from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode, mla_decode_tuned  # noqa: E402
 
 UNIFORM = [(64, 16, 4096), (128, 16, 8192), (64, 128, 4096), (128, 128, 8192), (32, 16, 2048), (1, 16, 16384)]
 UNEVEN = [(229, 16), (106, 16), (45, 16), (64, 128)]
@@ -33,7 +34,8 @@ def uneven_lengths(batch: int, seed: int) -> list[int]:
     return lens.round().int().tolist()
 
 
-def case(batch: int, heads: int, lengths: list[int], max_len: int) -> dict:
+def case(batch: int, heads: int, lengths: list[int], max_len: int, splits: tuple[int, ...] = ()) -> dict:
+    """The dispatcher's plan, then (uneven batches) each forced split count in `splits`: grid = target = n."""
     q, cache, table, meta = paged_case(batch, heads, lengths, 64, torch.bfloat16, seed=batch + heads)
     want, want_lse = TorchBackend().decode(q.float(), cache, None, meta, 0.07, LAT, need_lse=True)
 
@@ -49,6 +51,13 @@ def case(batch: int, heads: int, lengths: list[int], max_len: int) -> dict:
         us=bench_graph(call) * 1e3,
     )  # fmt: skip
     row["GBps"] = sum(lengths) * (LAT + ROPE) * 2 / row["us"] / 1e3
+    for n in splits:
+        row[f"splits{n}_us"] = (
+            bench_graph(
+                lambda n=n: mla_decode_tuned(q, cache, table, meta.seq_lens, max_len, LAT, 0.07, num_splits=n)
+            )
+            * 1e3
+        )
     print(json.dumps(row), flush=True)
     return row
 
@@ -56,7 +65,7 @@ def case(batch: int, heads: int, lengths: list[int], max_len: int) -> dict:
 def main() -> None:
     out = run_header()
     rows = [case(b, h, [n] * b, n) for b, h, n in UNIFORM]
-    rows += [case(b, h, uneven_lengths(b, b), 10240) for b, h in UNEVEN]
+    rows += [case(b, h, uneven_lengths(b, b), 10240, (1, 2, 4, 8, 16)) for b, h in UNEVEN]
     out["rows"] = rows
     Path(sys.argv[1]).write_text(json.dumps(out, indent=1))
 
