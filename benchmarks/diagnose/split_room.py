@@ -4,10 +4,10 @@ replays with L2 emptied (bench_graph), medians, each call first checked against 
 Uniform: the six bf16 shapes of the FlashInfer table (max_seq_len = the length, as that section calls it). Uneven:
 batches like the mixed workload's decode steps (benchmarks/gpu_mixed.py: lengths log-normal around 500, 16 to
 4,500), sized for max_model_len 10,240 as the engine's decode graphs are, at 16 heads (V2-Lite) and 128; each
-also with the split count forced to 1-16 (grid and target both: no spare splits).
+also with each split count given forced (grid and target both: no spare splits).
 Run it on two trees to compare split rules (the tree's own mlaserve is imported):
 
-    python benchmarks/diagnose/split_room.py OUT.json
+    python benchmarks/diagnose/split_room.py OUT.json [FORCED_SPLITS, e.g. 1,2,4,8,16]
 """
 
 from __future__ import annotations
@@ -63,9 +63,10 @@ def case(batch: int, heads: int, lengths: list[int], max_len: int, splits: tuple
 
 
 def main() -> None:
+    forced = tuple(int(n) for n in sys.argv[2].split(",")) if len(sys.argv) > 2 else ()
     out = run_header()
     rows = [case(b, h, [n] * b, n) for b, h, n in UNIFORM]
-    rows += [case(b, h, uneven_lengths(b, b), 10240, (1, 2, 4, 8, 16)) for b, h in UNEVEN]
+    rows += [case(b, h, uneven_lengths(b, b), 10240, forced) for b, h in UNEVEN]
     out["rows"] = rows
     Path(sys.argv[1]).write_text(json.dumps(out, indent=1))
 

@@ -174,15 +174,15 @@ def _stage1(
     start, end = _split_span(SeqLens, b, split, num_splits, split_target, BLOCK_N)
     d = tl.arange(0, LAT_TILE)
     r = tl.arange(0, ROPE_TILE)
-    # A split past its sequence's share is empty: it loads and stores nothing but its LSE (-inf), which the merge
-    # skips. (Not an early return: Triton then compiles the tile loops inside a branch, and the 16-head kernel lost
-    # 5-15% at the uniform shapes of benchmarks/diagnose/split_room.py on an H200.)
-    live = heads < tl.where(start < end, num_heads, 0)
-    q_ok = _mask(live, d, D_LAT, LAT_TILE)
+    # A split past its sequence's share is empty: its tile loops run no step, and it stores only its LSE (-inf),
+    # which the merge skips. Its queries still load: made to wait for the split's bounds (the lengths' sum), the
+    # query loads of every program did, and on an H200 the 16-head kernel took 347-352 us at (128, 16, 8,192)
+    # against 303-306 us (results/h200-split-room-2026-12-02-*.json).
+    q_ok = _mask(head_ok, d, D_LAT, LAT_TILE)
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=q_ok, other=0.0)
     q_pe = tl.load(
         QPe + b * stride_pb + heads[:, None] * stride_ph + r[None, :],
-        mask=_mask(live, r, D_ROPE, ROPE_TILE),
+        mask=_mask(head_ok, r, D_ROPE, ROPE_TILE),
         other=0.0,
     )
     if Q_F16:  # 8-bit tiles then widen to fp16 (one instruction per pair on Hopper) rather than bf16
@@ -237,7 +237,7 @@ def _stage1(
         has, m + tl.log2(tl.where(has, l_sum, 1.0)), float("-inf")
     )  # base-2 LSE; -inf for an empty split
     mo = MidO + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + d[None, :]
-    tl.store(mo, out.to(MidO.dtype.element_ty), mask=q_ok)
+    tl.store(mo, out.to(MidO.dtype.element_ty), mask=q_ok & has[:, None])  # none for an empty split
     tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse2, mask=head_ok)
 
 
