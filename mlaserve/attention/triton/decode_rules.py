@@ -116,10 +116,12 @@ def grid_splits(target: int, batch: int, num_heads: int, kv_lora_rank: int, max_
     """The grid's split count for a call whose target is `target` splits per sequence, when the sequences' lengths
     under max_len are not known on the host (a CUDA graph is sized for max_model_len): room for a sequence up to four
     times the batch's mean length to take four times the target, so it is not the one program left running. In
-    the mixed workload of benchmarks/gpu_mixed.py on an H200 (lengths 16 to 4,500 at batch 256, target 1), the
-    split step took 220 us per layer with the grid at the target: the longest sequence alone in one program. The
-    room is bounded by its partial outputs' memory and by 64 splits of at least 256 rows; programs past a
-    sequence's share exit at once."""
+    the mixed workload of benchmarks/gpu_mixed.py on an H200 (about 229 sequences of 16 to 4,500 rows, target 1),
+    the split step took 217 us per layer with the grid at the target, the longest sequence alone in one program
+    (results/h200-diagnose-2026-12-02-mixed-steps.json); benchmarks/diagnose/split_room.py's batch like it took
+    241 us before and 114 us with the room (results/h200-split-room-2026-12-02-{7871410,3d1425f}.json). The room is
+    bounded by its partial outputs' memory and by 64 splits of at least 256 rows; a program past its sequence's
+    share does no tile work. Kernels whose programs cannot end cheaply take none (dispatch.DecodeKernel.grid_room)."""
     most = max(1, min(math.ceil(max_len / 256), 64))
     spare = GRID_ROOM_BYTES // max(batch * num_heads * kv_lora_rank * 4, 1)
     return max(target, min(most, 4 * target, spare))

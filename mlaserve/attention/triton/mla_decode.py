@@ -175,9 +175,9 @@ def _stage1(
     d = tl.arange(0, LAT_TILE)
     r = tl.arange(0, ROPE_TILE)
     # A split past its sequence's share is empty: its tile loops run no step, and it stores only its LSE (-inf),
-    # which the merge skips. Its queries still load: made to wait for the split's bounds (the lengths' sum), the
-    # query loads of every program did, and on an H200 the 16-head kernel took 347-352 us at (128, 16, 8,192)
-    # against 303-306 us (results/h200-split-room-2026-12-02-*.json).
+    # which the merge skips. Its queries still load: masked by the split's bounds, every program's query loads
+    # waited for the lengths' sum, and the 16-head kernel took 347.7 us at (128, 16, 8,192) where it takes 305.7
+    # and 306.5 us without (results/h200-split-room-2026-12-02-{d5d257c,b90320a,3d1425f}.json, H200s).
     q_ok = _mask(head_ok, d, D_LAT, LAT_TILE)
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=q_ok, other=0.0)
     q_pe = tl.load(
