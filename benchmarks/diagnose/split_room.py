@@ -2,8 +2,8 @@
 replays with L2 emptied (bench_graph), medians, each call first checked against the torch reference.
 
 Uniform: the six bf16 shapes of the FlashInfer table (max_seq_len = the length, as that section calls it). Uneven:
-batches like the mixed workload's decode steps (benchmarks/gpu_mixed.py: lengths log-normal around 500, 16 to
-4,500), sized for max_model_len 10,240 as the engine's decode graphs are, at 16 heads (V2-Lite) and 128; each
+batches like the mixed workload's decode steps (benchmarks/gpu_mixed.py: prompts log-normal around 500, 16 to
+4,000, plus 100 decoded rows), sized for max_model_len 10,240 as the engine's decode graphs are, at 16 heads (V2-Lite) and 128; each
 also with each split count given forced (grid and target both: no spare splits).
 Run it on two trees to compare split rules (the tree's own mlaserve is imported):
 

@@ -129,9 +129,6 @@ def _attend_tile(
     return m_new, l_sum, acc
 
 
-# Ints that change from step to step are not specialized on (Triton would compile a variant for 1 and for
-# multiples of 16): a compile in the middle of serving costs about a second. The per-head LSE stride is the split
-# count, which an eager mixed step picks from its own batch.
 @triton.jit
 def _split_span(SeqLens, b, split, num_splits, split_target, BLOCK_N: tl.constexpr):
     """Rows [start, end) of sequence b that split `split` covers (empty past the sequence's share of splits).
@@ -156,6 +153,9 @@ def _split_span(SeqLens, b, split, num_splits, split_target, BLOCK_N: tl.constex
     return start, tl.minimum(start + split_len, seq_len)
 
 
+# Ints that change from step to step are not specialized on (Triton would compile a variant for 1 and for
+# multiples of 16): a compile in the middle of serving costs about a second. The per-head LSE stride is the split
+# count, which an eager mixed step picks from its own batch.
 @triton.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits", "split_target"])
 def _stage1(
     Q, QPe, KV, BlockTable, SeqLens, MidO, MidLse,
