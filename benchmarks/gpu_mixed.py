@@ -39,6 +39,15 @@ def workload(seed: int = 0, count: int = REQUESTS) -> list[tuple[int, int]]:
     return list(zip(prompts.round().int().tolist(), outputs.round().int().tolist(), strict=True))
 
 
+def requests(work: list[tuple[int, int]]) -> tuple[list[dict], list]:
+    """The workload as seeded random prompt ids and greedy params of each output length (ignore_eos)."""
+    from mlaserve import SamplingParams
+
+    gen = torch.Generator().manual_seed(1)
+    prompts = [{"prompt_token_ids": torch.randint(0, 100000, (p,), generator=gen).tolist()} for p, _ in work]
+    return prompts, [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for _, o in work]
+
+
 def shapes(cfg: dict) -> dict:
     """Parameter counts of a DeepSeek-V2/V3-style config: per layer kind, and what a token activates."""
     h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
@@ -109,9 +118,7 @@ def mixed(tmp: Path, ceilings: dict, lite_llm: Callable, config: dict, step_time
     if not ceilings:
         raise ValueError("the mixed section's roofline needs the ceilings section in the same run")
     work = workload()
-    gen = torch.Generator().manual_seed(1)
-    prompts = [{"prompt_token_ids": torch.randint(0, 100000, (p,), generator=gen).tolist()} for p, _ in work]
-    params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for _, o in work]
+    prompts, params = requests(work)
     s = shapes(config)
     copy_Bps, flops = ceilings["copy_GBps"] * 1e9, ceilings["bf16_gemm_TFLOPs"] * 1e12
     rows = []

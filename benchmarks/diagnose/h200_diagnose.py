@@ -1289,13 +1289,10 @@ def mixed_steps(tmp: Path) -> dict:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.gpu_mixed import workload
+    from benchmarks.gpu_mixed import requests, workload
     from mlaserve import SamplingParams
 
-    work = workload()
-    gen = torch.Generator().manual_seed(1)
-    prompts = [{"prompt_token_ids": torch.randint(0, 100000, (p,), generator=gen).tolist()} for p, _ in work]
-    params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for _, o in work]
+    prompts, params = requests(workload())
     llm = lite_llm(tmp / "v2lite", max_num_seqs=256)
     llm.generate(prompts[:4], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
     llm.engine.kv_manager.reset_prefix_cache()

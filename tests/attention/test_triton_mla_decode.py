@@ -12,7 +12,12 @@ import triton.language as tl  # noqa: E402
 
 from mlaserve.attention.metadata import build_metadata  # noqa: E402
 from mlaserve.attention.torch_ref import TorchBackend  # noqa: E402
-from mlaserve.attention.triton.mla_decode import _widen_bits, mla_decode, mla_decode_tuned  # noqa: E402
+from mlaserve.attention.triton.mla_decode import (  # noqa: E402
+    _split_span,
+    _widen_bits,
+    mla_decode,
+    mla_decode_tuned,
+)
 
 LAT, ROPE = 32, 16
 
@@ -55,8 +60,6 @@ def test_matches_reference(seq_lens, heads, page, splits):
 
 @triton.jit
 def _spans_kernel(SeqLens, Out, num_splits, split_target, BLOCK_N: tl.constexpr):
-    from mlaserve.attention.triton.mla_decode import _split_span
-
     b, split = tl.program_id(0), tl.program_id(2)
     start, end = _split_span(SeqLens, b, split, num_splits, split_target, BLOCK_N)
     tl.store(Out + (b * num_splits + split) * 2, start)

@@ -120,7 +120,7 @@ DECODE_KERNELS: tuple[DecodeKernel, ...] = (
         "torch reference", "plain torch over whole block tables (torch_ref.paged_latent_decode)",
         runtime="torch", archs=None, cache_dtypes=None, query_dtypes=None,
         heads=ANY, ranks=ANY, ropes=Widths(0), pages=ANY,
-        pays=rules.always, plan=rules.plan_torch, tunables=frozenset(),
+        pays=rules.always, plan=rules.plan_torch, tunables=frozenset(), grid_room=False,
     ),
 )  # fmt: skip
 KERNELS_BY_NAME = {kernel.name: kernel for kernel in DECODE_KERNELS}
@@ -229,7 +229,7 @@ def plan(
         raise ValueError(f"decode kernel {chosen.name!r} takes no {', '.join(sorted(extra))}; its tuning knobs: "
                          f"{', '.join(sorted(chosen.tunables)) or 'none'}")  # fmt: skip
     planned = chosen.plan(shape, call, device, tuning)
-    if not chosen.grid_room or planned.kernel == "torch reference" or "num_splits" in tuning:
+    if not chosen.grid_room or "num_splits" in tuning:
         return planned
     room = rules.grid_splits(
         planned.num_splits, call.batch, shape.num_heads, shape.kv_lora_rank, call.max_seq_len
