@@ -5,6 +5,8 @@
 moe           fused MoE at V2-Lite expert shapes, 1 to 16,384 tokens: today's tile plan against forced tile
               heights (64 and 128 also with torch's sort in place of ours) and the unfused
               activation, each checked against the per-expert loop; plus 128-row tiles
+moe_grouped_mm the prefill MoE at the engine's shape (shared experts stored with the routed ones): the Triton
+              grouped GEMM against torch's (CUTLASS) grouped GEMM, 256 to 16,384 tokens, checked against each other
 shared_moe    V2-Lite's MoE with its two shared experts stored after the routed ones (one grouped GEMM per
               projection, today's engine) against the shared MLP run apart as the engine ran it before (a
               merged gate/up linear, silu-and-mul, a down linear, added in the combine), 1 to 8,192 tokens,
@@ -188,6 +190,45 @@ def moe_mixed() -> dict:
                 row[f"{key}_GBps"] = touched * 3 * HID * INTER * 2 / ms / 1e6
             else:
                 row[f"{key}_TFLOPs"] = tokens * TOPK * 3 * HID * INTER * 2 / ms / 1e9
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return {"rows": rows}
+
+
+def moe_grouped_mm() -> dict:
+    """The prefill MoE at V2-Lite's engine shape (64 routed experts, top 6, the 2 shared experts stored after them
+    and taken by every token): the Triton grouped GEMM at its planned tile height against torch's grouped GEMM
+    (fused_moe.grouped_mm_experts), 256 to 16,384 tokens, each checked against the other (and the per-expert loop
+    up to 2,048 tokens); ms and TFLOP/s of the routed and shared expert FLOPs."""
+    from mlaserve.layers.fused_moe import fused_experts, grouped_mm_experts, tile_plan
+    from mlaserve.layers.moe import experts_reference, with_shared_experts
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    experts = E + 2
+    w13 = torch.randn(experts, 2 * INTER, HID, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    w2 = torch.randn(experts, HID, INTER, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    rows = []
+    for tokens in (256, 512, 1024, 2048, 4096, 8192, 16384):
+        x = torch.randn(tokens, HID, device="cuda", dtype=torch.bfloat16, generator=g)
+        ids = torch.rand(tokens, E, device="cuda", generator=g).topk(TOPK, dim=-1)[1]
+        weights, ids = with_shared_experts(torch.rand(tokens, TOPK, device="cuda", generator=g), ids, E, 2)
+        pairs = ids.numel()
+        block_m = tile_plan(pairs, experts)[0]
+        triton_out = fused_experts(x, w13, w2, weights, ids, F.silu, block_m=block_m).float()
+        torch_out = grouped_mm_experts(x, w13, w2, weights, ids, F.silu).float()
+        row = {"tokens": tokens, "pairs": pairs, "triton_block_m": block_m}
+        row["rel_diff"] = ((torch_out - triton_out).norm() / triton_out.norm()).item()
+        if tokens <= 2048:
+            ref = experts_reference(x, w13, w2, weights, ids, F.silu).float()
+            row["triton_rel_err"] = ((triton_out - ref).norm() / ref.norm()).item()
+            row["grouped_mm_rel_err"] = ((torch_out - ref).norm() / ref.norm()).item()
+        flops = pairs * 3 * HID * INTER * 2
+        for name, fn, kwargs in (
+            ("triton", fused_experts, {"block_m": block_m}),
+            ("grouped_mm", grouped_mm_experts, {}),
+        ):
+            ms = bench(lambda fn=fn, x=x, w=weights, i=ids, kw=kwargs: fn(x, w13, w2, w, i, F.silu, **kw))
+            row[f"{name}_ms"], row[f"{name}_TFLOPs"] = ms, flops / ms / 1e9
         rows.append(row)
         print(json.dumps(row), flush=True)
     return {"rows": rows}
@@ -1384,6 +1425,7 @@ def main() -> None:
             fn = {
                 "moe": moe,
                 "moe_mixed": moe_mixed,
+                "moe_grouped_mm": moe_grouped_mm,
                 "shared_moe": shared_moe,
                 "prefill_attn": prefill_attn,
                 "steps": lambda: steps(Path(tmp)),

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from mlaserve.layers.activation import gated_act
 from mlaserve.layers.pdl import pdl_enter, pdl_launch
 
 
@@ -323,22 +324,37 @@ def tile_plan(num_pairs: int, num_experts: int) -> tuple[int, bool]:
 
 @triton.jit
 def _combine_kernel(
-    Down, Add, Out, hidden, TOP_K: tl.constexpr, HAS_ADD: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
-):
+    Down, Add, Out, Pos, RouteW, hidden,
+    TOP_K: tl.constexpr, HAS_ADD: tl.constexpr, GATHER: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < hidden
     acc = tl.zeros([BLOCK], tl.float32)
     for j in tl.static_range(TOP_K):
-        acc += tl.load(Down + (t * TOP_K + j) * hidden + cols, mask=ok, other=0.0).to(tl.float32)
+        if GATHER:  # the pair's row sits where the expert sort put it; its routing weight is applied here
+            row = tl.load(Pos + t * TOP_K + j).to(tl.int64)
+            down = tl.load(Down + row * hidden + cols, mask=ok, other=0.0).to(tl.float32)
+            acc += down * tl.load(RouteW + t * TOP_K + j)
+        else:
+            acc += tl.load(Down + (t * TOP_K + j) * hidden + cols, mask=ok, other=0.0).to(tl.float32)
     if HAS_ADD:
         acc += tl.load(Add + t * hidden + cols, mask=ok, other=0.0).to(tl.float32)
     tl.store(Out + t * hidden + cols, acc.to(Out.dtype.element_ty), mask=ok)
 
 
-def combine(down: torch.Tensor, top_k: int, add: torch.Tensor | None) -> torch.Tensor:
+def combine(
+    down: torch.Tensor,
+    top_k: int,
+    add: torch.Tensor | None,
+    pos: torch.Tensor | None = None,
+    route_weights: torch.Tensor | None = None,
+) -> torch.Tensor:
     """out[t] = sum of down[t * top_k + j] over j (+ add[t]), summed in float32 and rounded once.
+
+    With pos (and route_weights): down is in sorted order and pair p's row is down[pos[p]], weighed by
+    route_weights[p] (float32) before the sum.
 
     One launch: torch's sum over the middle axis of [T, k, hidden] took 5 us at one token on an H200, and the
     shared experts' add was another kernel."""
@@ -349,13 +365,63 @@ def combine(down: torch.Tensor, top_k: int, add: torch.Tensor | None) -> torch.T
         down,
         add if add is not None else down,
         out,
+        pos if pos is not None else down,
+        route_weights if route_weights is not None else down,
         hidden,
         TOP_K=top_k,
         HAS_ADD=add is not None,
+        GATHER=pos is not None,
         BLOCK=block,
         **pdl_launch(down),
     )
     return out
+
+
+# From this many (token, expert) pairs per expert, torch's grouped GEMM (CUTLASS, TMA and warp-specialized on
+# sm_90) replaces the Triton one for long prompts; see grouped_mm_experts.
+GROUPED_MM_PAIRS_PER_EXPERT = 128
+
+
+def grouped_mm_usable(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, num_pairs: int) -> bool:
+    """Whether grouped_mm_experts can take this call: bf16, widths in whole 16-byte rows (CUTLASS's alignment),
+    enough pairs per expert, and torch's grouped GEMM kernel on this GPU (sm_90 and newer CUDA)."""
+    if not hasattr(torch, "_grouped_mm") or x.dtype != torch.bfloat16 or w13.dtype != torch.bfloat16:
+        return False
+    if num_pairs < GROUPED_MM_PAIRS_PER_EXPERT * w13.shape[0] or any(
+        d % 8 for d in (*w13.shape[1:], w2.shape[2])
+    ):
+        return False
+    return not x.is_cuda or (torch.version.hip is None and torch.cuda.get_device_capability(x.device)[0] >= 9)
+
+
+def grouped_mm_experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    act,
+    add: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """fused_experts for long prompts through torch._grouped_mm: pairs sorted by expert (no padding), their tokens
+    gathered into one contiguous [pairs, hidden] block, one grouped GEMM per projection over the experts' row
+    ranges, and the combine reading each pair's row back through the sort. No host sync (offsets stay on the
+    device). Same contract as fused_experts, bf16 only (grouped_mm_usable)."""
+    num_tokens, top_k = ids.shape
+    flat = ids.flatten()
+    order = flat.argsort(stable=True)
+    counts = torch.zeros(w13.shape[0], dtype=torch.int32, device=x.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    offs = counts.cumsum(0, dtype=torch.int32)
+    pos = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=x.device))
+    gate_up = torch._grouped_mm(x.index_select(0, order // top_k), w13.transpose(1, 2), offs=offs)
+    if act is F.silu:
+        hidden = gated_act(gate_up, "silu")
+    else:
+        gate, up = gate_up.chunk(2, dim=-1)
+        hidden = (act(gate) * up).contiguous()
+    down = torch._grouped_mm(hidden, w2.transpose(1, 2), offs=offs)
+    return combine(down, top_k, add, pos, weights.flatten().float().contiguous())
 
 
 def fused_experts(
@@ -364,10 +430,13 @@ def fused_experts(
     """Same contract as moe.experts_reference: x [T, hidden], w13 [E, 2I, hidden], w2 [E, hidden, I]; plus
     `add` ([T, hidden], e.g. the shared experts' output) added to the result in the same kernel.
 
-    block_m forces sorted tiles of that height (tests, sweeps); None lets tile_plan choose."""
+    block_m forces sorted tiles of that height (tests, sweeps); None lets tile_plan choose, or hands long prompts
+    to grouped_mm_experts."""
     num_tokens, top_k = ids.shape
     num_pairs = num_tokens * top_k
     pair_tiles = False
+    if block_m is None and grouped_mm_usable(x, w13, w2, num_pairs):
+        return grouped_mm_experts(x, w13, w2, weights, ids, act, add)
     if block_m is None:
         block_m, pair_tiles = tile_plan(num_pairs, w13.shape[0])
     if pair_tiles:

@@ -5,7 +5,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mlaserve.layers.fused_moe import fused_experts, sort_by_expert, sort_by_expert_reference
+from mlaserve.layers.fused_moe import (
+    fused_experts,
+    grouped_mm_experts,
+    grouped_mm_usable,
+    sort_by_expert,
+    sort_by_expert_reference,
+)
 from mlaserve.layers.moe import experts_reference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -44,3 +50,23 @@ def test_fused_moe_at_a_prompt_of_512_tokens():
     got = fused_experts(x, w13, w2, weights, ids, F.silu).float()
     want = experts_reference(x, w13, w2, weights, ids, F.silu).float()
     assert (got - want).norm() / want.norm() < 1e-2
+
+
+@pytest.mark.parametrize("tokens", [1100, 4096])
+def test_grouped_mm_path_at_prefill_sizes(tokens):
+    """torch's grouped GEMM path, which fused_experts takes for long bf16 prompts on sm_90, against the Triton
+    tiles and the per-expert loop."""
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    experts, hidden, inter = 66, 512, 256
+    x = torch.randn(tokens, hidden, device="cuda", generator=gen, dtype=torch.bfloat16)
+    w13 = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) / hidden**0.5).bfloat16()
+    w2 = (torch.randn(experts, hidden, inter, device="cuda", generator=gen) / inter**0.5).bfloat16()
+    ids = torch.rand(tokens, experts, device="cuda", generator=gen).topk(8, dim=-1)[1]
+    weights = torch.rand(tokens, 8, device="cuda", generator=gen)
+    if torch.cuda.get_device_capability()[0] >= 9:
+        assert grouped_mm_usable(x, w13, w2, ids.numel())
+    want = experts_reference(x, w13, w2, weights, ids, F.silu).float()
+    got = grouped_mm_experts(x, w13, w2, weights, ids, F.silu).float()
+    tiles = fused_experts(x, w13, w2, weights, ids, F.silu, block_m=128).float()
+    assert (got - want).norm() / want.norm() < 1e-2
+    assert (got - tiles).norm() / tiles.norm() < 1e-2

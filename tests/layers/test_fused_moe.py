@@ -7,7 +7,10 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from mlaserve.layers.fused_moe import (  # noqa: E402
+    GROUPED_MM_PAIRS_PER_EXPERT,
     fused_experts,
+    grouped_mm_experts,
+    grouped_mm_usable,
     sort_by_expert,
     sort_by_expert_reference,
     tile_plan,
@@ -48,6 +51,43 @@ def test_fused_adds_the_shared_output_in_its_combine(tokens):
     weights, shared = torch.rand(tokens, 2, generator=gen), torch.randn(tokens, 32, generator=gen)
     want = experts_reference(x, w13, w2, weights, ids, F.silu) + shared
     torch.testing.assert_close(fused_experts(x, w13, w2, weights, ids, F.silu, add=shared), want)
+
+
+@pytest.mark.parametrize("act", [F.silu, F.gelu])
+def test_grouped_mm_path_matches_reference(act):
+    """torch's grouped GEMM over unpadded expert runs (an empty expert, one expert taking most pairs), the combine
+    reading rows back through the sort and weighing them; bf16, as the path requires."""
+    gen = torch.Generator().manual_seed(7)
+    tokens, experts, top_k, hidden, inter = 37, 6, 3, 32, 24
+    x = torch.randn(tokens, hidden, generator=gen).bfloat16()
+    w13 = (torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.1).bfloat16()
+    w2 = (torch.randn(experts, hidden, inter, generator=gen) * 0.1).bfloat16()
+    ids = torch.stack(
+        [torch.randperm(experts - 1, generator=gen)[:top_k] for _ in range(tokens)]
+    )  # last: empty
+    ids[::2, 0] = 0
+    weights, shared = (
+        torch.rand(tokens, top_k, generator=gen),
+        torch.randn(tokens, hidden, generator=gen).bfloat16(),
+    )
+    want = experts_reference(x, w13, w2, weights, ids, act).float() + shared.float()
+    got = grouped_mm_experts(x, w13, w2, weights, ids, act, add=shared).float()
+    torch.testing.assert_close(got, want, atol=3e-2, rtol=1e-2)  # both round each pair's output to bf16
+
+
+def test_grouped_mm_takes_long_bf16_prompts_only():
+    experts, hidden, inter = 4, 32, 16
+    w13, w2 = (
+        torch.zeros(experts, 2 * inter, hidden).bfloat16(),
+        torch.zeros(experts, hidden, inter).bfloat16(),
+    )
+    x = torch.zeros(1, hidden).bfloat16()
+    enough = GROUPED_MM_PAIRS_PER_EXPERT * experts
+    assert grouped_mm_usable(x, w13, w2, enough)
+    assert not grouped_mm_usable(x, w13, w2, enough - 1)
+    assert not grouped_mm_usable(x.float(), w13.float(), w2.float(), enough)
+    odd = torch.zeros(experts, 2 * 12, hidden).bfloat16()  # rows of 12 bf16 values: not whole 16-byte rows
+    assert not grouped_mm_usable(x, odd, torch.zeros(experts, hidden, 12).bfloat16(), enough)
 
 
 @pytest.mark.parametrize("pairs, experts, plan", [(6, 64, (16, True)), (96, 64, (16, False)), (1024, 64, (32, False)),
