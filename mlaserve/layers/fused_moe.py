@@ -378,8 +378,11 @@ def combine(
 
 
 # From this many (token, expert) pairs per expert, torch's grouped GEMM (CUTLASS, TMA and warp-specialized on
-# sm_90) replaces the Triton one for long prompts; see grouped_mm_experts.
-GROUPED_MM_PAIRS_PER_EXPERT = 128
+# sm_90) replaces the Triton one for long prompts; see grouped_mm_experts. At V2-Lite's engine shape (66 experts
+# with the shared two, top 8) on an H200 the two were even at 2,048 tokens (248 pairs per expert: 0.77 ms against
+# 0.79), torch's 12-18% faster from 4,096 tokens (2.30 against 2.65 ms at 8,192) and up to 1.5x slower below
+# 1,024 (results/h200-diagnose-2026-12-03-moe-grouped-mm.json).
+GROUPED_MM_PAIRS_PER_EXPERT = 256
 
 
 def grouped_mm_usable(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, num_pairs: int) -> bool:

@@ -122,10 +122,9 @@ def test_uneven_lengths_take_splits_by_share(heads, kv, kernel):
     if kv != "bf16":
         cache = quantize_rows(cache, QUANTIZED[kv])
     plan = decode_plan(q, cache, 10240, LAT, ROPE, kernel=kernel)
-    if KERNELS_BY_NAME[kernel].grid_room:  # spare splits for the long ones; the fp8-dot kernel takes none
-        assert plan.num_splits > plan.split_target
-    else:
-        assert plan.split_target == 0
+    assert (
+        KERNELS_BY_NAME[kernel].grid_room and plan.num_splits > plan.split_target
+    )  # spare splits for long ones
     check_eager_and_replayed(
         q,
         cache,

@@ -98,7 +98,6 @@ DECODE_KERNELS: tuple[DecodeKernel, ...] = (
         cache_dtypes=frozenset({torch.float8_e4m3fn}), ranks=Widths(512, 512), ropes=Widths(32, 128, pow2=True),
         pages=Widths(multiple_of=64), pays=rules.few_heads, pays_per_call=rules.fp8_dots_pay_for, pays_when="fp8_dots_pay",
         plan=rules.plan_gluon_fp8, tunables=frozenset({"num_splits", "partial_dtype", "pdl"}), tma_rows=True,
-        grid_room=False,  # a CTA per SM, warp-specialized: no early end, and empty CTAs would hold whole SMs
     ),
     DecodeKernel(
         "gluon_wgmma8", "8-bit cache widened in wgmma's operand registers (mla_decode_wgmma8.py)", **GLUON,

@@ -52,7 +52,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from mlaserve.attention.triton.mla_decode_wgmma import _async_load, _barrier, _copy_tile, _split_range
+from mlaserve.attention.triton.mla_decode_wgmma import (
+    _async_load,
+    _barrier,
+    _copy_tile,
+    _split_range,
+    _store_empty_lse,
+)
 from mlaserve.attention.triton.mla_decode_wgmma8 import CHUNK, _empty_state, _normalizers, _store_lse
 from mlaserve.kvcache.quant import TAIL_BYTES
 
@@ -448,6 +454,18 @@ def stage1_fp8(
         _launch_dependents()
     gl.static_assert(D_LAT == LAT_CHUNKS * CHUNK)
     gl.static_assert(BLOCK_N == 64)
+    # A CTA past its sequence's share of splits (the grid's spare room, decode_rules.grid_splits) ends here, before
+    # the partitions start: it holds its SM for the lengths' sum and one store, not for a query load and a dot.
+    heads_1d: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    start, end = _split_range(
+        SeqLens, gl.program_id(0), gl.program_id(2), num_splits, split_target, BLOCK_N, heads_1d
+    )
+    if start >= end:
+        if PDL:  # the prior grid may still read what the merge of an earlier call left here
+            _wait_for_prior_grid()
+        _store_empty_lse(MidLse, gl.program_id(0), gl.program_id(1) * BLOCK_H, gl.program_id(2), num_heads,
+                         stride_mlb, stride_mlh, BLOCK_H, heads_1d)  # fmt: skip
+        return
     lat_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     pe_smem: gl.constexpr = gl.NVMMASharedLayout(
         swizzle_byte_width=min(D_ROPE, 128), element_bitwidth=8, rank=2
