@@ -410,7 +410,7 @@ def grouped_mm_experts(
     gathered into one contiguous [pairs, hidden] block, one grouped GEMM per projection over the experts' row
     ranges, and the combine reading each pair's row back through the sort. No host sync (offsets stay on the
     device). Same contract as fused_experts, bf16 only (grouped_mm_usable)."""
-    num_tokens, top_k = ids.shape
+    top_k = ids.shape[1]
     flat = ids.flatten()
     order = flat.argsort(stable=True)
     counts = torch.zeros(w13.shape[0], dtype=torch.int32, device=x.device)
