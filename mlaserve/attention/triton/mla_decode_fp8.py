@@ -290,7 +290,7 @@ def _scores(
 
 
 @gluon.jit
-def _producer(KV, DescLat, DescPe, DescTail, BlockTable, SeqLens, stride_kv, stride_bt, num_splits, split_target, k_ring, pe_ring,
+def _producer(KV, DescLat, DescPe, DescTail, BlockTable, start, end, stride_kv, stride_bt, k_ring, pe_ring,
               tail_ring, ready, empty, PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr,
               BLOCK_N: gl.constexpr):  # fmt: skip
     """Copy the split's tiles into the ring in order, each once its slot's consumer has released the tile SLOTS before.
@@ -300,8 +300,6 @@ def _producer(KV, DescLat, DescPe, DescTail, BlockTable, SeqLens, stride_kv, str
     SLOTS: gl.constexpr = k_ring.shape[0]
     rows: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16-byte copies
     b = gl.program_id(0)
-    split = gl.program_id(2)
-    start, end = _split_range(SeqLens, b, split, num_splits, split_target, BLOCK_N, gl.SliceLayout(1, rows))
     tiles = gl.cdiv(end - start, BLOCK_N)
     pages = BlockTable + b * stride_bt
     page = gl.load(pages + start // PAGE, mask=start < end, other=0)
@@ -319,9 +317,9 @@ def _producer(KV, DescLat, DescPe, DescTail, BlockTable, SeqLens, stride_kv, str
 @gluon.jit
 def _consumer(
     c: gl.constexpr,
-    Terms, Scales, q_ready, SeqLens, MidO, MidLse,
+    Terms, Scales, q_ready, start, end, MidO, MidLse,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
-    num_heads, scale_log2, num_splits, split_target,
+    num_heads, scale_log2,
     k_ring, pe_ring, tail_ring, ready, empty, q_s, qpe_s, p_his, p_los, m_l, state_ready,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
     PDL: gl.constexpr,
@@ -343,7 +341,6 @@ def _consumer(
     b = gl.program_id(0)
     head0 = gl.program_id(1) * BLOCK_H
     split = gl.program_id(2)
-    start, end = _split_range(SeqLens, b, split, num_splits, split_target, BLOCK_N, gl.SliceLayout(1, scores))
     tiles = gl.cdiv(end - start, BLOCK_N)
     if PDL:  # the query terms and scales are the output of the grid this one was launched behind
         _wait_for_prior_grid()
@@ -454,14 +451,15 @@ def stage1_fp8(
         _launch_dependents()
     gl.static_assert(D_LAT == LAT_CHUNKS * CHUNK)
     gl.static_assert(BLOCK_N == 64)
-    # A CTA past its sequence's share of splits (the grid's spare room, decode_rules.grid_splits) ends here, before
-    # the partitions start: it holds its SM for the lengths' sum and one store, not for a query load and a dot.
+    # The split's rows, for all three partitions. A CTA past its sequence's share of splits (the grid's spare room,
+    # decode_rules.grid_splits) ends here, before they start: it holds its SM for the lengths' sum and one store,
+    # not for a query load and a dot.
     heads_1d: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     start, end = _split_range(
         SeqLens, gl.program_id(0), gl.program_id(2), num_splits, split_target, BLOCK_N, heads_1d
     )
     if start >= end:
-        if PDL:  # the prior grid may still read what the merge of an earlier call left here
+        if PDL:  # no store before the grid launched ahead of this one is done (the graph pool reuses memory)
             _wait_for_prior_grid()
         _store_empty_lse(MidLse, gl.program_id(0), gl.program_id(1) * BLOCK_H, gl.program_id(2), num_heads,
                          stride_mlb, stride_mlh, BLOCK_H, heads_1d)  # fmt: skip
@@ -493,14 +491,14 @@ def stage1_fp8(
     _barrier()
     gl.warp_specialize(
         [
-            (_producer, (KV, DescLat, DescPe, DescTail, BlockTable, SeqLens, stride_kv, stride_bt, num_splits, split_target, k_ring,
+            (_producer, (KV, DescLat, DescPe, DescTail, BlockTable, start, end, stride_kv, stride_bt, k_ring,
                          pe_ring, tail_ring, ready, empty, PAGE, D_LAT, D_ROPE, BLOCK_N)),
-            (_consumer, (0, Terms, Scales, q_ready, SeqLens, MidO, MidLse, stride_mob, stride_moh, stride_mos,
-                         stride_mlb, stride_mlh, num_heads, scale_log2, num_splits, split_target, k_ring, pe_ring, tail_ring,
+            (_consumer, (0, Terms, Scales, q_ready, start, end, MidO, MidLse, stride_mob, stride_moh, stride_mos,
+                         stride_mlb, stride_mlh, num_heads, scale_log2, k_ring, pe_ring, tail_ring,
                          ready, empty, q_s, qpe_s, p_his, p_los, m_l, state_ready, PAGE, D_LAT, D_ROPE, BLOCK_H,
                          BLOCK_N, PDL)),
-            (_consumer, (1, Terms, Scales, q_ready, SeqLens, MidO, MidLse, stride_mob, stride_moh, stride_mos,
-                         stride_mlb, stride_mlh, num_heads, scale_log2, num_splits, split_target, k_ring, pe_ring, tail_ring,
+            (_consumer, (1, Terms, Scales, q_ready, start, end, MidO, MidLse, stride_mob, stride_moh, stride_mos,
+                         stride_mlb, stride_mlh, num_heads, scale_log2, k_ring, pe_ring, tail_ring,
                          ready, empty, q_s, qpe_s, p_his, p_los, m_l, state_ready, PAGE, D_LAT, D_ROPE, BLOCK_H,
                          BLOCK_N, PDL)),
         ],
