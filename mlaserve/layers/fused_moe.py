@@ -377,6 +377,12 @@ def combine(
     return out
 
 
+def _act_and_mul(gate_up: torch.Tensor, act) -> torch.Tensor:
+    """act(gate) * up for an activation no kernel fuses (gate columns, then up), contiguous for the next GEMM."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return (act(gate) * up).contiguous()
+
+
 # From this many (token, expert) pairs per expert, torch's grouped GEMM (CUTLASS, TMA and warp-specialized on
 # sm_90) replaces the Triton one for long prompts; see grouped_mm_experts. At V2-Lite's engine shape (66 experts
 # with the shared two, top 8) on an H200 the two were even at 2,048 tokens (248 pairs per expert: 0.77 ms against
@@ -418,11 +424,7 @@ def grouped_mm_experts(
     offs = counts.cumsum(0, dtype=torch.int32)
     pos = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=x.device))
     gate_up = torch._grouped_mm(x.index_select(0, order // top_k), w13.transpose(1, 2), offs=offs)
-    if act is F.silu:
-        hidden = gated_act(gate_up, "silu")
-    else:
-        gate, up = gate_up.chunk(2, dim=-1)
-        hidden = (act(gate) * up).contiguous()
+    hidden = gated_act(gate_up, "silu") if act is F.silu else _act_and_mul(gate_up, act)
     down = torch._grouped_mm(hidden, w2.transpose(1, 2), offs=offs)
     return combine(down, top_k, add, pos, weights.flatten().float().contiguous())
 
@@ -449,10 +451,9 @@ def fused_experts(
     if act is F.silu:
         hidden = grouped_gemm(x, w13, sorted_ids, tile_expert, num_pairs, top_k, None, block_m, gated=True)
     else:
-        gate, up = grouped_gemm(x, w13, sorted_ids, tile_expert, num_pairs, top_k, None, block_m).chunk(
-            2, dim=-1
+        hidden = _act_and_mul(
+            grouped_gemm(x, w13, sorted_ids, tile_expert, num_pairs, top_k, None, block_m), act
         )
-        hidden = (act(gate) * up).contiguous()
     route = weights.flatten().float().contiguous()
     down = grouped_gemm(hidden, w2, sorted_ids, tile_expert, num_pairs, 1, route, block_m)
     return combine(down, top_k, add)

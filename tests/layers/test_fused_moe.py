@@ -62,14 +62,11 @@ def test_grouped_mm_path_matches_reference(act):
     x = torch.randn(tokens, hidden, generator=gen).bfloat16()
     w13 = (torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.1).bfloat16()
     w2 = (torch.randn(experts, hidden, inter, generator=gen) * 0.1).bfloat16()
-    ids = torch.stack(
-        [torch.randperm(experts - 1, generator=gen)[:top_k] for _ in range(tokens)]
-    )  # last: empty
+    # the last expert gets no pair, expert 0 about half of them
+    ids = torch.stack([torch.randperm(experts - 1, generator=gen)[:top_k] for _ in range(tokens)])
     ids[::2, 0] = 0
-    weights, shared = (
-        torch.rand(tokens, top_k, generator=gen),
-        torch.randn(tokens, hidden, generator=gen).bfloat16(),
-    )
+    weights = torch.rand(tokens, top_k, generator=gen)
+    shared = torch.randn(tokens, hidden, generator=gen).bfloat16()
     want = experts_reference(x, w13, w2, weights, ids, act).float() + shared.float()
     got = grouped_mm_experts(x, w13, w2, weights, ids, act, add=shared).float()
     torch.testing.assert_close(got, want, atol=3e-2, rtol=1e-2)  # both round each pair's output to bf16
@@ -77,10 +74,8 @@ def test_grouped_mm_path_matches_reference(act):
 
 def test_grouped_mm_takes_long_bf16_prompts_only():
     experts, hidden, inter = 4, 32, 16
-    w13, w2 = (
-        torch.zeros(experts, 2 * inter, hidden).bfloat16(),
-        torch.zeros(experts, hidden, inter).bfloat16(),
-    )
+    w13 = torch.zeros(experts, 2 * inter, hidden).bfloat16()
+    w2 = torch.zeros(experts, hidden, inter).bfloat16()
     x = torch.zeros(1, hidden).bfloat16()
     enough = GROUPED_MM_PAIRS_PER_EXPERT * experts
     assert grouped_mm_usable(x, w13, w2, enough)
