@@ -56,15 +56,17 @@ TENSOR_DESCS = {
 # "gluon" is the bf16 Gluon kernel of mla_decode_wgmma.py, "gluonfp8" the fp8 one of mla_decode_fp8.py, "gluon8" the
 # widening 8-bit one of mla_decode_wgmma8.py (their tiles are fixed; stages are their own two buffers).
 AHEAD = dict(BLOCK_H=16, PAGE_AHEAD=True)
+SPANS = dict(BALANCED=True, MIN_TILES=8)  # balanced spans of the batch's tiles (the 16-head default)
 CONFIGS = [
-    ("bf16 16 heads, page ahead, 32-row tiles, 4 warps (default, full grid)", "bf16", AHEAD | dict(BLOCK_N=32), 4, 3),
-    ("bf16 16 heads, page ahead, 64-row tiles (default, grid under 1/SM)", "bf16", AHEAD | dict(BLOCK_N=64), 8, 3),
-    ("fp8 16 heads (default where the Gluon kernel cannot run)", "fp8", dict(BLOCK_H=16, BLOCK_N=32, PREFETCH=True, Q_F16=True, WIDEN_BITS=True), 4, 3),
+    ("bf16 16 heads, page ahead, 32-row tiles, 4 warps (default, full grid)", "bf16", AHEAD | SPANS | dict(BLOCK_N=32), 4, 3),
+    ("bf16 16 heads, page ahead, 64-row tiles (default, grid under 1/SM)", "bf16", AHEAD | SPANS | dict(BLOCK_N=64, MIN_TILES=4), 8, 3),
+    ("fp8 16 heads (default where the Gluon kernel cannot run)", "fp8", SPANS | dict(BLOCK_H=16, BLOCK_N=32, PREFETCH=True, Q_F16=True, WIDEN_BITS=True), 4, 3),
     ("bf16 64 heads (default where the Gluon kernel cannot run)", "bf16", dict(BLOCK_H=64, BLOCK_N=64), 8, 2),
     ("bf16 64 heads, Gluon split kernel (default on sm_90)", "gluon", {}, 8, 1),
     ("fp8 16 heads, Gluon fp8-dot kernel (default on sm_90)", "gluonfp8", dict(PDL=True), 4, 1),
     ("fp8 16 heads, Gluon 8-bit widening kernel (fp8 where fp8 dots do not pay; int8 when named)", "gluon8", {}, 4, 1),
-    ("bf16 16 heads, page ahead, 32-row tiles, 4 warps, 4 stages", "bf16", AHEAD | dict(BLOCK_N=32), 4, 4),
+    ("bf16 16 heads, page ahead, 32-row tiles, one sequence's split per program", "bf16", AHEAD | dict(BLOCK_N=32), 4, 3),
+    ("bf16 16 heads, page ahead, 32-row tiles, 4 warps, 4 stages", "bf16", AHEAD | SPANS | dict(BLOCK_N=32), 4, 4),
     ("bf16 16 heads, page looked up in the loop (the old default)", "bf16", dict(BLOCK_H=16, BLOCK_N=64), 8, 3),
     ("bf16 16 heads, page looked up in the loop, 32-row tiles", "bf16", dict(BLOCK_H=16, BLOCK_N=32), 4, 3),
     ("fp8 16 heads, pipeliner instead of prefetch", "fp8", dict(BLOCK_H=16, BLOCK_N=32, Q_F16=True), 4, 3),
@@ -87,6 +89,7 @@ def compile_stage1(
     consts = dict(PAGE=64, D_LAT=512, D_ROPE=64, BLOCK_H=heads, BLOCK_N=64) if gluon else dict(
         PAGE=64, D_LAT=512, D_ROPE=64, PRECISION="tf32", QUANTIZED=cache != "bf16", TILE_IN_PAGE=True,
         PREFETCH=False, Q_F16=False, PAGE_AHEAD=False, WIDEN_BITS=False, LAT_TILE=512, ROPE_TILE=64, PDL=False,
+        BALANCED=False, MIN_TILES=1,
     )  # fmt: skip
     consts |= constexprs
     signature, attrs = {}, {}

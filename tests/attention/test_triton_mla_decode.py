@@ -43,19 +43,66 @@ def random_case(seq_lens, heads, page, seed, num_blocks=48):
     return q, cache, table, meta
 
 
+@pytest.mark.parametrize("balanced", [False, True])
 @pytest.mark.parametrize("seq_lens, heads, page, splits", [
     ([1, 7, 33, 64], 4, 16, 1),
     ([5, 70, 18], 16, 16, 3),
     ([100, 1, 40], 20, 32, 4),  # heads beyond one group of 16, a split that is empty for short sequences
 ])  # fmt: skip
-def test_matches_reference(seq_lens, heads, page, splits):
+def test_matches_reference(seq_lens, heads, page, splits, balanced):
     q, cache, table, meta = random_case(seq_lens, heads, page, seed=len(seq_lens) + heads)
     want, want_lse = TorchBackend().decode(q, cache, None, meta, 0.2, LAT, need_lse=True)
     got, lse = mla_decode_tuned(
-        q, cache, table, meta.seq_lens, max(seq_lens), LAT, 0.2, block_n=16, num_splits=splits
-    )
+        q, cache, table, meta.seq_lens, max(seq_lens), LAT, 0.2, block_n=16, num_splits=splits,
+        balanced=balanced, min_span_rows=16,
+    )  # fmt: skip
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(lse, want_lse, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("seq_lens, programs, min_rows", [
+    ([300, 0, 7, 129, 1, 0, 64], 3, 16),  # sequences of no rows; spans that end inside a sequence
+    ([500] + [3] * 20, 8, 16),  # one long sequence over most programs, many short ones in one program
+    ([17] * 5, 64, 16),  # more programs than tiles: most take none
+    ([200, 40, 90], 4, 64),  # the least span (4 tiles) leaves programs idle
+    ([0, 0, 5], 4, 16),  # sequences of no rows first
+])  # fmt: skip
+def test_balanced_spans_match_reference(seq_lens, programs, min_rows):
+    """Balanced spans (each program an equal run of the batch's tiles, over as many sequences as it touches) give
+    the reference's outputs and LSEs whatever the lengths."""
+    q, cache, table, meta = random_case(seq_lens, 16, 16, seed=programs, num_blocks=64)
+    got, lse = mla_decode_tuned(
+        q, cache, table, meta.seq_lens, max(seq_lens), LAT, 0.2, block_n=16, num_splits=programs,
+        balanced=True, min_span_rows=min_rows,
+    )  # fmt: skip
+    live = torch.tensor(seq_lens) > 0  # a sequence of no rows: zero output, LSE -inf
+    assert (got[~live] == 0).all() and (lse[~live] == float("-inf")).all()
+    want, want_lse = TorchBackend().decode(q, cache, None, meta, 0.2, LAT, need_lse=True)
+    torch.testing.assert_close(got[live], want[live], atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(lse[live], want_lse[live], atol=2e-5, rtol=2e-5)
+
+
+def test_balanced_spans_past_512_sequences():
+    """The lengths are summed 512 at a time: a batch past that still finds each program's first sequence."""
+    seq_lens = [(7 * i) % 5 for i in range(520)]  # 0 to 4 rows, some sequences empty
+    q, cache, table, meta = random_case(seq_lens, 1, 16, seed=520, num_blocks=600)
+    got, lse = mla_decode_tuned(
+        q,
+        cache,
+        table,
+        meta.seq_lens,
+        16,
+        LAT,
+        0.2,
+        block_n=16,
+        num_splits=7,
+        balanced=True,
+        min_span_rows=16,
+    )
+    want, want_lse = TorchBackend().decode(q, cache, None, meta, 0.2, LAT, need_lse=True)
+    live = torch.tensor(seq_lens) > 0
+    torch.testing.assert_close(got[live], want[live], atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(lse[live], want_lse[live], atol=2e-5, rtol=2e-5)
 
 
 @triton.jit
@@ -270,7 +317,7 @@ def test_gluon_kernels_are_refused_where_they_cannot_run():
         mla_decode_tuned(q, cache, table, meta.seq_lens, 30, LAT, 0.2, kernel="gluon_wgmma")
     with pytest.raises(ValueError, match="'gluon_fp8' cannot run"):
         mla_decode_tuned(q, cache, table, meta.seq_lens, 30, LAT, 0.2, kernel="gluon_fp8")
-    with pytest.raises(ValueError, match="'triton' takes no pdl; its tuning knobs: block_h"):
+    with pytest.raises(ValueError, match="'triton' takes no pdl; its tuning knobs: balanced, block_h"):
         mla_decode_tuned(q, cache, table, meta.seq_lens, 30, LAT, 0.2, pdl=False)
     with pytest.raises(ValueError, match="unknown decode kernel 'wgmma'"):
         mla_decode_tuned(q, cache, table, meta.seq_lens, 30, LAT, 0.2, kernel="wgmma")

@@ -59,6 +59,11 @@ def check_eager_and_replayed(
         {"kernel": "triton", "page_ahead": False},
         {"kernel": "triton", "block_n": 64, "num_warps": 8},
         {"kernel": "triton", "block_n": 32, "num_warps": 4},
+        {
+            "kernel": "triton",
+            "balanced": False,
+        },  # one sequence per program, the 16-bit default's other layout
+        {"kernel": "triton", "balanced": True},  # and the 8-bit one's
     ],
 )
 @pytest.mark.parametrize("kv", ["bf16", "fp8_e4m3"])
@@ -101,19 +106,22 @@ def test_many_heads_match_reference_eager_and_in_a_graph(batch, heads, page, ker
 
 
 @pytest.mark.parametrize(
-    "heads, kv, kernel",
+    "heads, kv, kernel, options",
     [
-        (16, "bf16", "triton"),
-        (128, "bf16", "gluon_wgmma"),
-        (16, "fp8_e4m3", "gluon_wgmma8"),
-        (16, "fp8_e4m3", "gluon_fp8"),
-        (16, "int8", "triton"),
+        (16, "bf16", "triton", {}),  # balanced spans
+        (16, "bf16", "triton", {"balanced": False}),
+        (128, "bf16", "gluon_wgmma", {}),
+        (16, "fp8_e4m3", "gluon_wgmma8", {}),
+        (16, "fp8_e4m3", "gluon_fp8", {}),
+        (16, "int8", "triton", {}),
+        (16, "int8", "triton", {"balanced": True}),
     ],
 )
-def test_uneven_lengths_take_splits_by_share(heads, kv, kernel):
+def test_uneven_lengths_take_splits_by_share(heads, kv, kernel, options):
     """The mixed workload's shape of batch: many short contexts and a few long ones, the grid sized for a longer
-    max_model_len with room for the long ones to take more splits (decode_rules.grid_splits). Every kernel's
-    slices must still cover each context exactly once, eagerly and replayed."""
+    max_model_len with room for the long ones to take more splits (decode_rules.grid_splits), or (the Triton
+    kernel's balanced spans) every program an equal run of the batch's rows. Every kernel's slices must still
+    cover each context exactly once, eagerly and replayed."""
     skip_gluon_off_hopper({"kernel": kernel})
     gen = torch.Generator().manual_seed(heads)
     lengths = torch.randint(16, 700, (40,), generator=gen).tolist()
@@ -121,14 +129,14 @@ def test_uneven_lengths_take_splits_by_share(heads, kv, kernel):
     q, cache, table, meta = paged_case(len(lengths), heads, lengths, PAGE, torch.bfloat16, seed=heads)
     if kv != "bf16":
         cache = quantize_rows(cache, QUANTIZED[kv])
-    plan = decode_plan(q, cache, 10240, LAT, ROPE, kernel=kernel)
-    # every kernel here leaves spare splits for the long ones
-    assert KERNELS_BY_NAME[kernel].grid_room and plan.num_splits > plan.split_target
+    plan = decode_plan(q, cache, 10240, LAT, ROPE, kernel=kernel, **options)
+    # every kernel here leaves spare splits for the long ones, or balances the rows
+    assert plan.balanced or (KERNELS_BY_NAME[kernel].grid_room and plan.num_splits > plan.split_target)
     check_eager_and_replayed(
         q,
         cache,
         meta,
-        lambda: mla_decode_tuned(q, cache, table, meta.seq_lens, 10240, LAT, 0.07, kernel=kernel),
+        lambda: mla_decode_tuned(q, cache, table, meta.seq_lens, 10240, LAT, 0.07, kernel=kernel, **options),
         lse_atol=FP8_DOTS_LSE_ATOL if kernel == "gluon_fp8" else 2e-3,
     )
 

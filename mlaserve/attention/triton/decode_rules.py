@@ -84,6 +84,8 @@ class DecodePlan:
     pdl: bool = False
     partial_dtype: torch.dtype = torch.float32
     split_target: int = 0
+    balanced: bool = False  # Triton kernel: num_splits programs take equal runs of the batch's tiles
+    min_span_rows: int = 256  # balanced: the fewest rows a program takes (the least context a split is given)
 
 
 def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms: int, block_h: int) -> int:
@@ -215,6 +217,8 @@ def plan_triton(shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuni
     page_ahead = tuning.get("page_ahead")
     page_ahead = block_h <= 16 and not quantized if page_ahead is None else page_ahead
     block_n, num_warps, splits = tuning.get("block_n"), tuning.get("num_warps"), tuning.get("num_splits")
+    balanced = tuning.get("balanced")
+    balanced = block_h <= 16 and not quantized if balanced is None else balanced
     if light:
         block_n, num_warps = block_n or 32, num_warps or 4
     elif block_h <= 16 and page_ahead and page % 32 == 0:
@@ -224,7 +228,7 @@ def plan_triton(shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuni
         # grid under one program per SM (batch 1) wants 64-row tiles and 8 warps: 0.023 ms against 0.025 (32 rows)
         # and 0.028 (single-buffered) at 16,384. Pages under 32 rows keep 64-row tiles: they span pages, so there
         # is no page to look up ahead.
-        wide = splits or num_splits_for(call.batch, _groups(shape, block_h), call.max_seq_len, 64, device.sms,
+        wide = (not balanced and splits) or num_splits_for(call.batch, _groups(shape, block_h), call.max_seq_len, 64, device.sms,
                                         block_h)  # fmt: skip
         small = call.batch * _groups(shape, block_h) * wide < device.sms and page % 64 == 0
         block_n, num_warps = block_n or (64 if small else 32), num_warps or (8 if small else 4)
@@ -245,15 +249,25 @@ def plan_triton(shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuni
             num_stages = 1
         else:
             break
-    splits = splits or num_splits_for(call.batch, _groups(shape, block_h), call.max_seq_len, block_n, device.sms,
-                                      block_h)  # fmt: skip
+    if balanced:
+        splits = splits or balanced_programs(_groups(shape, block_h), device.sms)
+    else:
+        splits = splits or num_splits_for(call.batch, _groups(shape, block_h), call.max_seq_len, block_n,
+                                          device.sms, block_h)  # fmt: skip
     in_page = page % block_n == 0
     return DecodePlan(
         "triton", splits, block_h, block_n, num_warps, num_stages, lat_tile, rope_tile,
         page_ahead=page_ahead and in_page, prefetch=prefetch,
         q_f16=q_f16 and quantized, widen_bits=tuning.get("widen_bits") is not False and quantized and q_f16,
-        tile_in_page=in_page, partial_dtype=tuning.get("partial_dtype", torch.float32),
+        tile_in_page=in_page, partial_dtype=tuning.get("partial_dtype", torch.float32), balanced=balanced,
+        min_span_rows=tuning.get("min_span_rows", 256),
     )  # fmt: skip
+
+
+def balanced_programs(head_groups: int, sms: int) -> int:
+    """Programs per head group for balanced spans (DecodePlan.balanced): the two per SM that the memory-bound
+    16-head program fits at once (num_splits_for), each then given an equal run of the batch's tiles."""
+    return max(1, round(2 * sms / head_groups))
 
 
 def _shared_bytes(block_h: int, block_n: int, lat_tile: int, row_bytes: int, one_buffer: bool) -> int:

@@ -87,7 +87,7 @@ class DecodeKernel:
 # tile spans pages (sparse attention's pages of one row).
 GLUON = dict(runtime="gluon", archs=frozenset({"sm_90"}), query_dtypes=HALF, heads=ANY)
 TRITON_TUNABLES = frozenset({"block_h", "block_n", "num_warps", "num_stages", "num_splits", "prefetch", "page_ahead",
-                             "q_f16", "widen_bits", "partial_dtype"})  # fmt: skip
+                             "q_f16", "widen_bits", "partial_dtype", "balanced", "min_span_rows"})  # fmt: skip
 
 # Ordered: the first kernel that fits a call and pays runs it. The Gluon kernels' widths are those that built and
 # matched the reference on an H200: rope tiles narrower than 64 (32 for fp8 dots) break their 128-byte swizzled
@@ -228,7 +228,7 @@ def plan(
         raise ValueError(f"decode kernel {chosen.name!r} takes no {', '.join(sorted(extra))}; its tuning knobs: "
                          f"{', '.join(sorted(chosen.tunables)) or 'none'}")  # fmt: skip
     planned = chosen.plan(shape, call, device, tuning)
-    if not chosen.grid_room or "num_splits" in tuning:
+    if not chosen.grid_room or "num_splits" in tuning or planned.balanced:
         return planned
     room = rules.grid_splits(
         planned.num_splits, call.batch, shape.num_heads, shape.kv_lora_rank, call.max_seq_len

@@ -153,32 +153,51 @@ def _split_span(SeqLens, b, split, num_splits, split_target, BLOCK_N: tl.constex
     return start, tl.minimum(start + split_len, seq_len)
 
 
-# Ints that change from step to step are not specialized on (Triton would compile a variant for 1 and for
-# multiples of 16): a compile in the middle of serving costs about a second. The per-head LSE stride is the split
-# count, which an eager mixed step picks from its own batch.
-@triton.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits", "split_target"])
-def _stage1(
-    Q, QPe, KV, BlockTable, SeqLens, MidO, MidLse,
-    stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
-    num_heads, scale_log2, num_splits, split_target,
+@triton.jit
+def _batch_tiles(SeqLens, batch, num_ctas, BLOCK_N: tl.constexpr, MIN_TILES: tl.constexpr):
+    """Balanced spans: the batch's tiles of BLOCK_N rows laid end to end, and how many each of num_ctas programs
+    takes (at least MIN_TILES, so no program starts for a sliver)."""
+    idx = tl.arange(0, 512)
+    total = tl.sum(tl.cdiv(tl.load(SeqLens + idx, mask=idx < batch, other=0), BLOCK_N), 0)
+    for i in range(512, batch, 512):  # batches past 512 rows
+        total += tl.sum(tl.cdiv(tl.load(SeqLens + i + idx, mask=i + idx < batch, other=0), BLOCK_N), 0)
+    return total, tl.maximum(tl.cdiv(total, num_ctas), MIN_TILES)
+
+
+@triton.jit
+def _sequences_before(SeqLens, batch, t0, t1, BLOCK_N: tl.constexpr):
+    """For tiles [t0, t1) of the batch laid end to end: the first sequence they touch, the tiles before it, and the
+    end of the sequences they touch (exclusive). Sequences of no rows inside the range touch nothing."""
+    idx = tl.arange(0, 512)
+    first = tl.sum(tl.zeros([512], tl.int32), 0)
+    before = first
+    last = first
+    run = first
+    for i in range(0, batch, 512):
+        ok = i + idx < batch
+        tiles = tl.cdiv(tl.load(SeqLens + i + idx, mask=ok, other=0), BLOCK_N)
+        ends = run + tl.cumsum(tiles, 0)
+        done = ok & (ends <= t0)
+        first += tl.sum(done.to(tl.int32), 0)
+        before += tl.sum(tl.where(done, tiles, 0), 0)
+        last += tl.sum((ok & (ends < t1)).to(tl.int32), 0)
+        run += tl.sum(tiles, 0)
+    return first, before, last + 1
+
+
+@triton.jit
+def _attend_rows(
+    Q, QPe, KV, BlockTable, b, start, end, heads, head_ok, d, r, q_ok,
+    stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, scale_log2,
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
     TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr, PAGE_AHEAD: tl.constexpr,
-    WIDEN_BITS: tl.constexpr, LAT_TILE: tl.constexpr, ROPE_TILE: tl.constexpr, PDL: tl.constexpr,
+    WIDEN_BITS: tl.constexpr, LAT_TILE: tl.constexpr, ROPE_TILE: tl.constexpr,
 ):  # fmt: skip
-    pdl_enter(PDL)  # the cache row of this step's token comes from the kernel before (pdl.py)
-    b = tl.program_id(0)
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    split = tl.program_id(2)
-    head_ok = heads < num_heads
-    start, end = _split_span(SeqLens, b, split, num_splits, split_target, BLOCK_N)
-    d = tl.arange(0, LAT_TILE)
-    r = tl.arange(0, ROPE_TILE)
-    # A split past its sequence's share is empty: its tile loops run no step, and it stores only its LSE (-inf),
-    # which the merge skips. Its queries still load: masked by the split's bounds, every program's query loads
-    # waited for the lengths' sum, and the 16-head kernel took 347.7 us at (128, 16, 8,192) where it takes 305.7
-    # and 306.5 us without (results/h200-split-room-2026-12-02-{d5d257c,b90320a,3d1425f}.json, H200s).
-    q_ok = _mask(head_ok, d, D_LAT, LAT_TILE)
+    """Sequence b's heads attend over its rows [start, end): the partial output and base-2 LSE (-inf if empty)."""
+    # Masked by the span's bounds, every program's query loads waited for the lengths' sum, and the 16-head kernel
+    # took 347.7 us at (128, 16, 8,192) where it takes 305.7 and 306.5 us without
+    # (results/h200-split-room-2026-12-02-{d5d257c,b90320a,3d1425f}.json, H200s): an empty span loads them too.
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=q_ok, other=0.0)
     q_pe = tl.load(
         QPe + b * stride_pb + heads[:, None] * stride_ph + r[None, :],
@@ -230,42 +249,140 @@ def _stage1(
             m, l_sum, acc = _attend_tile(
                 q, q_pe, k, k_pe, scale, ok, m, l_sum, acc, scale_log2, PRECISION, QUANTIZED, WIDEN_BITS
             )
-
     has = l_sum > 0
     out = acc / tl.where(has, l_sum, 1.0)[:, None]
-    lse2 = tl.where(
-        has, m + tl.log2(tl.where(has, l_sum, 1.0)), float("-inf")
-    )  # base-2 LSE; -inf for an empty split
-    mo = MidO + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + d[None, :]
-    tl.store(mo, out.to(MidO.dtype.element_ty), mask=q_ok & has[:, None])  # none for an empty split
-    tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse2, mask=head_ok)
+    lse2 = tl.where(has, m + tl.log2(tl.where(has, l_sum, 1.0)), float("-inf"))
+    return out, lse2
 
 
-@triton.jit(do_not_specialize=["stride_mlh", "num_splits"])
+# Ints that change from step to step are not specialized on (Triton would compile a variant for 1 and for
+# multiples of 16): a compile in the middle of serving costs about a second. The per-head LSE stride is the split
+# count, which an eager mixed step picks from its own batch.
+@triton.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits", "split_target", "batch"])
+def _stage1(
+    Q, QPe, KV, BlockTable, SeqLens, MidO, MidLse,
+    stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
+    num_heads, scale_log2, num_splits, split_target, batch,
+    PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
+    TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr, PAGE_AHEAD: tl.constexpr,
+    WIDEN_BITS: tl.constexpr, LAT_TILE: tl.constexpr, ROPE_TILE: tl.constexpr, PDL: tl.constexpr,
+    BALANCED: tl.constexpr, MIN_TILES: tl.constexpr,
+):  # fmt: skip
+    pdl_enter(PDL)  # the cache row of this step's token comes from the kernel before (pdl.py)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_ok = heads < num_heads
+    d = tl.arange(0, LAT_TILE)
+    r = tl.arange(0, ROPE_TILE)
+    q_ok = _mask(head_ok, d, D_LAT, LAT_TILE)
+    if BALANCED:
+        # Program c takes tiles [c x per, (c + 1) x per) of the batch's tiles laid end to end, over as many
+        # sequences as they touch: every program the same rows, whatever the lengths. Its partial for sequence b
+        # goes to row b + c: a sequence's programs are consecutive, so the rows are distinct and the merge finds
+        # them from the lengths alone (num_splits: the programs; MidO [batch + num_splits, heads, 1, latent]).
+        cta = tl.program_id(0)
+        total, per = _batch_tiles(SeqLens, batch, num_splits, BLOCK_N, MIN_TILES)
+        t0 = cta * per
+        t1 = tl.minimum(t0 + per, total)
+        first, seg, stop = _sequences_before(SeqLens, batch, t0, t1, BLOCK_N)
+        for b in range(first, tl.where(t0 < t1, stop, first)):
+            seq_len = tl.load(SeqLens + b)
+            tiles = tl.cdiv(seq_len, BLOCK_N)
+            start = (tl.maximum(t0, seg) - seg) * BLOCK_N
+            end = tl.minimum((tl.minimum(t1, seg + tiles) - seg) * BLOCK_N, seq_len)
+            out, lse2 = _attend_rows(
+                Q, QPe, KV, BlockTable, b, start, end, heads, head_ok, d, r, q_ok,
+                stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, scale_log2,
+                PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N, PRECISION, QUANTIZED, TILE_IN_PAGE, PREFETCH, Q_F16,
+                PAGE_AHEAD, WIDEN_BITS, LAT_TILE, ROPE_TILE,
+            )  # fmt: skip
+            row = b + cta
+            some = lse2 > float("-inf")  # a sequence of no rows has no partial: the merge counts none for it
+            mo = MidO + row * stride_mob + heads[:, None] * stride_moh + d[None, :]
+            tl.store(mo, out.to(MidO.dtype.element_ty), mask=q_ok & some[:, None])
+            tl.store(MidLse + row * stride_mlb + heads * stride_mlh, lse2, mask=head_ok & some)
+            seg += tiles
+    else:
+        b = tl.program_id(0)
+        split = tl.program_id(2)
+        start, end = _split_span(SeqLens, b, split, num_splits, split_target, BLOCK_N)
+        # A split past its sequence's share is empty: its tile loop runs no step, and it stores only its LSE
+        # (-inf), which the merge skips.
+        out, lse2 = _attend_rows(
+            Q, QPe, KV, BlockTable, b, start, end, heads, head_ok, d, r, q_ok,
+            stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, scale_log2,
+            PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N, PRECISION, QUANTIZED, TILE_IN_PAGE, PREFETCH, Q_F16,
+            PAGE_AHEAD, WIDEN_BITS, LAT_TILE, ROPE_TILE,
+        )  # fmt: skip
+        mo = MidO + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + d[None, :]
+        tl.store(mo, out.to(MidO.dtype.element_ty), mask=q_ok & (lse2 > float("-inf"))[:, None])
+        tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse2, mask=head_ok)
+
+
+@triton.jit
+def _tiles_before(SeqLens, b, BLOCK_N: tl.constexpr):
+    """The tiles of BLOCK_N rows of sequences 0 .. b - 1."""
+    idx = tl.arange(0, 512)
+    before = tl.sum(tl.zeros([512], tl.int32), 0)
+    for i in range(0, b, 512):
+        before += tl.sum(tl.cdiv(tl.load(SeqLens + i + idx, mask=i + idx < b, other=0), BLOCK_N), 0)
+    return before
+
+
+@triton.jit(do_not_specialize=["stride_mlh", "num_splits", "batch"])
 def _stage2(
-    MidO, MidLse, Out, Lse,
+    MidO, MidLse, Out, Lse, SeqLens,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, stride_ob, stride_oh, stride_lb,
-    num_splits,
+    num_splits, batch,
     D_LAT: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr, LAT_TILE: tl.constexpr,
+    BALANCED: tl.constexpr, BLOCK_N: tl.constexpr, MIN_TILES: tl.constexpr,
 ):  # fmt: skip
     # Launched early behind the split step (pdl.py): wait until that grid has finished and its partials are visible.
     pdl_enter(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
-    s_ok = s < num_splits
-    lse2 = tl.load(MidLse + b * stride_mlb + h * stride_mlh + s, mask=s_ok, other=float("-inf"))
-    top = tl.max(lse2, 0)
-    w = tl.where(s_ok, tl.exp2(lse2 - top), 0.0)
-    total = tl.sum(w, 0)
     d = tl.arange(0, LAT_TILE)
-    # Splits past a sequence's share are empty (LSE -inf) and may not have written their partial output.
-    parts = tl.load(
-        MidO + b * stride_mob + h * stride_moh + s[:, None] * stride_mos + d[None, :],
-        mask=_mask(s_ok & (lse2 > float("-inf")), d, D_LAT, LAT_TILE),
-        other=0.0,
-    ).to(tl.float32)
-    out = tl.sum(parts * (w / total)[:, None], 0)
+    if BALANCED:
+        # Sequence b's partials are rows b + c of the programs c whose spans touch it (_stage1), in blocks of
+        # BLOCK_S, merged online.
+        _, per = _batch_tiles(SeqLens, batch, num_splits, BLOCK_N, MIN_TILES)
+        before = _tiles_before(SeqLens, b, BLOCK_N)
+        tiles = tl.cdiv(tl.load(SeqLens + b), BLOCK_N)
+        first = before // per
+        count = tl.where(tiles > 0, (before + tiles - 1) // per - first + 1, 0)
+        top = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), 0)
+        total = tl.sum(tl.zeros([BLOCK_S], tl.float32), 0)
+        out = tl.zeros([LAT_TILE], tl.float32)
+        for j in range(0, count, BLOCK_S):
+            ok = j + s < count
+            row = b + first + j + s
+            lse2 = tl.load(MidLse + row * stride_mlb + h * stride_mlh, mask=ok, other=float("-inf"))
+            new_top = tl.maximum(top, tl.max(lse2, 0))  # finite: every stored partial has rows
+            alpha = tl.exp2(top - new_top)
+            w = tl.where(ok, tl.exp2(lse2 - new_top), 0.0)
+            parts = tl.load(
+                MidO + row[:, None] * stride_mob + h * stride_moh + d[None, :],
+                mask=_mask(ok, d, D_LAT, LAT_TILE),
+                other=0.0,
+            ).to(tl.float32)
+            out = out * alpha + tl.sum(parts * w[:, None], 0)
+            total = total * alpha + tl.sum(w, 0)
+            top = new_top
+        out = out / tl.where(total > 0, total, 1.0)
+    else:
+        s_ok = s < num_splits
+        lse2 = tl.load(MidLse + b * stride_mlb + h * stride_mlh + s, mask=s_ok, other=float("-inf"))
+        top = tl.max(lse2, 0)
+        w = tl.where(s_ok, tl.exp2(lse2 - top), 0.0)
+        total = tl.sum(w, 0)
+        # Splits past a sequence's share are empty (LSE -inf) and may not have written their partial output.
+        parts = tl.load(
+            MidO + b * stride_mob + h * stride_moh + s[:, None] * stride_mos + d[None, :],
+            mask=_mask(s_ok & (lse2 > float("-inf")), d, D_LAT, LAT_TILE),
+            other=0.0,
+        ).to(tl.float32)
+        out = tl.sum(parts * (w / total)[:, None], 0)
     if LAT_TILE == D_LAT:
         tl.store(Out + b * stride_ob + h * stride_oh + d, out.to(Out.dtype.element_ty))
     else:
@@ -378,15 +495,18 @@ def launch(
     page = kv_cache.shape[1]
     d_rope = q_pe.shape[-1]
     row = kv_cache.shape[-1]  # width, or width + a 16-byte scale tail for 8-bit rows
-    mid_o = torch.empty(batch, heads, num_splits, kv_lora_rank, dtype=plan.partial_dtype, device=q.device)
-    mid_lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
+    # Balanced spans keep one partial row per (program, sequence) pair it touches (_stage1): batch + programs
+    rows, parts = (batch + num_splits, 1) if plan.balanced else (batch, num_splits)
+    mid_o = torch.empty(rows, heads, parts, kv_lora_rank, dtype=plan.partial_dtype, device=q.device)
+    mid_lse = torch.empty(rows, heads, parts, dtype=torch.float32, device=q.device)
     kv = kv_cache.view(-1, row)
     tensors = (kv, block_table, seq_lens, mid_o, mid_lse)
     strides = (kv.stride(0), block_table.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
                mid_lse.stride(0), mid_lse.stride(1))  # fmt: skip
     sizes = (heads, scale * LOG2E, num_splits, plan.split_target or num_splits)
     args = (q, q_pe, *tensors, q.stride(0), q.stride(1), q_pe.stride(0), q_pe.stride(1), *strides, *sizes)
-    grid = (batch, triton.cdiv(heads, plan.block_h), num_splits)
+    groups = triton.cdiv(heads, plan.block_h)
+    grid = (num_splits, groups, 1) if plan.balanced else (batch, groups, num_splits)
     pdl = pdl_launch(q)  # the Triton split step's and the merge's launch options (pdl.py)
     if plan.kernel == "gluon_fp8":
         from mlaserve.attention.triton.fp8_query import split_queries
@@ -412,22 +532,29 @@ def launch(
         )  # fmt: skip
     else:
         _stage1[grid](
-            *args,
+            *args, batch,
             PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n,
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32", QUANTIZED=is_quantized(kv_cache.dtype),
             TILE_IN_PAGE=plan.tile_in_page, PREFETCH=plan.prefetch, Q_F16=plan.q_f16, PAGE_AHEAD=plan.page_ahead,
             WIDEN_BITS=plan.widen_bits, LAT_TILE=plan.lat_tile, ROPE_TILE=plan.rope_tile,
-            num_warps=plan.num_warps, num_stages=plan.num_stages, **pdl,
+            BALANCED=plan.balanced, MIN_TILES=_min_tiles(plan), num_warps=plan.num_warps,
+            num_stages=plan.num_stages, **pdl,
         )  # fmt: skip
     out = torch.empty(batch, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, heads, dtype=torch.float32, device=q.device)
     # The fp8-dot kernel's plan may ask for PDL on its own (its tuning); every kernel takes it where pdl.py does.
     merge_pdl = (plan.pdl and plan.kernel == "gluon_fp8") or pdl["PDL"]
     _stage2[(batch, heads)](
-        mid_o, mid_lse, out, lse,
+        mid_o, mid_lse, out, lse, seq_lens,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0),
-        num_splits, D_LAT=kv_lora_rank, BLOCK_S=triton.next_power_of_2(num_splits), PDL=merge_pdl,
-        LAT_TILE=plan.lat_tile or kv_lora_rank, **({"launch_pdl": True} if merge_pdl else {}),
+        out.stride(0), out.stride(1), lse.stride(0), num_splits, batch,
+        D_LAT=kv_lora_rank, BLOCK_S=8 if plan.balanced else triton.next_power_of_2(num_splits), PDL=merge_pdl,
+        LAT_TILE=plan.lat_tile or kv_lora_rank, BALANCED=plan.balanced, BLOCK_N=plan.block_n,
+        MIN_TILES=_min_tiles(plan), **({"launch_pdl": True} if merge_pdl else {}),
     )  # fmt: skip
     return out, lse
+
+
+def _min_tiles(plan: DecodePlan) -> int:
+    """The fewest tiles a balanced span takes."""
+    return max(1, plan.min_span_rows // plan.block_n)
