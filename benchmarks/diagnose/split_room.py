@@ -8,7 +8,7 @@ At 16 heads the Triton kernel also runs in the other of its two layouts, side by
 (one sequence per program, each sequence its share of the splits by length) and "spans" (every program an equal
 run of the batch's tiles, DecodePlan.balanced), the latter also at other program counts and least spans; each
 with each split count given forced (shares, grid and target both: no spare splits). Then the 16-head cases again
-over an fp8 cache (the fp8-dot kernel where it pays) and the uneven ones over an int8 cache (the Triton kernel).
+over an fp8 cache (the fp8-dot kernel where it pays) and over an int8 cache (the Triton kernel).
 Every variant is first checked against the torch reference. Run it on two trees to compare their rules (the
 tree's own mlaserve is imported):
 
@@ -104,10 +104,11 @@ def main() -> None:
 
     rows = [case(b, h, [n] * b, n, variants=layouts(h)) for b, h, n in UNIFORM]
     rows += [case(b, h, uneven_lengths(b, b), 10240, forced, variants=layouts(h)) for b, h in UNEVEN]
-    # the 8-bit caches at the 16-head shapes: fp8 (the fp8-dot kernel where it pays), int8 uneven (Triton's)
+    # the 8-bit caches at the 16-head shapes: fp8 (the fp8-dot kernel where it pays), int8 (Triton's)
     rows += [case(b, h, [n] * b, n, cache_dtype="fp8_e4m3") for b, h, n in UNIFORM if h == 16]
     rows += [case(b, h, uneven_lengths(b, b), 10240, cache_dtype="fp8_e4m3") for b, h in UNEVEN if h == 16]
     int8 = {name: LAYOUTS[name] for name in ("shares", "spans")}
+    rows += [case(b, h, [n] * b, n, cache_dtype="int8", variants=int8) for b, h, n in UNIFORM if h == 16]
     rows += [
         case(b, h, uneven_lengths(b, b), 10240, cache_dtype="int8", variants=int8)
         for b, h in UNEVEN
