@@ -218,7 +218,10 @@ def plan_triton(shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuni
     page_ahead = block_h <= 16 and not quantized if page_ahead is None else page_ahead
     block_n, num_warps, splits = tuning.get("block_n"), tuning.get("num_warps"), tuning.get("num_splits")
     balanced = tuning.get("balanced")
-    balanced = block_h <= 16 and not quantized if balanced is None else balanced
+    if balanced is None:
+        balanced = (
+            block_h <= 16 and not quantized and spans_pay(call.batch, _groups(shape, block_h), device.sms)
+        )
     if light:
         block_n, num_warps = block_n or 32, num_warps or 4
     elif block_h <= 16 and page_ahead and page % 32 == 0:
@@ -262,6 +265,17 @@ def plan_triton(shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuni
         tile_in_page=in_page, partial_dtype=tuning.get("partial_dtype", torch.float32), balanced=balanced,
         min_span_rows=tuning.get("min_span_rows", 256),
     )  # fmt: skip
+
+
+def spans_pay(batch: int, head_groups: int, sms: int) -> bool:
+    """Whether balanced spans (DecodePlan.balanced) beat split shares for the 16-head Triton kernel over a 16-bit
+    cache: where the measured split rule (num_splits_for) gives a sequence at most two splits (the batch's programs
+    fill the GPU's two per SM at fewer than 2.5 each, whatever the context). Shares then slice a
+    long sequence into a few long slices that the batch waits on; with more splits they slice it finely, and spans
+    only add their search. On an H200 (benchmarks/diagnose/split_room.py, graph replays) spans took 83-92 us
+    against 114 at the mixed workload's 229-sequence batch and 52-55 against 59 at 106; at 45 sequences they tied,
+    and they lost at 32 x 2,048 (37.8 against 34.1 us) and batch 1 x 16,384 (34.8 against 22.0)."""
+    return round(2 * sms / max(batch * head_groups, 1)) <= 2
 
 
 def balanced_programs(head_groups: int, sms: int) -> int:

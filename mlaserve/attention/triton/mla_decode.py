@@ -565,7 +565,7 @@ def launch(
         mid_o, mid_lse, out, lse, seq_lens,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), num_splits, batch,
-        D_LAT=kv_lora_rank, BLOCK_S=32 if plan.balanced else triton.next_power_of_2(num_splits), PDL=merge_pdl,
+        D_LAT=kv_lora_rank, BLOCK_S=8 if plan.balanced else triton.next_power_of_2(num_splits), PDL=merge_pdl,
         LAT_TILE=plan.lat_tile or kv_lora_rank, BALANCED=plan.balanced, BLOCK_N=plan.block_n,
         MIN_TILES=_min_tiles(plan), **({"launch_pdl": True} if merge_pdl else {}),
     )  # fmt: skip
