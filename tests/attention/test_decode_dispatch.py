@@ -89,7 +89,7 @@ def test_shapes_other_than_deepseeks_take_the_general_kernel(heads, rank, rope, 
 # Today's launches at DeepSeek's widths (512 + 64), as the dispatcher before the table chose them on an H200 and an
 # A100: (device, heads, cache, query, page, batch, max_len) -> kernel, splits, and for the Triton kernel
 # (block_h, block_n, num_warps, num_stages, page_ahead, prefetch, q_f16, widen_bits and balanced). The 16-head
-# Triton kernel over 16-bit caches lays out balanced spans from about 106 sequences (decode_rules.spans_pay): its
+# Triton kernel over 16-bit caches lays out balanced spans from about 41 sequences (decode_rules.spans_pay): its
 # splits are then its programs, two per SM.
 TRITON = (
     "block_h",
@@ -103,9 +103,10 @@ TRITON = (
     "balanced",
 )
 DEEPSEEK = [
-    (H200, 16, "bf16", None, 64, 64, 4096, "triton", 4, (16, 32, 4, 3, True, False, False, False, False)),
+    (H200, 16, "bf16", None, 64, 64, 4096, "triton", 264, (16, 32, 4, 3, True, False, False, False, True)),
     (H200, 16, "bf16", None, 64, 128, 8192, "triton", 264, (16, 32, 4, 3, True, False, False, False, True)),
     (H200, 16, "bf16", None, 64, 229, 10240, "triton", 264, (16, 32, 4, 3, True, False, False, False, True)),
+    (H200, 16, "bf16", None, 64, 40, 10240, "triton", 7, (16, 32, 4, 3, True, False, False, False, False)),
     (H200, 16, "bf16", None, 64, 1, 16384, "triton", 64, (16, 64, 8, 3, True, False, False, False, False)),
     (H200, 16, "bf16", None, 16, 32, 2048, "triton", 8, (16, 64, 8, 3, False, False, False, False, False)),
     (H200, 128, "bf16", None, 64, 64, 4096, "gluon_wgmma", 1, None),

@@ -85,7 +85,7 @@ class DecodePlan:
     partial_dtype: torch.dtype = torch.float32
     split_target: int = 0
     balanced: bool = False  # Triton kernel: num_splits programs take equal runs of the batch's tiles
-    min_span_rows: int = 256  # balanced: the fewest rows a program takes (the least context a split is given)
+    min_span_rows: int = 128  # balanced: the fewest rows a program takes
 
 
 def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms: int, block_h: int) -> int:
@@ -263,19 +263,20 @@ def plan_triton(shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuni
         page_ahead=page_ahead and in_page, prefetch=prefetch,
         q_f16=q_f16 and quantized, widen_bits=tuning.get("widen_bits") is not False and quantized and q_f16,
         tile_in_page=in_page, partial_dtype=tuning.get("partial_dtype", torch.float32), balanced=balanced,
-        min_span_rows=tuning.get("min_span_rows", 256),
+        min_span_rows=tuning.get("min_span_rows", 128),
     )  # fmt: skip
 
 
 def spans_pay(batch: int, head_groups: int, sms: int) -> bool:
     """Whether balanced spans (DecodePlan.balanced) beat split shares for the 16-head Triton kernel over a 16-bit
-    cache: where the measured split rule (num_splits_for) gives a sequence at most two splits (the batch's programs
-    fill the GPU's two per SM at fewer than 2.5 each, whatever the context). Shares then slice a
-    long sequence into a few long slices that the batch waits on; with more splits they slice it finely, and spans
-    only add their search. On an H200 (benchmarks/diagnose/split_room.py, graph replays) spans took 83-92 us
-    against 114 at the mixed workload's 229-sequence batch and 52-55 against 59 at 106; at 45 sequences they tied,
-    and they lost at 32 x 2,048 (37.8 against 34.1 us) and batch 1 x 16,384 (34.8 against 22.0)."""
-    return round(2 * sms / max(batch * head_groups, 1)) <= 2
+    cache: where the measured split rule (num_splits_for) gives a sequence at most six splits, from about 41
+    sequences, whatever the context. With few splits, shares cut a long sequence into a few long slices that the
+    batch waits on; with many they cut it finely, and spans only add their search. On an H200
+    (benchmarks/diagnose/split_room.py, graph replays, results/h200-split-room-2026-12-03-3e0922f.json) spans of at
+    least 128 rows took 82.4 us against shares' 114.4 at the mixed workload's 229-sequence batch, 51.0 against 59.6
+    at 106 and 34.8 against 42.7 at 45; they lost at 32 x 2,048 (36.4 against 34.1) and batch 1 x 16,384 (38.7
+    against 21.9), and tied at 64 and 128 equal lengths."""
+    return round(2 * sms / max(batch * head_groups, 1)) <= 6
 
 
 def balanced_programs(head_groups: int, sms: int) -> int:
