@@ -1,7 +1,10 @@
 """Triton paged MLA decode: absorbed queries attend over the latent cache, split-KV with an LSE merge.
 
 Each program takes one sequence, a group of BLOCK_H query heads and one slice of the context ("split"), so a
-latent row is read from HBM once per head group and the heads share it through tensor-core dots. The nope part
+latent row is read from HBM once per head group and the heads share it through tensor-core dots. With balanced
+spans (DecodePlan.balanced: 16 heads per program over a 16-bit cache, batches of about 41 sequences or more) a
+program instead takes an equal run of the batch's tiles laid end to end, over as many sequences as the run
+touches, so a batch of uneven lengths does not wait on the slices of its longest sequences. The nope part
 (kv_lora_rank) and the rope part (qk_rope_head_dim) of the row are loaded side by side and their two dots summed;
 the value is the nope part itself. Stage 2 merges the splits by their log-sum-exp; the merged LSE is returned so
 callers can merge further partial results (chunked context, sparse attention).
