@@ -62,7 +62,7 @@ SPANS = dict(
 CONFIGS = [
     ("bf16 16 heads, page ahead, 32-row tiles, 4 warps (default, full grid)", "bf16", AHEAD | SPANS | dict(BLOCK_N=32), 4, 3),
     ("bf16 16 heads, page ahead, 64-row tiles (default, grid under 1/SM)", "bf16", AHEAD | dict(BLOCK_N=64), 8, 3),
-    ("fp8 16 heads (default where the Gluon kernel cannot run)", "fp8", SPANS | dict(BLOCK_H=16, BLOCK_N=32, PREFETCH=True, Q_F16=True, WIDEN_BITS=True), 4, 3),
+    ("fp8 16 heads (default where the Gluon kernel cannot run)", "fp8", dict(BLOCK_H=16, BLOCK_N=32, PREFETCH=True, Q_F16=True, WIDEN_BITS=True), 4, 3),
     ("bf16 64 heads (default where the Gluon kernel cannot run)", "bf16", dict(BLOCK_H=64, BLOCK_N=64), 8, 2),
     ("bf16 64 heads, Gluon split kernel (default on sm_90)", "gluon", {}, 8, 1),
     ("fp8 16 heads, Gluon fp8-dot kernel (default on sm_90)", "gluonfp8", dict(PDL=True), 4, 1),

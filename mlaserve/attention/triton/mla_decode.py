@@ -288,6 +288,30 @@ def _attend_rows(
     return out, lse2
 
 
+@triton.jit
+def _partial(
+    Q, QPe, KV, BlockTable, MidO, MidLse, b, start, end, row, split, heads, head_ok, d, r, q_ok,
+    stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos,
+    stride_mlb, stride_mlh, scale_log2,
+    PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
+    TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr, PAGE_AHEAD: tl.constexpr,
+    WIDEN_BITS: tl.constexpr, LAT_TILE: tl.constexpr, ROPE_TILE: tl.constexpr, EMPTY_LSE: tl.constexpr,
+):  # fmt: skip
+    """Sequence b's rows [start, end) into partial `row`, split `split`. An empty span stores no output, and its LSE
+    (-inf) only where EMPTY_LSE: split shares' merge reads every split's, balanced spans' only those with rows."""
+    out, lse2 = _attend_rows(
+        Q, QPe, KV, BlockTable, b, start, end, heads, head_ok, d, r, q_ok,
+        stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, scale_log2,
+        PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N, PRECISION, QUANTIZED, TILE_IN_PAGE, PREFETCH, Q_F16,
+        PAGE_AHEAD, WIDEN_BITS, LAT_TILE, ROPE_TILE,
+    )  # fmt: skip
+    some = lse2 > float("-inf")
+    mo = MidO + row * stride_mob + heads[:, None] * stride_moh + split * stride_mos + d[None, :]
+    tl.store(mo, out.to(MidO.dtype.element_ty), mask=q_ok & some[:, None])
+    tl.store(MidLse + row * stride_mlb + heads * stride_mlh + split, lse2, mask=head_ok & (some | EMPTY_LSE))
+
+
 # Ints that change from step to step are not specialized on (Triton would compile a variant for 1 and for
 # multiples of 16): a compile in the middle of serving costs about a second. The per-head LSE stride is the split
 # count, which an eager mixed step picks from its own batch.
@@ -320,17 +344,12 @@ def _stage1(
             tiles = tl.cdiv(seq_len, BLOCK_N)
             start = (tl.maximum(t0, seg) - seg) * BLOCK_N
             end = tl.minimum((tl.minimum(t1, seg + tiles) - seg) * BLOCK_N, seq_len)
-            out, lse2 = _attend_rows(
-                Q, QPe, KV, BlockTable, b, start, end, heads, head_ok, d, r, q_ok,
-                stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, scale_log2,
-                PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N, PRECISION, QUANTIZED, TILE_IN_PAGE, PREFETCH, Q_F16,
-                PAGE_AHEAD, WIDEN_BITS, LAT_TILE, ROPE_TILE,
+            _partial(
+                Q, QPe, KV, BlockTable, MidO, MidLse, b, start, end, b + cta, 0, heads, head_ok, d, r, q_ok,
+                stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos,
+                stride_mlb, stride_mlh, scale_log2, PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N, PRECISION, QUANTIZED,
+                TILE_IN_PAGE, PREFETCH, Q_F16, PAGE_AHEAD, WIDEN_BITS, LAT_TILE, ROPE_TILE, False,
             )  # fmt: skip
-            row = b + cta
-            some = lse2 > float("-inf")  # a sequence of no rows has no partial: the merge counts none for it
-            mo = MidO + row * stride_mob + heads[:, None] * stride_moh + d[None, :]
-            tl.store(mo, out.to(MidO.dtype.element_ty), mask=q_ok & some[:, None])
-            tl.store(MidLse + row * stride_mlb + heads * stride_mlh, lse2, mask=head_ok & some)
             seg += tiles
     else:
         b = tl.program_id(0)
@@ -338,15 +357,12 @@ def _stage1(
         start, end = _split_span(SeqLens, b, split, num_splits, split_target, BLOCK_N)
         # A split past its sequence's share is empty: its tile loop runs no step, and it stores only its LSE
         # (-inf), which the merge skips.
-        out, lse2 = _attend_rows(
-            Q, QPe, KV, BlockTable, b, start, end, heads, head_ok, d, r, q_ok,
-            stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, scale_log2,
-            PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N, PRECISION, QUANTIZED, TILE_IN_PAGE, PREFETCH, Q_F16,
-            PAGE_AHEAD, WIDEN_BITS, LAT_TILE, ROPE_TILE,
+        _partial(
+            Q, QPe, KV, BlockTable, MidO, MidLse, b, start, end, b, split, heads, head_ok, d, r, q_ok,
+            stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos,
+            stride_mlb, stride_mlh, scale_log2, PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N, PRECISION, QUANTIZED,
+            TILE_IN_PAGE, PREFETCH, Q_F16, PAGE_AHEAD, WIDEN_BITS, LAT_TILE, ROPE_TILE, True,
         )  # fmt: skip
-        mo = MidO + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + d[None, :]
-        tl.store(mo, out.to(MidO.dtype.element_ty), mask=q_ok & (lse2 > float("-inf"))[:, None])
-        tl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse2, mask=head_ok)
 
 
 @triton.jit(do_not_specialize=["stride_mlh", "num_splits", "batch"])
