@@ -231,8 +231,10 @@ def plan_triton(shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuni
         # grid under one program per SM (batch 1) wants 64-row tiles and 8 warps: 0.023 ms against 0.025 (32 rows)
         # and 0.028 (single-buffered) at 16,384. Pages under 32 rows keep 64-row tiles: they span pages, so there
         # is no page to look up ahead.
-        wide = (not balanced and splits) or num_splits_for(call.batch, _groups(shape, block_h), call.max_seq_len, 64, device.sms,
-                                        block_h)  # fmt: skip
+        # (a balanced plan's num_splits counts programs, not slices of a sequence)
+        wide = (not balanced and splits) or num_splits_for(
+            call.batch, _groups(shape, block_h), call.max_seq_len, 64, device.sms, block_h
+        )
         small = call.batch * _groups(shape, block_h) * wide < device.sms and page % 64 == 0
         block_n, num_warps = block_n or (64 if small else 32), num_warps or (8 if small else 4)
     else:
