@@ -20,6 +20,9 @@ FP8 = torch.float8_e4m3fn
 # (benchmarks/diagnose/decode_compile_report.py) and at wider rows that failed to build before tiles shrank (64
 # heads x 64 rows: int8 rows under fp32 queries, 295,168 bytes; fp8 rows of a 1,024-wide latent, 278,528).
 SHARED_BUDGET = 221_184
+# Balanced spans (DecodePlan.balanced): the fewest rows a program takes. At the H200's 45-sequence batch 128-row
+# spans took 34.8 us, 256-row ones 40.9 (results/h200-split-room-2026-12-03-3e0922f.json).
+MIN_SPAN_ROWS = 128
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -85,7 +88,7 @@ class DecodePlan:
     partial_dtype: torch.dtype = torch.float32
     split_target: int = 0
     balanced: bool = False  # Triton kernel: num_splits programs take equal runs of the batch's tiles
-    min_span_rows: int = 128  # balanced: the fewest rows a program takes
+    min_span_rows: int = MIN_SPAN_ROWS  # balanced: the fewest rows a program takes
 
 
 def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms: int, block_h: int) -> int:
@@ -265,7 +268,7 @@ def plan_triton(shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuni
         page_ahead=page_ahead and in_page, prefetch=prefetch,
         q_f16=q_f16 and quantized, widen_bits=tuning.get("widen_bits") is not False and quantized and q_f16,
         tile_in_page=in_page, partial_dtype=tuning.get("partial_dtype", torch.float32), balanced=balanced,
-        min_span_rows=tuning.get("min_span_rows", 128),
+        min_span_rows=tuning.get("min_span_rows", MIN_SPAN_ROWS),
     )  # fmt: skip
 
 

@@ -576,6 +576,8 @@ def launch(
     lse = torch.empty(batch, heads, dtype=torch.float32, device=q.device)
     # The fp8-dot kernel's plan may ask for PDL on its own (its tuning); every kernel takes it where pdl.py does.
     merge_pdl = (plan.pdl and plan.kernel == "gluon_fp8") or pdl["PDL"]
+    # Balanced spans merge a sequence's partials 8 at a time (most have 1-3); blocks of 32 were slower at the
+    # 229-sequence batch in an H200 run that was not kept as a record (3e0922f's commit message).
     _stage2[(batch, heads)](
         mid_o, mid_lse, out, lse, seq_lens,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
