@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mlaserve.host_copy import queued_values
+
 
 @dataclass(slots=True)
 class AttentionMetadata:
@@ -102,7 +104,7 @@ def build_metadata(
     """with_gather_index=False skips the reference paths' gather indices (a graph-replayed decode needs none).
     window, sinks: the group's sliding window and attention sinks, applied by the gather masks and every backend."""
     device = block_tables.device
-    seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    seq_lens_t = queued_values(seq_lens, torch.int32, device)
     meta = AttentionMetadata(
         block_size, slot_mapping, seq_lens_t, block_tables, num_decodes, query_lens, seq_lens, window=window,
         sinks=sinks,
@@ -135,6 +137,6 @@ def build_metadata(
         for q_len, kv_len in zip(meta.prefill_query_lens, meta.prefill_seq_lens):
             cu[0].append(cu[0][-1] + q_len)
             cu[1].append(cu[1][-1] + kv_len)
-        cu_t = torch.tensor(cu, dtype=torch.int32, device=device)  # one host-to-device copy; rows contiguous
+        cu_t = queued_values(cu, torch.int32, device)  # one host-to-device copy; rows contiguous
         meta.prefill_cu_query_lens, meta.prefill_cu_seq_lens = cu_t[0], cu_t[1]
     return meta

@@ -60,7 +60,7 @@ class EngineConfig:
     # and the index_topk other cache blocks whose mean key scores best against it (attention/block_topk.py).
     index_topk: int | None = None
     enforce_eager: bool = False  # no CUDA graphs for decode
-    # Queue the next decode step before reading this one's tokens (vLLM's async_scheduling); None = on for CUDA.
+    # Queue the next step before reading this one's tokens (vLLM's async_scheduling); None = on for CUDA.
     async_scheduling: bool | None = None
     skip_tokenizer_init: bool = False  # token ids in and out, no tokenizer files needed
     trust_remote_code: bool = False  # accepted for vLLM compatibility; mlaserve never runs remote code

@@ -114,14 +114,59 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         self.release_finished()
-        if self.config.prefill_first and (self.waiting or any(map(_catching_up, self.running))):
-            output = self._schedule(decodes=False)
-            if output.scheduled:
+        output = self._pick(None)
+        assert output is not None  # only a lookahead gives up
+        return output
+
+    def schedule_lookahead(self, previous: SchedulerOutput) -> SchedulerOutput | None:
+        """The step schedule() would pick once `previous` is applied, scheduled before `previous`'s sampled tokens
+        are known, so the runner can queue it on the device while the host waits for those tokens (asynchronous
+        scheduling, as vLLM's).
+
+        Every request is taken as `previous` leaves it: its tokens there computed, and a token more where `previous`
+        samples one (the row after it is a lookahead row: its input comes from the device). Prompt chunks, decode
+        rows of requests `previous` left out and admissions from the queue are as schedule() makes them. A request
+        whose token from `previous` is its last by length is left out; one that stops on EOS or a stop string
+        there wastes its row, which update_from_output skips (the request is finished by then), and a request
+        such a stop would have let in waits a step longer. Never preempts: None when a running request's row
+        finds the pool short, and the caller falls back to schedule() once the tokens are in. Blocks taken for
+        rows before a failing one stay with their requests, which need them next step anyway.
+        """
+        self.release_finished()
+        items = {item.request.request_id: item for item in previous.scheduled}
+        if any(item.request.is_finished for item in items.values()):
+            return None
+        output = self._pick(items)
+        return output if output is not None and output.scheduled else None
+
+    def _pick(self, previous: dict[str, ScheduledRequest] | None) -> SchedulerOutput | None:
+        """The step by the policy. previous: a lookahead's in-flight step by request id (see schedule_lookahead)."""
+        if self.config.prefill_first and (
+            self.waiting or any(_catching_up(r, *self._ahead(r, previous)) for r in self.running)
+        ):
+            output = self._schedule(decodes=False, previous=previous)
+            if output is None or output.scheduled:
                 return output
             # nothing admissible (the pool or max_num_seqs is full): decode, or the running never free room
-        return self._schedule(decodes=True)
+        return self._schedule(decodes=True, previous=previous)
 
-    def _schedule(self, decodes: bool) -> SchedulerOutput:
+    def _ahead(self, request: Request, previous: dict[str, ScheduledRequest] | None) -> tuple[int, bool]:
+        """(tokens `previous` computes for the request, whether it samples one there); (0, False) outside a
+        lookahead or for a request `previous` does not run."""
+        item = previous.get(request.request_id) if previous else None
+        return (0, False) if item is None else (item.num_new_tokens, item.needs_sample)
+
+    def _last_by_length(self, request: Request) -> bool:
+        """The token the request samples next is its last (max_tokens or max_model_len), as _check_stop finds."""
+        return (
+            request.num_output_tokens + 1 >= request.max_tokens
+            or request.num_tokens + 1 >= self.config.max_model_len
+        )
+
+    def _schedule(
+        self, decodes: bool, previous: dict[str, ScheduledRequest] | None = None
+    ) -> SchedulerOutput | None:
+        """None only for a lookahead (previous given) that would have to preempt."""
         budget = self.config.max_num_batched_tokens
         chunked = self.config.enable_chunked_prefill
         kv = self.kv_cache_manager
@@ -132,18 +177,23 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = request.num_tokens - request.num_computed_tokens
+            ahead, sampling = self._ahead(request, previous)
+            computed = request.num_computed_tokens + ahead
+            num_new = request.num_tokens + sampling - computed
             if (
                 num_new == 0
+                or (sampling and self._last_by_length(request))  # its token from `previous` ends it
                 or (not chunked and num_new > budget)
-                or (not decodes and not _catching_up(request))
+                or (not decodes and not _catching_up(request, ahead, sampling))
             ):
                 index += 1
                 continue
             num_new = min(num_new, budget)
-            block_ids = kv.allocate_slots(request, num_new)
+            block_ids = kv.allocate_slots(request, ahead + num_new)
             if block_ids is None and not decodes:
                 break  # a prompt chunk never preempts a stream here; the decode-first pass below may
+            if block_ids is None and previous is not None:
+                return None  # a lookahead never preempts
             while block_ids is None:
                 victim = self.running.pop()  # newest; never one scheduled already (those are in front)
                 self._preempt(victim)
@@ -153,7 +203,7 @@ class Scheduler:
                 block_ids = kv.allocate_slots(request, num_new)
             if block_ids is None:
                 break
-            scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens, block_ids))
+            scheduled.append(ScheduledRequest(request, num_new, computed, block_ids, lookahead=sampling))
             budget -= num_new
             index += 1
 
@@ -183,54 +233,6 @@ class Scheduler:
         num_batched = self.config.max_num_batched_tokens - budget
         return SchedulerOutput(
             scheduled=scheduled, num_batched_tokens=num_batched, preempted_request_ids=preempted
-        )
-
-    def schedule_lookahead(self, previous: SchedulerOutput) -> SchedulerOutput | None:
-        """The next decode step of `previous`'s requests, scheduled before its sampled tokens are known, so the
-        runner can queue it on the GPU while the host waits for those tokens (asynchronous scheduling).
-
-        Only when this step is what schedule() would pick anyway once the tokens arrive: a decode token for every
-        running request, nothing waiting for admission. Every request in `previous` samples a token there; a
-        running request that `previous` left out must be one token short of its known tokens (as after a
-        prefill-only step, whose siblings sampled their first tokens in earlier steps): its row is an ordinary
-        decode row. A request that `previous` finishes by length is left out; one that stops on EOS or a stop
-        string there wastes its row, which update_from_output skips (the request is finished by then). Never
-        preempts: None when the pool is short, and the caller falls back to schedule() once the tokens are in.
-        Blocks taken for rows before a failing one stay with their requests, which need them next step anyway.
-        """
-        self.release_finished()
-        if self.waiting or len(self.running) > self.config.max_num_batched_tokens:
-            return None
-        items = {item.request.request_id: item for item in previous.scheduled}
-        if any(item.request.is_finished or not item.needs_sample for item in items.values()):
-            return None
-        kv = self.kv_cache_manager
-        scheduled: list[ScheduledRequest] = []
-        for request in self.running:  # schedule()'s order
-            item = items.get(request.request_id)
-            if item is None:  # its last token is known: an ordinary decode row
-                if request.num_tokens - request.num_computed_tokens != 1:
-                    return None  # a prompt still catching up: schedule() would give it a chunk
-                block_ids = kv.allocate_slots(request, 1)
-                if block_ids is None:
-                    return None
-                scheduled.append(ScheduledRequest(request, 1, request.num_computed_tokens, block_ids))
-                continue
-            if (
-                request.num_output_tokens + 1 >= request.max_tokens
-                or request.num_tokens + 1 >= self.config.max_model_len
-            ):
-                continue  # its token from `previous` is its last
-            # Slots through the token `previous` samples, counted from before `previous` is applied.
-            block_ids = kv.allocate_slots(request, item.num_new_tokens + 1)
-            if block_ids is None:
-                return None
-            position = item.num_computed_tokens + item.num_new_tokens
-            scheduled.append(ScheduledRequest(request, 1, position, block_ids, lookahead=True))
-        if not scheduled:
-            return None
-        return SchedulerOutput(
-            scheduled=scheduled, num_batched_tokens=len(scheduled), preempted_request_ids=[]
         )
 
     def update_from_output(self, output: SchedulerOutput, sampled_token_ids: dict[str, int]) -> list[Request]:
@@ -326,6 +328,8 @@ def _arrival(request: Request) -> int:
     return request.arrival_index
 
 
-def _catching_up(request: Request) -> bool:
-    """Still reading its prompt (or, after a preemption, recomputing), rather than decoding one token a step."""
-    return request.num_tokens - request.num_computed_tokens > 1 or request.num_output_tokens == 0
+def _catching_up(request: Request, ahead: int = 0, sampling: bool = False) -> bool:
+    """Still reading its prompt (or, after a preemption, recomputing), rather than decoding one token a step.
+    ahead, sampling: as Scheduler._ahead, for a request seen past the step in flight."""
+    num_tokens = request.num_tokens + sampling
+    return num_tokens - request.num_computed_tokens - ahead > 1 or request.num_output_tokens + sampling == 0

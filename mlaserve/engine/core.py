@@ -433,7 +433,7 @@ class EngineCore:
     def step_core(self) -> list[CoreOutput]:
         """Schedule, run the model once, apply the sampled tokens: one CoreOutput per request that got a token.
 
-        With asynchronous scheduling the next decode step is queued on the device before this step's tokens are
+        With asynchronous scheduling the next step is queued on the device before this step's tokens are
         read, so the GPU does not wait for the host's bookkeeping between steps; that step is the one collected by
         the next call."""
         if self.workers is not None:

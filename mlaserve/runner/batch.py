@@ -6,6 +6,7 @@ import torch
 
 from mlaserve.attention.metadata import AttentionMetadata, build_metadata
 from mlaserve.core.scheduler import ScheduledRequest, SchedulerOutput
+from mlaserve.host_copy import queued_tensor, queued_values
 from mlaserve.kvcache.spec import FULL, AttentionRule
 
 
@@ -166,18 +167,19 @@ def to_device(
     ):
         if rule.ratio is not None:  # read through its tables, written at its entry slots: no gather indices
             meta = AttentionMetadata(
-                block_size, slots.to(device), metas[0].seq_lens, tables.to(device), batch.num_decodes,
-                batch.query_lens, batch.seq_lens, pooled_sources=batch.pooled_sources[g].to(device),
-                pooled_starts=batch.pooled_starts[g].to(device),
+                block_size, queued_tensor(slots, device), metas[0].seq_lens, queued_tensor(tables, device),
+                batch.num_decodes, batch.query_lens, batch.seq_lens,
+                pooled_sources=queued_tensor(batch.pooled_sources[g], device),
+                pooled_starts=queued_tensor(batch.pooled_starts[g], device),
             )  # fmt: skip
         else:
             meta = build_metadata(
                 block_size,
-                tables.to(device),
+                queued_tensor(tables, device),
                 batch.query_lens,
                 batch.seq_lens,
                 batch.num_decodes,
-                slots.to(device),
+                queued_tensor(slots, device),
                 with_gather_index,
                 rule.window,
                 rule.sinks,
@@ -186,13 +188,12 @@ def to_device(
     meta = metas[0]
     if len(metas) > 1:
         meta.groups = metas
-    as_long = dict(dtype=torch.long, device=device)
     return ModelInput(
-        torch.tensor(batch.ids, **as_long),
-        batch.positions.to(device),
+        queued_values(batch.ids, torch.long, device),
+        queued_tensor(batch.positions, device),
         meta,
         batch.order,
-        torch.tensor(batch.sample_rows, **as_long),
+        queued_values(batch.sample_rows, torch.long, device),
         batch.sampled,
     )
 

@@ -14,6 +14,7 @@ import torch
 from mlaserve.attention.metadata import build_metadata
 from mlaserve.core.scheduler import ScheduledRequest, SchedulerOutput
 from mlaserve.engine.structured_output import Grammar
+from mlaserve.host_copy import queued_values
 from mlaserve.kvcache.spec import FULL, AttentionRule
 from mlaserve.layers.logits_processors import process_logits
 from mlaserve.layers.sampler import Sampler
@@ -32,7 +33,9 @@ class StepPlan:
 
     host: HostBatch  # order and sampled left empty: the ranks past 0 hold no requests
     spans: list[PromptSpan]
-    source_rows: list[int] | None  # a lookahead step: each row's index among the previous step's sampled ids
+    source_rows: (
+        list[int] | None
+    )  # a lookahead step: each token's index among the previous step's sampled ids
 
     def __reduce__(self) -> tuple:
         # The batch's tensors travel as numpy arrays: pickling a torch tensor costs about 0.3 ms to write and up
@@ -150,13 +153,18 @@ class ModelRunner:
     def launch(self, output: SchedulerOutput, previous: "LaunchedStep | None" = None) -> "LaunchedStep":
         """Queues the step's forward and sampling on the device and returns without waiting for them.
 
-        A step of lookahead rows (Scheduler.schedule_lookahead) is launched before `previous` has been collected:
-        each row's input token is the one `previous` sampled for the same request, gathered on the device."""
+        A step scheduled ahead (Scheduler.schedule_lookahead) is launched before `previous` has been collected: the
+        input token of each of its lookahead rows is the one `previous` sampled for the same request, gathered on
+        the device; its other rows' tokens (prompt chunks, decodes of requests `previous` did not run) are known."""
         host = plan_batch(output, self.block_size, self.group_rules)
-        source_rows = None
-        if previous is not None:  # -1: a row whose input token is known (see lookahead_source)
+        source_rows = (
+            None  # per token: its index among `previous`'s sampled ids, -1 where known (lookahead_source)
+        )
+        if previous is not None and any(s.lookahead for s in host.order):
             rows = {s.request.request_id: i for i, s in enumerate(previous.sampled)}
-            source_rows = [rows.get(s.request.request_id, -1) for s in host.order]
+            source_rows = []
+            for s in host.order:
+                source_rows += [rows[s.request.request_id]] if s.lookahead else [-1] * s.num_new_tokens
         spans = prompt_spans(host.order)  # graphs keep only the sampled rows' hidden states
         if self.parallel.distributed:
             from mlaserve.parallel.group import broadcast_object
@@ -215,8 +223,8 @@ class ModelRunner:
             with_gather_index=graphs is None,
             rules=self.group_rules,
         )
-        if source is not None:  # lookahead steps are all decodes: row i is token i
-            batch.input_ids = source[0].index_select(0, queued_copy(source[1], self.device))
+        if source is not None:  # one index per token
+            batch.input_ids = source[0].index_select(0, queued_values(source[1], torch.long, self.device))
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
         scored = score_prompt_spans(self.model, hidden, spans)
         if not host.sample_rows:
@@ -272,24 +280,17 @@ class ModelRunner:
         return buffer, done
 
 
-def queued_copy(values: list[int], device: torch.device) -> torch.Tensor:
-    """int64 values on `device`, copied behind the work already queued there without waiting for it. A GPU copy
-    from pageable memory waits for the whole queue: a lookahead step that made one waited for the step before it
-    (a 100 ms prefill at 27 layers) before its own launch, which undid its head start."""
-    host = torch.tensor(values, dtype=torch.long, pin_memory=device.type == "cuda")
-    return host.to(device, non_blocking=True)
-
-
 def lookahead_source(
     sampled: torch.Tensor, rows: list[int], ids: list[int]
 ) -> tuple[torch.Tensor, list[int]]:
-    """A lookahead step's inputs as (ids on the device, each row's index among them). sampled: the previous step's
-    tokens on the device; rows: each row's index among them, or -1 for a row whose token is known (a request the
-    previous step did not run, after a prefill-only step): those tokens (ids, one per row) go after the sampled."""
+    """A lookahead step's inputs as (ids on the device, each token's index among them). sampled: the previous
+    step's tokens on the device; rows: each token's index among them, or -1 for a token that is known (a prompt
+    chunk's, or the decode token of a request the previous step did not sample): those tokens (ids, one per token
+    of the step) go after the sampled."""
     known = [i for i, row in enumerate(rows) if row < 0]
     if not known:
         return sampled, rows
-    extra = queued_copy([ids[i] for i in known], sampled.device)
+    extra = queued_values([ids[i] for i in known], torch.long, sampled.device)
     rows = list(rows)
     for k, i in enumerate(known):
         rows[i] = sampled.shape[0] + k

@@ -254,38 +254,57 @@ def test_lookahead_schedules_the_next_decode_before_the_tokens_arrive(make_reque
     assert r1.output_token_ids == [7, 9] and sched.kv_cache_manager.num_used_blocks == 0
 
 
-def test_lookahead_only_when_nothing_else_would_be_scheduled(make_request) -> None:
+def test_lookahead_admits_waiting_requests_and_never_preempts(make_request) -> None:
     sched = make_scheduler(num_blocks=5, block_size=4, max_num_batched_tokens=8)
     r0 = make_request(7, max_tokens=8)
     sched.add_request(r0)
     first = sched.schedule()
-    sched.add_request(make_request(4, max_tokens=4))
-    assert sched.schedule_lookahead(first) is None  # a request waits for admission
+    r1 = make_request(4, max_tokens=4)
+    sched.add_request(r1)
+    # r0's decode (its input is the token `first` samples) and r1's prompt, as schedule() would pick them next.
+    ahead = sched.schedule_lookahead(first)
+    assert summary(ahead) == [("r0", 7, 1), ("r1", 0, 4)]
+    assert [s.lookahead for s in ahead.scheduled] == [True, False] and not sched.waiting
     sched.update_from_output(first, {"r0": 7})
-    out, _ = step(sched)  # admits r1 beside r0's decode
-    assert summary(out) == [("r0", 7, 1), ("r1", 0, 4)]
     # Pool: 4 blocks, 3 taken; r0's next token takes the fourth, r1's finds none. Lookahead never preempts.
-    assert sched.schedule_lookahead(out) is None and sched.num_preemptions == 0
-    sched.update_from_output(out, {"r0": 7, "r1": 7})
-    chunked = make_scheduler(max_num_batched_tokens=4)
-    chunked.add_request(make_request(6))
-    assert chunked.schedule_lookahead(chunked.schedule()) is None  # mid-prompt: no token sampled
+    assert sched.schedule_lookahead(ahead) is None and sched.num_preemptions == 0
+    sched.update_from_output(ahead, {"r0": 8, "r1": 9})
+    assert r0.output_token_ids == [7, 8] and r1.output_token_ids == [9]
+
+
+def test_lookahead_continues_a_chunked_prompt(make_request) -> None:
+    sched = make_scheduler(block_size=4, max_num_batched_tokens=4)
+    r0 = make_request(10, max_tokens=2)
+    sched.add_request(r0)
+    first = sched.schedule()
+    # As the engine runs it: each step scheduled ahead while the one before it is in flight, then that one applied.
+    second = sched.schedule_lookahead(first)  # mid-prompt: nothing sampled, the next chunk's tokens are known
+    assert summary(second) == [("r0", 4, 4)] and not second.scheduled[0].lookahead
+    sched.update_from_output(first, {"r0": 1})  # tokens sampled mid-prompt are ignored
+    third = sched.schedule_lookahead(second)
+    assert summary(third) == [("r0", 8, 2)] and third.scheduled[0].needs_sample
+    sched.update_from_output(second, {"r0": 2})
+    fourth = sched.schedule_lookahead(third)
+    assert summary(fourth) == [("r0", 10, 1)] and fourth.scheduled[0].lookahead
+    sched.update_from_output(third, {"r0": 7})
+    assert r0.num_computed_tokens == 10 and r0.output_token_ids == [7]
+    assert sched.schedule_lookahead(fourth) is None  # max_tokens 2: the token `fourth` samples is the last
+    assert sched.update_from_output(fourth, {"r0": 8}) == [r0] and r0.output_token_ids == [7, 8]
 
 
 def test_lookahead_after_a_prefill_only_step(make_request) -> None:
-    """Prefill-first: the last prompt's step holds that prompt alone, while the requests prefilled before it wait
-    with their first tokens known. The step after it (every request's decode) is queued ahead all the same: the
-    waiting requests' rows are ordinary decode rows, the new prompt's row takes the token its step samples."""
+    """Prefill-first: each prompt's step holds prompts alone, while the requests prefilled before it wait with
+    their first tokens; the prompt steps and the decode step after them are all queued ahead. The decode step's
+    rows of earlier prompts are ordinary decode rows, the last prompt's row takes the token its step samples."""
     sched = make_scheduler(block_size=4, max_num_batched_tokens=6, prefill_first=True)
     r0, r1 = make_request(6, max_tokens=4), make_request(5, max_tokens=4)
     sched.add_request(r0)
     sched.add_request(r1)
     first = sched.schedule()
     assert summary(first) == [("r0", 0, 6)]
-    assert sched.schedule_lookahead(first) is None  # r1 waits: schedule() would prefill it next
+    second = sched.schedule_lookahead(first)
+    assert summary(second) == [("r1", 0, 5)]  # r1 waits: the prompt goes first
     sched.update_from_output(first, {"r0": 7})
-    second = sched.schedule()
-    assert summary(second) == [("r1", 0, 5)]
     ahead = sched.schedule_lookahead(second)
     assert summary(ahead) == [("r0", 6, 1), ("r1", 5, 1)]  # schedule()'s order: oldest first
     assert [s.lookahead for s in ahead.scheduled] == [False, True]

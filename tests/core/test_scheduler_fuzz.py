@@ -5,6 +5,7 @@ scheduled request reads exactly its own prefix through its block table. That is 
 caching, preemption and block reuse must preserve, checked directly rather than through block ids.
 """
 
+import copy
 import random
 from collections import Counter
 
@@ -64,6 +65,14 @@ def run_fake_step(
             slot = table[pos // block_size] * block_size + pos % block_size
             assert kv_store.get(slot) == (pos, keys[pos]), f"{s.request.request_id} reads wrong KV at {pos}"
     return {s.request.request_id: fake_model(known(s)) for s in out.scheduled}
+
+
+def summary(out) -> list[tuple[str, int, int]] | None:
+    return (
+        None
+        if out is None
+        else [(s.request.request_id, s.num_computed_tokens, s.num_new_tokens) for s in out.scheduled]
+    )
 
 
 def check_invariants(sched: Scheduler, out) -> None:
@@ -143,15 +152,19 @@ def test_random_workload(seed: int, lookahead: bool, make_request) -> None:
             out, sampled = ahead
         ahead = None
         if lookahead:
+            # What schedule() picks once `out` is applied, on a copy: the lookahead must pick the same.
+            twin, twin_out = copy.deepcopy((sched, out))
+            twin_finished = twin.update_from_output(twin_out, sampled)
+            twin_next = twin.schedule()
             next_out = sched.schedule_lookahead(out)
+            aborted_in_flight = any(s.request.is_finished for s in out.scheduled)
+            if not (twin_finished or twin_next.preempted_request_ids or aborted_in_flight):
+                assert summary(next_out) == (summary(twin_next) or None)  # None: nothing to schedule
             if next_out is not None:
                 check_invariants(sched, next_out)
-                # A row is queued ahead exactly when its request ran in `out`; the others' tokens are known.
-                ran = {s.request.request_id for s in out.scheduled}
-                assert all(
-                    s.needs_sample and s.lookahead == (s.request.request_id in ran)
-                    for s in next_out.scheduled
-                )
+                # A row is queued ahead exactly when its request samples in `out`; the others' tokens are known.
+                sampling = {s.request.request_id for s in out.scheduled if s.needs_sample}
+                assert all(s.lookahead == (s.request.request_id in sampling) for s in next_out.scheduled)
                 ahead = next_out, run_fake_step(kv_store, next_out, block_size, sampled)
         sched.update_from_output(out, sampled)  # tokens for partial prefills are ignored
         if rng.random() < 0.5:  # the engine releases after sending; else the next schedule does

@@ -127,3 +127,32 @@ def test_abort_and_new_requests_while_a_step_is_in_flight(llama):
     assert set(finished) == {ids[0], late}
     assert completions([finished[ids[0]], finished[late]]) == [want[0], want[2]]
     assert engine.stats()["kv_blocks_used"] == 0 and engine._in_flight is None
+
+
+def test_prompt_chunks_and_admissions_are_queued_ahead(deepseek, monkeypatch):
+    """More requests than seats and a small token budget: most steps carry prompt chunks while requests wait. Those
+    steps are queued ahead too, with decode rows whose input is on the device beside prompt rows whose tokens are
+    known, and the tokens stay those of the plain loop."""
+    llms = engines(deepseek, max_num_seqs=3, max_num_batched_tokens=24)
+    batch = prompts(7, seed=5)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    want = completions(llms[False].generate(batch, params, use_tqdm=False))
+    kinds = {"mixed": 0, "admission": 0, "chunk": 0}
+    original = ModelRunner.launch
+
+    def launch(self, output, previous=None):
+        if previous is not None:
+            rows = output.scheduled
+            sampling = {s.request.request_id for s in previous.output.scheduled if s.needs_sample}
+            prompt_rows = [s for s in rows if s.num_new_tokens > 1]
+            kinds["mixed"] += any(s.lookahead for s in rows) and bool(prompt_rows)
+            kinds["admission"] += any(s.num_computed_tokens == 0 for s in prompt_rows)
+            kinds["chunk"] += any(
+                s.num_computed_tokens > 0 and s.request.request_id not in sampling for s in prompt_rows
+            )
+        return original(self, output, previous)
+
+    monkeypatch.setattr(ModelRunner, "launch", launch)
+    assert completions(llms[True].generate(batch, params, use_tqdm=False)) == want
+    assert all(kinds.values()), kinds
+    assert llms[True].stats()["kv_blocks_used"] == 0 and llms[True].engine._in_flight is None
