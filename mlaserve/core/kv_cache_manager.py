@@ -270,13 +270,18 @@ class KVCacheManager:
         return (hits if hit_tokens else empty), hit_tokens
 
     def allocate_slots(
-        self, request: Request, num_new_tokens: int, new_computed_blocks: list[list[KVBlock]] | None = None
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: list[list[KVBlock]] | None = None,
+        cache: bool = True,
     ) -> list[list[int]] | None:
         """Give the request slots for its first num_computed_tokens + hits + num_new_tokens tokens.
 
         new_computed_blocks are get_computed_blocks' hits; the tokens they cover are added to
         request.num_computed_tokens by the caller after success. Returns the whole block table per group,
-        or None, with nothing changed, when the pool is short.
+        or None, with nothing changed, when the pool is short. cache=False leaves the new full blocks out of the
+        prefix cache, for a caller that may not run the step (cache_blocks offers them once it will).
         """
         if num_new_tokens <= 0:
             raise ValueError(f"num_new_tokens must be positive, got {num_new_tokens}")
@@ -310,18 +315,25 @@ class KVCacheManager:
                     manager.add_computed_blocks(request_id, group_hits)
         for manager in self.managers:
             manager.allocate_new_blocks(request_id, num_tokens)
-        if self.enable_caching:
+        if cache:
             # Hashed now, though the KV is written by this step's forward: a request scheduled later in the
             # same step may hit these blocks, which is sound because each layer writes the whole batch's
             # KV before any attention of that layer reads the cache.
-            num_known = min(num_tokens, request.num_tokens)
-            for manager in self.managers:
-                manager.cache_blocks(request, num_known)
+            self.cache_blocks(request, num_tokens)
         lookup = self._pending_lookups.pop(request_id, None)
         if lookup is not None:
             self._num_queries += lookup[0]
             self._num_hits += lookup[1]
         return self.get_block_ids(request_id)
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Offer the request's blocks that are full within its first num_tokens tokens (the known ones) to the
+        prefix cache. Only for a step that will run: a hit on a block skips computing it."""
+        if not self.enable_caching:
+            return
+        num_known = min(num_tokens, request.num_tokens)
+        for manager in self.managers:
+            manager.cache_blocks(request, num_known)
 
     def free_skipped(self, request: Request) -> None:
         """Give back the blocks no future token of the request reads (those that left a window), now that its

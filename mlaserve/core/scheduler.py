@@ -127,10 +127,12 @@ class Scheduler:
         samples one (the row after it is a lookahead row: its input comes from the device). Prompt chunks, decode
         rows of requests `previous` left out and admissions from the queue are as schedule() makes them. A request
         whose token from `previous` is its last by length is left out; one that stops on EOS or a stop string
-        there wastes its row, which update_from_output skips (the request is finished by then), and a request
-        such a stop would have let in waits a step longer. Never preempts: None when a running request's row
-        finds the pool short, and the caller falls back to schedule() once the tokens are in. Blocks taken for
-        rows before a failing one stay with their requests, which need them next step anyway.
+        there wastes its row, which update_from_output skips (the request is finished by then). Either keeps its
+        seat and blocks until `previous` is applied, so a request they would have let in waits a step longer.
+        Never preempts: None when a running request's row finds the pool short, and the caller falls back to
+        schedule() once the tokens are in. Blocks taken for rows before a failing one stay with their requests,
+        which need them next step anyway, but join the prefix cache only once the step is sure to run (a hit on
+        a block no step writes would read garbage).
         """
         self.release_finished()
         items = {item.request.request_id: item for item in previous.scheduled}
@@ -189,7 +191,8 @@ class Scheduler:
                 index += 1
                 continue
             num_new = min(num_new, budget)
-            block_ids = kv.allocate_slots(request, ahead + num_new)
+            # A lookahead may still give up below: its blocks join the prefix cache once it cannot.
+            block_ids = kv.allocate_slots(request, ahead + num_new, cache=previous is None)
             if block_ids is None and not decodes:
                 break  # a prompt chunk never preempts a stream here; the decode-first pass below may
             if block_ids is None and previous is not None:
@@ -206,6 +209,9 @@ class Scheduler:
             scheduled.append(ScheduledRequest(request, num_new, computed, block_ids, lookahead=sampling))
             budget -= num_new
             index += 1
+        if previous is not None:  # the step will run: its rows' full blocks are hits from here on
+            for item in scheduled:
+                kv.cache_blocks(item.request, item.num_computed_tokens + item.num_new_tokens)
 
         # 2. Waiting requests in FCFS order. Skipped after a preemption: memory is short, a new request
         # would only evict the one just preempted (and never schedule a request twice in one step).

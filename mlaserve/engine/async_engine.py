@@ -275,6 +275,8 @@ class AsyncEngine:
             for rid in list(self._streams):
                 self._abort(rid)
             recovered = not self.engine.has_unfinished_requests()
+            if recovered:
+                self.engine.forget_prefix_cache_after_failure()
             self._stats = self.engine.stats()
         except Exception:  # noqa: BLE001
             logger.exception("cleaning up after the failed step failed too")

@@ -429,6 +429,14 @@ class EngineCore:
         does it otherwise)."""
         self.scheduler.release_finished()
 
+    def forget_prefix_cache_after_failure(self) -> None:
+        """After a step raised and its requests were failed: a scheduled step offers its blocks to the prefix
+        cache before its forward writes them, so a step that did not run to its end may have left hashes over
+        garbage. With every request gone, forget them all (kept, with a warning, if any block is still held)."""
+        self.scheduler.release_finished()
+        if not self.kv_manager.reset_prefix_cache():
+            logger.warning("the prefix cache was kept after a failed step: blocks are still in use")
+
     # ---- the step loop ----------------------------------------------------------------------------------------
     def step_core(self) -> list[CoreOutput]:
         """Schedule, run the model once, apply the sampled tokens: one CoreOutput per request that got a token.

@@ -117,6 +117,8 @@ class _CoreLoop:
                 try:
                     self.core.abort_core(sorted(failed))
                     recovered = not self.core.has_unfinished_requests()
+                    if recovered:
+                        self.core.forget_prefix_cache_after_failure()
                 except Exception:  # noqa: BLE001
                     recovered = False
                 for conn, ids in _by_conn(failed).items():

@@ -75,6 +75,23 @@ def summary(out) -> list[tuple[str, int, int]] | None:
     )
 
 
+def check_cached_blocks_written(
+    sched: Scheduler, kv_store: dict[int, tuple[int, int]], requests: list[Request], block_size: int
+) -> None:
+    """Every block in the prefix cache holds the KV its hash names: once a step is scheduled it runs, and a
+    schedule that does not run (a lookahead that gave up) must have offered none of its blocks."""
+    pool = sched.kv_cache_manager.block_pool
+    for r in requests:
+        keys = prefix_keys(r.all_token_ids)
+        for i, block_hash in enumerate(r.block_hashes.get(0, [])):
+            block = pool.get_cached_block(block_hash)
+            if block is None:
+                continue
+            slots = range(block.block_id * block_size, (block.block_id + 1) * block_size)
+            positions = range(i * block_size, (i + 1) * block_size)
+            assert [kv_store.get(slot) for slot in slots] == [(p, keys[p]) for p in positions], r.request_id
+
+
 def check_invariants(sched: Scheduler, out) -> None:
     config, kv = sched.config, sched.kv_cache_manager
     ids = [s.request.request_id for s in out.scheduled]
@@ -167,6 +184,7 @@ def test_random_workload(seed: int, lookahead: bool, make_request) -> None:
                 assert all(s.lookahead == (s.request.request_id in sampling) for s in next_out.scheduled)
                 ahead = next_out, run_fake_step(kv_store, next_out, block_size, sampled)
         sched.update_from_output(out, sampled)  # tokens for partial prefills are ignored
+        check_cached_blocks_written(sched, kv_store, all_requests, block_size)
         if rng.random() < 0.5:  # the engine releases after sending; else the next schedule does
             sched.release_finished()
         if rng.random() < 0.02 and sched.requests:

@@ -78,7 +78,7 @@ def test_many_streams_with_n_requests_each(engine):
 
 def test_a_failing_step_fails_its_requests_and_the_loop_keeps_serving(engine):
     real_step = engine.engine.step_core
-    failures = {"left": 1}
+    failures = {"left": 0}
 
     def flaky_step() -> list:
         if failures["left"]:
@@ -87,11 +87,16 @@ def test_a_failing_step_fails_its_requests_and_the_loop_keeps_serving(engine):
         return real_step()
 
     engine.engine.step_core = flaky_step
+    asyncio.run(collect(engine, "w4 w5 w6 w7 " * 8, GREEDY, "r0"))  # prefix-cache entries from before
+    assert engine.engine.kv_manager.block_pool.num_cached_blocks > 0
+    failures["left"] = 1
     with pytest.raises(EngineStepError, match="injected"):
         asyncio.run(collect(engine, "w5", GREEDY, "r1"))
     assert engine.is_alive
     assert isinstance(engine.last_error, RuntimeError)
     assert fresh_stats(engine)["kv_blocks_used"] == 0
+    # A failed step may have offered blocks its forward never wrote: the cache forgets every entry.
+    assert engine.engine.kv_manager.block_pool.num_cached_blocks == 0
     outputs = asyncio.run(collect(engine, "w5", GREEDY, "r2"))
     assert outputs[-1].finished
 
