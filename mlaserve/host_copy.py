@@ -22,3 +22,8 @@ def queued_tensor(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 def queued_values(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A list of numbers as a tensor on `device`."""
     return torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda").to(device, non_blocking=True)
+
+
+def copy_queued(target: torch.Tensor, host: torch.Tensor) -> None:
+    """target.copy_(host) for a tensor on the device, without the host waiting for the device's queue."""
+    target.copy_(host.pin_memory() if target.device.type == "cuda" else host, non_blocking=True)

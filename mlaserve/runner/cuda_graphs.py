@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from mlaserve.attention.metadata import AttentionMetadata
+from mlaserve.host_copy import copy_queued
 from mlaserve.kvcache.spec import FULL, AttentionRule
 from mlaserve.models.base import CausalLM
 from mlaserve.runner.batch import HostBatch, entry_rows, stage_token_rows
@@ -183,12 +184,10 @@ def allocate_group_inputs(
 def copy_group_inputs(
     group_inputs: list[tuple[torch.Tensor, ...]], staged: list[tuple[torch.Tensor, ...]], size: int
 ) -> None:
-    """stage_group_inputs' host tensors into the static ones (from pageable memory: a copy the host waits for,
-    fine for the few models with several groups, whose attention is a torch reference)."""
+    """stage_group_inputs' host tensors into the static ones, queued behind the step in flight (host_copy)."""
     for static, host_inputs in zip(group_inputs, staged, strict=True):
         for dev, host in zip(static, host_inputs, strict=True):
-            target = dev[:size, : host.shape[1]] if host.dim() == 2 else dev[:size]
-            target.copy_(host)
+            copy_queued(dev[:size, : host.shape[1]] if host.dim() == 2 else dev[:size], host)
 
 
 def static_decode_meta(
