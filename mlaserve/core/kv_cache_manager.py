@@ -335,11 +335,13 @@ class KVCacheManager:
         for manager in self.managers:
             manager.cache_blocks(request, num_known)
 
-    def free_skipped(self, request: Request) -> None:
+    def free_skipped(self, request: Request, ahead: int = 0) -> None:
         """Give back the blocks no future token of the request reads (those that left a window), now that its
-        computed tokens moved on: the step they leave the window, not at the next allocation."""
+        computed tokens moved on: the step they leave the window, not at the next allocation. ahead: tokens a step
+        still in flight computes, for a step scheduled behind it; that step may still read these blocks, but any
+        new owner's KV is written by a later step, which the device runs after it."""
         for manager in self.managers:
-            manager.remove_skipped_blocks(request.request_id, request.num_computed_tokens)
+            manager.remove_skipped_blocks(request.request_id, request.num_computed_tokens + ahead)
 
     def free(self, request: Request) -> None:
         self._pending_lookups.pop(request.request_id, None)

@@ -191,6 +191,8 @@ class Scheduler:
                 index += 1
                 continue
             num_new = min(num_new, budget)
+            if ahead:  # the blocks that leave its window in `previous`, as schedule() would find them
+                kv.free_skipped(request, ahead)
             # A lookahead may still give up below: its blocks join the prefix cache once it cannot.
             block_ids = kv.allocate_slots(request, ahead + num_new, cache=previous is None)
             if block_ids is None and not decodes:

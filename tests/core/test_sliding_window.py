@@ -125,3 +125,30 @@ def test_sinks_count_towards_the_most_blocks_a_request_holds() -> None:
     assert window_manager(window=8, block_size=4, chunk=16, sinks=6).max_blocks_per_request(100) == 7 + 2
     with pytest.raises(ValueError, match="sinks"):
         CacheGroupSpec(0, "full", 16, sinks=4)
+
+
+def test_a_step_scheduled_ahead_holds_what_the_plain_schedule_would() -> None:
+    """Asynchronous scheduling: the step behind one in flight frees the blocks that leave the window there (the
+    device runs any new owner's step after it), so its table is the one schedule() builds once that step is
+    applied."""
+    from mlaserve.core.scheduler import Scheduler, SchedulerConfig
+
+    def scheduler() -> Scheduler:
+        config = SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=16, max_model_len=64)
+        sched = Scheduler(config, window_manager(window=8, block_size=4, num_blocks=32))
+        sched.add_request(req("a", list(range(10))))
+        sched.update_from_output(sched.schedule(), {"a": 100})  # 10 prompt tokens, token 10 sampled
+        return sched
+
+    plain, ahead = scheduler(), scheduler()
+    for token in range(101, 121, 2):
+        step = plain.schedule()
+        plain.update_from_output(step, {"a": token})
+        after = plain.schedule()  # what schedule() builds once `step` is applied
+        in_flight = ahead.schedule()
+        queued = ahead.schedule_lookahead(in_flight)  # the same step, built before `in_flight` is applied
+        assert queued.scheduled[0].block_ids == after.scheduled[0].block_ids
+        assert ahead.kv_cache_manager.num_used_blocks == plain.kv_cache_manager.num_used_blocks
+        ahead.update_from_output(in_flight, {"a": token})
+        ahead.update_from_output(queued, {"a": token + 1})
+        plain.update_from_output(after, {"a": token + 1})
