@@ -24,6 +24,9 @@ def queued_values(values: list, dtype: torch.dtype, device: torch.device) -> tor
     return torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda").to(device, non_blocking=True)
 
 
-def copy_queued(target: torch.Tensor, host: torch.Tensor) -> None:
-    """target.copy_(host) for a tensor on the device, without the host waiting for the device's queue."""
-    target.copy_(host.pin_memory() if target.device.type == "cuda" else host, non_blocking=True)
+def copy_queued(target: torch.Tensor, source: torch.Tensor) -> None:
+    """target.copy_(source) without the host waiting for the device's queue (a copy within one device never
+    waits)."""
+    if target.device.type == "cuda" and source.device.type == "cpu":
+        source = source.pin_memory()
+    target.copy_(source, non_blocking=True)

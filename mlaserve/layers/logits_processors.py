@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from mlaserve.core.request import Request
+from mlaserve.host_copy import queued_values
 from mlaserve.sampling_params import SamplingParams
 
 
@@ -75,8 +76,9 @@ def _add_bias(out: torch.Tensor, rows: list[tuple[int, dict[int, float]]], vocab
     entries = [(i, t, b) for i, bias in rows for t, b in bias.items() if t < vocab_size]
     if entries:
         r, t, b = zip(*entries, strict=True)
-        index = (torch.tensor(r, device=out.device), torch.tensor(t, device=out.device))
-        out.index_put_(index, torch.tensor(b, dtype=out.dtype, device=out.device), accumulate=True)
+        # Queued copies: logit_bias alone leaves asynchronous scheduling on, so this runs behind the step in flight.
+        index = (queued_values(r, torch.long, out.device), queued_values(t, torch.long, out.device))
+        out.index_put_(index, queued_values(b, out.dtype, out.device), accumulate=True)
 
 
 def _ban(out: torch.Tensor, rows: list[tuple[int, list[int]]], vocab_size: int) -> None:

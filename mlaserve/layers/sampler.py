@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mlaserve.host_copy import copy_queued, queued_values
 from mlaserve.sampling_params import SamplingParams
 
 
@@ -49,8 +50,9 @@ class Sampler:
     def sample(
         self, logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
     ) -> torch.Tensor:
-        """One token id per row, left on the logits' device: nothing here waits for the device, so a runner can
-        queue the next step before reading these (see finish)."""
+        """One token id per row, left on the logits' device: nothing here waits for the device (the per-row
+        settings go over as queued copies, host_copy), so a runner can queue the next step before reading these
+        (see finish)."""
         num_rows = logits.shape[0]
         if len(generators) != num_rows:
             raise ValueError(f"generators need one entry per logits row ({num_rows}), got {len(generators)}")
@@ -60,7 +62,7 @@ class Sampler:
         if len(sample_rows) == num_rows:
             return _sample(logits, params, generators)
         token_ids = logits.argmax(dim=-1)
-        rows = torch.tensor(sample_rows, device=logits.device)
+        rows = queued_values(sample_rows, torch.long, logits.device)
         token_ids[rows] = _sample(
             logits[rows], [params[i] for i in sample_rows], [generators[i] for i in sample_rows]
         )
@@ -81,7 +83,7 @@ class Sampler:
 def _sample(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
 ) -> torch.Tensor:
-    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=logits.device)
+    temperature = queued_values([p.temperature for p in params], torch.float32, logits.device)
     scaled = _apply_top_k_top_p(_apply_min_p(logits / temperature.unsqueeze(1), params), params)
     probs = scaled.softmax(dim=-1)
     noise = _exponential_noise(probs, generators)
@@ -92,7 +94,7 @@ def _apply_min_p(scaled: torch.Tensor, params: list[SamplingParams]) -> torch.Te
     """Drops tokens less likely than min_p times the most likely one (after temperature, as vLLM does)."""
     if all(p.min_p == 0 for p in params):
         return scaled
-    min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=scaled.device)
+    min_p = queued_values([p.min_p for p in params], torch.float32, scaled.device)
     probs = scaled.softmax(dim=-1)
     threshold = min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
     return scaled.masked_fill_(probs < threshold, float("-inf"))
@@ -112,13 +114,13 @@ def _apply_top_k_top_p(scaled: torch.Tensor, params: list[SamplingParams]) -> to
     # Stable so that among tied logits the lower token id is kept, matching argmax's tie rule.
     sorted_logits, sorted_ids = scaled.sort(dim=-1, descending=True, stable=True)
     ranks = torch.arange(vocab_size, device=device)
-    drop = ranks.unsqueeze(0) >= torch.tensor(top_k, device=device).unsqueeze(1)
+    drop = ranks.unsqueeze(0) >= queued_values(top_k, torch.long, device).unsqueeze(1)
     if any(p != float("inf") for p in top_p):
         # Nucleus over the top-k survivors, renormalised: keep a token while the mass strictly above it is
         # still short of top_p, i.e. the smallest prefix whose mass reaches top_p. The top token always survives.
         probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
         mass_before = probs.cumsum(dim=-1) - probs
-        drop |= mass_before >= torch.tensor(top_p, dtype=torch.float32, device=device).unsqueeze(1)
+        drop |= mass_before >= queued_values(top_p, torch.float32, device).unsqueeze(1)
         # A top_p below float32's range rounds to 0, and 0 >= 0 would drop the top token too (every row -inf).
         drop[:, 0] = False
     mask = torch.empty_like(drop).scatter_(1, sorted_ids, drop)
@@ -132,14 +134,16 @@ def _exponential_noise(probs: torch.Tensor, generators: list[torch.Generator | N
         noise.exponential_()
     else:
         if unseeded:
-            rows = torch.tensor(unseeded, device=probs.device)
+            rows = queued_values(unseeded, torch.long, probs.device)
             noise[rows] = torch.empty(len(unseeded), probs.shape[1], device=probs.device).exponential_()
         vocab_size = probs.shape[1]
         for i, generator in enumerate(generators):
             if generator is not None:
-                # Drawn on the generator's own device (the engine makes CPU generators) and copied over, so a
-                # seed gives the same stream whether the logits live on CPU or GPU.
-                noise[i] = torch.empty(vocab_size, device=generator.device).exponential_(generator=generator)
+                # Drawn on the generator's own device (the runner's, for the engine's requests) and copied over.
+                copy_queued(
+                    noise[i],
+                    torch.empty(vocab_size, device=generator.device).exponential_(generator=generator),
+                )
     # Exp(1) can return exactly 0; p / 0 would be inf for a kept token but nan for a masked one, and argmax
     # ranks nan above everything.
     return noise.clamp_min_(torch.finfo(torch.float32).tiny)

@@ -56,3 +56,35 @@ def test_structured_output_with_graphs(tmp_path):
     want = ref.generate(["Code: ", "Another: "], params, use_tqdm=False)
     assert [o.outputs[0].text for o in got] == [o.outputs[0].text for o in want]
     assert all(len(o.outputs[0].text) == 6 for o in got)
+
+
+def test_sampling_never_waits_for_the_device():
+    """The sampler runs inside a step launched ahead of the one before it: with torch's sync debug mode on, any
+    copy or read that waits for the device raises. Greedy, temperature, top-k, top-p, min-p and seeded rows
+    together, and each kind alone; and logit_bias, the one logits processor that keeps lookahead on."""
+    from mlaserve.core.request import Request
+    from mlaserve.layers.logits_processors import process_logits
+    from mlaserve.layers.sampler import Sampler
+
+    params = [
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0.8, top_k=20, top_p=0.9),
+        SamplingParams(temperature=0.7, min_p=0.1),
+        SamplingParams(temperature=1.0, seed=3),
+    ]
+    logits = torch.randn(len(params), 32000, device="cuda")
+    generators = [None, None, None, torch.Generator(device="cuda").manual_seed(3)]
+    sampler = Sampler()
+    sampler.sample(logits, params, generators)  # first calls allocate (pinned buffers, kernels)
+    torch.cuda.synchronize()
+    biased = [SamplingParams(temperature=0, logit_bias={5: 100.0})]  # bias alone keeps lookahead on
+    request = Request(request_id="b", prompt_token_ids=[1, 2], max_tokens=4, arrival_index=0)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ids = sampler.sample(logits, params, generators)
+        for i in range(len(params)):
+            sampler.sample(logits[i : i + 1], params[i : i + 1], generators[i : i + 1])
+        bias_row = process_logits(logits[:1], biased, [request], [None])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert ids[0].item() == logits[0].argmax().item() and bias_row.argmax().item() == 5
