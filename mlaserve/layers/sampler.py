@@ -32,7 +32,7 @@ class Sampler:
     ) -> SamplerOutput:
         logits = self.prepare(logits, params)
         token_ids = self.sample(logits, params, generators)
-        return self.finish(logits, params, token_ids, token_ids.tolist())
+        return self.finish(params, token_ids.tolist(), self.logprobs(logits, params, token_ids))
 
     def prepare(self, logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
         """Checks the shapes; widens 16-bit logits to float32 when any row samples, wants logprobs or has its
@@ -68,16 +68,62 @@ class Sampler:
         )
         return token_ids
 
+    def logprobs(
+        self, logits: torch.Tensor, params: list[SamplingParams], token_ids: torch.Tensor
+    ) -> LogprobTensors | None:
+        """The device half of the rows' logprobs, queued behind the sampling (None when no row asks): read by
+        finish once copied to the host, so the logits (a graph's output, rewritten by the next replay) are not
+        needed after this."""
+        rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+        if not rows:
+            return None
+        row_index = queued_values(rows, torch.long, logits.device)
+        # From the raw logits, before temperature / top-k / top-p (vLLM's default "raw_logprobs"): the numbers
+        # describe the model, not the sampling settings.
+        logprobs = logits[row_index].log_softmax(dim=-1)
+        sampled = logprobs.gather(1, token_ids[row_index].unsqueeze(1)).squeeze(1)
+        num_top = min(max(params[i].logprobs for i in rows), logits.shape[1])
+        if num_top:
+            values, ids = logprobs.topk(num_top, dim=-1)
+        else:  # logprobs=0 everywhere: the sampled token's alone
+            values = ids = sampled.new_empty(len(rows), 0)
+        return LogprobTensors(rows, sampled, values, ids)
+
     def finish(
-        self,
-        logits: torch.Tensor,
-        params: list[SamplingParams],
-        token_ids: torch.Tensor,
-        token_id_list: list[int],
+        self, params: list[SamplingParams], token_id_list: list[int], logprobs: LogprobTensors | None
     ) -> SamplerOutput:
-        """The host side: the ids as a list and the logprobs of the rows that asked (from `logits`, which must
-        still hold this step's values)."""
-        return SamplerOutput(token_id_list, _gather_logprobs(logits, params, token_ids, token_id_list))
+        """The host side: the ids as a list and the logprobs of the rows that asked (LogprobTensors on the host,
+        or on a device, where reading them waits for it)."""
+        out: list[dict[int, float] | None] = [None] * len(params)
+        if logprobs is not None:
+            sampled, top_values, top_ids = (
+                t.tolist() for t in (logprobs.sampled, logprobs.top_values, logprobs.top_ids)
+            )
+            for j, i in enumerate(logprobs.rows):
+                k = params[i].logprobs  # the columns hold the most any row asked for, at most the vocabulary
+                # Sampled token first (as vLLM orders it); it may also be among the top-k, with the same value.
+                row = {token_id_list[i]: sampled[j]}
+                row.update(zip(top_ids[j][:k], top_values[j][:k], strict=True))
+                out[i] = row
+        return SamplerOutput(token_id_list, out)
+
+
+@dataclass(slots=True)
+class LogprobTensors:
+    """Logprobs of the rows that asked, before they become dicts: rows (their indices in the batch), the sampled
+    token's logprob [len(rows)], and the top `most logprobs asked` values and ids [len(rows), k]."""
+
+    rows: list[int]
+    sampled: torch.Tensor
+    top_values: torch.Tensor
+    top_ids: torch.Tensor
+
+    def to_host(self) -> LogprobTensors:
+        """Copies queued behind the work so far (into pinned memory, not waiting): valid once that work is done."""
+        sampled, values, ids = (
+            t.to("cpu", non_blocking=True) for t in (self.sampled, self.top_values, self.top_ids)
+        )
+        return LogprobTensors(self.rows, sampled, values, ids)
 
 
 def _sample(
@@ -147,31 +193,3 @@ def _exponential_noise(probs: torch.Tensor, generators: list[torch.Generator | N
     # Exp(1) can return exactly 0; p / 0 would be inf for a kept token but nan for a masked one, and argmax
     # ranks nan above everything.
     return noise.clamp_min_(torch.finfo(torch.float32).tiny)
-
-
-def _gather_logprobs(
-    logits: torch.Tensor, params: list[SamplingParams], token_ids: torch.Tensor, token_id_list: list[int]
-) -> list[dict[int, float] | None]:
-    out: list[dict[int, float] | None] = [None] * len(params)
-    rows = [i for i, p in enumerate(params) if p.logprobs is not None]
-    if not rows:
-        return out
-    row_index = torch.tensor(rows, device=logits.device)
-    # From the raw logits, before temperature / top-k / top-p (vLLM's default "raw_logprobs"): the numbers
-    # describe the model, not the sampling settings.
-    logprobs = logits[row_index].log_softmax(dim=-1)
-    sampled = logprobs.gather(1, token_ids[row_index].unsqueeze(1)).squeeze(1).tolist()
-    vocab_size = logits.shape[1]
-    num_top = min(max(params[i].logprobs for i in rows), vocab_size)
-    if num_top:
-        values, ids = logprobs.topk(num_top, dim=-1)
-        top_values, top_ids = values.tolist(), ids.tolist()
-    else:
-        top_values = top_ids = [[] for _ in rows]
-    for j, i in enumerate(rows):
-        k = min(params[i].logprobs, vocab_size)
-        # Sampled token first (as vLLM orders it); it may also be among the top-k, with the same value.
-        row = {token_id_list[i]: sampled[j]}
-        row.update(zip(top_ids[j][:k], top_values[j][:k], strict=True))
-        out[i] = row
-    return out

@@ -17,7 +17,7 @@ from mlaserve.engine.structured_output import Grammar
 from mlaserve.host_copy import queued_values
 from mlaserve.kvcache.spec import FULL, AttentionRule
 from mlaserve.layers.logits_processors import process_logits
-from mlaserve.layers.sampler import Sampler
+from mlaserve.layers.sampler import LogprobTensors, Sampler
 from mlaserve.models.base import CausalLM
 from mlaserve.parallel import SINGLE, ParallelContext
 from mlaserve.runner.batch import HostBatch, plan_batch, to_device
@@ -188,8 +188,12 @@ class ModelRunner:
             import torch.distributed as dist
 
             dist.broadcast(token_ids, src=0, group=self.parallel.group)
+        # Computed now, from logits the next step (a graph replay) may overwrite, and copied out with the ids.
+        logprobs = self.sampler.logprobs(logits, params, token_ids)
+        if logprobs is not None:
+            logprobs = logprobs.to_host()
         host_ids, done = self._copy_out(token_ids)
-        return LaunchedStep(output, host.sampled, params, logits, token_ids, host_ids, done, scored)
+        return LaunchedStep(output, host.sampled, params, logprobs, token_ids, host_ids, done, scored)
 
     @torch.inference_mode()
     def run_plan(self, plan: StepPlan) -> None:
@@ -243,9 +247,9 @@ class ModelRunner:
             token_list = step.token_ids.tolist()
         ids = [s.request.request_id for s in step.sampled]
         self._advance_grammars(ids, token_list)
-        if not any(p.logprobs is not None for p in step.params):
+        if step.logprobs is None:
             return StepResult(dict(zip(ids, token_list)), {}, prompt_logprobs)
-        result = self.sampler.finish(step.logits, step.params, step.token_ids, token_list)
+        result = self.sampler.finish(step.params, token_list, step.logprobs)
         logprobs = {i: lp for i, lp in zip(ids, result.logprobs) if lp is not None}
         return StepResult(dict(zip(ids, result.token_ids)), logprobs, prompt_logprobs)
 
@@ -304,7 +308,7 @@ class LaunchedStep:
     output: SchedulerOutput
     sampled: list[ScheduledRequest]  # requests that get a token, in row order of token_ids
     params: list[SamplingParams]
-    logits: torch.Tensor | None  # read again only for logprobs
+    logprobs: LogprobTensors | None  # the rows that asked, copied out with token_ids
     token_ids: torch.Tensor | None  # [num_sampled] on the device
     host_ids: torch.Tensor | None  # pinned copy of token_ids (CUDA), filled once `done` has fired
     done: torch.cuda.Event | None
@@ -312,6 +316,6 @@ class LaunchedStep:
 
     @property
     def needs_host(self) -> bool:
-        """Whether the next step must wait for this one's results on the host: logprobs are read from this
-        step's logits, and penalties, min_tokens and grammars need the token sampled here."""
-        return any(p.logprobs is not None or p.needs_history for p in self.params)
+        """Whether the next step must wait for this one's results on the host: penalties, min_tokens and
+        grammars need the token sampled here."""
+        return any(p.needs_history for p in self.params)

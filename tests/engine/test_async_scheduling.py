@@ -76,13 +76,17 @@ def test_same_outputs_under_preemption_and_with_logprobs(deepseek, monkeypatch):
     launches = count_lookahead_launches(monkeypatch)
     assert completions(llms[True].generate(batch, greedy, use_tqdm=False)) == want
     assert launches[0] > 0 and llms[True].stats()["kv_blocks_used"] == 0
-    # Logprobs are read from the step's logits after it ends: those steps are not queued ahead.
+    # Logprobs are computed on the device with the sampling and copied out with the ids: those steps are queued
+    # ahead too, beside rows that ask for none, and every row gets the values of the plain loop.
     launches[0] = 0
-    with_lp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=2)
-    sync = llms[False].generate(batch[:2], with_lp, use_tqdm=False)
-    got = llms[True].generate(batch[:2], with_lp, use_tqdm=False)
-    assert completions(got) == completions(sync) and launches[0] == 0
+    with_lp = [
+        SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=n) for n in (2, None, 0, 5)
+    ]
+    sync = llms[False].generate(batch[:4], with_lp, use_tqdm=False)
+    got = llms[True].generate(batch[:4], with_lp, use_tqdm=False)
+    assert completions(got) == completions(sync) and launches[0] > 0
     assert [o.outputs[0].logprobs for o in got] == [o.outputs[0].logprobs for o in sync]
+    assert got[1].outputs[0].logprobs is None and len(got[3].outputs[0].logprobs[0]) >= 5
 
 
 def test_prefill_first_queues_the_decode_after_the_last_prompt(llama, monkeypatch):

@@ -61,7 +61,8 @@ def test_structured_output_with_graphs(tmp_path):
 def test_sampling_never_waits_for_the_device():
     """The sampler runs inside a step launched ahead of the one before it: with torch's sync debug mode on, any
     copy or read that waits for the device raises. Greedy, temperature, top-k, top-p, min-p and seeded rows
-    together, and each kind alone; and logit_bias, the one logits processor that keeps lookahead on."""
+    together, and each kind alone; logit_bias, the one logits processor that keeps lookahead on; and the logprobs,
+    computed and copied out at launch."""
     from mlaserve.core.request import Request
     from mlaserve.layers.logits_processors import process_logits
     from mlaserve.layers.sampler import Sampler
@@ -85,6 +86,11 @@ def test_sampling_never_waits_for_the_device():
         for i in range(len(params)):
             sampler.sample(logits[i : i + 1], params[i : i + 1], generators[i : i + 1])
         bias_row = process_logits(logits[:1], biased, [request], [None])
+        asked = [SamplingParams(temperature=0, logprobs=n) for n in (3, None, 0, 1)]
+        copied = sampler.logprobs(logits, asked, ids).to_host()
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert ids[0].item() == logits[0].argmax().item() and bias_row.argmax().item() == 5
+    torch.cuda.synchronize()
+    rows = sampler.finish(asked, ids.tolist(), copied).logprobs
+    assert rows[1] is None and len(rows[0]) in (3, 4) and len(rows[2]) == 1

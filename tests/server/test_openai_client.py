@@ -154,7 +154,9 @@ def test_chat_logprobs_streamed_and_whole(client):
         for choice in chunk.choices:
             if choice.logprobs is not None:
                 streamed += choice.logprobs.content
-    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in whole]
+    # The second request reads the first one's prompt from the prefix cache: the same numbers up to rounding.
+    assert [t.token for t in streamed] == [t.token for t in whole]
+    assert all(math.isclose(a.logprob, b.logprob, abs_tol=1e-5) for a, b in zip(streamed, whole, strict=True))
 
 
 def test_client_errors_come_back_as_openai_errors(client):
