@@ -213,8 +213,9 @@ class SamplingParams:
     @property
     def needs_history(self) -> bool:
         """Whether sampling reads the tokens generated so far, so a step cannot be queued before the previous
-        step's token is known (asynchronous scheduling stays off for it)."""
-        return self.has_penalties or self.min_tokens > 0 or self.structured_outputs is not None
+        step's token is known (asynchronous scheduling stays off for it). min_tokens reads only their count, which
+        a step queued ahead knows (one more than the request holds)."""
+        return self.has_penalties or self.structured_outputs is not None
 
     @property
     def is_greedy(self) -> bool:

@@ -46,17 +46,19 @@ def process_logits(
     params: Sequence[SamplingParams],
     requests: Sequence[Request],
     masks: Sequence[TokenMask | None],
+    pending: Sequence[bool] | None = None,
 ) -> torch.Tensor:
-    """The logits to sample from: `logits` itself when no row asks for processing, else a processed copy."""
+    """The logits to sample from: `logits` itself when no row asks for processing, else a processed copy.
+    pending: per row, whether a token the step before is still sampling belongs to the request (a step queued
+    ahead): min_tokens counts it."""
     rows = [i for i, p in enumerate(params) if p.needs_processing or masks[i] is not None]
     if not rows:
         return logits
     out = logits.clone()
     device, vocab_size = logits.device, logits.shape[1]
     _add_bias(out, [(i, params[i].logit_bias) for i in rows if params[i].logit_bias], vocab_size)
-    banned = [
-        (i, held_back_ids(requests[i])) for i in rows if requests[i].num_output_tokens < params[i].min_tokens
-    ]
+    counts = [r.num_output_tokens + bool(pending and pending[i]) for i, r in enumerate(requests)]
+    banned = [(i, held_back_ids(requests[i])) for i in rows if counts[i] < params[i].min_tokens]
     _ban(out, banned, vocab_size)
     penalised = [i for i in rows if params[i].has_penalties]
     if penalised:
@@ -85,7 +87,9 @@ def _ban(out: torch.Tensor, rows: list[tuple[int, list[int]]], vocab_size: int) 
     entries = [(i, t) for i, ids in rows for t in ids if t < vocab_size]
     if entries:
         r, t = zip(*entries, strict=True)
-        out[torch.tensor(r, device=out.device), torch.tensor(t, device=out.device)] = float("-inf")
+        out[queued_values(r, torch.long, out.device), queued_values(t, torch.long, out.device)] = float(
+            "-inf"
+        )
 
 
 def _penalise(x: torch.Tensor, params: list[SamplingParams], requests: list[Request]) -> torch.Tensor:
@@ -115,6 +119,7 @@ def process_logits_reference(
     params: Sequence[SamplingParams],
     requests: Sequence[Request],
     masks: Sequence[TokenMask | None],
+    pending: Sequence[bool] | None = None,
 ) -> torch.Tensor:
     """One row and one token at a time, straight from the definitions (for tests)."""
     out = logits.clone()
@@ -124,7 +129,7 @@ def process_logits_reference(
         for token, bias in (p.logit_bias or {}).items():
             if token < vocab_size:
                 row[token] += bias
-        if request.num_output_tokens < p.min_tokens:
+        if request.num_output_tokens + (1 if pending and pending[i] else 0) < p.min_tokens:
             for token in held_back_ids(request):
                 if token < vocab_size:
                     row[token] = float("-inf")

@@ -182,7 +182,8 @@ class ModelRunner:
         logits = self.sampler.prepare(logits, params)
         requests = [s.request for s in host.sampled]
         grammars = [self.grammars.get(r.request_id) for r in requests]
-        processed = process_logits(logits, params, requests, grammars)
+        # A lookahead row's request is a token short of where the row samples: min_tokens counts that token.
+        processed = process_logits(logits, params, requests, grammars, [s.lookahead for s in host.sampled])
         token_ids = self.sampler.sample(processed, params, generators)
         if self.parallel.distributed:  # the next lookahead step's inputs, on every rank
             import torch.distributed as dist

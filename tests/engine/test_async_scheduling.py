@@ -160,3 +160,20 @@ def test_prompt_chunks_and_admissions_are_queued_ahead(deepseek, monkeypatch):
     assert completions(llms[True].generate(batch, params, use_tqdm=False)) == want
     assert all(kinds.values()), kinds
     assert llms[True].stats()["kv_blocks_used"] == 0 and llms[True].engine._in_flight is None
+
+
+def test_min_tokens_rows_are_queued_ahead(llama, monkeypatch):
+    """min_tokens reads only how many tokens a request holds, which a step queued ahead knows: EOS, pushed up by
+    logit_bias, stays banned exactly as long as in the plain loop, with those steps queued ahead."""
+    llms = engines(llama)
+    batch = prompts(4, seed=6)
+    eos = llms[False].get_tokenizer().eos_token_id
+    params = [
+        SamplingParams(temperature=0, min_tokens=n, max_tokens=12, logit_bias={eos: 50.0})
+        for n in (1, 3, 6, 9)
+    ]
+    want = completions(llms[False].generate(batch, params, use_tqdm=False))
+    assert [len(ids) for ids, _, _ in want] == [2, 4, 7, 10] and {f for _, f, _ in want} == {"stop"}
+    launches = count_lookahead_launches(monkeypatch)
+    assert completions(llms[True].generate(batch, params, use_tqdm=False)) == want
+    assert launches[0] >= 5  # none while min_tokens kept steps from being queued ahead

@@ -63,8 +63,10 @@ def random_case(seed: int) -> tuple[torch.Tensor, list[SamplingParams], list[Req
 @pytest.mark.parametrize("seed", range(4))
 def test_batched_processing_equals_the_definition(seed):
     logits, params, requests, masks = random_case(seed)
-    got = process_logits(logits, params, requests, masks)
-    want = process_logits_reference(logits, params, requests, masks)
+    # A step queued ahead: some rows' requests have a token still being sampled, which min_tokens counts.
+    pending = [i % 3 == 0 for i in range(len(params))] if seed % 2 else None
+    got = process_logits(logits, params, requests, masks, pending)
+    want = process_logits_reference(logits, params, requests, masks, pending)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
     assert not torch.equal(got, logits)  # something changed, and the raw logits did not
     torch.testing.assert_close(logits, random_case(seed)[0])
@@ -113,3 +115,18 @@ def test_greedy_rows_are_processed_too():
         logits, [SamplingParams(temperature=0, logit_bias={8: 100})], [request([1], [])], [None]
     )
     assert processed.argmax().item() == 8
+
+
+def test_min_tokens_counts_the_token_a_step_queued_ahead_waits_for():
+    """Two tokens out, min_tokens 3: EOS and the stop tokens stay banned for the third token, but a row queued
+    ahead samples the fourth (the third is still being sampled), where they are allowed again."""
+    logits = torch.zeros(2, VOCAB)
+    params = [SamplingParams(min_tokens=3)] * 2
+    requests = [request([4, 5], [6, 7], eos=1, stop=(9,))] * 2
+    for pending in ([False, True], None):
+        got = process_logits(logits, params, requests, [None, None], pending)
+        assert got[0, [1, 9]].eq(float("-inf")).all()
+        assert got[1, [1, 9]].eq(float("-inf")).all() == (pending is None)
+        torch.testing.assert_close(
+            got, process_logits_reference(logits, params, requests, [None, None], pending)
+        )
