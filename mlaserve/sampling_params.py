@@ -212,10 +212,10 @@ class SamplingParams:
 
     @property
     def needs_history(self) -> bool:
-        """Whether sampling reads the tokens generated so far, so a step cannot be queued before the previous
-        step's token is known (asynchronous scheduling stays off for it). min_tokens reads only their count, which
-        a step queued ahead knows (one more than the request holds)."""
-        return self.has_penalties or self.structured_outputs is not None
+        """Whether sampling needs the tokens generated so far on the host, so a step cannot be queued before the
+        previous step's token is read (asynchronous scheduling stays off for it): a grammar advances by them.
+        min_tokens and the penalties take a step queued ahead all the same (logits_processors.PendingTokens)."""
+        return self.structured_outputs is not None
 
     @property
     def is_greedy(self) -> bool:

@@ -9,6 +9,7 @@ The raw logits are never edited in place: logprobs are reported from them (vLLM'
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -33,6 +34,15 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return bits.flatten(-2)[..., :vocab_size].bool()
 
 
+@dataclass(frozen=True, slots=True)
+class PendingTokens:
+    """For a step queued ahead of the one still sampling: per row, whether the request has a token there (host),
+    and that token's id on the device, -1 where none. min_tokens counts it; penalties count it in the history."""
+
+    rows: list[bool]
+    ids: torch.Tensor
+
+
 def held_back_ids(request: Request) -> list[int]:
     """The ids min_tokens holds back: EOS (unless ignored) and the stop token ids."""
     ids = list(request.stop_token_ids)
@@ -46,24 +56,28 @@ def process_logits(
     params: Sequence[SamplingParams],
     requests: Sequence[Request],
     masks: Sequence[TokenMask | None],
-    pending: Sequence[bool] | None = None,
+    pending: PendingTokens | None = None,
 ) -> torch.Tensor:
     """The logits to sample from: `logits` itself when no row asks for processing, else a processed copy.
-    pending: per row, whether a token the step before is still sampling belongs to the request (a step queued
-    ahead): min_tokens counts it."""
+    pending: the tokens still being sampled by the step before, for a step queued ahead of it."""
     rows = [i for i, p in enumerate(params) if p.needs_processing or masks[i] is not None]
     if not rows:
         return logits
     out = logits.clone()
     device, vocab_size = logits.device, logits.shape[1]
     _add_bias(out, [(i, params[i].logit_bias) for i in rows if params[i].logit_bias], vocab_size)
-    counts = [r.num_output_tokens + bool(pending and pending[i]) for i, r in enumerate(requests)]
+    counts = [r.num_output_tokens + bool(pending and pending.rows[i]) for i, r in enumerate(requests)]
     banned = [(i, held_back_ids(requests[i])) for i in rows if counts[i] < params[i].min_tokens]
     _ban(out, banned, vocab_size)
     penalised = [i for i in rows if params[i].has_penalties]
     if penalised:
-        index = torch.tensor(penalised, device=device)
-        out[index] = _penalise(out[index], [params[i] for i in penalised], [requests[i] for i in penalised])
+        index = queued_values(penalised, torch.long, device)
+        out[index] = _penalise(
+            out[index],
+            [params[i] for i in penalised],
+            [requests[i] for i in penalised],
+            None if pending is None else pending.ids[index],
+        )
     masked = [i for i in rows if masks[i] is not None]
     if masked:
         # Packed on the host, 32x fewer bytes to copy, unpacked on the device.
@@ -92,20 +106,32 @@ def _ban(out: torch.Tensor, rows: list[tuple[int, list[int]]], vocab_size: int) 
         )
 
 
-def _penalise(x: torch.Tensor, params: list[SamplingParams], requests: list[Request]) -> torch.Tensor:
-    """Repetition (prompt + output), frequency and presence (output) penalties on the rows' logits x."""
+def _penalise(
+    x: torch.Tensor, params: list[SamplingParams], requests: list[Request], pending: torch.Tensor | None
+) -> torch.Tensor:
+    """Repetition (prompt + output), frequency and presence (output) penalties on the rows' logits x. pending:
+    per row, an output token on the device not yet in the request (-1 where none), counted with its outputs."""
     device, (num_rows, vocab_size) = x.device, x.shape
-    counts = torch.zeros(num_rows, vocab_size, dtype=x.dtype, device=device)
-    seen = torch.zeros(num_rows, vocab_size, dtype=torch.bool, device=device)
+    out_rows, out_ids, prompt_rows, prompt_ids = [], [], [], []
     for row, request in enumerate(requests):
-        if request.output_token_ids:
-            ids = torch.tensor(request.output_token_ids, device=device)
-            counts[row].index_add_(0, ids, torch.ones(len(ids), dtype=x.dtype, device=device))
-        if request.prompt_token_ids:
-            seen[row, torch.tensor(request.prompt_token_ids, device=device)] = True
+        out_rows += [row] * request.num_output_tokens
+        out_ids += request.output_token_ids
+        prompt_rows += [row] * len(request.prompt_token_ids)
+        prompt_ids += request.prompt_token_ids
+    counts = torch.zeros(num_rows, vocab_size, dtype=x.dtype, device=device)
+    ones = torch.ones(len(out_ids), dtype=x.dtype, device=device)
+    counts.index_put_(
+        (queued_values(out_rows, torch.long, device), queued_values(out_ids, torch.long, device)),
+        ones,
+        accumulate=True,
+    )
+    if pending is not None:
+        counts.scatter_add_(1, pending.clamp(min=0)[:, None], (pending >= 0).to(x.dtype)[:, None])
+    seen = torch.zeros(num_rows, vocab_size, dtype=torch.bool, device=device)
+    seen[queued_values(prompt_rows, torch.long, device), queued_values(prompt_ids, torch.long, device)] = True
 
     def column(values: list[float]) -> torch.Tensor:
-        return torch.tensor(values, dtype=x.dtype, device=device).unsqueeze(1)
+        return queued_values(values, x.dtype, device).unsqueeze(1)
 
     repetition = column([p.repetition_penalty for p in params])
     seen |= counts > 0
@@ -119,21 +145,23 @@ def process_logits_reference(
     params: Sequence[SamplingParams],
     requests: Sequence[Request],
     masks: Sequence[TokenMask | None],
-    pending: Sequence[bool] | None = None,
+    pending: PendingTokens | None = None,
 ) -> torch.Tensor:
     """One row and one token at a time, straight from the definitions (for tests)."""
     out = logits.clone()
     vocab_size = logits.shape[1]
     for i, (p, request) in enumerate(zip(params, requests, strict=True)):
         row = out[i]
+        outputs = list(request.output_token_ids)
+        if pending is not None and pending.rows[i]:
+            outputs.append(int(pending.ids[i]))
         for token, bias in (p.logit_bias or {}).items():
             if token < vocab_size:
                 row[token] += bias
-        if request.num_output_tokens + (1 if pending and pending[i] else 0) < p.min_tokens:
+        if len(outputs) < p.min_tokens:
             for token in held_back_ids(request):
                 if token < vocab_size:
                     row[token] = float("-inf")
-        outputs = list(request.output_token_ids)
         history = set(request.prompt_token_ids) | set(outputs)
         for token in range(vocab_size):
             value = row[token].item()

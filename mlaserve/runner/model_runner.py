@@ -16,7 +16,7 @@ from mlaserve.core.scheduler import ScheduledRequest, SchedulerOutput
 from mlaserve.engine.structured_output import Grammar
 from mlaserve.host_copy import queued_values
 from mlaserve.kvcache.spec import FULL, AttentionRule
-from mlaserve.layers.logits_processors import process_logits
+from mlaserve.layers.logits_processors import PendingTokens, process_logits
 from mlaserve.layers.sampler import LogprobTensors, Sampler
 from mlaserve.models.base import CausalLM
 from mlaserve.parallel import SINGLE, ParallelContext
@@ -182,8 +182,8 @@ class ModelRunner:
         logits = self.sampler.prepare(logits, params)
         requests = [s.request for s in host.sampled]
         grammars = [self.grammars.get(r.request_id) for r in requests]
-        # A lookahead row's request is a token short of where the row samples: min_tokens counts that token.
-        processed = process_logits(logits, params, requests, grammars, [s.lookahead for s in host.sampled])
+        pending = None if previous is None else pending_tokens(host.sampled, previous)
+        processed = process_logits(logits, params, requests, grammars, pending)
         token_ids = self.sampler.sample(processed, params, generators)
         if self.parallel.distributed:  # the next lookahead step's inputs, on every rank
             import torch.distributed as dist
@@ -285,6 +285,18 @@ class ModelRunner:
         return buffer, done
 
 
+def pending_tokens(sampled: list[ScheduledRequest], previous: "LaunchedStep") -> PendingTokens | None:
+    """A lookahead row's request is a token short of where the row samples: that token, still being sampled by
+    `previous`, taken from its ids on the device (min_tokens and the penalties count it). None without such rows."""
+    rows = [s.lookahead for s in sampled]
+    if not any(rows):
+        return None
+    index = {s.request.request_id: i for i, s in enumerate(previous.sampled)}
+    source = queued_values([index[s.request.request_id] if s.lookahead else -1 for s in sampled], torch.long,
+                           previous.token_ids.device)  # fmt: skip
+    return PendingTokens(rows, torch.where(source >= 0, previous.token_ids[source.clamp(min=0)], -1))
+
+
 def lookahead_source(
     sampled: torch.Tensor, rows: list[int], ids: list[int]
 ) -> tuple[torch.Tensor, list[int]]:
@@ -317,6 +329,6 @@ class LaunchedStep:
 
     @property
     def needs_host(self) -> bool:
-        """Whether the next step must wait for this one's results on the host: penalties, min_tokens and
-        grammars need the token sampled here."""
+        """Whether the next step must wait for this one's results on the host: a grammar needs the token
+        sampled here."""
         return any(p.needs_history for p in self.params)

@@ -162,18 +162,32 @@ def test_prompt_chunks_and_admissions_are_queued_ahead(deepseek, monkeypatch):
     assert llms[True].stats()["kv_blocks_used"] == 0 and llms[True].engine._in_flight is None
 
 
-def test_min_tokens_rows_are_queued_ahead(llama, monkeypatch):
-    """min_tokens reads only how many tokens a request holds, which a step queued ahead knows: EOS, pushed up by
-    logit_bias, stays banned exactly as long as in the plain loop, with those steps queued ahead."""
+def test_min_tokens_and_penalty_rows_are_queued_ahead(llama, monkeypatch):
+    """min_tokens reads how many tokens a request holds and the penalties which ones: a step queued ahead counts
+    the token still being sampled (on the device). EOS, pushed up by logit_bias, stays banned exactly as long as
+    in the plain loop; penalised rows pick the plain loop's tokens; and those steps are queued ahead."""
     llms = engines(llama)
-    batch = prompts(4, seed=6)
+    batch = prompts(6, seed=6)
     eos = llms[False].get_tokenizer().eos_token_id
     params = [
         SamplingParams(temperature=0, min_tokens=n, max_tokens=12, logit_bias={eos: 50.0})
         for n in (1, 3, 6, 9)
+    ] + [
+        # logit_bias makes token 50 the first choice until the penalties for having used it outweigh it: a row
+        # queued ahead that missed the token still being sampled would pick it twice in a row
+        SamplingParams(
+            temperature=0,
+            max_tokens=16,
+            ignore_eos=True,
+            presence_penalty=2,
+            frequency_penalty=2,
+            logit_bias={50: 2.0},
+        ),
+        SamplingParams(temperature=0.9, seed=4, max_tokens=16, ignore_eos=True, repetition_penalty=1.8),
     ]
     want = completions(llms[False].generate(batch, params, use_tqdm=False))
-    assert [len(ids) for ids, _, _ in want] == [2, 4, 7, 10] and {f for _, f, _ in want} == {"stop"}
+    assert [len(ids) for ids, _, _ in want[:4]] == [2, 4, 7, 10] and {f for _, f, _ in want[:4]} == {"stop"}
+    assert want[4][0][0] == 50 and want[4][0][1] != 50
     launches = count_lookahead_launches(monkeypatch)
     assert completions(llms[True].generate(batch, params, use_tqdm=False)) == want
-    assert launches[0] >= 5  # none while min_tokens kept steps from being queued ahead
+    assert launches[0] >= 10  # none while these fields kept steps from being queued ahead

@@ -61,10 +61,10 @@ def test_structured_output_with_graphs(tmp_path):
 def test_sampling_never_waits_for_the_device():
     """The sampler runs inside a step launched ahead of the one before it: with torch's sync debug mode on, any
     copy or read that waits for the device raises. Greedy, temperature, top-k, top-p, min-p and seeded rows
-    together, and each kind alone; logit_bias, the one logits processor that keeps lookahead on; and the logprobs,
-    computed and copied out at launch."""
+    together, and each kind alone; logit_bias, min_tokens and penalties with a token still being sampled (the
+    processors that keep lookahead on); and the logprobs, computed and copied out at launch."""
     from mlaserve.core.request import Request
-    from mlaserve.layers.logits_processors import process_logits
+    from mlaserve.layers.logits_processors import PendingTokens, process_logits
     from mlaserve.layers.sampler import Sampler
 
     params = [
@@ -86,6 +86,9 @@ def test_sampling_never_waits_for_the_device():
         for i in range(len(params)):
             sampler.sample(logits[i : i + 1], params[i : i + 1], generators[i : i + 1])
         bias_row = process_logits(logits[:1], biased, [request], [None])
+        penalised = [SamplingParams(presence_penalty=1.0, repetition_penalty=1.2, min_tokens=3)] * 2
+        pending = PendingTokens([True, False], torch.tensor([5, -1], device="cuda"))
+        process_logits(logits[:2], penalised, [request] * 2, [None] * 2, pending)
         asked = [SamplingParams(temperature=0, logprobs=n) for n in (3, None, 0, 1)]
         copied = sampler.logprobs(logits, asked, ids).to_host()
     finally:

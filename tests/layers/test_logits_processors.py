@@ -4,7 +4,12 @@ import pytest
 import torch
 
 from mlaserve.core.request import Request
-from mlaserve.layers.logits_processors import process_logits, process_logits_reference, unpack_bitmask
+from mlaserve.layers.logits_processors import (
+    PendingTokens,
+    process_logits,
+    process_logits_reference,
+    unpack_bitmask,
+)
 from mlaserve.layers.sampler import Sampler
 from mlaserve.sampling_params import SamplingParams
 
@@ -63,8 +68,13 @@ def random_case(seed: int) -> tuple[torch.Tensor, list[SamplingParams], list[Req
 @pytest.mark.parametrize("seed", range(4))
 def test_batched_processing_equals_the_definition(seed):
     logits, params, requests, masks = random_case(seed)
-    # A step queued ahead: some rows' requests have a token still being sampled, which min_tokens counts.
-    pending = [i % 3 == 0 for i in range(len(params))] if seed % 2 else None
+    # A step queued ahead: some rows' requests have a token still being sampled (on the device), which min_tokens
+    # and the penalties count.
+    pending = None
+    if seed % 2:
+        rows = [i % 3 == 0 for i in range(len(params))]
+        ids = torch.randint(0, VOCAB, (len(params),), generator=torch.Generator().manual_seed(seed))
+        pending = PendingTokens(rows, torch.where(torch.tensor(rows), ids, -1))
     got = process_logits(logits, params, requests, masks, pending)
     want = process_logits_reference(logits, params, requests, masks, pending)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
@@ -123,7 +133,7 @@ def test_min_tokens_counts_the_token_a_step_queued_ahead_waits_for():
     logits = torch.zeros(2, VOCAB)
     params = [SamplingParams(min_tokens=3)] * 2
     requests = [request([4, 5], [6, 7], eos=1, stop=(9,))] * 2
-    for pending in ([False, True], None):
+    for pending in (PendingTokens([False, True], torch.tensor([-1, 8])), None):
         got = process_logits(logits, params, requests, [None, None], pending)
         assert got[0, [1, 9]].eq(float("-inf")).all()
         assert got[1, [1, 9]].eq(float("-inf")).all() == (pending is None)
