@@ -101,9 +101,8 @@ def _ban(out: torch.Tensor, rows: list[tuple[int, list[int]]], vocab_size: int) 
     entries = [(i, t) for i, ids in rows for t in ids if t < vocab_size]
     if entries:
         r, t = zip(*entries, strict=True)
-        out[queued_values(r, torch.long, out.device), queued_values(t, torch.long, out.device)] = float(
-            "-inf"
-        )
+        rows_t, ids_t = (queued_values(v, torch.long, out.device) for v in (r, t))
+        out[rows_t, ids_t] = float("-inf")
 
 
 def _penalise(

@@ -33,9 +33,8 @@ class StepPlan:
 
     host: HostBatch  # order and sampled left empty: the ranks past 0 hold no requests
     spans: list[PromptSpan]
-    source_rows: (
-        list[int] | None
-    )  # a lookahead step: each token's index among the previous step's sampled ids
+    # A lookahead step: each token's index among the previous step's sampled ids (-1 where known), else None.
+    source_rows: list[int] | None
 
     def __reduce__(self) -> tuple:
         # The batch's tensors travel as numpy arrays: pickling a torch tensor costs about 0.3 ms to write and up
@@ -157,9 +156,8 @@ class ModelRunner:
         input token of each of its lookahead rows is the one `previous` sampled for the same request, gathered on
         the device; its other rows' tokens (prompt chunks, decodes of requests `previous` did not run) are known."""
         host = plan_batch(output, self.block_size, self.group_rules)
-        source_rows = (
-            None  # per token: its index among `previous`'s sampled ids, -1 where known (lookahead_source)
-        )
+        # Per token: its index among `previous`'s sampled ids, -1 where known (lookahead_source).
+        source_rows = None
         if previous is not None and any(s.lookahead for s in host.order):
             rows = {s.request.request_id: i for i, s in enumerate(previous.sampled)}
             source_rows = []
