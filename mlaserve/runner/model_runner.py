@@ -180,7 +180,8 @@ class ModelRunner:
         logits = self.sampler.prepare(logits, params)
         requests = [s.request for s in host.sampled]
         grammars = [self.grammars.get(r.request_id) for r in requests]
-        pending = None if previous is None else pending_tokens(host.sampled, previous)
+        processing = previous is not None and any(p.needs_processing for p in params)
+        pending = pending_tokens(host.sampled, previous) if processing else None  # not on every decode step
         processed = process_logits(logits, params, requests, grammars, pending)
         token_ids = self.sampler.sample(processed, params, generators)
         if self.parallel.distributed:  # the next lookahead step's inputs, on every rank
