@@ -7,6 +7,7 @@ import torch
 
 from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.attention.sdpa import SdpaBackend
+from mlaserve.host_copy import queued_values
 from mlaserve.kvcache.quant import is_quantized
 
 
@@ -75,7 +76,9 @@ class TritonMLABackend(SdpaBackend):
             if meta.num_decodes < len(
                 meta.query_lens
             ):  # (a decode step's is the arange: no host copy to capture)
-                rows = torch.repeat_interleave(rows, torch.tensor(meta.query_lens, device=q.device))
+                repeats = queued_values(meta.query_lens, torch.long, q.device)
+                # output_size given: torch need not read the repeats back from the device to size the result
+                rows = torch.repeat_interleave(rows, repeats, output_size=sum(meta.query_lens))
             meta.token_rows = rows
         visible = (positions + 1).to(torch.int32)  # causal: a token sees keys up to its own position
         return select_topk_paged(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from mlaserve.core.scheduler import ScheduledRequest
+from mlaserve.host_copy import queued_values
 from mlaserve.models.base import CausalLM
 
 # Rows of logits materialised at once: a 2,048-token prompt over a 129k vocabulary would be 1 GB in float32.
@@ -73,7 +74,7 @@ def score_prompt_spans(model: CausalLM, hidden: torch.Tensor, spans: list[Prompt
     scored = []
     for span in spans:
         n = len(span.targets)
-        targets = torch.tensor(span.targets, dtype=torch.long, device=hidden.device)
+        targets = queued_values(span.targets, torch.long, hidden.device)
         chosen, top_ids, top_values = [], [], []
         for lo in range(0, n, _CHUNK_ROWS):
             hi = min(n, lo + _CHUNK_ROWS)
