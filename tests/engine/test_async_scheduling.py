@@ -181,7 +181,7 @@ def test_min_tokens_and_penalty_rows_are_queued_ahead(llama, monkeypatch):
             ignore_eos=True,
             presence_penalty=2,
             frequency_penalty=2,
-            logit_bias={50: 2.0},
+            logit_bias={50: 3.0},
         ),
         SamplingParams(temperature=0.9, seed=4, max_tokens=16, ignore_eos=True, repetition_penalty=1.8),
     ]
