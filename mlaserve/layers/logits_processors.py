@@ -66,8 +66,11 @@ def process_logits(
     out = logits.clone()
     device, vocab_size = logits.device, logits.shape[1]
     _add_bias(out, [(i, params[i].logit_bias) for i in rows if params[i].logit_bias], vocab_size)
-    counts = [r.num_output_tokens + bool(pending and pending.rows[i]) for i, r in enumerate(requests)]
-    banned = [(i, held_back_ids(requests[i])) for i in rows if counts[i] < params[i].min_tokens]
+    banned = [
+        (i, held_back_ids(requests[i]))
+        for i in rows
+        if requests[i].num_output_tokens + bool(pending and pending.rows[i]) < params[i].min_tokens
+    ]
     _ban(out, banned, vocab_size)
     penalised = [i for i in rows if params[i].has_penalties]
     if penalised:

@@ -158,7 +158,8 @@ class ModelRunner:
         host = plan_batch(output, self.block_size, self.group_rules)
         # Per token: its index among `previous`'s sampled ids, -1 where known (lookahead_source).
         source_rows = None
-        if previous is not None and any(s.lookahead for s in host.order):
+        ahead = previous is not None and any(s.lookahead for s in host.order)
+        if ahead:  # each request's row among `previous`'s sampled ids
             rows = {s.request.request_id: i for i, s in enumerate(previous.sampled)}
             source_rows = []
             for s in host.order:
@@ -180,8 +181,8 @@ class ModelRunner:
         logits = self.sampler.prepare(logits, params)
         requests = [s.request for s in host.sampled]
         grammars = [self.grammars.get(r.request_id) for r in requests]
-        processing = previous is not None and any(p.needs_processing for p in params)
-        pending = pending_tokens(host.sampled, previous) if processing else None  # not on every decode step
+        processing = ahead and any(p.needs_processing for p in params)  # not on every decode step
+        pending = pending_tokens(host.sampled, rows, previous.token_ids) if processing else None
         processed = process_logits(logits, params, requests, grammars, pending)
         token_ids = self.sampler.sample(processed, params, generators)
         if self.parallel.distributed:  # the next lookahead step's inputs, on every rank
@@ -284,16 +285,18 @@ class ModelRunner:
         return buffer, done
 
 
-def pending_tokens(sampled: list[ScheduledRequest], previous: "LaunchedStep") -> PendingTokens | None:
-    """A lookahead row's request is a token short of where the row samples: that token, still being sampled by
-    `previous`, taken from its ids on the device (min_tokens and the penalties count it). None without such rows."""
-    rows = [s.lookahead for s in sampled]
-    if not any(rows):
+def pending_tokens(
+    sampled: list[ScheduledRequest], rows: dict[str, int], previous_ids: torch.Tensor
+) -> PendingTokens | None:
+    """A lookahead row's request is a token short of where the row samples: that token, still being sampled by the
+    step before (previous_ids on the device; rows: each request's index among them), which min_tokens and the
+    penalties count. None when no sampled row is a lookahead row."""
+    ahead = [s.lookahead for s in sampled]
+    if not any(ahead):
         return None
-    index = {s.request.request_id: i for i, s in enumerate(previous.sampled)}
-    source = queued_values([index[s.request.request_id] if s.lookahead else -1 for s in sampled], torch.long,
-                           previous.token_ids.device)  # fmt: skip
-    return PendingTokens(rows, torch.where(source >= 0, previous.token_ids[source.clamp(min=0)], -1))
+    source = queued_values([rows[s.request.request_id] if s.lookahead else -1 for s in sampled], torch.long,
+                           previous_ids.device)  # fmt: skip
+    return PendingTokens(ahead, torch.where(source >= 0, previous_ids[source.clamp(min=0)], -1))
 
 
 def lookahead_source(
