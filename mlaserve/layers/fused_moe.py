@@ -6,11 +6,14 @@ The routing is built with tensor ops only (no host sync), so a decode step stays
 `experts_reference` in moe.py is the plain per-expert loop this is tested against.
 """
 
+import functools
+
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from mlaserve.kernels.fit import GemmTile, first_that_builds, gemm_tiles, shared_memory_limit
 from mlaserve.layers.activation import gated_act
 from mlaserve.layers.pdl import pdl_enter, pdl_launch
 
@@ -268,30 +271,36 @@ def grouped_gemm(
     route_weights: torch.Tensor | None,
     block_m: int,
     gated: bool = False,
+    tiles: tuple[GemmTile, ...] | None = None,
 ) -> torch.Tensor:
     """out[pair] = a[pair // row_div] @ w[expert(pair)].T (times the pair's routing weight).
 
     gated: w holds gate rows then up rows and out[pair] = silu(gate) * up, half of w's rows wide.
-    sorted_ids None: pair tiles, one pair per tile and tile_expert the flat routing (see tile_plan)."""
+    sorted_ids None: pair tiles, one pair per tile and tile_expert the flat routing (see tile_plan).
+    tiles: the ladder to launch from (sweeps, tests); default tile_ladder's for the dtype and device."""
     n, k = w.shape[1] // (2 if gated else 1), w.shape[2]
     out = torch.empty(num_pairs, n, dtype=a.dtype, device=a.device)
-    block_n, block_k, warps, stages = tile_config(block_m, k)
-    grid = (tile_expert.numel(), triton.cdiv(n, block_n))
-    _grouped_gemm[grid](
-        a, w, out, tile_expert if sorted_ids is None else sorted_ids, tile_expert,
-        route_weights if route_weights is not None else out,
-        num_pairs, n, k,
-        a.stride(0), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
-        ROW_DIV=row_div, MUL_ROUTE=route_weights is not None, GATED=gated, PAIR_TILES=sorted_ids is None,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        PRECISION="ieee" if a.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,
-        **pdl_launch(a),
-    )  # fmt: skip
+    if tiles is None:
+        tiles = tile_ladder(block_m, n, k, a.element_size(), gated, shared_memory_limit(a.device))
+
+    def launch(tile: GemmTile) -> None:
+        _grouped_gemm[(tile_expert.numel(), triton.cdiv(n, tile.block_n))](
+            a, w, out, tile_expert if sorted_ids is None else sorted_ids, tile_expert,
+            route_weights if route_weights is not None else out,
+            num_pairs, n, k,
+            a.stride(0), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
+            ROW_DIV=row_div, MUL_ROUTE=route_weights is not None, GATED=gated, PAIR_TILES=sorted_ids is None,
+            BLOCK_M=block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+            PRECISION="ieee" if a.dtype == torch.float32 else "tf32", num_warps=tile.warps,
+            num_stages=tile.stages, **pdl_launch(a),
+        )  # fmt: skip
+
+    first_that_builds("grouped_gemm", tiles, launch)
     return out
 
 
-def tile_config(block_m: int, k: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_K, warps, stages), from a sweep on an H200 at V2-Lite's w13 shape
+def tile_config(block_m: int, k: int) -> GemmTile:
+    """The tuned tile, from a sweep on an H200 at V2-Lite's w13 shape in bf16
     (benchmarks/diagnose/grouped_gemm_sweep.py): decode-sized 16-row tiles stream weights best with long K steps
     (1 token: 29.7 us vs 35.6 us for 64x64 tiles), 64-row tiles with wide N (4,096 tokens: 0.78 ms vs 0.94 ms)."""
     if block_m >= 128:
@@ -300,7 +309,19 @@ def tile_config(block_m: int, k: int) -> tuple[int, int, int, int]:
         block_n, block_k, warps, stages = 128, 64, 4, 3
     else:
         block_n, block_k, warps, stages = 64, 128, 4, 4
-    return block_n, min(block_k, triton.next_power_of_2(max(k, 16))), warps, stages
+    return GemmTile(block_n, min(block_k, triton.next_power_of_2(max(k, 16))), warps, stages)
+
+
+@functools.lru_cache(maxsize=1024)
+def tile_ladder(
+    block_m: int, n: int, k: int, elem_bytes: int, gated: bool, limit: int
+) -> tuple[GemmTile, ...]:
+    """The tuned tile (no wider than the output), then smaller ones, from the first whose shared memory (A, and
+    the weight tile or the gate and up tiles, per stage) fits `limit` for this element size: the tiles were tuned
+    for bf16, and float32 doubles every buffer, past what an H200 gives a program at 64 rows and more."""
+    tuned = tile_config(block_m, k)
+    tuned = tuned._replace(block_n=min(tuned.block_n, max(16, triton.next_power_of_2(n))))
+    return gemm_tiles(tuned, block_m, elem_bytes, 2 if gated else 1, limit)
 
 
 def tile_plan(num_pairs: int, num_experts: int) -> tuple[int, bool]:

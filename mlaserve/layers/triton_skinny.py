@@ -20,11 +20,14 @@ the first two kinds there. LM heads keep that kernel at any row count.
 `skinny_linear_reference` and `per_head_reference` are the torch definitions they are tested against.
 """
 
+import functools
+
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from mlaserve.kernels.fit import GemmTile, first_that_builds, gemm_tiles, shared_memory_limit
 from mlaserve.layers.pdl import pdl_enter, pdl_launch
 
 MAX_ROWS = 16  # one tensor-core tile of rows; larger batches keep cuBLAS
@@ -139,24 +142,32 @@ def _skinny_kernel(
     )
 
 
-def tile_for(n: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_K, warps, stages), the sweep's best: long K steps and 16 columns for narrow outputs, 64
-    columns for LM-head widths, 2 warps on 16 columns for the widths between."""
+def tile_for(n: int) -> GemmTile:
+    """The sweep's best tile for 16-bit weights: long K steps and 16 columns for narrow outputs, 64 columns for
+    LM-head widths, 2 warps on 16 columns for the widths between."""
     if n <= 1024:
-        return 16, 512, 4, 3
+        return GemmTile(16, 512, 4, 3)
     if n >= LM_HEAD_WIDTH:
-        return 64, 128, 4, 4
-    return 16, 256, 2, 4
+        return GemmTile(64, 128, 4, 4)
+    return GemmTile(16, 256, 2, 4)
+
+
+@functools.lru_cache(maxsize=1024)
+def tile_ladder(first: GemmTile, k: int, elem_bytes: int, limit: int) -> tuple[GemmTile, ...]:
+    """`first` with its K step no deeper than K, then smaller tiles, from the first that fits `limit` (the
+    16-row input tile and the weight tile, per stage)."""
+    first = first._replace(block_k=min(first.block_k, triton.next_power_of_2(max(k, 16))))
+    return gemm_tiles(first, MAX_ROWS, elem_bytes, 1, limit)
 
 
 def skinny_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
-    tile: tuple[int, int, int, int] | None = None,
+    tile: GemmTile | None = None,
 ) -> torch.Tensor:
     """x [M <= 16, K] @ weight [N, K]^T (+ bias) -> [M, N], 16-bit x and weight of one dtype. tile overrides
-    tile_for (sweeps)."""
+    tile_for (sweeps); either is shrunk to fit the device."""
     rows, k = x.shape
     n = weight.shape[0]
     if rows > MAX_ROWS or weight.shape[1] != k or x.dtype != weight.dtype or x.dtype == torch.float32:
@@ -172,13 +183,16 @@ def skinny_linear(
         return out
     if rows <= GEMV_MAX_ROWS and n < LM_HEAD_WIDTH and tile is None:
         return _gemv(x.unsqueeze(1), weight.unsqueeze(0), bias, out.unsqueeze(1)).squeeze(1)
-    block_n, block_k, warps, stages = tile or tile_for(n)
-    block_k = min(block_k, triton.next_power_of_2(max(k, 16)))
-    _skinny_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, bias if bias is not None else out, out, rows, n, k, x.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
-        **pdl_launch(x),
-    )  # fmt: skip
+    tiles = tile_ladder(GemmTile(*(tile or tile_for(n))), k, x.element_size(), shared_memory_limit(x.device))
+
+    def launch(t: GemmTile) -> None:
+        _skinny_kernel[(triton.cdiv(n, t.block_n),)](
+            x, weight, bias if bias is not None else out, out, rows, n, k, x.stride(0), weight.stride(0),
+            out.stride(0), HAS_BIAS=bias is not None, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.warps,
+            num_stages=t.stages, **pdl_launch(x),
+        )  # fmt: skip
+
+    first_that_builds("skinny_linear", tiles, launch)
     return out
 
 

@@ -219,3 +219,23 @@ def test_backends_name_their_decode_kernel():
     assert SdpaBackend().decode_kernel(*args) == "sdpa (paged torch decode)"
     assert TritonMLABackend().decode_kernel(*args) == "triton"  # the interpreter (tests/conftest.py)
     assert TritonMLABackend.decode_kernel_name == "sdpa (paged torch decode)"  # GQA decode
+
+
+def test_a_device_with_less_shared_memory_gets_smaller_tiles():
+    """The plan's tiles stay within what the device gives a program (DecodeDevice.shared_bytes), and the ladder
+    below it (what runs if a kernel still does not build) shrinks rung by rung to the smallest Triton tile."""
+    wide = shape(128, "fp32", page=16)
+    call = DecodeCall(1, 16384)
+    roomy = dispatch.plan(wide, call, H200)
+    small = DecodeDevice("sm_90", 132, triton=True, gluon=True, shared_bytes=48 * 1024)
+    tight = dispatch.plan(wide, call, small)
+    assert tight.block_h * tight.block_n < roomy.block_h * roomy.block_n
+    rungs = dispatch.default_ladder(shape(128, "bf16"), call, H200)
+    assert rungs[0].kernel == "gluon_wgmma" and all(r.kernel == "triton" for r in rungs[1:])
+    assert (rungs[-1].block_n, rungs[-1].block_h, rungs[-1].num_stages, rungs[-1].prefetch) == (
+        16,
+        16,
+        1,
+        False,
+    )
+    assert len(set(rungs)) == len(rungs)

@@ -51,3 +51,28 @@ def test_triton_sparse_attention_equals_the_reference(cache_dtype):
     want = sparse_latent_attention(q_latent, q_pe, cache, slots, 0.3, rank)
     got = TritonMLABackend().sparse_latent(q_latent, q_pe, cache, slots, 0.3, rank)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_every_tile_down_the_ladder_scores_as_the_reference():
+    """index_scores_paged on each tile its ladder may fall back to (kernels/fit.py), against the scores written out
+    from their definition over the keys each token sees."""
+    from mlaserve.attention.triton.index_topk import ScoreTile, index_scores_paged, score_tiles
+
+    gen = torch.Generator().manual_seed(4)
+    page, dim, heads = 16, 32, 5
+    cache = torch.randn(12, page, 1, dim, generator=gen)
+    tables = (torch.randperm(11, generator=gen)[:10] + 1).view(2, 5).int()
+    rows, visible = torch.tensor([0, 0, 1]), torch.tensor([3, 50, 77])
+    q = torch.randn(3, heads, dim, generator=gen)
+    weights = torch.randn(3, heads, generator=gen)
+    keys = cache.view(-1, dim)
+    want = torch.full((3, 80), float("-inf"))
+    for t in range(3):
+        pos = torch.arange(int(visible[t]))
+        slots = tables[rows[t], pos // page].long() * page + pos % page
+        want[t, pos] = (torch.relu(0.3 * q[t] @ keys[slots].T) * weights[t, :, None]).sum(0)
+    rungs = score_tiles(ScoreTile(64, 2, 4, 2), 16, dim, 4, 232_448)
+    assert [(r.block_n, r.tiles, r.stages) for r in rungs] == [(64, 2, 2), (64, 2, 1), (32, 4, 1), (16, 8, 1)]
+    for r in rungs:
+        got = index_scores_paged(q, weights, cache, tables, rows, visible, 80, 0.3, *r)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4, msg=str(r))

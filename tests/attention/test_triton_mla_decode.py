@@ -321,3 +321,29 @@ def test_gluon_kernels_are_refused_where_they_cannot_run():
         mla_decode_tuned(q, cache, table, meta.seq_lens, 30, LAT, 0.2, pdl=False)
     with pytest.raises(ValueError, match="unknown decode kernel 'wgmma'"):
         mla_decode_tuned(q, cache, table, meta.seq_lens, 30, LAT, 0.2, kernel="wgmma")
+
+
+def test_every_plan_down_the_ladder_matches_reference():
+    """Each plan the decode may fall back to (dispatch.default_ladder, kernels/fit.py) at widths that are no
+    multiple of a tile: 7 heads, a 40-wide latent, 16-wide rope."""
+    from mlaserve.attention.triton import dispatch
+    from mlaserve.attention.triton.decode_rules import DecodeCall, DecodeShape
+    from mlaserve.attention.triton.mla_decode import launch
+
+    lat, rope, heads, page = 40, 16, 7, 16
+    seq_lens = [5, 70, 33]
+    gen = torch.Generator().manual_seed(11)
+    cache = torch.randn(24, page, 1, lat + rope, generator=gen)
+    table = (torch.randperm(23, generator=gen)[:15] + 1).view(3, 5).int()
+    q = torch.randn(len(seq_lens), heads, lat + rope, generator=gen)
+    meta = build_metadata(page, table, [1] * 3, seq_lens, 3, torch.zeros(0, dtype=torch.long))
+    want, want_lse = TorchBackend().decode(q, cache, None, meta, 0.2, lat, need_lse=True)
+    shape = DecodeShape(heads, lat, rope, cache.dtype, q.dtype, page)
+    device = dispatch.decode_device(q.device)
+    rungs = dispatch.default_ladder(shape, DecodeCall(3, max(seq_lens)), device)
+    assert len(rungs) > 1
+    q_lat, q_pe = q[..., :lat].contiguous(), q[..., lat:].contiguous()
+    for plan in rungs:
+        got, lse = launch(plan, q_lat, q_pe, cache, table, meta.seq_lens, lat, 0.2)
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5, msg=str(plan))
+        torch.testing.assert_close(lse, want_lse, atol=2e-5, rtol=2e-5, msg=str(plan))

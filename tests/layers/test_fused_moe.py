@@ -124,3 +124,26 @@ def test_fused_sort_equals_the_torch_version(tokens, experts, top_k, block_m):
     got = sort_by_expert(ids, experts, block_m)
     want = sort_by_expert_reference(ids, experts, block_m)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_every_tile_down_the_ladder_matches_the_reference(dtype):
+    """The grouped GEMM at widths that are no multiple of its tiles (80 outputs, 224 deep), on each tile the
+    ladder may fall back to (kernels/fit.py), 64-row gated tiles as a float32 prefill takes them."""
+    from mlaserve.layers.fused_moe import grouped_gemm, tile_ladder
+
+    gen = torch.Generator().manual_seed(3)
+    tokens, experts, top_k, inter, hidden = 40, 4, 2, 80, 224
+    x = torch.randn(tokens, hidden, generator=gen).to(dtype)
+    w13 = (torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.1).to(dtype)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
+    rows = x.float().repeat_interleave(top_k, 0)
+    gate_up = torch.einsum("pk,pnk->pn", rows, w13.float()[ids.flatten()])
+    want = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+    sorted_ids, tile_expert = sort_by_expert(ids, experts, 64)
+    rungs = tile_ladder(64, inter, hidden, x.element_size(), True, 232_448)
+    assert len(rungs) > 3
+    for tile in rungs:
+        got = grouped_gemm(x, w13, sorted_ids, tile_expert, tokens * top_k, top_k, None, 64, True, (tile,))
+        tol = 1e-4 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol, msg=str(tile))

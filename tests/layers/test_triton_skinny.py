@@ -90,3 +90,17 @@ def test_empty_too_many_rows_and_float32() -> None:
         skinny_linear(torch.zeros(17, 16, dtype=torch.float16), w)
     with pytest.raises(ValueError, match="float32"):
         skinny_linear(torch.zeros(2, 16), w.float())
+
+
+def test_every_tile_down_the_ladder_matches_f_linear() -> None:
+    """Each tile the ladder may fall back to (kernels/fit.py), at widths no multiple of a tile."""
+    from mlaserve.layers.triton_skinny import tile_for, tile_ladder
+
+    gen = torch.Generator().manual_seed(2)
+    x, w = torch.randn(9, 200, generator=gen).half(), (torch.randn(1900, 200, generator=gen) / 15).half()
+    want = skinny_linear_reference(x, w, None)
+    rungs = tile_ladder(tile_for(1900), 200, 2, 232_448)
+    assert len(rungs) > 3
+    for tile in rungs:
+        got = skinny_linear(x, w, tile=tile)
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2, msg=str(tile))

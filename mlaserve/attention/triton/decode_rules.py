@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from mlaserve.kernels.fit import DEFAULT_SHARED_BYTES
 from mlaserve.kvcache.quant import is_quantized
 
 FP8 = torch.float8_e4m3fn
@@ -54,12 +55,14 @@ class DecodeCall:
 @dataclasses.dataclass(frozen=True, slots=True)
 class DecodeDevice:
     """What the device offers the kernels: its GPU generation ("sm_90"; None off CUDA), SM count, whether Triton
-    kernels run there (a CUDA GPU, or the CPU interpreter under TRITON_INTERPRET=1) and whether Gluon's do."""
+    kernels run there (a CUDA GPU, or the CPU interpreter under TRITON_INTERPRET=1) and whether Gluon's do, and the
+    shared memory one program may take (kernels/fit.py)."""
 
     arch: str | None
     sms: int
     triton: bool
     gluon: bool
+    shared_bytes: int = DEFAULT_SHARED_BYTES
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -246,9 +249,11 @@ def plan_triton(shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuni
     prefetch = tuning.get("prefetch")
     prefetch = quantized if prefetch is None else prefetch
     # Wider rows than DeepSeek's 16-bit ones (fp32 dots, a wider latent) take fewer rows, then fewer heads, then one
-    # tile buffer, per program than the defaults above, until its shared memory is within what the defaults take.
+    # tile buffer, per program than the defaults above, until its shared memory is within what the defaults take
+    # and what the device gives a program.
     row_bytes = (lat_tile + rope_tile) * (4 if shape.query_dtype == torch.float32 else 2)
-    while _shared_bytes(block_h, block_n, lat_tile, row_bytes, prefetch or num_stages == 1) > SHARED_BUDGET:
+    budget = min(SHARED_BUDGET, device.shared_bytes)
+    while _shared_bytes(block_h, block_n, lat_tile, row_bytes, prefetch or num_stages == 1) > budget:
         if tuning.get("block_n") is None and block_n > 16 and (block_n >= block_h or block_h == 16):
             block_n //= 2
         elif tuning.get("block_h") is None and block_h > 16:

@@ -18,6 +18,7 @@ import torch
 
 from mlaserve.attention.triton import decode_rules as rules
 from mlaserve.attention.triton.decode_rules import DecodeCall, DecodeDevice, DecodePlan, DecodeShape
+from mlaserve.kernels import fit
 
 HALF = frozenset({torch.bfloat16, torch.float16})
 FLOATS = HALF | {torch.float32}
@@ -133,7 +134,8 @@ def decode_device(device: torch.device) -> DecodeDevice:
     major, minor = torch.cuda.get_device_capability(device)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     arch = f"sm_{major}{minor}"
-    return DecodeDevice(arch, sms, _has_triton(), arch == "sm_90" and _has_gluon())
+    gluon = arch == "sm_90" and _has_gluon()
+    return DecodeDevice(arch, sms, _has_triton(), gluon, fit.shared_memory_limit(device))
 
 
 def _has_triton() -> bool:
@@ -234,6 +236,32 @@ def plan(
         planned.num_splits, call.batch, shape.num_heads, shape.kv_lora_rank, call.max_seq_len
     )
     return dataclasses.replace(planned, num_splits=room, split_target=planned.num_splits)
+
+
+@functools.lru_cache(maxsize=4096)
+def default_ladder(shape: DecodeShape, call: DecodeCall, device: DecodeDevice) -> tuple[DecodePlan, ...]:
+    """The engine's plan, then what runs the call if its kernel cannot be built on the device (kernels/fit.py):
+    a Gluon kernel's fixed tile gives way to the Triton kernel's plan, and that to smaller tiles."""
+    first = default_plan(shape, call, device)
+    if first.kernel == "torch reference":
+        return (first,)
+    general = first if first.kernel == "triton" else plan(shape, call, device, "triton")
+    rungs = fit.ladder(general, _smaller_triton_plan)
+    return rungs if general is first else (first, *rungs)
+
+
+def _smaller_triton_plan(p: DecodePlan) -> DecodePlan | None:
+    """Fewer rows per tile (a tile inside a page stays inside it), then fewer heads per program, then one tile
+    buffer, then no register prefetch: each takes less shared memory or fewer registers."""
+    if p.block_n > 16:
+        return dataclasses.replace(p, block_n=p.block_n // 2)
+    if p.block_h > 16:
+        return dataclasses.replace(p, block_h=p.block_h // 2)
+    if p.num_stages > 1:
+        return dataclasses.replace(p, num_stages=1)
+    if p.prefetch:
+        return dataclasses.replace(p, prefetch=False)
+    return None
 
 
 def describe(shape: DecodeShape, device: DecodeDevice) -> str:

@@ -10,10 +10,14 @@ torch.topk then picks each token's k best (a radix select on CUDA; unsorted), an
 into flat cache slots through the block table, the valid ones first and -1 after them. attention/sparse.py's select_topk is the reference this is tested against.
 """
 
+import functools
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
+from mlaserve.kernels import fit
 from mlaserve.kvcache.quant import is_quantized
 
 _MAX_SCORES = 1 << 27  # float32 scores held at once (512 MiB): long prefills are scored in slices of tokens
@@ -87,16 +91,54 @@ def index_scores_paged(
         )
     out = torch.empty(num_tokens, length, dtype=torch.float32, device=q.device)
     keys = key_cache.view(-1, key_cache.shape[-1])
-    grid = (num_tokens, triton.cdiv(length, block_n * tiles))
-    if num_tokens and length:
-        _index_scores[grid](
+    if not (num_tokens and length):
+        return out
+    block_h = max(16, triton.next_power_of_2(heads))
+    first = ScoreTile(block_n, tiles, num_warps, stages)
+    rungs = score_tiles(first, block_h, dim, q.element_size(), fit.shared_memory_limit(q.device))
+
+    def launch(tile: ScoreTile) -> None:
+        _index_scores[(num_tokens, triton.cdiv(length, tile.block_n * tile.tiles))](
             q, weights, keys, block_tables, table_rows, visible, out,
             q.stride(0), q.stride(1), weights.stride(0), keys.stride(0), block_tables.stride(0), out.stride(0),
-            length, scale, HEADS=heads, D=dim, PAGE=key_cache.shape[1], BLOCK_H=max(16, triton.next_power_of_2(heads)),
-            BLOCK_N=block_n, TILES=tiles, STAGES=stages, QUANTIZED=is_quantized(key_cache.dtype),
-            PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps,
+            length, scale, HEADS=heads, D=dim, PAGE=key_cache.shape[1], BLOCK_H=block_h,
+            BLOCK_N=tile.block_n, TILES=tile.tiles, STAGES=tile.stages, QUANTIZED=is_quantized(key_cache.dtype),
+            PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=tile.warps,
         )  # fmt: skip
+
+    fit.first_that_builds("index_scores", rungs, launch)
     return out
+
+
+class ScoreTile(NamedTuple):
+    """The index-score kernel's tile: keys per dot, tiles per program, warps, pipeline stages."""
+
+    block_n: int
+    tiles: int
+    warps: int
+    stages: int
+
+
+def _smaller_score_tile(tile: ScoreTile) -> ScoreTile | None:
+    """One key buffer, then narrower key tiles (a program keeps its span by taking more of them)."""
+    if tile.stages > 1:
+        return tile._replace(stages=1)
+    if tile.block_n > 16:
+        return tile._replace(block_n=tile.block_n // 2, tiles=tile.tiles * 2)
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def score_tiles(
+    first: ScoreTile, block_h: int, dim: int, elem_bytes: int, limit: int
+) -> tuple[ScoreTile, ...]:
+    """`first`, then smaller tiles, from the first whose shared memory (the queries, and a key tile per stage)
+    fits `limit` for this element size."""
+
+    def shared_bytes(tile: ScoreTile) -> int:
+        return elem_bytes * dim * (block_h + max(1, tile.stages) * tile.block_n)
+
+    return fit.fitting(fit.ladder(first, _smaller_score_tile), shared_bytes, limit)
 
 
 def select_topk_paged(

@@ -28,6 +28,7 @@ import triton.language as tl
 
 from mlaserve.attention.triton import dispatch
 from mlaserve.attention.triton.decode_rules import DecodeCall, DecodePlan, DecodeShape
+from mlaserve.kernels.fit import first_that_builds
 from mlaserve.kvcache.quant import is_quantized
 from mlaserve.layers.pdl import pdl_enter, pdl_launch
 
@@ -439,13 +440,27 @@ def decode_plan(
 ) -> DecodePlan:
     """What a decode call over q ([B, H, ...]) and kv_cache would launch: the dispatcher's kernel, or `kernel`
     (a name in dispatch.DECODE_KERNELS; ValueError where it cannot run), with `tuning` over its defaults."""
+    return decode_ladder(q, kv_cache, max_seq_len, kv_lora_rank, d_rope, kernel, **tuning)[0]
+
+
+def decode_ladder(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    max_seq_len: int,
+    kv_lora_rank: int,
+    d_rope: int,
+    kernel: str | None = None,
+    **tuning: object,
+) -> tuple[DecodePlan, ...]:
+    """decode_plan's plan, then (the engine's call only) the plans that run the call if it cannot be built on this
+    device (dispatch.default_ladder); a named kernel or tuning is that plan alone."""
     shape = DecodeShape(q.shape[1], kv_lora_rank, d_rope, kv_cache.dtype, q.dtype, kv_cache.shape[1])
     device = dispatch.decode_device(q.device)
     tma_rows = not device.gluon or kv_cache.dtype != torch.float8_e4m3fn or _tma_rows(kv_cache)
     call = DecodeCall(q.shape[0], max_seq_len, tma_rows)
     if kernel is None and not tuning:
-        return dispatch.default_plan(shape, call, device)
-    return dispatch.plan(shape, call, device, kernel, **tuning)
+        return dispatch.default_ladder(shape, call, device)
+    return (dispatch.plan(shape, call, device, kernel, **tuning),)
 
 
 def mla_decode(
@@ -503,8 +518,12 @@ def mla_decode_tuned(
     if q_pe is None:
         q, q_pe = q[..., :kv_lora_rank], q[..., kv_lora_rank:]
     q, q_pe = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, q_pe))
-    plan = decode_plan(q, kv_cache, max_seq_len, kv_lora_rank, q_pe.shape[-1], kernel, **tuning)
-    return launch(plan, q, q_pe, kv_cache, block_table, seq_lens, kv_lora_rank, scale)
+    plans = decode_ladder(q, kv_cache, max_seq_len, kv_lora_rank, q_pe.shape[-1], kernel, **tuning)
+    return first_that_builds(
+        "mla_decode",
+        plans,
+        lambda plan: launch(plan, q, q_pe, kv_cache, block_table, seq_lens, kv_lora_rank, scale),
+    )
 
 
 def launch(
