@@ -80,6 +80,9 @@ def test_sampling_never_waits_for_the_device():
     torch.cuda.synchronize()
     biased = [SamplingParams(temperature=0, logit_bias={5: 100.0})]  # bias alone keeps lookahead on
     request = Request(request_id="b", prompt_token_ids=[1, 2], max_tokens=4, arrival_index=0)
+    # the test's own device tensors are made before the mode starts: torch.tensor(values, device=cuda) waits
+    pending = PendingTokens([True, False], torch.tensor([5, -1], device="cuda"))
+    torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         ids = sampler.sample(logits, params, generators)
@@ -87,7 +90,6 @@ def test_sampling_never_waits_for_the_device():
             sampler.sample(logits[i : i + 1], params[i : i + 1], generators[i : i + 1])
         bias_row = process_logits(logits[:1], biased, [request], [None])
         penalised = [SamplingParams(presence_penalty=1.0, repetition_penalty=1.2, min_tokens=3)] * 2
-        pending = PendingTokens([True, False], torch.tensor([5, -1], device="cuda"))
         process_logits(logits[:2], penalised, [request] * 2, [None] * 2, pending)
         asked = [SamplingParams(temperature=0, logprobs=n) for n in (3, None, 0, 1)]
         copied = sampler.logprobs(logits, asked, ids).to_host()
