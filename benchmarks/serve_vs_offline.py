@@ -324,8 +324,7 @@ def main() -> int:
         server_log_head=log.read_text(errors="replace")[:3000],
     )
     if trace_dir is not None:
-        sys.path.insert(0, str(REPO / "benchmarks" / "diagnose"))
-        from step_trace import report as trace_report
+        from step_trace import report as trace_report  # benchmarks/step_trace.py, beside this file
 
         try:
             report["step_trace"] = trace_report(trace_dir)

@@ -308,7 +308,7 @@ def test_fp8_dot_kernel_rule(batch, max_len, pays):
 
 def test_gluon_kernels_are_refused_where_they_cannot_run():
     """The Gluon split kernels (Hopper only) are never picked on CPU, and naming one says what it needs. Their
-    compiled form is checked in tests/benchmarks/diagnose/test_decode_compile_report.py, their results in tests/gpu."""
+    results are checked in tests/gpu."""
     q, cache, table, meta = random_case([9, 30], 64, 16, seed=3)
     default, _ = mla_decode(q, cache, table, meta.seq_lens, 30, LAT, 0.2)
     want, _ = TorchBackend().decode(q, cache, None, meta, 0.2, LAT, need_lse=True)

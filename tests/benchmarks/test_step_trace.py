@@ -1,13 +1,8 @@
 """The opt-in step trace (mlaserve/engine/step_trace.py) writes one line per event when asked and nothing
-otherwise, and benchmarks/diagnose/step_trace.py lines up a run's last step across the processes' files."""
+otherwise, and benchmarks/step_trace.py lines up a run's last step across the processes' files."""
 
-import sys
-from pathlib import Path
-
+from benchmarks import step_trace as reader
 from mlaserve.engine import step_trace
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks" / "diagnose"))
-import step_trace as reader  # noqa: E402
 
 
 def test_events_are_written_only_when_asked(tmp_path, monkeypatch):

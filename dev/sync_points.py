@@ -8,8 +8,8 @@ Tiny DeepSeek-V2 model, random weights, float32, on CUDA: CUDA graphs and eager,
 temperature / top-k / top-p / min-p; seeded rows and logit_bias). Prints per (mode, workload, kind of step) the
 launches ahead and those that waited, then each place that waited; writes the same as JSON.
 
-    python benchmarks/diagnose/sync_points.py OUT.json           (GPU)
-    python benchmarks/diagnose/sync_points.py OUT.json --cpu     (the workloads alone: a smoke run, no sync mode)
+    python dev/sync_points.py OUT.json           (GPU)
+    python dev/sync_points.py OUT.json --cpu     (the workloads alone: a smoke run, no sync mode)
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mlaserve import LLM, SamplingParams  # noqa: E402
 from mlaserve.runner.model_runner import ModelRunner  # noqa: E402
 from tests.tiny_models import build_tiny  # noqa: E402
 
-PACKAGE = str(Path(__file__).resolve().parents[2] / "mlaserve")
+PACKAGE = str(Path(__file__).resolve().parents[1] / "mlaserve")
 
 WORKLOADS = {
     "greedy": [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)],

@@ -1,11 +1,11 @@
-"""benchmarks/diagnose/sync_points.py on the CPU (no sync mode there): every workload launches prompt-only,
+"""dev/sync_points.py on the CPU (no sync mode there): every workload launches prompt-only,
 prompt+decode and decode steps ahead, and a synchronizing call is named by its innermost mlaserve frame."""
 
 import json
 import sys
 import traceback
 
-from benchmarks.diagnose import sync_points
+from dev import sync_points
 
 
 def test_the_workloads_launch_every_kind_of_step_ahead(tmp_path, monkeypatch):

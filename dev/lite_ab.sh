@@ -2,7 +2,7 @@
 # The lite section (DeepSeek-V2-Lite shape, batch 1 and 32) at several commits, one after another on one GPU, so a
 # change is measured against its base on the same machine; AB_SECTIONS picks other suite sections (the mixed
 # workload: AB_SECTIONS=ceilings,mixed, as its roofline needs the ceilings).
-#   [AB_SECTIONS=lite] bash benchmarks/diagnose/lite_ab.sh OUT_DIR REF [REF ...]
+#   [AB_SECTIONS=lite] bash dev/lite_ab.sh OUT_DIR REF [REF ...]
 # A REF is a commit (needs git history: run it in a clone) or a folder holding a tree (mlaserve, benchmarks,
 # pyproject.toml; `git archive COMMIT mlaserve benchmarks pyproject.toml | tar -x -C DIR` makes one where the GPU
 # host has no history), its commit in DIR/COMMIT. "." is the working tree.
