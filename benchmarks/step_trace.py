@@ -1,7 +1,7 @@
 """Reads a MLASERVE_STEP_TRACE folder (mlaserve/engine/step_trace.py): where the last step of a run spent its time
 on its way to the clients, against the steps before it.
 
-    MLASERVE_STEP_TRACE=/tmp/t python benchmarks/serve_vs_offline.py ... ; python benchmarks/step_trace.py /tmp/t
+    MLASERVE_STEP_TRACE=/tmp/t python -m benchmarks.serve_vs_offline ... ; python benchmarks/step_trace.py /tmp/t
 
 Times are milliseconds from the core's send of the last step that finished requests (the run's end).
 """

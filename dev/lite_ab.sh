@@ -6,7 +6,7 @@
 # A REF is a commit (needs git history: run it in a clone) or a folder holding a tree (mlaserve, benchmarks,
 # pyproject.toml; `git archive COMMIT mlaserve benchmarks pyproject.toml | tar -x -C DIR` makes one where the GPU
 # host has no history), its commit in DIR/COMMIT. "." is the working tree.
-# Writes OUT_DIR/SECTIONS-NAME.json per REF, commas as + (python benchmarks/gpu_suite.py --sections SECTIONS there).
+# Writes OUT_DIR/SECTIONS-NAME.json per REF, commas as + (python -m benchmarks.gpu_suite --sections SECTIONS there).
 set -u
 sections=${AB_SECTIONS:-lite}
 tag=${sections//,/+}
@@ -26,7 +26,7 @@ for ref in "$@"; do
     name=$ref
   fi
   (cd "$tree" && PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" MLASERVE_COMMIT="$commit" \
-    python benchmarks/gpu_suite.py --sections "$sections" --out "$out/$tag-$name.json" \
+    python -m benchmarks.gpu_suite --sections "$sections" --out "$out/$tag-$name.json" \
     | grep -E "lite batch|\"run\"" | sed "s/^/$name: /")
   [ -d "$ref" ] || rm -rf "$tree"
 done

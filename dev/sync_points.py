@@ -8,8 +8,10 @@ Tiny DeepSeek-V2 model, random weights, float32, on CUDA: CUDA graphs and eager,
 temperature / top-k / top-p / min-p; seeded rows and logit_bias). Prints per (mode, workload, kind of step) the
 launches ahead and those that waited, then each place that waited; writes the same as JSON.
 
-    python dev/sync_points.py OUT.json           (GPU)
-    python dev/sync_points.py OUT.json --cpu     (the workloads alone: a smoke run, no sync mode)
+    python -m dev.sync_points OUT.json           (GPU)
+    python -m dev.sync_points OUT.json --cpu     (the workloads alone: a smoke run, no sync mode)
+
+Run it as a module from the repository root: on a GPU it takes its record header from benchmarks/gpu_suite.py.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mlaserve import LLM, SamplingParams  # noqa: E402
-from mlaserve.runner.model_runner import ModelRunner  # noqa: E402
-from tests.tiny_models import build_tiny  # noqa: E402
+import mlaserve
+from mlaserve import LLM, SamplingParams
+from mlaserve.runner.model_runner import ModelRunner
+from mlaserve.testing.tiny_models import build_tiny
 
-PACKAGE = str(Path(__file__).resolve().parents[1] / "mlaserve")
+# Frames under this folder are the engine's own; whichever mlaserve was imported is the one whose syncs count.
+PACKAGE = str(Path(mlaserve.__file__).resolve().parent)
 
 WORKLOADS = {
     "greedy": [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)],
@@ -126,7 +129,10 @@ def main() -> None:
                           f"{row['launches_that_waited'].get(kind, 0):4} waited")  # fmt: skip
                 for site, n in row["sync_sites"].items():
                     print(f"        {n:5} x {site}")
-    header = {"command": " ".join(["python", *sys.argv]), "device": "cuda" if on_gpu else "cpu"}
+    header = {
+        "command": " ".join(["python -m dev.sync_points", *sys.argv[1:]]),
+        "device": "cuda" if on_gpu else "cpu",
+    }
     if on_gpu:
         from benchmarks.gpu_suite import run_header
 

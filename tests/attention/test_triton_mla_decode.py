@@ -152,7 +152,7 @@ def test_a_long_sequence_takes_more_slices_than_the_short_ones():
 @pytest.mark.parametrize("name", ["deepseek_v2", "deepseek_v3"])
 def test_backend_runs_a_tiny_deepseek_like_the_reference(tmp_path, name):
     from mlaserve import LLM, SamplingParams
-    from tests.tiny_models import build_tiny
+    from mlaserve.testing.tiny_models import build_tiny
 
     path = build_tiny(name, tmp_path)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0)

@@ -1,6 +1,8 @@
-"""Tiny random checkpoints written with transformers' save_pretrained, plus a word-level tokenizer to match.
+"""Tiny random checkpoints written with transformers' save_pretrained, plus a word-level or byte tokenizer to match.
 
-Shared by the model, engine and API tests: the reference classes are transformers' own, never ours.
+Shared by the model, engine and API tests and by the benchmarks that need a model without a download: the reference
+classes are transformers' own, never ours. It lives in the package, not under tests/, so a benchmark run from any
+directory imports it like the rest of mlaserve.
 """
 
 import json
