@@ -6,7 +6,7 @@ Per layout: batch 32, prompts of 8,000 random ids, 64 new tokens; decode tok/s f
 (benchmarks/step_timer.py) and the KV bytes per token. The conversion calibrates on the usual text through a
 byte-level tokenizer written beside the config (the weights being random, only the shapes matter here).
 
-    python benchmarks/gpu_suite.py --sections conversion --out benchmarks/results/h200-conversion-DATE.json
+    python -m benchmarks.gpu_suite --sections conversion --out benchmarks/results/h200-conversion-DATE.json
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ writing its log-sum-exp; ours always writes one (the engine merges split context
 fp8 cache is timed too (FlashInfer's fp8 on sm_90 takes per-tensor scales, not our per-row ones, so it is left
 out). The GPU image has no FlashInfer: ../shared/peers/flashinfer/README.md says how to carry it.
 
-    python benchmarks/gpu_suite.py --sections flashinfer --flashinfer-peer --out benchmarks/results/h200-flashinfer-DATE.json
+    python -m benchmarks.gpu_suite --sections flashinfer --flashinfer-peer --out benchmarks/results/h200-flashinfer-DATE.json
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ them (every request decoding from the start, the longest last), each at the larg
 copy rate (the weights the step touches: attention, shared and dense MLPs, the routed experts its batch is expected
 to hit, the LM head; and every running request's KV rows) and its FLOPs at the GEMM rate.
 
-    python benchmarks/gpu_suite.py --sections ceilings,mixed --out benchmarks/results/h200-mixed-DATE.json
+    python -m benchmarks.gpu_suite --sections ceilings,mixed --out benchmarks/results/h200-mixed-DATE.json
 """
 
 from __future__ import annotations

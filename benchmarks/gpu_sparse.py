@@ -12,7 +12,7 @@ of 64, bf16. Correctness runs at 4,096-token contexts (the reference materialise
 for a bf16 cache and for each 8-bit cache (latent and indexer keys both), all replayed from CUDA graphs.
 The issue's targets: dense / sparse >= 16, dense / (indexer + sparse) >= 4.
 
-    python benchmarks/gpu_suite.py --sections sparse --out benchmarks/results/h200-sparse-DATE.json
+    python -m benchmarks.gpu_suite --sections sparse --out benchmarks/results/h200-sparse-DATE.json
 """
 
 import torch

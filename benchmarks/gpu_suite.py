@@ -1,6 +1,8 @@
 """One run on one GPU: ceilings, kernel correctness against the torch reference, kernel and engine timings.
 
-    python benchmarks/gpu_suite.py --sections ceilings,kernels,decode,tiny,lite --out benchmarks/results/h200-DATE.json
+    python -m benchmarks.gpu_suite --sections ceilings,kernels,decode,tiny,lite --out benchmarks/results/h200-DATE.json
+
+Run it as a module from the repository root (it imports its sections as the `benchmarks` package).
 
 Sections:
   ceilings  device-to-device copy bandwidth and dense bf16 GEMM rate (the denominators below)
@@ -47,15 +49,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import gpu_conversion, gpu_flashinfer, gpu_mixed, gpu_sparse, gpu_tp, gpu_v4
+from benchmarks.step_timer import DecodeStepTimer
+from mlaserve.attention.torch_ref import TorchBackend
+from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
+from mlaserve.testing.paged_case import LAT, ROPE, paged_case
 
-from benchmarks import gpu_conversion, gpu_flashinfer, gpu_mixed, gpu_sparse, gpu_tp, gpu_v4  # noqa: E402
-from benchmarks.step_timer import DecodeStepTimer  # noqa: E402
-from mlaserve.attention.metadata import build_metadata  # noqa: E402
-from mlaserve.attention.torch_ref import TorchBackend  # noqa: E402
-from mlaserve.kvcache.quant import QUANTIZED, quantize_rows  # noqa: E402
-
-LAT, ROPE = 512, 64
 KV_BYTES = 60 << 30  # the same KV memory for every mode of the MLA-vs-MHA table
 V2_LITE = dict(
     architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", hidden_size=2048, num_hidden_layers=27,
@@ -106,8 +105,8 @@ def timed_walls(llm, prompts: list, params, repeats: int) -> tuple[list[float], 
 def bench(fn, warmup_ms: float = 25, rep_ms: float = 100) -> float:
     """Median milliseconds of fn, CUDA events around each run, L2 emptied before each run by reading a 256 MiB
     buffer. (triton.testing.do_bench empties it by zeroing a buffer, which leaves L2 full of dirty lines that the
-    timed kernels then write back: on an H200 that added 3-10 us to decode calls of 0.09-0.3 ms, results/h200-
-    diagnose-2026-11-30-flush.json.)"""
+    timed kernels then write back: on an H200 that added 3-10 us to decode calls of 0.09-0.3 ms; docs/performance.md,
+    Method.)"""
     flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda").fill_(1)
     fn()
     torch.cuda.synchronize()
@@ -142,7 +141,7 @@ def bench_graph(fn) -> float:
     """Median milliseconds of fn replayed from a CUDA graph (as the engine runs decode): the timed span holds the
     kernels only. Eager timing of a 0.1 ms kernel also times the host's launch work whenever the host falls
     behind: three rounds of one run timed the (64, 16, 4,096) decode at 0.106-0.141 ms eagerly and 0.105 ms from a
-    graph (results/h200-diagnose-2026-11-30-timing.json)."""
+    graph (docs/performance.md, Method)."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -172,25 +171,8 @@ def run_header() -> dict:
         "date": dt.date.today().isoformat(),
         "gpu": torch.cuda.get_device_name(),
         "commit": os.environ.get("MLASERVE_COMMIT") or commit or "unknown",
-        "command": " ".join(["python", *sys.argv]),
+        "command": " ".join(["python -m benchmarks.gpu_suite", *sys.argv[1:]]),
     }
-
-
-def paged_case(batch: int, heads: int, lengths: list[int], page: int, dtype, seed: int):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    blocks_per = [-(-n // page) for n in lengths]
-    num_blocks = sum(blocks_per) + 1
-    cache = torch.randn(num_blocks, page, 1, LAT + ROPE, generator=gen, device="cuda").to(dtype)
-    perm = (torch.randperm(num_blocks - 1, generator=gen, device="cuda") + 1).to(torch.int32)
-    table = torch.zeros(batch, max(blocks_per), dtype=torch.int32, device="cuda")
-    used = 0
-    for i, k in enumerate(blocks_per):
-        table[i, :k] = perm[used : used + k]
-        used += k
-    q = torch.randn(batch, heads, LAT + ROPE, generator=gen, device="cuda").to(dtype)
-    slots = torch.zeros(0, dtype=torch.long, device="cuda")
-    meta = build_metadata(page, table, [1] * batch, lengths, batch, slots)
-    return q, cache, table, meta
 
 
 def kernels() -> dict:
@@ -486,7 +468,7 @@ def throughput(tmp: Path) -> dict:
 
 
 def byte_tokenizer(folder: Path) -> None:
-    from tests.tiny_models import save_byte_tokenizer
+    from mlaserve.testing.tiny_models import save_byte_tokenizer
 
     save_byte_tokenizer(folder)
 

@@ -9,7 +9,7 @@ requests of 1,000 prompt + 100 output tokens submitted at once, and the collecti
 step: the device time of NCCL kernels over all device time in a torch profile of 8 eager steps (CUDA graphs hide
 their kernels from the profiler, so those steps run in an engine built with enforce_eager).
 
-    python benchmarks/gpu_suite.py --sections tp --out benchmarks/results/h200-tp-DATE.json
+    python -m benchmarks.gpu_suite --sections tp --out benchmarks/results/h200-tp-DATE.json
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def float32_tiny(tmp: Path) -> dict:
     kernel in one process and joins after the all-reduce in a group); in float32 on a tiny random DeepSeek-V2 every
     layout must give the first layout's tokens, with logprobs within 1e-4."""
     from mlaserve import LLM, SamplingParams
-    from tests.tiny_models import build_tiny
+    from mlaserve.testing.tiny_models import build_tiny
 
     folder = build_tiny("deepseek_v2", tmp / "tiny-f32")
     gen = torch.Generator().manual_seed(3)

@@ -14,7 +14,7 @@ pages of 64, batch 32 at 65,536-token contexts. Per layer kind:
 The sink enters every V4 layer's softmax as out * sigmoid(lse - sink). Each composition is first checked against a
 torch reference (gathered rows, one softmax with the sink) at 4,096-token contexts.
 
-    python benchmarks/gpu_suite.py --sections v4 --out benchmarks/results/h200-v4-DATE.json
+    python -m benchmarks.gpu_suite --sections v4 --out benchmarks/results/h200-v4-DATE.json
 """
 
 import torch

@@ -25,12 +25,11 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # runnable as a plain script from anywhere, without installing
-    sys.path.insert(0, str(REPO_ROOT))
+from mlaserve import LLM, SamplingParams
+from mlaserve.loader.model_files import default_model_path
 
-from mlaserve import LLM, SamplingParams  # noqa: E402
-from mlaserve.loader.model_files import default_model_path  # noqa: E402
+# Where the record goes and which tree git describes: the checkout this file is in.
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # Varied on purpose (topics, lengths, punctuation, numbers) so rows tokenize differently and greedy decoding
 # takes different paths; row i starts at sentence i and wraps around.
@@ -64,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--model",
         default=None,
         help="HF folder or .gguf file (default: the SmolLM2 GGUF); 'tiny-llama': the tests' random Llama "
-        "(tests/tiny_models.py) at hidden 256, 8 heads, 4 KV heads, 4 layers",
+        "(mlaserve/testing/tiny_models.py) at hidden 256, 8 heads, 4 KV heads, 4 layers",
     )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=64)
@@ -264,8 +263,7 @@ def profile_call(generate, prompts: list[list[int]]) -> dict:
 def tiny_llama() -> str:
     import tempfile
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.tiny_models import build_tiny
+    from mlaserve.testing.tiny_models import build_tiny
 
     widths = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8)
     folder = Path(tempfile.mkdtemp(prefix="mlaserve-tiny-llama-"))

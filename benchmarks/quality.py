@@ -32,9 +32,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from mlaserve import LLM, SamplingParams  # noqa: E402
+from mlaserve import LLM, SamplingParams
 
 # (name, engine options): the exact model first, every other row is measured against it
 OPTIONS: list[tuple[str, dict]] = [

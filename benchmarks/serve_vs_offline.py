@@ -9,9 +9,12 @@ run of each side is reported too); beside the server's ITL stands the offline de
 steps), and beside each server run how busy each process was (CPU seconds over wall seconds: API server, engine
 core, client), which says which one bounds it.
 
-    python benchmarks/serve_vs_offline.py --streams 32                          # CPU, a tiny random Llama
-    python benchmarks/serve_vs_offline.py --v2-lite-layers 4 --dtype bfloat16 --device cuda \\
+    python -m benchmarks.serve_vs_offline --streams 32                          # CPU, a tiny random Llama
+    python -m benchmarks.serve_vs_offline --v2-lite-layers 4 --dtype bfloat16 --device cuda \\
         --streams 32,256 --prompt-len 512 --new-tokens 128 --rates 16,32,64
+
+Run it as a module from the repository root: it imports benchmarks/serving.py, gpu_suite.py and step_trace.py as
+the `benchmarks` package.
 """
 
 from __future__ import annotations
@@ -28,8 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import serving  # noqa: E402 - the HTTP client and server launcher
+from benchmarks import serving  # the HTTP client and server launcher
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -204,8 +206,7 @@ def main() -> int:
             parser.error("--model and --v2-lite-layers name two models; give one")
         model, args.load_format = v2_lite_folder(args.v2_lite_layers), "dummy"
     if model is None:
-        sys.path.insert(0, str(REPO))
-        from tests.tiny_models import build_tiny
+        from mlaserve.testing.tiny_models import build_tiny
 
         model = str(
             build_tiny("llama", Path(tempfile.mkdtemp(prefix="mlaserve-svo-")), max_position_embeddings=4096)
@@ -309,11 +310,11 @@ def main() -> int:
         machine=f"{platform.machine()}, {os.cpu_count()} cores"
         + (f", {_gpu()}" if args.device != "cpu" else ""),
         commit=os.environ.get("MLASERVE_COMMIT") or serving.git_commit(),
-        command="python benchmarks/serve_vs_offline.py " + " ".join(sys.argv[1:]),
+        command="python -m benchmarks.serve_vs_offline " + " ".join(sys.argv[1:]),
         model=(
             f"DeepSeek-V2-Lite shape, {args.v2_lite_layers} layers, random weights"
             if args.v2_lite_layers is not None
-            else args.model or "tiny random Llama (tests/tiny_models.py)"
+            else args.model or "tiny random Llama (mlaserve/testing/tiny_models.py)"
         ),
         prompt_len=args.prompt_len,
         new_tokens=args.new_tokens,
@@ -324,8 +325,7 @@ def main() -> int:
         server_log_head=log.read_text(errors="replace")[:3000],
     )
     if trace_dir is not None:
-        sys.path.insert(0, str(REPO / "benchmarks" / "diagnose"))
-        from step_trace import report as trace_report
+        from benchmarks.step_trace import report as trace_report
 
         try:
             report["step_trace"] = trace_report(trace_dir)
@@ -341,10 +341,8 @@ def main() -> int:
 def v2_lite_folder(layers: int) -> str:
     """DeepSeek-V2-Lite's config.json (gpu_suite.V2_LITE) with `layers` layers, and a word-level tokenizer over its
     vocabulary, so that the server streams text; the weights are random (load_format dummy)."""
-    from gpu_suite import V2_LITE
-
-    sys.path.insert(0, str(REPO))
-    from tests.tiny_models import save_word_tokenizer
+    from benchmarks.gpu_suite import V2_LITE
+    from mlaserve.testing.tiny_models import save_word_tokenizer
 
     folder = Path(tempfile.mkdtemp(prefix=f"mlaserve-v2lite{layers}-"))
     (folder / "config.json").write_text(json.dumps({**V2_LITE, "num_hidden_layers": layers}))

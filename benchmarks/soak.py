@@ -6,7 +6,7 @@ too many sequences, prompts past max_model_len). Pass: no 5xx and no dropped con
 request left running, and the server's resident memory flat after the warm-up (growth below --rss-bound-mib from
 the end of the first fifth of the requests to the end).
 
-The default model is a tiny random Llama (tests/tiny_models.py) so that 10,000 requests take minutes, not hours;
+The default model is a tiny random Llama (mlaserve/testing/tiny_models.py) so that 10,000 requests take minutes, not hours;
 --model serves any other folder.
 
     python benchmarks/soak.py                      # writes benchmarks/results/soak-<date>.json
@@ -180,8 +180,7 @@ def main() -> int:
 
     model = args.model
     if model is None:
-        sys.path.insert(0, str(REPO))
-        from tests.tiny_models import build_tiny
+        from mlaserve.testing.tiny_models import build_tiny
 
         path = build_tiny("llama", Path(tempfile.mkdtemp(prefix="mlaserve-soak-")))
         config = json.loads((path / "tokenizer_config.json").read_text())
@@ -231,7 +230,7 @@ def main() -> int:
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
         ).stdout.strip(),
         "command": "python benchmarks/soak.py " + " ".join(sys.argv[1:]),
-        "model": args.model or "tiny random Llama (tests/tiny_models.py), float32",
+        "model": args.model or "tiny random Llama (mlaserve/testing/tiny_models.py), float32",
         "requests": args.requests,
         "concurrency": args.concurrency,
         **result,

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from mlaserve.cli import main
-from tests.tiny_models import build_tiny
+from mlaserve.testing.tiny_models import build_tiny
 
 
 @pytest.fixture(scope="module")

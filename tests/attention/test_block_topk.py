@@ -7,8 +7,8 @@ import torch
 
 from mlaserve import LLM, SamplingParams
 from mlaserve.attention.block_topk import block_mask
+from mlaserve.testing.tiny_models import build_tiny
 from tests.engine.test_sliding_window import prompts
-from tests.tiny_models import build_tiny
 
 
 def mask_by_definition(q, k, q_pos, block_size, topk) -> torch.Tensor:

@@ -146,7 +146,7 @@ def test_a_tiny_odd_deepseek_runs_like_the_reference(tmp_path):
     """5 heads, rank 24, rope 8: once a Triton compile error on the GPU (tl.arange widths, dot sizes); on CPU the
     interpreter runs the same padded kernel. Tokens and logprobs match the torch backend; stats() names the kernel."""
     from mlaserve import LLM, SamplingParams
-    from tests.tiny_models import build_tiny
+    from mlaserve.testing.tiny_models import build_tiny
 
     path = build_tiny("deepseek_v2", tmp_path, num_attention_heads=5, kv_lora_rank=24, qk_rope_head_dim=8,
                       hidden_size=80)  # fmt: skip

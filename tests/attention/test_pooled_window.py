@@ -17,8 +17,8 @@ from mlaserve.attention.pooled_window import (
     write_pooled_entries,
 )
 from mlaserve.runner.batch import entry_rows
+from mlaserve.testing.tiny_models import build_tiny
 from tests.engine.test_sliding_window import prompts
-from tests.tiny_models import build_tiny
 
 
 def attention_by_definition(q, k, v, q_pos: int, rule: PooledWindow, scale: float) -> torch.Tensor:

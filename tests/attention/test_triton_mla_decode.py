@@ -152,7 +152,7 @@ def test_a_long_sequence_takes_more_slices_than_the_short_ones():
 @pytest.mark.parametrize("name", ["deepseek_v2", "deepseek_v3"])
 def test_backend_runs_a_tiny_deepseek_like_the_reference(tmp_path, name):
     from mlaserve import LLM, SamplingParams
-    from tests.tiny_models import build_tiny
+    from mlaserve.testing.tiny_models import build_tiny
 
     path = build_tiny(name, tmp_path)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0)
@@ -308,7 +308,7 @@ def test_fp8_dot_kernel_rule(batch, max_len, pays):
 
 def test_gluon_kernels_are_refused_where_they_cannot_run():
     """The Gluon split kernels (Hopper only) are never picked on CPU, and naming one says what it needs. Their
-    compiled form is checked in tests/benchmarks/diagnose/test_decode_compile_report.py, their results in tests/gpu."""
+    results are checked in tests/gpu."""
     q, cache, table, meta = random_case([9, 30], 64, 16, seed=3)
     default, _ = mla_decode(q, cache, table, meta.seq_lens, 30, LAT, 0.2)
     want, _ = TorchBackend().decode(q, cache, None, meta, 0.2, LAT, need_lse=True)

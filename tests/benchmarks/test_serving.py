@@ -125,7 +125,7 @@ def _serve_exists() -> bool:
 @pytest.mark.skipif(not _serve_exists(), reason="`mlaserve serve` is not built yet")
 @pytest.mark.slow
 def test_launch_against_tiny_model(tmp_path: Path) -> None:
-    from tests.tiny_models import build_tiny
+    from mlaserve.testing.tiny_models import build_tiny
 
     model = build_tiny("llama", tmp_path / "tiny-llama")
     output = tmp_path / "result.json"

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from mlaserve import LLM, SamplingParams
-from tests.tiny_models import build_tiny
+from mlaserve.testing.tiny_models import build_tiny
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from mlaserve import LLM, EngineArgs, LLMEngine, ParallelConfig, SamplingParams
-from tests.tiny_models import build_tiny
+from mlaserve.testing.tiny_models import build_tiny
 
 OPTIONS = dict(dtype="float32", device="cpu", num_kv_blocks=64, max_model_len=256)
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.tiny_models import build_tiny
+from mlaserve.testing.tiny_models import build_tiny
 
 OPTIONS = dict(dtype="float32", device="cpu", num_kv_blocks=128, max_model_len=256)
 

@@ -70,7 +70,7 @@ def test_what_cannot_be_converted_fails_before_the_folder_exists(llama, tmp_path
 
 
 def test_a_model_the_converter_does_not_know_is_refused_before_any_work(tmp_path):
-    from tests.tiny_models import build_tiny
+    from mlaserve.testing.tiny_models import build_tiny
 
     deepseek = build_tiny("deepseek_v2", tmp_path / "deepseek")  # already MLA: nothing to convert
     assert main(["convert", str(deepseek), str(tmp_path / "out")]) == 2
@@ -88,7 +88,7 @@ def test_a_model_the_converter_does_not_know_is_refused_before_any_work(tmp_path
 def test_the_deepseek_v2_format_loads_in_transformers_with_our_tokens(tmp_path, name, overrides, ranks):
     import torch
 
-    from tests.tiny_models import build_tiny, load_reference
+    from mlaserve.testing.tiny_models import build_tiny, load_reference
 
     src = build_tiny(name, tmp_path / "src", **overrides)
     dst = tmp_path / "ds"
@@ -133,6 +133,6 @@ def test_the_deepseek_v2_format_refuses_what_it_cannot_hold(llama, tmp_path, cap
 
 
 def build_tiny_qwen(tmp_path):
-    from tests.tiny_models import build_tiny
+    from mlaserve.testing.tiny_models import build_tiny
 
     return build_tiny("qwen2", tmp_path / "qwen2")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.tiny_models import build_tiny
+from mlaserve.testing.tiny_models import build_tiny
 
 
 @pytest.fixture(scope="module")

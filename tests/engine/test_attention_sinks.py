@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from mlaserve import LLM, SamplingParams
+from mlaserve.testing.tiny_models import build_tiny, load_reference
 from tests.engine.test_sliding_window import prompts
-from tests.tiny_models import build_tiny, load_reference
 
 OPTIONS = dict(dtype="float32", device="cpu", block_size=4, max_model_len=256)
 

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mlaserve import LLM, SamplingParams
-from tests.tiny_models import build_tiny
+from mlaserve.testing.tiny_models import build_tiny
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mlaserve import LLM, SamplingParams
-from tests.tiny_models import config_dict
+from mlaserve.testing.tiny_models import config_dict
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from mlaserve import LLM, SamplingParams
+from mlaserve.testing.tiny_models import build_tiny
 from tests.engine.test_sliding_window import (
     check_against_reference,
     check_prefix_hits_against_reference,
     prompts,
 )
-from tests.tiny_models import build_tiny
 
 OPTIONS = dict(dtype="float32", device="cpu")
 TOPK = 8

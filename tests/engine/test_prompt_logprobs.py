@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mlaserve import LLM, SamplingParams
-from tests.tiny_models import load_reference
+from mlaserve.testing.tiny_models import load_reference
 
 TOL = 1e-4
 

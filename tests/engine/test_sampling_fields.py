@@ -11,7 +11,7 @@ import torch
 
 from mlaserve import LLM, SamplingParams
 from mlaserve.sampling_params import StructuredOutputsParams
-from tests.tiny_models import BYTE_EOS, build_tiny, load_reference
+from mlaserve.testing.tiny_models import BYTE_EOS, build_tiny, load_reference
 
 PROMPT = [5, 9, 9, 17, 5, 33, 2, 9]
 OPTIONS = dict(dtype="float32", device="cpu", num_kv_blocks=64, max_model_len=128)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mlaserve import LLM, SamplingParams
-from tests.tiny_models import build_tiny, load_reference
+from mlaserve.testing.tiny_models import build_tiny, load_reference
 
 OPTIONS = dict(dtype="float32", device="cpu")
 

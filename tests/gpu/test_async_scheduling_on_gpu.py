@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from mlaserve import LLM, SamplingParams
+from mlaserve.testing.tiny_models import build_tiny
 from tests.engine.test_async_scheduling import count_lookahead_launches
-from tests.tiny_models import build_tiny
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mlaserve import LLM, SamplingParams
-from tests.tiny_models import build_tiny
+from mlaserve.testing.tiny_models import build_tiny
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -22,8 +22,8 @@ TIE_NATS = 0.1
 # With an 8-bit cache a rounding difference upstream can move a cached value across an e4m3 step (6-12%), so the
 # runs part at larger gaps: on CPU, the tiny DeepSeek-V2 of test_mla_shapes_on_gpu.py (5 heads, rank 24, rope 8)
 # in bf16 with the fp8 cache first leaves its float32 run (same cache) at token 8 of the 120-token prompt by 0.248
-# nats, at 4d918ae and at 6e5b0e8 alike (benchmarks/diagnose/bf16_ties.py); on the H200 its bf16 Triton run left
-# the bf16 torch run there by 0.18.
+# nats, at two commits alike (a diagnosis script, in git history); on the H200 its bf16 Triton run left the bf16
+# torch run there by 0.18.
 EIGHT_BIT_TIE_NATS = 0.3
 
 

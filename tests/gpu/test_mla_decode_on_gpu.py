@@ -6,11 +6,11 @@ paths under the interpreter at tiny widths."""
 import pytest
 import torch
 
-from benchmarks.gpu_suite import LAT, ROPE, paged_case
 from mlaserve.attention.torch_ref import TorchBackend
 from mlaserve.attention.triton.dispatch import KERNELS_BY_NAME
 from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode, mla_decode_tuned
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
+from mlaserve.testing.paged_case import LAT, ROPE, paged_case
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -24,7 +24,7 @@ def skip_gluon_off_hopper(options: dict) -> None:
 
 
 # The LSE tolerance of the fp8-dot kernel (mla_decode_fp8.py): its scores carry the fp8 tensor cores' accumulation
-# error (LSE within 1.4e-3 at four shapes in results/h200-diagnose-2026-11-30-fp8dots-tails.json). A one-row
+# error (LSE within 1.4e-3 at four shapes on an H200, docs/performance.md). A one-row
 # context's LSE is a single score, with no averaging, so the tolerance leaves room; the last test here bounds the
 # error against the cache's own rounding.
 FP8_DOTS_LSE_ATOL = 8e-3

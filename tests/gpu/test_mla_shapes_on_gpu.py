@@ -18,8 +18,8 @@ from mlaserve.attention.metadata import build_metadata
 from mlaserve.attention.torch_ref import TorchBackend
 from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
+from mlaserve.testing.tiny_models import build_tiny
 from tests.gpu.test_greedy_on_gpu import tie_nats
-from tests.tiny_models import build_tiny
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -7,7 +7,7 @@ import torch
 
 from mlaserve import LLM, SamplingParams
 from mlaserve.sampling_params import StructuredOutputsParams
-from tests.tiny_models import build_tiny
+from mlaserve.testing.tiny_models import build_tiny
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

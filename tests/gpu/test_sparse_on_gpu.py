@@ -17,7 +17,7 @@ from mlaserve.attention.metadata import build_metadata
 from mlaserve.attention.sparse import select_topk, sparse_latent_attention
 from mlaserve.attention.triton_mla import TritonMLABackend
 from mlaserve.kvcache.quant import quantize_rows
-from tests.tiny_models import build_tiny
+from mlaserve.testing.tiny_models import build_tiny
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -5,7 +5,7 @@ import torch
 
 from mlaserve import LLM, SamplingParams
 from mlaserve.kvcache.quant import QUANTIZED, dequantize_rows, quantize_rows, resolve_cache_dtype, row_width
-from tests.tiny_models import build_tiny, config_dict
+from mlaserve.testing.tiny_models import build_tiny, config_dict
 
 
 @pytest.mark.parametrize("name, rel_err", [("fp8_e4m3", 0.07), ("int8", 0.01)])

@@ -10,7 +10,7 @@ from mlaserve.layers.compressor import Compressor
 from mlaserve.layers.hyper_connection import HyperConnection, HyperHead
 from mlaserve.layers.rotary import RotaryEmbedding
 from mlaserve.models.deepseek_v4 import v4_rope
-from tests.tiny_models import CONFIGS
+from mlaserve.testing.tiny_models import CONFIGS
 
 
 def v4_config(**overrides) -> object:

@@ -64,7 +64,7 @@ def test_layers_give_the_same_output_packed_and_plain() -> None:
 @needs_onednn
 def test_loading_a_float32_model_packs_its_linears(tmp_path) -> None:
     from mlaserve import LLM
-    from tests.tiny_models import build_tiny
+    from mlaserve.testing.tiny_models import build_tiny
 
     path = build_tiny("llama", tmp_path / "llama")
     model = LLM(str(path), dtype="float32", device="cpu", num_kv_blocks=64).engine.runner.model

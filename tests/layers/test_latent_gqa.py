@@ -6,8 +6,8 @@ KV bytes per token; SmolLM2-135M gives its unconverted tokens."""
 import pytest
 
 from mlaserve import LLM, SamplingParams
+from mlaserve.testing.tiny_models import build_tiny
 from tests.engine.test_sliding_window import check_against_reference, prompts, reference_tokens
-from tests.tiny_models import build_tiny
 
 OPTIONS = dict(dtype="float32", device="cpu", num_kv_blocks=128)
 

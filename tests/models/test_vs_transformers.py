@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mlaserve import LLM, SamplingParams
-from tests.tiny_models import CONFIGS, build_tiny, load_reference
+from mlaserve.testing.tiny_models import CONFIGS, build_tiny, load_reference
 
 pytestmark = pytest.mark.slow
 

@@ -2,12 +2,12 @@
 
 import pytest
 
-from tests.tiny_models import build_tiny
+from mlaserve.testing.tiny_models import build_tiny
 
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
-    """tiny(name) -> the folder of a tiny random model saved by transformers (tests/tiny_models.py)."""
+    """tiny(name) -> the folder of a tiny random model saved by transformers (mlaserve/testing/tiny_models.py)."""
     built = {}
 
     def get(name: str):

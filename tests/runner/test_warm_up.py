@@ -3,7 +3,7 @@
 import torch
 
 from mlaserve import LLM, SamplingParams
-from tests.tiny_models import build_tiny
+from mlaserve.testing.tiny_models import build_tiny
 
 
 def test_warm_up_leaves_outputs_and_cache_alone(tmp_path):

@@ -21,7 +21,7 @@ from mlaserve.engine.llm_engine import LLMEngine
 from mlaserve.server.app import build_app
 from mlaserve.server.connections import ConnectionLimits, connection_cap, listening_socket, uvicorn_config
 from mlaserve.server.settings import ServerSettings
-from tests.tiny_models import build_tiny
+from mlaserve.testing.tiny_models import build_tiny
 
 # Word-level: "w10 <content> w11" per message, then "w12" to prompt the answer.
 CHAT_TEMPLATE = "{% for m in messages %}w10 {{ m['content'] }} w11 {% endfor %}{% if add_generation_prompt %}w12{% endif %}"

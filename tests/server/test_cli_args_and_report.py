@@ -12,7 +12,7 @@ from mlaserve.server.auth import check_bearer
 from mlaserve.server.cli_args import add_serve_args, settings_and_options_from_args
 from mlaserve.server.report import format_report, startup_report
 from mlaserve.server.settings import ServerSettings
-from tests.tiny_models import build_tiny, config_dict
+from mlaserve.testing.tiny_models import build_tiny, config_dict
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -88,7 +88,7 @@ def test_a_core_that_cannot_start_is_a_clear_error(tmp_path):
 
 
 def tiny_model_without_weights(tmp_path):
-    from tests.tiny_models import build_tiny
+    from mlaserve.testing.tiny_models import build_tiny
 
     path = build_tiny("llama", tmp_path / "broken")
     for f in path.glob("*.safetensors"):

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from mlaserve.server import connections
+from mlaserve.testing.tiny_models import build_tiny
 from tests.server.conftest import live_server, make_engine, serving, wait_for
-from tests.tiny_models import build_tiny
 
 COMPLETION = {"prompt": "w4 w5 w6", "max_tokens": 4, "temperature": 0}
 

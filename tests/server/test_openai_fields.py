@@ -12,8 +12,8 @@ import pytest
 
 from mlaserve import LLM, SamplingParams
 from mlaserve.sampling_params import StructuredOutputsParams
+from mlaserve.testing.tiny_models import build_tiny
 from tests.server.conftest import live_server, make_engine
-from tests.tiny_models import build_tiny
 
 OPTIONS = dict(dtype="float32", device="cpu", num_kv_blocks=256, max_model_len=256)
 TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
