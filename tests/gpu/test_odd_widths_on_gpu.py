@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from mlaserve import LLM, SamplingParams
-from tests.tiny_models import build_tiny
+from mlaserve.testing.tiny_models import build_tiny
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
