@@ -43,8 +43,11 @@ class LLM:
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             try:
                 prepared.append(self.engine.prepare(prompt, p))
-            except (ValueError, TypeError) as e:
-                raise type(e)(f"prompt {i}: {e}") from None
+            except (
+                ValueError,
+                TypeError,
+            ) as e:  # subclasses (GrammarError) leave as the base class users catch
+                raise (TypeError if isinstance(e, TypeError) else ValueError)(f"prompt {i}: {e}") from None
         ids = [self.engine.add_prepared(p) for p in prepared]
         return self._run(ids, use_tqdm)
 
