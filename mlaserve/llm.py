@@ -43,10 +43,8 @@ class LLM:
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             try:
                 prepared.append(self.engine.prepare(prompt, p))
-            except (
-                ValueError,
-                TypeError,
-            ) as e:  # subclasses (GrammarError) leave as the base class users catch
+            except (ValueError, TypeError) as e:
+                # a subclass (GrammarError) leaves as the base class, which takes the one message
                 raise (TypeError if isinstance(e, TypeError) else ValueError)(f"prompt {i}: {e}") from None
         ids = [self.engine.add_prepared(p) for p in prepared]
         return self._run(ids, use_tqdm)

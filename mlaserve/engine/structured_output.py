@@ -1,7 +1,7 @@
 """Structured outputs (a JSON schema, any JSON object, a regex, a choice, a Lark grammar) through llguidance.
 
 Why llguidance (rather than xgrammar or outlines): it computes each step's token mask on demand from the
-grammar and the tokenizer's trie, with no per-schema compile step to wait for or to cache; it takes JSON schema,
+grammar and the tokenizer's trie, with no per-schema mask tables to wait for or to cache; it takes JSON schema,
 regex and Lark grammars through one interface; it is one of the backends vLLM and SGLang ship; and it is a small
 abi3 wheel with no torch or CUDA dependency, so the same wheel serves every Python and either machine.
 
