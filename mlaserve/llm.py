@@ -44,7 +44,8 @@ class LLM:
             try:
                 prepared.append(self.engine.prepare(prompt, p))
             except (ValueError, TypeError) as e:
-                raise type(e)(f"prompt {i}: {e}") from None
+                # a subclass (GrammarError) leaves as the base class, which takes the one message
+                raise (TypeError if isinstance(e, TypeError) else ValueError)(f"prompt {i}: {e}") from None
         ids = [self.engine.add_prepared(p) for p in prepared]
         return self._run(ids, use_tqdm)
 

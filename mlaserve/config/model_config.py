@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mlaserve.loader.quantization import check_quantization
+
 logger = logging.getLogger(__name__)
 
 _DTYPES = {
@@ -196,6 +198,7 @@ class ModelConfig:
     def from_hf(
         cls, config_dict: dict, dtype: str | torch.dtype, device: torch.device, max_model_len: int | None
     ) -> "ModelConfig":
+        check_quantization(config_dict)  # a quantized format the layers cannot read, before any weight loads
         hf_config = hf_config_from_dict(config_dict)
         archs = config_dict.get("architectures") or []
         if not archs:

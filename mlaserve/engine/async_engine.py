@@ -21,6 +21,7 @@ from typing import TypeVar
 
 from mlaserve.core.request import RequestStatus
 from mlaserve.engine.core_output import CoreOutput
+from mlaserve.engine.error_text import error_text
 from mlaserve.engine.intake import PreparedRequest
 from mlaserve.engine.llm_engine import LLMEngine
 from mlaserve.engine.output_processor import OutputProcessor
@@ -269,7 +270,7 @@ class AsyncEngine:
         """Fail every request in flight with the step's error; False if the engine could not be cleaned."""
         logger.exception("engine step failed; failing %d request(s) in flight", len(self._streams))
         self.last_error = error
-        failed = EngineStepError(f"the engine failed while running this request: {error!r}")
+        failed = EngineStepError(f"the engine failed while running this request: {error_text(error)}")
         streams = set(self._streams.values())
         try:
             for rid in list(self._streams):

@@ -26,6 +26,7 @@ from typing import Any
 from mlaserve.core.request import RequestStatus
 from mlaserve.engine.core_output import CoreOutput
 from mlaserve.engine.core_threads import CoreThreads
+from mlaserve.engine.error_text import error_text
 from mlaserve.engine.heap import freeze_start_up_objects
 from mlaserve.engine.step_trace import trace
 from mlaserve.parallel.workers import WorkerDied
@@ -122,10 +123,10 @@ class _CoreLoop:
                 except Exception:  # noqa: BLE001
                     recovered = False
                 for conn, ids in _by_conn(failed).items():
-                    _send(conn, ("step_failed", ids, repr(error)))
+                    _send(conn, ("step_failed", ids, error_text(error)))
                 if isinstance(error, WorkerDied) or not recovered or errors >= _MAX_CONSECUTIVE_STEP_ERRORS:
                     for conn in self.conns:
-                        _send(conn, ("dead", f"the engine core cannot recover from {error!r}"))
+                        _send(conn, ("dead", f"the engine core cannot recover from {error_text(error)}"))
                     return
                 continue
             self._send_outputs(outputs)

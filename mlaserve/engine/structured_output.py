@@ -1,21 +1,23 @@
 """Structured outputs (a JSON schema, any JSON object, a regex, a choice, a Lark grammar) through llguidance.
 
 Why llguidance (rather than xgrammar or outlines): it computes each step's token mask on demand from the
-grammar and the tokenizer's trie, with no per-schema compile step to wait for or to cache; it takes JSON schema,
+grammar and the tokenizer's trie, with no per-schema mask tables to wait for or to cache; it takes JSON schema,
 regex and Lark grammars through one interface; it is one of the backends vLLM and SGLang ship; and it is a small
 abi3 wheel with no torch or CUDA dependency, so the same wheel serves every Python and either machine.
 
-The grammar is checked when a request is prepared (a bad schema is the client's error, before anything is
-queued); each request then gets its own matcher, which the runner advances with every sampled token.
+The grammar is compiled when a request is prepared, so one that cannot be compiled (a bad schema or regex, a
+Lark grammar with an unknown rule or too large for llguidance, a choice list past MAX_CHOICE_ENTRIES) is the
+client's error, raised as GrammarError before anything is queued; each request then gets its own matcher, which
+the runner advances with every sampled token.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import torch
 
+from mlaserve.engine.grammar_error import GrammarError, compile_error
 from mlaserve.sampling_params import StructuredOutputsParams
 
 
@@ -30,6 +32,20 @@ def _llguidance() -> Any:
             "installed here: pip install llguidance"
         ) from None
     return llguidance
+
+
+# A choice list is compiled as one regex alternation (choice_regex), whose compile time grows with its length; the
+# engine core compiles each request's grammar on its own thread, so a longer list would pause every stream.
+MAX_CHOICE_ENTRIES = 10_000
+# Rust regex's metacharacters outside a character class; every other character stands for itself.
+_REGEX_META = frozenset("\\.+*?()|[]{}^$")
+
+
+def choice_regex(choices: list[str]) -> str:
+    """A regex matching exactly one of `choices`. llguidance's own "choice" grammar makes one Earley alternative
+    per entry: a list past its max_items_in_row fails at the first token (and the constraint is then dropped),
+    and a longer one overflows its symbol table. One alternation is a single lexeme, with neither limit."""
+    return "(?:" + "|".join("".join("\\" + c if c in _REGEX_META else c for c in x) for x in choices) + ")"
 
 
 # JSON is written one way, with json.dumps' default separators: with free whitespace a model (or a random one in a
@@ -47,7 +63,7 @@ def grammar_text(params: StructuredOutputsParams) -> str:
     if kind == "regex":
         return llg.grammar_from("regex", params.regex)
     if kind == "choice":
-        return llg.grammar_from("choice", json.dumps(params.choice))
+        return llg.grammar_from("regex", choice_regex(params.choice))
     return llg.grammar_from("lark", params.grammar)
 
 
@@ -96,22 +112,33 @@ class GrammarCompiler:
                 ) from None
         return self._ll_tokenizer
 
-    def validate(self, params: StructuredOutputsParams) -> None:
-        """Raises ValueError naming the problem if the grammar cannot be used."""
+    def compile(self, params: StructuredOutputsParams) -> Any:
+        """llguidance's matcher for this grammar; GrammarError (a ValueError) naming the problem if it cannot be
+        built. Building the matcher is the whole compile: llguidance's validate_grammar passes grammars whose
+        symbol table then overflows here."""
+        kind = params.kind
+        if kind == "choice" and len(params.choice) > MAX_CHOICE_ENTRIES:
+            raise GrammarError(
+                kind,
+                f"{len(params.choice)} entries is more than the {MAX_CHOICE_ENTRIES} a choice list may hold",
+            )
         llg = _llguidance()
+        tokenizer = self._ll()
         try:
             text = grammar_text(params)
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"structured output ({params.kind}) is not a valid grammar: {e}") from None
-        error = llg.LLMatcher.validate_grammar(text, self._ll())
-        if error:
-            raise ValueError(f"structured output ({params.kind}) is not a valid grammar: {error}")
+            matcher = llg.LLMatcher(tokenizer, text)
+        except (ValueError, TypeError, RuntimeError) as e:
+            raise compile_error(kind, str(e)) from None
+        if matcher.is_error():
+            raise compile_error(kind, matcher.get_error())
+        return matcher
+
+    def validate(self, params: StructuredOutputsParams) -> None:
+        """Raises GrammarError naming the problem if the grammar cannot be used."""
+        self.compile(params)
 
     def new(self, params: StructuredOutputsParams) -> Grammar:
         llg = _llguidance()
-        tokenizer = self._ll()
-        matcher = llg.LLMatcher(tokenizer, grammar_text(params))
-        if matcher.is_error():
-            raise ValueError(f"structured output ({params.kind}): {matcher.get_error()}")
-        words = llg.torch.get_bitmask_shape(1, tokenizer.vocab_size)[1]
+        matcher = self.compile(params)
+        words = llg.torch.get_bitmask_shape(1, self._ll().vocab_size)[1]
         return Grammar(matcher, words)

@@ -11,6 +11,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from mlaserve.engine.error_text import error_text
+
 logger = logging.getLogger(__name__)
 
 # The `type` OpenAI clients switch on, by HTTP status.
@@ -64,6 +66,8 @@ class OpenAIError(Exception):
 
 def error_body(status_code: int, message: str, param: str | None = None, code: str | None = None) -> dict:
     kind = _TYPES.get(status_code, "invalid_request_error" if status_code < 500 else "server_error")
+    if status_code >= 500:  # the server's own failure: its text may hold a backtrace or this machine's paths
+        message = error_text(message)
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 
 from mlaserve.engine.async_engine import AsyncEngine, EngineDeadError, EngineStepError
+from mlaserve.engine.error_text import error_text
 from mlaserve.engine.intake import PreparedRequest
 from mlaserve.engine.output_processor import OutputProcessor, RequestDelta
 from mlaserve.server.errors import OpenAIError
@@ -152,8 +153,11 @@ class Generation:
             except Exception as error:  # noqa: BLE001 - EngineStepError, EngineDeadError, or a failed add
                 self.outcome = "error"
                 status_code = 503 if isinstance(error, EngineDeadError) else 500
-                message = str(error) if isinstance(error, EngineStepError | EngineDeadError) else repr(error)
-                logger.error("request %s failed in the engine: %s", self.request_id, message)
+                # the log keeps the whole text; the client gets one line of it (error_text.py says why)
+                logger.error("request %s failed in the engine: %r", self.request_id, error)
+                message = (
+                    str(error) if isinstance(error, EngineStepError | EngineDeadError) else error_text(error)
+                )
                 raise OpenAIError(status_code, message, code="engine_error", status=None) from None
             if not outputs:
                 self.outcome = self.outcome or "ok"

@@ -5,8 +5,10 @@ Everything here raises a 400 naming the field, before any engine request is queu
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
+from mlaserve.engine.grammar_error import GrammarError
 from mlaserve.engine.intake import PreparedRequest, RequestIntake
 from mlaserve.sampling_params import SamplingParams, StructuredOutputsParams
 from mlaserve.server.errors import OpenAIError, bad_request
@@ -71,7 +73,11 @@ def structured_outputs(req: CompletionRequest | ChatCompletionRequest) -> Struct
     try:
         return StructuredOutputsParams(**fields)
     except (ValueError, TypeError) as e:
-        raise bad_request(str(e), name) from None
+        # the message names SamplingParams' field (structured_outputs.json); the client set its own
+        message = (
+            str(e) if name == "structured_outputs" else re.sub(r"^structured_outputs\.\w+", name, str(e))
+        )
+        raise bad_request(message, name) from None
 
 
 def build_params(
@@ -178,11 +184,14 @@ def render_chat(
 
 
 def constraint_field(req: CompletionRequest | ChatCompletionRequest) -> str | None:
-    """The request field that set an output constraint (for errors found when the grammar is compiled)."""
+    """The request field that set an output constraint (for errors found when the grammar is compiled):
+    structured_outputs' own member where that is the one (structured_outputs.choice)."""
     if req.response_format is not None and req.response_format.type != "text":
         return "response_format"
     if req.structured_outputs is not None:
-        return "structured_outputs"
+        fields = req.structured_outputs.model_dump(exclude_none=True)
+        member = next((k for k in fields if fields[k] is not False), None)
+        return "structured_outputs" if member is None else f"structured_outputs.{member.removesuffix('_')}"
     return next(
         (f"guided_{k}" for k in ("json", "regex", "choice", "grammar") if getattr(req, f"guided_{k}")), None
     )
@@ -221,6 +230,9 @@ async def prepare_choices(
 
     try:
         bases = await intake.run(prepare)
+    except GrammarError as e:
+        field = grammar_field or f"structured_outputs.{e.kind}"
+        raise OpenAIError(400, f"{field}: {e.reason}", field) from None
     except (ValueError, TypeError) as e:
         message = str(e)
         param = "messages" if is_chat else "prompt"

@@ -158,10 +158,19 @@ def test_unconstrained_random_model_is_not_json_by_chance(byte_llama):
 
 def test_a_schema_that_does_not_compile_is_a_clear_error(byte_llama):
     llm = LLM(str(byte_llama), **OPTIONS)
-    with pytest.raises(ValueError, match="structured output"):
-        llm.generate(
-            ["x"], SamplingParams(structured_outputs=StructuredOutputsParams(json={"type": "nonsense"}))
-        )
+    bad = [
+        (
+            dict(json={"type": "nonsense"}),
+            "structured_outputs.json: the JSON schema cannot be compiled: .*nonsense",
+        ),
+        (dict(regex="(abc"), "structured_outputs.regex: the regex cannot be compiled: .*unclosed group"),
+        (dict(grammar="start: foo"), 'structured_outputs.grammar: the grammar cannot be compiled: .*"foo"'),
+        (dict(choice=[str(i) for i in range(100_000)]), "structured_outputs.choice: 100000 entries is more"),
+    ]
+    for fields, message in bad:
+        with pytest.raises(ValueError, match=message) as info:
+            llm.generate(["x"], SamplingParams(structured_outputs=StructuredOutputsParams(**fields)))
+        assert type(info.value) is ValueError and "\n" not in str(info.value)
     with pytest.raises(ValueError, match="exactly one"):
         StructuredOutputsParams(regex="a", choice=["a"])
     assert llm.stats()["kv_blocks_used"] == 0 and llm.stats()["num_waiting"] == 0

@@ -1,0 +1,158 @@
+"""A quantized checkpoint whose method the engine does not serve is refused by name, before any weight is read.
+
+Each checkpoint is a tiny transformers Llama whose config.json then gains a quantization_config, and whose
+safetensors file is overwritten with bytes no reader accepts: a start-up that read a weight would fail with the
+reader's error, not the one naming the method.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlaserve import LLM
+from mlaserve.config.deploy import DeployConfigError, load_deploy_config
+from mlaserve.loader import model_loader, quantization
+from mlaserve.loader.quantization import check_quantization, quant_method
+from tests.tiny_models import build_tiny
+
+OPTIONS = dict(dtype="float32", device="cpu", num_kv_blocks=64, max_model_len=128)
+
+# (id, quantization_config, the method the message must name)
+SECTIONS = [
+    (
+        "awq",
+        {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"},
+        "'awq'",
+    ),
+    (
+        "gptq",
+        {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True},
+        "'gptq'",
+    ),
+    ("unknown-method", {"quant_method": "hqq-next", "bits": 3}, "'hqq-next'"),
+    ("missing-method", {"bits": 4, "group_size": 64}, "unknown"),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny("llama", tmp_path_factory.mktemp("quant_source"))
+
+
+def quantized_copy(source: Path, folder: Path, section: dict, with_weights: bool = True) -> Path:
+    """The tiny checkpoint's config and tokenizer with `section` as its quantization_config; its weight file
+    (when kept) holds bytes that fail any safetensors read."""
+    folder.mkdir()
+    for path in source.iterdir():
+        if path.suffix != ".safetensors":
+            (folder / path.name).write_bytes(path.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = section
+    (folder / "config.json").write_text(json.dumps(config))
+    if with_weights:
+        (folder / "model.safetensors").write_bytes(b"\xff" * 64)
+    return folder
+
+
+@pytest.fixture()
+def no_weight_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading a checkpoint tensor, or building the model at all, fails the test outright."""
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was built or its weights read for a checkpoint that is not served")
+
+    monkeypatch.setattr(model_loader, "checkpoint_tensors", forbidden)
+    monkeypatch.setattr("mlaserve.engine.core.build_model", forbidden)
+
+
+@pytest.mark.parametrize("name,section,named", SECTIONS, ids=[s[0] for s in SECTIONS])
+def test_unserved_method_fails_before_weights_are_read(
+    tiny_llama: Path, tmp_path: Path, no_weight_reads: None, name: str, section: dict, named: str
+) -> None:
+    folder = quantized_copy(tiny_llama, tmp_path / name, section)
+    with pytest.raises(ValueError) as info:
+        LLM(str(folder), **OPTIONS)
+    message = str(info.value)
+    assert f"quantization_config.quant_method {named}" in message, message
+    assert "is not served; served methods: none (unquantized bf16/fp16/fp32 checkpoints only)" in message
+
+
+@pytest.mark.parametrize("name,section,named", SECTIONS, ids=[s[0] for s in SECTIONS])
+def test_dummy_weights_are_refused_the_same_way(
+    tiny_llama: Path, tmp_path: Path, no_weight_reads: None, name: str, section: dict, named: str
+) -> None:
+    folder = quantized_copy(tiny_llama, tmp_path / name, section, with_weights=False)
+    with pytest.raises(ValueError, match=f"quant_method {named}.*is not served"):
+        LLM(str(folder), load_format="dummy", **OPTIONS)
+
+
+def test_the_message_when_nothing_is_served_reads_as_the_issue_asks() -> None:
+    with pytest.raises(ValueError) as info:
+        check_quantization({"quantization_config": {"quant_method": "awq"}})
+    assert str(info.value) == (
+        "model config quantization_config.quant_method 'awq' is not served; "
+        "served methods: none (unquantized bf16/fp16/fp32 checkpoints only)"
+    )
+
+
+@pytest.mark.parametrize("config", [{}, {"quantization_config": None}], ids=["absent", "null"])
+def test_unquantized_configs_pass(config: dict) -> None:
+    assert quant_method(config) is None
+    check_quantization(config)
+
+
+@pytest.mark.parametrize("section", [{}, "awq", {"quant_method": ""}, {"quant_method": 4}])
+def test_a_section_without_a_method_name_is_unknown(section: object) -> None:
+    assert quant_method({"quantization_config": section}) == "unknown"
+    with pytest.raises(ValueError, match="unknown"):
+        check_quantization({"quantization_config": section})
+
+
+def test_a_served_method_passes_and_is_listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Serving a method is one entry in SERVED_QUANT_METHODS: the check then lets it through and names it."""
+    monkeypatch.setattr(quantization, "SERVED_QUANT_METHODS", ("fp8",))
+    check_quantization({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}})
+    with pytest.raises(ValueError, match=r"served methods: 'fp8' \(and unquantized"):
+        check_quantization({"quantization_config": {"quant_method": "awq"}})
+
+
+def test_a_deploy_config_names_the_model_path(tiny_llama: Path, tmp_path: Path) -> None:
+    folder = quantized_copy(tiny_llama, tmp_path / "awq", SECTIONS[0][1])
+    deploy = tmp_path / "deploy.yaml"
+    deploy.write_text(f"model: {{path: {folder}}}\n")
+    with pytest.raises(DeployConfigError) as info:
+        load_deploy_config(str(deploy), check_model_files=True, check_ports=False)
+    assert [key for key, _ in info.value.problems] == ["model.path"]
+    assert "quant_method 'awq' is not served" in str(info.value)
+
+
+@pytest.mark.slow
+def test_the_engine_core_process_reports_it_to_its_parent(tiny_llama: Path, tmp_path: Path) -> None:
+    """The server's core runs in a child process: its start-up failure reaches the parent as the same error."""
+    from mlaserve.engine.core_client import CoreProcessClient
+
+    folder = quantized_copy(tiny_llama, tmp_path / "gptq", SECTIONS[1][1])
+    with pytest.raises(ValueError, match="the engine could not start: .*quant_method 'gptq' is not served"):
+        CoreProcessClient({"model": str(folder), **OPTIONS}, start_timeout_s=120)
+
+
+@pytest.mark.slow
+def test_serve_exits_with_the_message(tiny_llama: Path, tmp_path: Path) -> None:
+    folder = quantized_copy(tiny_llama, tmp_path / "awq", SECTIONS[0][1])
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run(
+        [sys.executable, "-m", "mlaserve.cli", "serve", "--model", str(folder), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "quant_method 'awq' is not served; served methods: none" in done.stderr
+    assert "Traceback" not in done.stderr
