@@ -19,7 +19,7 @@ from mlaserve import LLM
 from mlaserve.config.deploy import DeployConfigError, load_deploy_config
 from mlaserve.loader import model_loader, quantization
 from mlaserve.loader.quantization import check_quantization, quant_method
-from tests.tiny_models import build_tiny
+from mlaserve.testing.tiny_models import build_tiny
 
 OPTIONS = dict(dtype="float32", device="cpu", num_kv_blocks=64, max_model_len=128)
 
