@@ -10,8 +10,8 @@ import pytest
 
 from mlaserve.engine.grammar_error import compile_error
 from mlaserve.engine.structured_output import MAX_CHOICE_ENTRIES, choice_regex
-from tests.server.conftest import fresh_stats, live_server, make_engine
 from mlaserve.testing.tiny_models import build_tiny
+from tests.server.conftest import fresh_stats, live_server, make_engine
 
 HUGE_CHOICE = [f"option {i}" for i in range(100_000)]
 BAD_SCHEMA = {"type": "object", "properties": {"a": {"type": "objectx"}}}
