@@ -1,8 +1,8 @@
 """Prefill through torch's fused attention kernels (flash varlen on CUDA, scaled_dot_product_attention
 elsewhere); decode as the reference, or SDPA when no LSE is needed.
 
-cuDNN's attention, which SDPA prefers on Hopper, builds an execution plan for every new shape: about 100 ms
-each on an H200, and chunked prefill makes new shapes all the time. So on CUDA one varlen flash call covers every
+cuDNN's attention, which SDPA prefers on Hopper, builds an execution plan for every new shape, a long
+host-side pause each time, and chunked prefill makes new shapes all the time. So on CUDA one varlen flash call covers every
 prefill sequence, and SDPA calls exclude cuDNN.
 """
 
@@ -27,8 +27,8 @@ def varlen_prefill(q, k, v, meta: AttentionMetadata, scale: float) -> torch.Tens
     """Every prefill sequence in one flash-attention call, bottom-right causal.
 
     The aten op under torch.nn.attention.varlen.varlen_attn, called directly: that wrapper is a Python custom op
-    that also logs and allocates an RNG-state tensor on every call: about 150 us of host time per layer in a
-    batch-1 prefill on an H200 (cProfile), while the GPU waited."""
+    that also logs and allocates an RNG-state tensor on every call, host time per layer that a short prefill's
+    GPU waited for."""
     heads, dk, dv = q.shape[1], q.shape[-1], v.shape[-1]
     if k.shape[1] != heads:  # GQA: flash's varlen entry point takes equal head counts
         k, v = k.repeat_interleave(heads // k.shape[1], 1), v.repeat_interleave(heads // v.shape[1], 1)

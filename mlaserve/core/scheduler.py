@@ -85,8 +85,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         # Requests a step finished whose blocks are not yet back in the pool: release_finished() frees them once
-        # their last tokens are on their way (at 256 requests finishing at once, 10k blocks cost the H200's core
-        # 5 ms, which every stream's last token waited for). The next schedule frees them in any case.
+        # their last tokens are on their way (when hundreds of requests finish at once, freeing
+        # their blocks is long enough for every stream's last token to notice). The next schedule frees them in any case.
         self._unreleased: list[Request] = []
 
     @property

@@ -29,7 +29,7 @@ class CoreOutput:
 
     def __reduce__(self) -> tuple:
         # The fields as one tuple: pickling a slots dataclass goes through copyreg's state dict per object, which
-        # cost the core about 2.5x this per step at 256 requests
+        # cost the core several times this per step with hundreds of requests
         return (
             CoreOutput,
             (

@@ -189,8 +189,8 @@ class _CoreLoop:
 
     def _send_outputs(self, outputs: list[CoreOutput]) -> None:
         """The step's deltas first; then the finished requests' blocks go back to the pool and, when due, the
-        stats follow in a message of their own: both cost milliseconds when hundreds of requests finish at once
-        (10k blocks, 5 ms on the H200's host), which every last token would otherwise wait for."""
+        stats follow in a message of their own: both cost milliseconds when hundreds of requests finish at once,
+        which every last token would otherwise wait for."""
         by_conn: dict[Connection, list[CoreOutput]] = {}
         for out in outputs:
             conn = self.owner.get(out.request_id)

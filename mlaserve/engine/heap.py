@@ -1,8 +1,8 @@
 """Keeping Python's cyclic collector off the objects that live as long as the engine.
 
 A full collection walks every tracked object. After importing torch and transformers and building a model that is
-some 400,000 objects, and one walk took 260 ms on the CI machine: inside a generate call it lands in the middle of a
-step. Frozen objects are out of the collector's sight, so its collections only walk what the run itself creates.
+hundreds of thousands of objects, and one walk is long enough to notice: inside a generate call it lands in the
+middle of a step. Frozen objects are out of the collector's sight, so its collections only walk what the run itself creates.
 """
 
 import gc
@@ -53,8 +53,8 @@ def start_up_objects_frozen() -> Iterator[None]:
     """For a run inside the caller's process (LLM.generate): the objects that exist now are frozen for the run and
     given back to the collector after it, so cycles the caller drops later are still collected. Only a freeze for
     good (above) leaves it nothing to do: a nonzero freeze count is no sign, since a library may freeze a few
-    objects of its own at import (375 on the GPU image, and the engine's 500,000 stayed in sight; one full
-    collection of them took 250 ms of a decode step). Python has one frozen generation, so the unfreeze also
+    objects of its own at import while the engine's objects stay in sight, and a full collection of them stalls
+    a decode step. Python has one frozen generation, so the unfreeze also
     returns what others froze: those objects live on, only a full collection walks them again."""
     if _frozen_for_good:
         yield

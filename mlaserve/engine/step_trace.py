@@ -3,7 +3,7 @@
 With MLASERVE_STEP_TRACE=DIR every process (engine core, API servers, and benchmarks/serving.py's clients) appends
 one line per event to DIR/trace-<pid>.txt: `perf_counter seconds, event, fields`. Processes on one machine share
 that clock (CLOCK_MONOTONIC), so a core's send, an API server's receipt and writes and a client's arrival line up;
-benchmarks/diagnose/step_trace.py reads them. Unset (the default), each call is one global lookup.
+benchmarks/step_trace.py reads them. Unset (the default), each call is one global lookup.
 
 Events: core_step_start; core_collected (the step's tokens are on the host); core_step_end (outputs, finished);
 core_sent; api_recv and api_deliver (outputs, finished); api_written (1 for a stream's finishing event);

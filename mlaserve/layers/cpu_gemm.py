@@ -1,9 +1,8 @@
 """Weights packed once for oneDNN, the fast path for linear layers on CPU.
 
 F.linear on CPU goes to MKL's sgemm, which re-packs the weight matrix on every call. At decode's row counts
-(one row per running sequence) that packing can cost as much as the multiply: on SmolLM2's shapes at 16 rows the
-packed oneDNN call ran from even (0.96x F.linear's speed, 576x576) to 2.4x as fast (the 49,152-row LM head) on a
-2-core CPU (benchmarks/diagnose/cpu_linear.py). The weights do not change after loading, so they are reordered
+(one row per running sequence) that packing can cost as much as the multiply, most of all for wide
+weights such as an LM head. The weights do not change after loading, so they are reordered
 into oneDNN's blocked layout once; F.linear stays as the reference. Linear layers drop their original weight
 once packed (memory holds each weight once); the LM head keeps its own, which is usually the tied embedding
 table.

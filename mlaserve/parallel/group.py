@@ -35,8 +35,8 @@ def available_cores() -> int:
 
 def share_cpu_cores(local_ranks: int) -> int:
     """On CPU, each of a machine's `local_ranks` ranks takes its share of the cores for torch's threads: with every
-    rank running a thread per core, their parallel regions preempted one another (tensor-parallel size 2 of a small
-    Llama on 2 cores ran 4x slower than with one thread per rank). OMP_NUM_THREADS, when set, is the user's choice
+    rank running a thread per core, their parallel regions preempted one another (tensor parallelism on a few cores ran
+    several times slower than with one thread per rank). OMP_NUM_THREADS, when set, is the user's choice
     and stays. Returns the rank's thread count."""
     import os
 

@@ -37,8 +37,8 @@ class StepPlan:
     source_rows: list[int] | None
 
     def __reduce__(self) -> tuple:
-        # The batch's tensors travel as numpy arrays: pickling a torch tensor costs about 0.3 ms to write and up
-        # to 1.7 ms to read whatever its size (256 rows), on every step of a tensor-parallel engine.
+        # The batch's tensors travel as numpy arrays: pickling a torch tensor has a fixed cost to write and a
+        # larger one to read, whatever its size, on every step of a tensor-parallel engine.
         host = self.host
         arrays = [host.positions.numpy(), host.slots.numpy(), host.tables.numpy()]
         others = [(tables.numpy(), slots.numpy()) for tables, slots in host.other_groups]

@@ -1,7 +1,7 @@
 """CUDA graphs of short fresh prefills: steps whose sequences all start at position 0, one graph per padded size.
 
-Launched op by op, a 512-token prompt of DeepSeek-V2-Lite is about 800 kernels and took 25-50 ms of host time on
-an H200 machine against 19 ms of GPU work: a short request spent most of its time to first token waiting for
+Launched op by op, a 512-token prompt of DeepSeek-V2-Lite is hundreds of kernels and took more host time than
+GPU work: a short request spent most of its time to first token waiting for
 Python. Replayed from a graph it is one launch.
 
 A step qualifies when it only prefills, every sequence's context is exactly this step's tokens (no prefix-cache hit,
