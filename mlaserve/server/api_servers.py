@@ -10,12 +10,17 @@ The first process (the one an operator started) owns the core, the ops port and 
 reach it, it passes SIGTERM on, and every process drains its own requests. An API-server process that exits on its
 own takes the server down (non-zero exit). Prometheus counters and histograms are kept in files shared by all of
 them (prometheus_client's multiprocess mode), so any process answers /metrics for the whole server.
+
+max_concurrent_requests and max_connections hold for the server as a whole, not per process: the kernel does not
+spread connections evenly, and a per-process share refused clients while the server was under its limit. The
+processes count sequences and connections together (shared_count.ServerCounts, made by the first process and
+handed to the others as they are spawned). Slots a process held when it died are not given back, but its death
+takes the server down.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import multiprocessing
 import os
 import signal
@@ -30,22 +35,9 @@ from multiprocessing.process import BaseProcess
 
 from mlaserve.engine.heap import freeze_start_up_objects
 from mlaserve.server.settings import ServerSettings
+from mlaserve.server.shared_count import ServerCounts
 
 logger = logging.getLogger("mlaserve.server")
-
-
-def per_process_share(settings: ServerSettings, index: int = 0) -> ServerSettings:
-    """What API-server process `index` enforces: max_concurrent_requests and max_connections split among the
-    processes."""
-    count = settings.api_server_count
-    if count == 1:
-        return settings
-    return replace(
-        settings,
-        max_concurrent_requests=math.ceil(settings.max_concurrent_requests / count),
-        max_connections=math.ceil(settings.max_connections / count),
-        api_server_index=index,
-    )
 
 
 def catch_early_signals(signals: tuple[signal.Signals, ...]) -> list[int]:
@@ -78,6 +70,7 @@ class ApiServers:
         engine_options: dict,
         settings: ServerSettings,
         listeners: Sequence[socket.socket],
+        counts: ServerCounts,
     ) -> None:
         ctx = multiprocessing.get_context("spawn")
         level = logging.getLogger().getEffectiveLevel()
@@ -87,7 +80,7 @@ class ApiServers:
             mine, theirs = ctx.Pipe(duplex=True)
             worker = ctx.Process(
                 target=api_server_main,
-                args=(index, pipe, engine_options, settings, listener, level, theirs),
+                args=(index, pipe, engine_options, settings, listener, level, theirs, counts),
                 name=f"mlaserve-api-server-{index}",
             )
             worker.start()
@@ -145,6 +138,7 @@ def api_server_main(
     listener: socket.socket,
     log_level: int,
     report: Connection,
+    counts: ServerCounts,
 ) -> None:
     """An extra API-server process: the first process's app over this process's pipe to the core."""
     # A terminal's Ctrl-C reaches the whole process group; the first process turns it into one SIGTERM each.
@@ -168,7 +162,7 @@ def api_server_main(
     except EOFError:  # the first process gave up before serving
         engine.shutdown()
         sys.exit(1)
-    app = build_app(engine, per_process_share(settings, index), startup_report)
+    app = build_app(engine, replace(settings, api_server_index=index), startup_report, counts)
     freeze_start_up_objects()
     code = 1
     try:

@@ -16,6 +16,7 @@ from mlaserve.server.chat import create_chat_completion
 from mlaserve.server.completions import create_completion
 from mlaserve.server.errors import install_error_handlers
 from mlaserve.server.settings import ServerSettings
+from mlaserve.server.shared_count import ServerCounts
 from mlaserve.server.sse import EventStreamResponse
 from mlaserve.server.state import ServerState
 from mlaserve.server.tokenization import detokenize, tokenize, tokenizer_info, version
@@ -23,8 +24,12 @@ from mlaserve.server.tokenization import detokenize, tokenize, tokenizer_info, v
 Handler = Callable[[ServerState, Request, dict, float], Awaitable[Response]]
 
 
-def build_app(engine: AsyncEngine, settings: ServerSettings, startup_report: dict) -> FastAPI:
-    state = ServerState(engine, settings, startup_report)
+def build_app(
+    engine: AsyncEngine, settings: ServerSettings, startup_report: dict, counts: ServerCounts | None = None
+) -> FastAPI:
+    """`counts`: what this app's limits are held to, shared with the server's other API-server processes (None:
+    this app's own)."""
+    state = ServerState(engine, settings, startup_report, counts)
     app = FastAPI(title="mlaserve", version="0.1.0", docs_url=None, redoc_url=None)
     app.state.server = state
     app.state.count_request = state.count_request
@@ -90,8 +95,9 @@ def build_ops_app(app: FastAPI) -> FastAPI:
 
 
 async def _generate(state: ServerState, request: Request, handler: Handler) -> Response:
-    """Body first, then a concurrency slot: a slow body holds no slot, and every answer (429 and the draining 503
-    included) comes after the body was read, so closing the connection never resets a client still sending."""
+    """Body first, then a concurrency slot (the server's, shared by its API-server processes): a slow body holds no
+    slot, and every answer (429 and the draining 503 included) comes after the body was read, so closing the
+    connection never resets a client still sending."""
     arrival = time.monotonic()
     body = await state.read_json(request)
     release = state.admit(sequences_asked(body))

@@ -86,14 +86,14 @@ _SERVER_FLAGS = [
     ("--metrics-port", int, "also serve /health and /metrics on this port"),
     ("--api-keys-env", str, "environment variable holding comma-separated API keys"),
     ("--api-keys-file", str, "file with one API key per line"),
-    ("--max-concurrent-requests", int, "past this many requests in flight: 429 (default 64)"),
+    ("--max-concurrent-requests", int, "past this many sequences in flight, server-wide: 429 (default 64)"),
     ("--request-timeout-s", float, "abort a request running longer (default 600)"),
     ("--shutdown-grace-s", float, "on SIGTERM, time running requests get to finish (default 30)"),
     ("--max-body-bytes", int, "larger request bodies get 413 (default 4 MiB)"),
     ("--header-timeout-s", float, "time to send the request line and headers (default 10)"),
     ("--body-timeout-s", float, "time to send the whole body (default 30)"),
     ("--keep-alive-timeout-s", float, "idle keep-alive connections close after this (default 5)"),
-    ("--max-connections", int, "open connections past this get a 503 and are closed (default 1024)"),
+    ("--max-connections", int, "open connections past this, server-wide, get a 503 (default 1024)"),
     ("--api-server-count", int, "HTTP processes in front of the engine core (default 1; vLLM's flag)"),
 ]
 _METAVARS = {"--api-keys-env": "NAME", "--api-keys-file": "PATH"}

@@ -3,9 +3,9 @@
 - A header deadline: a connection gets `header_timeout_s` to send a request line and headers, on a new connection
   and between requests on a kept-alive one. uvicorn closes idle kept-alive connections (its keep-alive timeout)
   but never a connection that sent nothing, or half a header: those used to stay open for good.
-- A cap on open connections, kept below the process's open-files limit: past it a new connection gets a 503 with
-  Retry-After and is closed at once, so the process never runs out of descriptors (which stalled /health and filled
-  the log with accept() tracebacks).
+- A cap on open connections, counted across every API-server process and kept below a process's open-files limit:
+  past it a new connection gets a 503 with Retry-After and is closed at once, so no process runs out of descriptors
+  (which stalled /health and filled the log with accept() tracebacks).
 - Accept failures (EMFILE and friends) are logged at most once per interval, with a count.
 - Listening sockets are created with IPPROTO_TCP, so asyncio sets TCP_NODELAY on every accepted connection; with
   protocol 0 it does not, and each reply on a kept-alive connection waited ~40 ms for Nagle's algorithm.
@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from mlaserve.server.shared_count import SharedCount
 
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -50,10 +52,13 @@ _TIMED_OUT = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-leng
 @dataclass
 class ConnectionLimits:
     header_timeout_s: float
+    # Held to by `count`, the open connections of every API-server process: one process alone may take them all,
+    # so the cap is below each process's own open-files limit (connection_cap).
     max_connections: int
+    count: SharedCount
     refused: int = 0  # connections closed at once: the cap was reached
     timed_out: int = 0  # connections closed because headers did not arrive in time
-    open: set = field(default_factory=set)  # the guarded connections open now (all servers)
+    open: set = field(default_factory=set)  # the guarded connections open in this process (all its servers)
 
 
 def connection_cap(requested: int) -> int:
@@ -83,7 +88,7 @@ class _Guard:
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         limits = self.limits
-        if len(limits.open) >= limits.max_connections:
+        if not limits.count.try_acquire(1, limits.max_connections):
             self._refused = True
             limits.refused += 1
             transport.write(_BUSY)
@@ -109,7 +114,9 @@ class _Guard:
         if self._refused:
             return
         self._disarm()
-        self.limits.open.discard(self)
+        if self in self.limits.open:  # the set makes giving the count back happen once
+            self.limits.open.remove(self)
+            self.limits.count.release(1)
         super().connection_lost(exc)
 
     def _arm(self) -> None:

@@ -3,9 +3,9 @@
 What mlaserve shares with vLLM carries vLLM's names, types, buckets and labels (`model_name`, `engine`), so a
 vLLM dashboard or alert works unchanged: request counts by finish reason, token counters, latency histograms,
 running/waiting gauges, KV-cache usage, prefix-cache and preemption counters. What only mlaserve measures keeps
-an `mlaserve_` name: HTTP outcomes (throttled, timeout, unauthorized, ...), requests in flight, KV blocks and
-bytes per token, engine liveness. Engine gauges are read from the AsyncEngine's stats snapshot at scrape time,
-so a scrape never waits for a step.
+an `mlaserve_` name: HTTP outcomes (throttled, timeout, unauthorized, ...), sequences in flight and connections
+open (server-wide: the counts the limits hold), KV blocks and bytes per token, engine liveness. Engine gauges are
+read from the AsyncEngine's stats snapshot at scrape time, so a scrape never waits for a step.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from mlaserve.server.shared_count import ServerCounts
 
 # Label values of mlaserve_requests_total, set by whoever ends a request.
 STATUSES = ("ok", "aborted", "timeout", "error", "rejected", "throttled", "unavailable", "unauthorized")
@@ -123,6 +125,25 @@ class _EngineCollector(Collector):
             yield GaugeMetricFamily(f"mlaserve_{name}", doc, value=float(value))
 
 
+class _CountsCollector(Collector):
+    """The server-wide counts, read at scrape time: every API-server process reports the same figure."""
+
+    def __init__(self, counts: ServerCounts) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "mlaserve_http_requests_in_flight",
+            "Sequences being served, all API-server processes (a request counts prompts x n)",
+            value=self._counts.sequences.value,
+        )
+        yield GaugeMetricFamily(
+            "mlaserve_http_connections_open",
+            "Client connections open, all API-server processes and ports",
+            value=self._counts.connections.value,
+        )
+
+
 class ServerMetrics:
     def __init__(
         self,
@@ -130,6 +151,7 @@ class ServerMetrics:
         alive: Callable[[], bool],
         model_name: str = "mlaserve",
         max_model_len: int = 4096,
+        counts: ServerCounts | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         # Several API-server processes (api_servers.py) keep their counters in shared files; any of them answers
@@ -212,13 +234,8 @@ class ServerMetrics:
             "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", tokens
         )
         self._n = histogram("vllm:request_params_n", "Histogram of the n request parameter.", _N_BUCKETS)
-        self.in_flight = Gauge(
-            "mlaserve_http_requests_in_flight",
-            "Sequences being served (a request counts prompts x n)",
-            registry=self.registry,
-            multiprocess_mode="livesum",
-        )
         self._exposition.register(_EngineCollector(stats, alive, labels))
+        self._exposition.register(_CountsCollector(counts or ServerCounts.for_processes(1)))
 
     def count(self, status: str) -> None:
         self.requests.labels(status).inc()

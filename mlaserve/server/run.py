@@ -26,12 +26,7 @@ from fastapi import FastAPI
 
 from mlaserve.engine.core_client import CoreClient, CoreProcessClient
 from mlaserve.engine.heap import freeze_start_up_objects
-from mlaserve.server.api_servers import (
-    ApiServers,
-    catch_early_signals,
-    per_process_share,
-    share_metrics_across_processes,
-)
+from mlaserve.server.api_servers import ApiServers, catch_early_signals, share_metrics_across_processes
 from mlaserve.server.app import build_app, build_ops_app
 from mlaserve.server.connections import (
     ConnectionLimits,
@@ -43,6 +38,7 @@ from mlaserve.server.connections import (
 )
 from mlaserve.server.report import describe_core, format_report
 from mlaserve.server.settings import ServerSettings
+from mlaserve.server.shared_count import ServerCounts
 from mlaserve.server.state import ServerState
 
 logger = logging.getLogger("mlaserve.server")
@@ -113,8 +109,9 @@ def _run_processes(
         engine_options, describe, quiet=_REPORTED_BY_THE_ENGINE, api_servers=settings.api_server_count
     )
     app, workers, code = None, None, 1
+    counts = ServerCounts.for_processes(settings.api_server_count)  # before the processes that share it
     try:
-        workers = ApiServers(engine.extra_pipes, engine_options, settings, listeners)
+        workers = ApiServers(engine.extra_pipes, engine_options, settings, listeners, counts)
         try:
             workers.wait_attached(timeout_s=600)
         except RuntimeError as error:  # an API-server process that could not start
@@ -131,7 +128,7 @@ def _run_processes(
         }
         for line in format_report(report):
             logger.info(line)
-        app = build_app(engine, per_process_share(settings), report)
+        app = build_app(engine, settings, report, counts)
         freeze_start_up_objects()
         workers.start_serving(report)
         code = run_event_loop(serve_app(app, engine, settings, sockets, workers.processes, early=early))
@@ -174,9 +171,9 @@ async def serve_app(
     """Serve `app` (and the ops app on sockets[1]) until drained; `workers` are the extra API-server processes the
     first one watches and passes its signals to."""
     apps = [app] + ([build_ops_app(app)] if len(sockets) > 1 else [])
-    # One cap for all listeners: the descriptors are the process's.
-    share = per_process_share(settings)
-    limits = ConnectionLimits(settings.header_timeout_s, connection_cap(share.max_connections))
+    # One cap for all listeners and all API-server processes: the count is the server's.
+    cap = connection_cap(settings.max_connections)
+    limits = ConnectionLimits(settings.header_timeout_s, cap, app.state.server.counts.connections)
     app.state.server.connection_limits = limits
     servers = [
         _Server(

@@ -17,13 +17,14 @@ class ServerSettings:
     max_body_bytes: int = 4 * 1024 * 1024
     # Connection limits (connections.py): a client gets this long to send its request line and headers, and its
     # whole body; an idle keep-alive connection is closed after keep_alive_timeout_s; past max_connections open
-    # connections (capped below the process's open-files limit) a new one gets a 503 and is closed.
+    # connections (capped below a process's open-files limit) a new one gets a 503 and is closed.
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     keep_alive_timeout_s: float = 5.0
     max_connections: int = 1024
     # HTTP processes in front of the one engine core (vLLM's --api-server-count): each parses, detokenizes and
-    # streams for the connections it accepts; max_concurrent_requests and max_connections are split among them.
+    # streams for the connections it accepts; max_concurrent_requests and max_connections hold for all of them
+    # together (counted across the processes), since the kernel does not spread connections evenly.
     api_server_count: int = 1
     # Which of those processes this is (0: the one started first); set by serve(), not configured. With more than
     # one, generation responses name it in an X-Mlaserve-Api-Server header, so load spread can be seen.

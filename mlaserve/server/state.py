@@ -12,24 +12,35 @@ from mlaserve.server.intake import ServerIntake
 from mlaserve.server.logprobs import TokenTexts
 from mlaserve.server.metrics import ServerMetrics
 from mlaserve.server.settings import ServerSettings
+from mlaserve.server.shared_count import ServerCounts
 
 _PARSE_INLINE_BYTES = 64 * 1024  # smaller bodies parse in well under a millisecond
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
 class ServerState:
-    def __init__(self, engine: AsyncEngine, settings: ServerSettings, startup_report: dict) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        settings: ServerSettings,
+        startup_report: dict,
+        counts: ServerCounts | None = None,
+    ) -> None:
         self.engine = engine
         self.settings = settings
         self.startup_report = startup_report
         self.created = int(time.time())
         self.draining = False  # set once shutdown begins: health 503, new /v1 calls 503
-        self.in_flight = 0  # generation requests admitted and not yet answered (event-loop side only)
+        # What max_concurrent_requests and max_connections are held to: every API-server process's together.
+        self.counts = counts or ServerCounts.for_processes(1)
+        # Sequences this process admitted and has not yet answered (event-loop side only): what its drain waits for.
+        self.in_flight = 0
         self.metrics = ServerMetrics(
             engine.stats,
             lambda: engine.is_alive,
             settings.served_model_name,
             engine.model_config.max_model_len,
+            self.counts,
         )
         # A core in its own process leaves the tokenizer to this process alone: no copy needed.
         self.intake = ServerIntake(engine, share_tokenizer=not hasattr(engine, "engine"))
@@ -57,8 +68,8 @@ class ServerState:
             raise OpenAIError(503, "the engine loop is not running", code="engine_dead", status="error")
 
     def admit(self, sequences: int = 1) -> Callable[[], None]:
-        """Take `sequences` concurrency slots (one per sequence the request generates: prompts x n) or raise 429;
-        returns the (idempotent) release. A request that could never fit is a 400 naming n."""
+        """Take `sequences` of the server's concurrency slots (one per sequence the request generates: prompts x n)
+        or raise 429; returns the (idempotent) release. A request that could never fit is a 400 naming n."""
         self.check_accepting()
         limit = self.settings.max_concurrent_requests
         if sequences > limit:
@@ -68,16 +79,15 @@ class ServerState:
                 f"{limit} can ever run at once",
                 "n",
             )
-        if self.in_flight + sequences > limit:
+        if not self.counts.sequences.try_acquire(sequences, limit):
             raise OpenAIError(
                 429,
-                f"too many sequences in flight (max_concurrent_requests={limit}); retry shortly",
+                f"too many sequences in flight on this server (max_concurrent_requests={limit}); retry shortly",
                 code="too_many_requests",
                 headers={"Retry-After": "1"},
                 status="throttled",
             )
         self.in_flight += sequences
-        self.metrics.in_flight.inc(sequences)
         released = False
 
         def release() -> None:
@@ -85,7 +95,7 @@ class ServerState:
             if not released:
                 released = True
                 self.in_flight -= sequences
-                self.metrics.in_flight.dec(sequences)
+                self.counts.sequences.release(sequences)
 
         return release
 

@@ -73,8 +73,11 @@ class LiveServer:
     def __init__(self, app: FastAPI) -> None:
         self.sock = listening_socket("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        settings = app.state.server.settings
-        self.limits = ConnectionLimits(settings.header_timeout_s, connection_cap(settings.max_connections))
+        state = app.state.server
+        settings = state.settings
+        self.limits = ConnectionLimits(
+            settings.header_timeout_s, connection_cap(settings.max_connections), state.counts.connections
+        )
         app.state.server.connection_limits = self.limits
         config = uvicorn_config(app, settings, self.limits, log_level="warning", timeout_graceful_shutdown=2)
         self.server = uvicorn.Server(config)

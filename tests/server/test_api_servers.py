@@ -1,32 +1,24 @@
 """Several API-server processes in front of one engine core: each request is answered by the core's tokens for
-it (the core routes every delta to the process that sent the request), and /metrics from any process counts the
-whole server."""
+it (the core routes every delta to the process that sent the request), /metrics from any process counts the
+whole server, and max_concurrent_requests holds for the server, however the kernel spreads the connections."""
 
 from __future__ import annotations
 
+import json
 import re
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import httpx
 import pytest
 
 from mlaserve import LLM, SamplingParams
-from mlaserve.server.api_servers import per_process_share
-from mlaserve.server.settings import ServerSettings
-from tests.server.conftest import ENGINE_OPTIONS
+from tests.server.conftest import ENGINE_OPTIONS, wait_for
 from tests.server.test_shutdown import serve_process  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow
-
-
-def test_each_api_server_enforces_its_share_of_the_limits():
-    share = per_process_share(
-        ServerSettings(max_concurrent_requests=10, max_connections=1024, api_server_count=3)
-    )
-    assert (share.max_concurrent_requests, share.max_connections) == (4, 342)
-    alone = ServerSettings(max_concurrent_requests=10)
-    assert per_process_share(alone) is alone
 
 
 def test_three_api_servers_answer_like_the_offline_api_and_count_together(serve_process, tiny_model):  # noqa: F811
@@ -82,3 +74,77 @@ def test_a_client_that_leaves_an_extra_api_server_frees_its_blocks(serve_process
     while blocks_used() and time.monotonic() < left + 1.0:  # well before the streams could have finished
         time.sleep(0.05)
     assert blocks_used() == 0
+
+
+@dataclass
+class Answer:
+    """One streamed completion as its client saw it."""
+
+    status: int = 0
+    served_by: str = ""  # X-Mlaserve-Api-Server
+    error: dict = field(default_factory=dict)  # a refusal's error object
+    events: list = field(default_factory=list)  # the SSE payloads, "[DONE]" as a string
+
+
+def stream(url: str, body: dict, answer: Answer, first_event: threading.Barrier | None = None) -> None:
+    """Stream one completion into `answer`; a served one waits at `first_event` after its first event, so that the
+    caller knows every stream of the round is in flight at once."""
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+        answer.status, answer.served_by = r.status_code, r.headers.get("X-Mlaserve-Api-Server", "")
+        if r.status_code != 200:
+            answer.error = json.loads(r.read())["error"]
+            if first_event is not None:
+                first_event.abort()  # the round failed: nobody waits for this stream
+            return
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                data = line[len("data: ") :]
+                answer.events.append(data if data == "[DONE]" else json.loads(data))
+                if first_event is not None and len(answer.events) == 1:
+                    first_event.wait()
+
+
+def in_flight(url: str) -> float:
+    page = httpx.get(f"{url}/metrics", timeout=10).text
+    return float(re.search(r"^mlaserve_http_requests_in_flight (\S+)$", page, re.M).group(1))
+
+
+def test_max_concurrent_requests_is_the_servers_not_split_among_the_processes(serve_process):  # noqa: F811
+    """8 streams at once on a limit of 8 over two processes are all served in every round, whichever process
+    accepts how many (with each process holding half of the limit, a round where one accepted five saw a 429);
+    14 at once still see 6 refusals that name the limit, and every slot comes back."""
+    server = serve_process(10.0, api_servers=2, max_concurrent_requests=8)
+    tokens = 120  # 1.2 s of 10 ms steps: every stream of a round outlives their start
+    body = {"prompt": "w5 w6 w7", "max_tokens": tokens, "ignore_eos": True, "stream": True}
+    spreads = []
+    for _ in range(4):
+        answers = [Answer() for _ in range(8)]
+        first_event = threading.Barrier(9, timeout=30)  # the 8 streams and this thread
+        threads = [threading.Thread(target=stream, args=(server.url, body, a, first_event)) for a in answers]
+        for t in threads:
+            t.start()
+        try:
+            first_event.wait()
+            counted = in_flight(server.url)  # all 8 running: the count is the server's, on either process
+        except threading.BrokenBarrierError:
+            counted = -1
+        for t in threads:
+            t.join(60)
+        spreads.append(sorted(a.served_by for a in answers))
+        assert [a.status for a in answers] == [200] * 8, ([a.error for a in answers], spreads)
+        assert counted == 8
+        for a in answers:
+            assert a.events[-1] == "[DONE]" and a.events[-2]["usage"]["completion_tokens"] == tokens
+    assert {"0", "1"} <= {p for spread in spreads for p in spread}, spreads  # both processes served
+
+    answers = [Answer() for _ in range(14)]
+    threads = [threading.Thread(target=stream, args=(server.url, body, a)) for a in answers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    refused = [a for a in answers if a.status == 429]
+    assert sorted(a.status for a in answers) == [200] * 8 + [429] * 6, [a.error for a in answers]
+    assert all("max_concurrent_requests=8" in a.error["message"] for a in refused), refused[0].error
+    for _ in range(6):  # whichever process answers the scrape: every slot came back
+        assert wait_for(lambda: in_flight(server.url) == 0, timeout=5)

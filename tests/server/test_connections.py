@@ -1,24 +1,37 @@
 """Unit checks of the connection guards: accept() failures are logged once per interval, the connection cap stays
-below the open-files limit, listening sockets are TCP sockets (so accepted ones get TCP_NODELAY), and several API-server
-processes each get a socket of their own on one port, over which new connections spread."""
+below the open-files limit and holds for the connections of every API-server process together, listening sockets
+are TCP sockets (so accepted ones get TCP_NODELAY), and several API-server processes each get a socket of their own
+on one port, over which new connections spread."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import multiprocessing
 import resource
 import select
 import socket
 import sys
+import threading
+from collections.abc import Iterator
 
+import httpx
 import pytest
+import uvicorn
 
 from mlaserve.server.connections import (
+    ConnectionLimits,
     connection_cap,
     listening_socket,
     listening_sockets,
     quiet_accept_errors,
+    uvicorn_config,
 )
+from mlaserve.server.settings import ServerSettings
+from mlaserve.server.shared_count import SharedCount
+from tests.server.conftest import wait_for
+from tests.server.test_hostile_clients import raw_connection, read_all
 
 
 def test_accept_failures_are_logged_once_per_interval_with_a_count(caplog):
@@ -95,3 +108,48 @@ def test_one_process_or_no_reuse_port_shares_one_socket(monkeypatch):
     socks = listening_sockets("127.0.0.1", 0, 3)
     assert socks[0] is socks[1] is socks[2]
     socks[0].close()
+
+
+async def _hello(scope: dict, receive: object, send: object) -> None:
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+@contextlib.contextmanager
+def _guarded_server(limits: ConnectionLimits) -> Iterator[str]:
+    """uvicorn with the guarded protocol over `limits`, in a thread; yields its URL."""
+    sock = listening_socket("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn_config(_hello, ServerSettings(), limits, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        assert wait_for(lambda: server.started, timeout=10)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def test_servers_sharing_a_count_hold_one_connection_cap():
+    """Two servers standing for two API-server processes (one count, as ServerCounts hands them): four connections
+    over both fill a cap of four, so the next is refused on either, even the one holding a single connection; one
+    closed on the first makes room on the second."""
+    count = SharedCount.across_processes(multiprocessing.get_context("spawn"))
+    limits = [ConnectionLimits(30.0, 4, count) for _ in range(2)]
+    with _guarded_server(limits[0]) as first, _guarded_server(limits[1]) as second:
+        held = [raw_connection(first) for _ in range(3)] + [raw_connection(second)]
+        assert wait_for(lambda: count.value == 4 and len(limits[1].open) == 1, timeout=5)
+        for url in (first, second):
+            sock = raw_connection(url)
+            answer = read_all(sock, timeout=5)
+            assert answer.startswith(b"HTTP/1.1 503") and b"too_many_connections" in answer, answer
+            sock.close()
+        assert limits[0].refused == limits[1].refused == 1
+        held.pop(0).close()
+        assert wait_for(lambda: count.value == 3, timeout=5)
+        assert httpx.get(second, timeout=5).text == "ok"
+        for sock in held:
+            sock.close()
+        assert wait_for(lambda: count.value == 0, timeout=5)  # every connection gave its place back once

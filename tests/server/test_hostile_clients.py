@@ -18,7 +18,7 @@ import pytest
 
 from mlaserve.server import connections
 from mlaserve.testing.tiny_models import build_tiny
-from tests.server.conftest import live_server, make_engine, serving, wait_for
+from tests.server.conftest import live_server, make_engine, metric, serving, wait_for
 
 COMPLETION = {"prompt": "w4 w5 w6", "max_tokens": 4, "temperature": 0}
 
@@ -105,7 +105,7 @@ def test_idle_connections_past_the_cap_are_refused_then_reaped(guarded):
     live, app = guarded
     limits = live.limits
     idle = [raw_connection(live.url) for _ in range(16)]
-    assert wait_for(lambda: len(limits.open) == 16, timeout=5)
+    assert wait_for(lambda: len(limits.open) == 16 == limits.count.value, timeout=5)
     refused = [raw_connection(live.url) for _ in range(8)]
     for sock in refused:  # past the cap: an immediate 503 with Retry-After, then the connection is closed
         answer = read_all(sock, timeout=5)
@@ -120,6 +120,11 @@ def test_idle_connections_past_the_cap_are_refused_then_reaped(guarded):
         assert read_all(sock, timeout=3) == b""  # closed without a word: it never sent anything
         sock.close()
     assert limits.timed_out >= 16
+
+    def connections_open() -> float:  # the scrape's own connection among them
+        return metric(httpx.get(f"{live.url}/metrics", timeout=2).text, "mlaserve_http_connections_open")
+
+    assert wait_for(lambda: connections_open() == 1, timeout=5)
 
 
 def test_slow_headers_get_a_408_after_the_header_deadline(guarded):

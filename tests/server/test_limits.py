@@ -40,10 +40,12 @@ def test_past_max_concurrent_requests_is_429_with_retry_after(slow_engine):
             lines = [r.aiter_lines() for r in responses]
             for it in lines:  # both admitted and running
                 assert (await it.__anext__()).startswith("data: ")
+            assert metric((await client.get("/metrics")).text, "mlaserve_http_requests_in_flight") == 2
             r = await client.post("/v1/completions", json={"prompt": "w1", "max_tokens": 1})
             assert r.status_code == 429
             assert r.headers["Retry-After"] == "1"
             assert r.json()["error"]["type"] == "rate_limit_error"
+            assert "on this server (max_concurrent_requests=2)" in r.json()["error"]["message"]
             for s in streams:
                 await s.__aexit__(None, None, None)  # the clients leave: their slots come back
             for _ in range(250):

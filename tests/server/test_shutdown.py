@@ -36,21 +36,25 @@ def slow_step(self):
 EngineCore.step_core = slow_step
 """
 SERVE = """
-import sys
+import json, sys
 from mlaserve.server.run import serve
 from mlaserve.server.settings import ServerSettings
 options = dict(model=sys.argv[1], dtype="float32", device="cpu", num_kv_blocks=256, max_model_len=256)
-settings = ServerSettings(port=0, metrics_port=0, shutdown_grace_s=float(sys.argv[2]), api_server_count=int(sys.argv[3]))
+settings = ServerSettings(port=0, metrics_port=0, shutdown_grace_s=float(sys.argv[2]), api_server_count=int(sys.argv[3]), **json.loads(sys.argv[4]))
 sys.exit(serve(options, settings))
 """
 
 
 class ServeProcess:
-    def __init__(self, model: Path, grace_s: float, site: Path, api_servers: int = 1) -> None:
+    def __init__(
+        self, model: Path, grace_s: float, site: Path, api_servers: int = 1, settings: dict | None = None
+    ) -> None:
+        """`settings`: more ServerSettings fields, as JSON values."""
         (site / "sitecustomize.py").write_text(SLOW_STEPS)
         path = os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")])
+        args = [str(model), str(grace_s), str(api_servers), json.dumps(settings or {})]
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVE, str(model), str(grace_s), str(api_servers)],
+            [sys.executable, "-c", SERVE, *args],
             env={**os.environ, "PYTHONPATH": path},
             cwd=REPO,
             stdout=subprocess.PIPE,
@@ -135,8 +139,8 @@ def refused(url: str) -> bool:
 def serve_process(tiny_model, tmp_path):
     processes: list[ServeProcess] = []
 
-    def start(grace_s: float, api_servers: int = 1) -> ServeProcess:
-        processes.append(ServeProcess(tiny_model, grace_s, tmp_path, api_servers))
+    def start(grace_s: float, api_servers: int = 1, **settings: object) -> ServeProcess:
+        processes.append(ServeProcess(tiny_model, grace_s, tmp_path, api_servers, settings))
         return processes[-1]
 
     yield start
