@@ -12,6 +12,13 @@ import torch
 from mlaserve.host_copy import queued_values
 
 
+def causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
+    """True where query j (position kv_len - q_len + j) may see key i: i <= that position. (Windows and sinks:
+    AttentionMetadata.prefill_mask.)"""
+    q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
+    return torch.arange(kv_len, device=device)[None, :] <= q_pos
+
+
 @dataclass(slots=True)
 class AttentionMetadata:
     block_size: int

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from mlaserve.attention.metadata import AttentionMetadata
-from mlaserve.attention.torch_ref import TorchBackend, causal_mask, gather_decode
+from mlaserve.attention.metadata import AttentionMetadata, causal_mask
+from mlaserve.attention.torch_ref import TorchBackend, gather_decode
 
 _NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 

@@ -8,8 +8,7 @@ queries in slices, since a long prefill chunk against a long context would not f
 
 import torch
 
-from mlaserve.attention.metadata import AttentionMetadata
-from mlaserve.attention.torch_ref import causal_mask
+from mlaserve.attention.metadata import AttentionMetadata, causal_mask
 from mlaserve.kvcache.quant import dequantize_rows, is_quantized
 
 _SLICE_ELEMENTS = 1 << 24  # float32 temporaries of one slice of queries: 64 MiB

@@ -3,15 +3,8 @@
 import torch
 
 from mlaserve.attention.backend import AttentionBackend
-from mlaserve.attention.metadata import AttentionMetadata
+from mlaserve.attention.metadata import AttentionMetadata, causal_mask
 from mlaserve.kvcache.quant import dequantize_rows, is_quantized
-
-
-def causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
-    """True where query j (position kv_len - q_len + j) may see key i: i <= that position. (Windows and sinks:
-    AttentionMetadata.prefill_mask.)"""
-    q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
-    return torch.arange(kv_len, device=device)[None, :] <= q_pos
 
 
 def gather_decode(

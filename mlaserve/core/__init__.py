@@ -1,6 +1,7 @@
 """Pure-Python engine core (no torch): requests, block pool, KV-cache manager, scheduler."""
 
-from mlaserve.core.block_pool import BlockHash, BlockPool, KVBlock, hash_block_tokens, update_block_hashes
+from mlaserve.core.block_hash import BlockHash, hash_block_tokens, update_block_hashes
+from mlaserve.core.block_pool import BlockPool, KVBlock
 from mlaserve.core.kv_cache_manager import (
     CacheGroupSpec,
     FullAttentionManager,

@@ -7,7 +7,8 @@ import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from mlaserve.core.block_pool import BlockHash, BlockPool, KVBlock, update_block_hashes
+from mlaserve.core.block_hash import BlockHash, update_block_hashes
+from mlaserve.core.block_pool import BlockPool, KVBlock
 from mlaserve.core.request import Request
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from mlaserve.core.block_pool import BlockHash
+from mlaserve.core.block_hash import BlockHash
 
 
 class RequestStatus(enum.Enum):
@@ -63,7 +63,7 @@ class Request:
     first_token_time: float | None = None
     # group_id -> chained hashes of the full blocks of all_token_ids. Per group because the group id is
     # mixed into every hash and groups may use different block sizes. Token ids only ever grow, so the
-    # lists are extended lazily and never invalidated (see block_pool.update_block_hashes).
+    # lists are extended lazily and never invalidated (see block_hash.update_block_hashes).
     block_hashes: dict[int, list[BlockHash]] = field(default_factory=dict)
     # prompt + output in one list that is appended to, so hot paths never concatenate.
     _all_token_ids: list[int] = field(init=False, repr=False)

@@ -149,7 +149,7 @@ def api_server_main(
     )
     from mlaserve.engine.core_client import CoreClient
     from mlaserve.server.app import build_app
-    from mlaserve.server.run import run_event_loop, serve_app
+    from mlaserve.server.http_loop import run_event_loop, serve_app
 
     try:
         engine = CoreClient(pipe, engine_options)

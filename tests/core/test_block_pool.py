@@ -1,6 +1,7 @@
 import pytest
 
-from mlaserve.core.block_pool import BlockPool, hash_block_tokens, update_block_hashes
+from mlaserve.core.block_hash import hash_block_tokens, update_block_hashes
+from mlaserve.core.block_pool import BlockPool
 from mlaserve.core.request import Request
 
 
