@@ -8,7 +8,7 @@
   (which stalled /health and filled the log with accept() tracebacks).
 - Accept failures (EMFILE and friends) are logged at most once per interval, with a count.
 - Listening sockets are created with IPPROTO_TCP, so asyncio sets TCP_NODELAY on every accepted connection; with
-  protocol 0 it does not, and each reply on a kept-alive connection waited ~40 ms for Nagle's algorithm.
+  protocol 0 it does not, and each reply on a kept-alive connection waited for Nagle's algorithm.
 
 The body deadline is the app's (body.read_body): only the app knows when it has read a body.
 """

@@ -163,7 +163,7 @@ class Generation:
                 self.outcome = self.outcome or "ok"
                 # The streams a step finished were all woken by it; without this pause each would run its
                 # completion (usage, [DONE], the response's end) before the next one wrote its last tokens, and
-                # at 64 streams an API server the last waited ~20 ms (the H200's burst, every final gap).
+                # with dozens of streams the last one's final tokens waited behind every other stream's ending.
                 await asyncio.sleep(0)
                 return
             deltas, stopped, finished = self._processor.process(outputs)
