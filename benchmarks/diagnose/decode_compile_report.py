@@ -30,7 +30,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
-from mlaserve.attention.triton import mla_decode, mla_decode_fp8, mla_decode_wgmma, mla_decode_wgmma8  # noqa: E402
+from mlaserve.kernels.mla_decode import gluon_fp8, gluon_wgmma, gluon_wgmma8, triton_split  # noqa: E402
 
 SM90_SHARED_BYTES = 227 * 1024  # per SM, usable by thread blocks
 SM90_REGISTERS = 65536
@@ -83,10 +83,10 @@ def compile_stage1(
 ) -> triton.compiler.CompiledKernel:
     gluon = cache.startswith("gluon")
     kernel = {
-        "gluon": mla_decode_wgmma.stage1_wgmma,
-        "gluon8": mla_decode_wgmma8.stage1_wgmma8,
-        "gluonfp8": mla_decode_fp8.stage1_fp8,
-    }.get(cache, mla_decode._stage1)
+        "gluon": gluon_wgmma.stage1_wgmma,
+        "gluon8": gluon_wgmma8.stage1_wgmma8,
+        "gluonfp8": gluon_fp8.stage1_fp8,
+    }.get(cache, triton_split._stage1)
     heads = 16 if cache in ("gluon8", "gluonfp8") else 64
     consts = dict(PAGE=64, D_LAT=512, D_ROPE=64, BLOCK_H=heads, BLOCK_N=64) if gluon else dict(
         PAGE=64, D_LAT=512, D_ROPE=64, PRECISION="tf32", QUANTIZED=cache != "bf16", TILE_IN_PAGE=True,

@@ -31,8 +31,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from benchmarks.gpu_suite import LAT, ROPE, paged_case, run_header  # noqa: E402
-from mlaserve.attention.triton import mla_decode as md  # noqa: E402
-from mlaserve.attention.triton import mla_decode_fp8  # noqa: E402
+from mlaserve.kernels.mla_decode import gluon_fp8 as mla_decode_fp8  # noqa: E402
+from mlaserve.kernels.mla_decode import triton_split as md  # noqa: E402
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows  # noqa: E402
 
 NOW = 'gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [b], dtype=gl.int64, is_pure=False, pack=1)'

@@ -83,7 +83,7 @@ HID, INTER, E, TOPK = 2048, 1408, 64, 6
 
 
 def moe() -> dict:
-    from mlaserve.layers.fused_moe import _grouped_gemm, fused_experts, sort_by_expert, tile_plan
+    from mlaserve.kernels.moe.grouped_gemm import _grouped_gemm, fused_experts, sort_by_expert, tile_plan
     from mlaserve.layers.moe import experts_reference
 
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -91,7 +91,7 @@ def moe() -> dict:
     w2 = torch.randn(E, HID, INTER, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
     unfused = lambda t: F.silu(t)  # noqa: E731  (not F.silu itself: takes the unfused activation path)
     rows = []
-    from mlaserve.layers import fused_moe
+    from mlaserve.kernels.moe import grouped_gemm as fused_moe
 
     for tokens in (1, 8, 32, 256, 512, 1024, 2048, 4096, 16384):
         x = torch.randn(tokens, HID, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -168,7 +168,7 @@ def moe_mixed() -> dict:
     """The fused MoE at the mixed workload's sizes (benchmarks/gpu_mixed.py): decode batches of 45, 106 and 229
     tokens, where it streams nearly every expert's weights, and its 8,192-token prefill chunks. Each tile height
     beside the plan's: ms, and the touched experts' weight bytes per second (decode) or TFLOP/s (prefill)."""
-    from mlaserve.layers.fused_moe import fused_experts, tile_plan
+    from mlaserve.kernels.moe.grouped_gemm import fused_experts, tile_plan
 
     g = torch.Generator(device="cuda").manual_seed(0)
     w13 = torch.randn(E, 2 * INTER, HID, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
@@ -200,7 +200,7 @@ def moe_grouped_mm() -> dict:
     and taken by every token): the Triton grouped GEMM at its planned tile height against torch's grouped GEMM
     (fused_moe.grouped_mm_experts), 256 to 16,384 tokens, each checked against the other (and the per-expert loop
     up to 2,048 tokens); ms and TFLOP/s of the routed and shared expert FLOPs."""
-    from mlaserve.layers.fused_moe import fused_experts, grouped_mm_experts, tile_plan
+    from mlaserve.kernels.moe.grouped_gemm import fused_experts, grouped_mm_experts, tile_plan
     from mlaserve.layers.moe import experts_reference, with_shared_experts
 
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -235,8 +235,8 @@ def moe_grouped_mm() -> dict:
 
 
 def shared_moe() -> dict:
+    from mlaserve.kernels.moe.grouped_gemm import fused_experts
     from mlaserve.layers.activation import gated_act
-    from mlaserve.layers.fused_moe import fused_experts
     from mlaserve.layers.linear import ReplicatedLinear
 
     shared = 2
@@ -482,8 +482,8 @@ def graph_us_per_call(fn, weights: list) -> float:
 
 
 def skinny() -> dict:
-    from mlaserve.layers.triton_router import gate_logits
-    from mlaserve.layers.triton_skinny import skinny_linear, tile_for
+    from mlaserve.kernels.router import gate_logits
+    from mlaserve.kernels.skinny import skinny_linear, tile_for
 
     shapes = {
         "q_proj": (3072, 2048), "kv_a": (576, 2048), "o_proj": (2048, 2048), "shared_gate_up": (2816, 2048),
@@ -535,7 +535,7 @@ def skinny() -> dict:
 
 def decode_timing() -> dict:
     from benchmarks.gpu_suite import LAT, paged_case
-    from mlaserve.attention.triton.mla_decode import mla_decode, mla_decode_tuned
+    from mlaserve.kernels.mla_decode.triton_split import mla_decode, mla_decode_tuned
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     rows = []
@@ -588,7 +588,7 @@ def decode_variants(
     `cases`, each checked against the first variant's output; the 16-head cases take bf16_variants (and
     fp8_variants on an fp8 cache), more heads wide_variants."""
     from benchmarks.gpu_suite import LAT, paged_case
-    from mlaserve.attention.triton.mla_decode import mla_decode_tuned
+    from mlaserve.kernels.mla_decode.triton_split import mla_decode_tuned
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     rows = []
@@ -673,7 +673,7 @@ def eight_bit_variants(cases: list, variants: list, caches: tuple = ("fp8_e4m3",
     reference from the one over the bf16 cache."""
     from benchmarks.gpu_suite import LAT, ROPE, paged_case
     from mlaserve.attention.torch_ref import TorchBackend
-    from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode, mla_decode_tuned
+    from mlaserve.kernels.mla_decode.triton_split import decode_plan, mla_decode, mla_decode_tuned
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     rows = []
@@ -847,7 +847,7 @@ def breakdown_row(batch: int, length: int, cache_dtype: str = "bfloat16", **kwar
     from torch.profiler import ProfilerActivity, profile
 
     from benchmarks.gpu_suite import LAT, paged_case
-    from mlaserve.attention.triton.mla_decode import mla_decode_tuned
+    from mlaserve.kernels.mla_decode.triton_split import mla_decode_tuned
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, 0)
@@ -909,7 +909,7 @@ def decode_flush() -> dict:
     do_bench (a 256 MiB buffer zeroed: dirty lines the timed kernels must write back first) and back-to-back graph
     replays (no emptying; 100 replays between two events), for the decode record shapes and the copy ceiling."""
     from benchmarks.gpu_suite import LAT, bench_dirty, paged_case
-    from mlaserve.attention.triton.mla_decode import mla_decode
+    from mlaserve.kernels.mla_decode.triton_split import mla_decode
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     def back_to_back(graph: torch.cuda.CUDAGraph, n: int = 100) -> float:

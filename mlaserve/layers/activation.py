@@ -16,7 +16,7 @@ def get_act_fn(name: str):
 
 def gated_act(gate_up: torch.Tensor, act_name: str = "silu") -> torch.Tensor:
     if act_name == "silu":
-        kernel = kernel_for("mlaserve.layers.triton_act", "silu_and_mul", gate_up)
+        kernel = kernel_for("mlaserve.kernels.act", "silu_and_mul", gate_up)
         if kernel is not None:  # CUDA: one launch
             return kernel(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)

@@ -15,7 +15,7 @@ from mlaserve.layers.cuda_kernels import kernel_for
 from mlaserve.loader.checkpoint_slice import read, slice_aware
 from mlaserve.parallel import SINGLE, ParallelContext
 
-_SKINNY = ("mlaserve.layers.triton_skinny", "skinny_linear")
+_SKINNY = ("mlaserve.kernels.skinny", "skinny_linear")
 SKINNY_MAX_ROWS = 16  # triton_skinny.MAX_ROWS, without importing triton on CPU
 GEMV_MAX_ROWS = 4  # triton_skinny.GEMV_MAX_ROWS
 

@@ -30,9 +30,9 @@ from mlaserve.layers.norm import RMSNorm
 from mlaserve.layers.rotary import RotaryEmbedding, rope_frequencies
 from mlaserve.parallel import ParallelContext
 
-_PREP_KERNEL = ("mlaserve.layers.triton_mla_prep", "mla_prep")
-_PREFILL_KV_KERNEL = ("mlaserve.layers.triton_prefill_kv", "prefill_kv")
-_PER_HEAD_KERNEL = ("mlaserve.layers.triton_skinny", "per_head")
+_PREP_KERNEL = ("mlaserve.kernels.mla_prep", "mla_prep")
+_PREFILL_KV_KERNEL = ("mlaserve.kernels.prefill_kv", "prefill_kv")
+_PER_HEAD_KERNEL = ("mlaserve.kernels.skinny", "per_head")
 
 
 def per_head(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

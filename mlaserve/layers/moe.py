@@ -60,7 +60,7 @@ def with_shared_experts(
 
 
 # One launch for a decode-sized batch's float32 gate GEMM
-_GATE_KERNEL = ("mlaserve.layers.triton_router", "gate_logits")
+_GATE_KERNEL = ("mlaserve.kernels.router", "gate_logits")
 _GATE_MAX_TOKENS = 16  # triton_router.GATE_MAX_TOKENS, without importing triton on CPU
 
 
@@ -90,7 +90,7 @@ class MoEGate(nn.Module):
         gate = kernel_for(*_GATE_KERNEL, x, self.weight) if small else None
         logits = gate(x, self.weight) if gate else F.linear(x.float(), self.weight)
         if self._one_launch(logits):
-            from mlaserve.layers.triton_router import route_greedy
+            from mlaserve.kernels.router import route_greedy
 
             bias = self.e_score_correction_bias if self.sigmoid else None
             return route_greedy(logits, bias, self.top_k, self.normalize, self.scaling, self.num_shared)
@@ -206,7 +206,7 @@ class FusedExperts(nn.Module):
             local = ids - self.first
             ids = torch.where((local >= 0) & (local < self.num_local), local, -1)
         if x.is_cuda:  # sorted tokens + one grouped Triton GEMM per projection, no host sync
-            from mlaserve.layers.fused_moe import fused_experts
+            from mlaserve.kernels.moe.grouped_gemm import fused_experts
 
             if (
                 self.ctx.expert_parallel

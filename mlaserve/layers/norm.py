@@ -10,7 +10,7 @@ from torch import nn
 
 from mlaserve.layers.cuda_kernels import kernel_for
 
-_KERNEL = ("mlaserve.layers.triton_norm", "rms_norm")
+_KERNEL = ("mlaserve.kernels.norm", "rms_norm")
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -12,7 +12,7 @@ from torch import nn
 
 from mlaserve.layers.cuda_kernels import kernel_for
 
-_KERNEL = ("mlaserve.layers.triton_rotary", "rotary")
+_KERNEL = ("mlaserve.kernels.rotary", "rotary")
 
 
 def rope_frequencies(hf_config: object, rotary_dim: int) -> tuple[torch.Tensor, float]:

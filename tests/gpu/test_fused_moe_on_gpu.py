@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mlaserve.layers.fused_moe import (
+from mlaserve.kernels.moe.grouped_gemm import (
     fused_experts,
     grouped_mm_experts,
     grouped_mm_usable,

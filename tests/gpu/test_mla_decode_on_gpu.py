@@ -8,8 +8,8 @@ import torch
 
 from benchmarks.gpu_suite import LAT, ROPE, paged_case
 from mlaserve.attention.torch_ref import TorchBackend
-from mlaserve.attention.triton.dispatch import KERNELS_BY_NAME
-from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode, mla_decode_tuned
+from mlaserve.kernels.mla_decode.dispatch import KERNELS_BY_NAME
+from mlaserve.kernels.mla_decode.triton_split import decode_plan, mla_decode, mla_decode_tuned
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -16,7 +16,7 @@ import torch
 from mlaserve import LLM, SamplingParams
 from mlaserve.attention.metadata import build_metadata
 from mlaserve.attention.torch_ref import TorchBackend
-from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode
+from mlaserve.kernels.mla_decode.triton_split import decode_plan, mla_decode
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 from tests.gpu.test_greedy_on_gpu import tie_nats
 from tests.tiny_models import build_tiny

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mlaserve.attention.triton import dispatch
-from mlaserve.attention.triton.decode_rules import DecodeCall, DecodeDevice, DecodeShape
+from mlaserve.kernels.mla_decode import dispatch
+from mlaserve.kernels.mla_decode.rules import DecodeCall, DecodeDevice, DecodeShape
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks" / "diagnose"))
 

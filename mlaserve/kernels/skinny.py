@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from mlaserve.kernels.fit import GemmTile, first_that_builds, gemm_tiles, shared_memory_limit
-from mlaserve.layers.pdl import pdl_enter, pdl_launch
+from mlaserve.kernels.pdl import pdl_enter, pdl_launch
 
 MAX_ROWS = 16  # one tensor-core tile of rows; larger batches keep cuBLAS
 GEMV_MAX_ROWS = 4  # rows summed against each weight block in registers, one after another

@@ -56,7 +56,7 @@ def test_triton_sparse_attention_equals_the_reference(cache_dtype):
 def test_every_tile_down_the_ladder_scores_as_the_reference():
     """index_scores_paged on each tile its ladder may fall back to (kernels/fit.py), against the scores written out
     from their definition over the keys each token sees."""
-    from mlaserve.attention.triton.index_topk import ScoreTile, index_scores_paged, score_tiles
+    from mlaserve.kernels.index_topk import ScoreTile, index_scores_paged, score_tiles
 
     gen = torch.Generator().manual_seed(4)
     page, dim, heads = 16, 32, 5

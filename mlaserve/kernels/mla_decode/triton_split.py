@@ -26,11 +26,11 @@ import torch
 import triton
 import triton.language as tl
 
-from mlaserve.attention.triton import dispatch
-from mlaserve.attention.triton.decode_rules import DecodeCall, DecodePlan, DecodeShape
 from mlaserve.kernels.fit import first_that_builds
+from mlaserve.kernels.mla_decode import dispatch
+from mlaserve.kernels.mla_decode.rules import DecodeCall, DecodePlan, DecodeShape
+from mlaserve.kernels.pdl import pdl_enter, pdl_launch
 from mlaserve.kvcache.quant import is_quantized
-from mlaserve.layers.pdl import pdl_enter, pdl_launch
 
 LOG2E = 1.4426950408889634
 
@@ -560,8 +560,8 @@ def launch(
     grid = (num_splits, groups, 1) if plan.balanced else (batch, groups, num_splits)
     pdl = pdl_launch(q)  # the Triton split step's and the merge's launch options (pdl.py)
     if plan.kernel == "gluon_fp8":
-        from mlaserve.attention.triton.fp8_query import split_queries
-        from mlaserve.attention.triton.mla_decode_fp8 import stage1_fp8, tma_descriptors
+        from mlaserve.kernels.mla_decode.fp8_query import split_queries
+        from mlaserve.kernels.mla_decode.gluon_fp8 import stage1_fp8, tma_descriptors
 
         stage1_fp8[grid](
             *split_queries(q, q_pe, launch_dependents=plan.pdl), kv, *tma_descriptors(kv, d_rope), *tensors[1:],
@@ -569,13 +569,13 @@ def launch(
             num_warps=4, **({"launch_pdl": True} if plan.pdl else {}),
         )  # fmt: skip
     elif plan.kernel == "gluon_wgmma8":
-        from mlaserve.attention.triton.mla_decode_wgmma8 import stage1_wgmma8
+        from mlaserve.kernels.mla_decode.gluon_wgmma8 import stage1_wgmma8
 
         stage1_wgmma8[grid](
             *args, PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=16, BLOCK_N=64, num_warps=4,
         )  # fmt: skip
     elif plan.kernel == "gluon_wgmma":
-        from mlaserve.attention.triton.mla_decode_wgmma import stage1_wgmma
+        from mlaserve.kernels.mla_decode.gluon_wgmma import stage1_wgmma
 
         stage1_wgmma[grid](
             *args, PAGE=page, D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n,

@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import torch
 
-from mlaserve.attention.triton import decode_rules as rules
-from mlaserve.attention.triton.decode_rules import DecodeCall, DecodeDevice, DecodePlan, DecodeShape
 from mlaserve.kernels import fit
+from mlaserve.kernels.mla_decode import rules
+from mlaserve.kernels.mla_decode.rules import DecodeCall, DecodeDevice, DecodePlan, DecodeShape
 
 HALF = frozenset({torch.bfloat16, torch.float16})
 FLOATS = HALF | {torch.float32}
@@ -149,7 +149,7 @@ def _has_triton() -> bool:
 def _has_gluon() -> bool:
     """Gluon is experimental: a Triton without what the kernels use keeps the Triton kernel."""
     try:
-        from mlaserve.attention.triton import mla_decode_fp8  # noqa: F401  (imports the other two Gluon modules)
+        from mlaserve.kernels.mla_decode import gluon_fp8  # noqa: F401  (imports the other two Gluon modules)
     except (ImportError, AttributeError):
         return False
     return True

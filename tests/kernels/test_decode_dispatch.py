@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlaserve.attention.triton import dispatch
-from mlaserve.attention.triton.decode_rules import DecodeCall, DecodeDevice, DecodeShape
+from mlaserve.kernels.mla_decode import dispatch
+from mlaserve.kernels.mla_decode.rules import DecodeCall, DecodeDevice, DecodeShape
 
 H200 = DecodeDevice("sm_90", 132, triton=True, gluon=True)
 A100 = DecodeDevice("sm_80", 108, triton=True, gluon=False)

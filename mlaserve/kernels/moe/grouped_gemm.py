@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 
 from mlaserve.kernels.fit import GemmTile, first_that_builds, gemm_tiles, shared_memory_limit
+from mlaserve.kernels.pdl import pdl_enter, pdl_launch
 from mlaserve.layers.activation import gated_act
-from mlaserve.layers.pdl import pdl_enter, pdl_launch
 
 
 # The pair count changes every step; specializing on it (1, multiples of 16) would compile mid-serving.

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from mlaserve.layers.fused_moe import (  # noqa: E402
+from mlaserve.kernels.moe.grouped_gemm import (  # noqa: E402
     GROUPED_MM_PAIRS_PER_EXPERT,
     fused_experts,
     grouped_mm_experts,
@@ -130,7 +130,7 @@ def test_fused_sort_equals_the_torch_version(tokens, experts, top_k, block_m):
 def test_every_tile_down_the_ladder_matches_the_reference(dtype):
     """The grouped GEMM at widths that are no multiple of its tiles (80 outputs, 224 deep), on each tile the
     ladder may fall back to (kernels/fit.py), 64-row gated tiles as a float32 prefill takes them."""
-    from mlaserve.layers.fused_moe import grouped_gemm, tile_ladder
+    from mlaserve.kernels.moe.grouped_gemm import grouped_gemm, tile_ladder
 
     gen = torch.Generator().manual_seed(3)
     tokens, experts, top_k, inter, hidden = 40, 4, 2, 80, 224

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mlaserve.layers.pdl import pdl_enter, pdl_launch
+from mlaserve.kernels.pdl import pdl_enter, pdl_launch
 
 GATE_MAX_TOKENS = 16  # past this cuBLAS's GEMM shares each weight tile between tokens
 

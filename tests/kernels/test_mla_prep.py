@@ -8,9 +8,9 @@ import torch
 pytest.importorskip("triton")
 
 from mlaserve.attention.torch_ref import TorchBackend  # noqa: E402
+from mlaserve.kernels.mla_prep import mla_prep  # noqa: E402
 from mlaserve.kvcache.quant import TAIL_BYTES, quantize_rows  # noqa: E402
 from mlaserve.layers.mla import MLAAttention  # noqa: E402
-from mlaserve.layers.triton_mla_prep import mla_prep  # noqa: E402
 from mlaserve.parallel import ParallelContext  # noqa: E402
 
 

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mlaserve.layers.pdl import pdl_enter, pdl_launch
+from mlaserve.kernels.pdl import pdl_enter, pdl_launch
 
 
 @triton.jit

@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from mlaserve.layers import pdl  # noqa: E402
+from mlaserve.kernels import pdl  # noqa: E402
 
 device_pdl = pdl._device_pdl.__wrapped__  # uncached: each case sets its own environment
 

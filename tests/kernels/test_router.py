@@ -7,8 +7,8 @@ import torch
 
 pytest.importorskip("triton")
 
+from mlaserve.kernels.router import gate_logits, route_greedy  # noqa: E402
 from mlaserve.layers.moe import MoEGate  # noqa: E402
-from mlaserve.layers.triton_router import gate_logits, route_greedy  # noqa: E402
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,8 @@ import torch
 
 pytest.importorskip("triton")
 
+from mlaserve.kernels.rotary import rotary  # noqa: E402
 from mlaserve.layers.rotary import RotaryEmbedding  # noqa: E402
-from mlaserve.layers.triton_rotary import rotary  # noqa: E402
 
 
 def inv_freq_for(rotary_dim: int, base: float = 10000.0) -> torch.Tensor:

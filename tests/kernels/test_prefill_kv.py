@@ -5,7 +5,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from mlaserve.layers.triton_prefill_kv import prefill_kv, prefill_kv_reference  # noqa: E402
+from mlaserve.kernels.prefill_kv import prefill_kv, prefill_kv_reference  # noqa: E402
 
 
 @pytest.mark.parametrize(

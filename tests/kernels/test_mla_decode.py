@@ -12,7 +12,7 @@ import triton.language as tl  # noqa: E402
 
 from mlaserve.attention.metadata import build_metadata  # noqa: E402
 from mlaserve.attention.torch_ref import TorchBackend  # noqa: E402
-from mlaserve.attention.triton.mla_decode import (  # noqa: E402
+from mlaserve.kernels.mla_decode.triton_split import (  # noqa: E402
     _split_span,
     _widen_bits,
     mla_decode,
@@ -259,7 +259,7 @@ SHAPES = dict(
 def test_split_rule_properties(batch, groups, max_len, sms, block_h):
     """Whatever the shape: 1 to 64 splits, no slice under 4 KV tiles, and for the memory-bound kernel (16 heads
     per program) about two programs per SM, never more splits for a bigger batch."""
-    from mlaserve.attention.triton.decode_rules import num_splits_for
+    from mlaserve.kernels.mla_decode.rules import num_splits_for
 
     block_n = 64
     splits = num_splits_for(batch, groups, max_len, block_n, sms, block_h)
@@ -275,7 +275,7 @@ def test_split_rule_properties(batch, groups, max_len, sms, block_h):
 def test_fp8_dot_split_rule_properties(batch, groups, max_len, sms):
     """The fp8-dot kernel's CTA fills an SM: at most about one CTA per SM, at least 8 tiles each, at most 32 splits,
     never more splits for a bigger batch."""
-    from mlaserve.attention.triton.decode_rules import fp8_dot_splits
+    from mlaserve.kernels.mla_decode.rules import fp8_dot_splits
 
     splits = fp8_dot_splits(batch, groups, max_len, sms)
     tiles = -(-max_len // 64)
@@ -300,7 +300,7 @@ def test_fp8_dot_split_rule_properties(batch, groups, max_len, sms):
 )
 def test_fp8_dot_kernel_rule(batch, max_len, pays):
     """The fp8-dot kernel is the default where the H200 diagnose found it faster than the widening one."""
-    from mlaserve.attention.triton.decode_rules import fp8_dot_splits, fp8_dots_pay
+    from mlaserve.kernels.mla_decode.rules import fp8_dot_splits, fp8_dots_pay
 
     splits = fp8_dot_splits(batch, 1, max_len, 132)
     assert fp8_dots_pay(batch, 1, max_len, splits) == pays
@@ -326,9 +326,9 @@ def test_gluon_kernels_are_refused_where_they_cannot_run():
 def test_every_plan_down_the_ladder_matches_reference():
     """Each plan the decode may fall back to (dispatch.default_ladder, kernels/fit.py) at widths that are no
     multiple of a tile: 7 heads, a 40-wide latent, 16-wide rope."""
-    from mlaserve.attention.triton import dispatch
-    from mlaserve.attention.triton.decode_rules import DecodeCall, DecodeShape
-    from mlaserve.attention.triton.mla_decode import launch
+    from mlaserve.kernels.mla_decode import dispatch
+    from mlaserve.kernels.mla_decode.rules import DecodeCall, DecodeShape
+    from mlaserve.kernels.mla_decode.triton_split import launch
 
     lat, rope, heads, page = 40, 16, 7, 16
     seq_lens = [5, 70, 33]

@@ -13,8 +13,8 @@ pytest.importorskip("triton")
 
 import triton.language as tl  # noqa: E402
 
+from mlaserve.kernels.norm import rms_norm  # noqa: E402
 from mlaserve.layers.norm import RMSNorm, rms_norm_reference  # noqa: E402
-from mlaserve.layers.triton_norm import rms_norm  # noqa: E402
 
 EPS = 1e-6
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"

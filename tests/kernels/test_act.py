@@ -5,8 +5,8 @@ import torch
 
 pytest.importorskip("triton")
 
+from mlaserve.kernels.act import silu_and_mul  # noqa: E402
 from mlaserve.layers.activation import gated_act  # noqa: E402
-from mlaserve.layers.triton_act import silu_and_mul  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

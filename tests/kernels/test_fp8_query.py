@@ -4,7 +4,7 @@ terms rebuild the query to about bf16's precision, head by head, whatever the he
 import pytest
 import torch
 
-from mlaserve.attention.triton.fp8_query import split_queries
+from mlaserve.kernels.mla_decode.fp8_query import split_queries
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

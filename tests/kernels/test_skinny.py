@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from mlaserve.layers.triton_skinny import (  # noqa: E402
+from mlaserve.kernels.skinny import (  # noqa: E402
     GEMV_MAX_ROWS,
     LM_HEAD_WIDTH,
     per_head,
@@ -78,9 +78,10 @@ def test_per_head_refuses_what_it_cannot_run() -> None:
 
 def test_row_limits_agree_with_linear() -> None:
     """linear.py keeps copies of the row limits so that CPU runs never import triton."""
-    from mlaserve.layers import linear, triton_skinny
+    from mlaserve.kernels import skinny
+    from mlaserve.layers import linear
 
-    assert (linear.GEMV_MAX_ROWS, linear.SKINNY_MAX_ROWS) == (GEMV_MAX_ROWS, triton_skinny.MAX_ROWS)
+    assert (linear.GEMV_MAX_ROWS, linear.SKINNY_MAX_ROWS) == (GEMV_MAX_ROWS, skinny.MAX_ROWS)
 
 
 def test_empty_too_many_rows_and_float32() -> None:
@@ -94,7 +95,7 @@ def test_empty_too_many_rows_and_float32() -> None:
 
 def test_every_tile_down_the_ladder_matches_f_linear() -> None:
     """Each tile the ladder may fall back to (kernels/fit.py), at widths no multiple of a tile."""
-    from mlaserve.layers.triton_skinny import tile_for, tile_ladder
+    from mlaserve.kernels.skinny import tile_for, tile_ladder
 
     gen = torch.Generator().manual_seed(2)
     x, w = torch.randn(9, 200, generator=gen).half(), (torch.randn(1900, 200, generator=gen) / 15).half()

@@ -15,14 +15,14 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-from mlaserve.attention.triton.mla_decode import _widen_bits
-from mlaserve.attention.triton.mla_decode_wgmma import (
+from mlaserve.kernels.mla_decode.gluon_wgmma import (
     _barrier,
     _copy_tile,
     _load_queries,
     _split_range,
     _store_empty_lse,
 )
+from mlaserve.kernels.mla_decode.triton_split import _widen_bits
 
 CHUNK = gl.constexpr(128)  # latent columns per register operand
 

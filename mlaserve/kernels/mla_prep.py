@@ -16,9 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
+from mlaserve.kernels.pdl import pdl_enter, pdl_launch
+from mlaserve.kernels.rotary import cos_sin, rotated_halves
 from mlaserve.kvcache.quant import TAIL_BYTES, is_quantized, quant_max
-from mlaserve.layers.pdl import pdl_enter, pdl_launch
-from mlaserve.layers.triton_rotary import cos_sin, rotated_halves
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 

@@ -52,14 +52,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from mlaserve.attention.triton.mla_decode_wgmma import (
+from mlaserve.kernels.mla_decode.gluon_wgmma import (
     _async_load,
     _barrier,
     _copy_tile,
     _split_range,
     _store_empty_lse,
 )
-from mlaserve.attention.triton.mla_decode_wgmma8 import CHUNK, _empty_state, _normalizers, _store_lse
+from mlaserve.kernels.mla_decode.gluon_wgmma8 import CHUNK, _empty_state, _normalizers, _store_lse
 from mlaserve.kvcache.quant import TAIL_BYTES
 
 # A chunk of the value tile as read from shared memory: [rows, 128 latent columns], each thread's registers holding
