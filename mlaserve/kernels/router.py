@@ -16,8 +16,7 @@ import triton
 import triton.language as tl
 
 from mlaserve.kernels.pdl import pdl_enter, pdl_launch
-
-GATE_MAX_TOKENS = 16  # past this cuBLAS's GEMM shares each weight tile between tokens
+from mlaserve.kernels.registry import GATE_MAX_TOKENS
 
 
 @triton.jit(do_not_specialize=["num_tokens"])

@@ -14,8 +14,8 @@ columns, so the grid covers the GPU even for a few hundred outputs and each weig
 cuBLAS on an H200, inside CUDA graphs over weights beyond L2 (benchmarks/diagnose/h200_diagnose.py, skinny
 section), it won where cuBLAS is weakest: narrow outputs, which cuBLAS splits over K into a GEMM plus a reduce
 kernel (V2-Lite's 576-wide kv_a projection: 5.1 vs 6.0 us), and LM-head-wide ones (102,400 x 2,048: 106 vs
-115 us). For the widths in between cuBLAS was as fast or faster (q_proj 6.5 vs 6.8 us), so linear.py sends only
-the first two kinds there. LM heads keep that kernel at any row count.
+115 us). For the widths in between cuBLAS was as fast or faster (q_proj 6.5 vs 6.8 us), so the registry sends only
+the first two kinds there (registry.SKINNY_LINEAR). LM heads keep that kernel at any row count.
 
 `skinny_linear_reference` and `per_head_reference` are the torch definitions they are tested against.
 """
@@ -29,10 +29,7 @@ import triton.language as tl
 
 from mlaserve.kernels.fit import GemmTile, first_that_builds, gemm_tiles, shared_memory_limit
 from mlaserve.kernels.pdl import pdl_enter, pdl_launch
-
-MAX_ROWS = 16  # one tensor-core tile of rows; larger batches keep cuBLAS
-GEMV_MAX_ROWS = 4  # rows summed against each weight block in registers, one after another
-LM_HEAD_WIDTH = 32768  # outputs from which the tile kernel streams as well at any row count
+from mlaserve.kernels.registry import GEMV_MAX_ROWS, LM_HEAD_WIDTH, SKINNY_MAX_ROWS
 
 
 # The row count changes every step; specializing on it would compile mid-serving.
@@ -157,7 +154,7 @@ def tile_ladder(first: GemmTile, k: int, elem_bytes: int, limit: int) -> tuple[G
     """`first` with its K step no deeper than K, then smaller tiles, from the first that fits `limit` (the
     16-row input tile and the weight tile, per stage)."""
     first = first._replace(block_k=min(first.block_k, triton.next_power_of_2(max(k, 16))))
-    return gemm_tiles(first, MAX_ROWS, elem_bytes, 1, limit)
+    return gemm_tiles(first, SKINNY_MAX_ROWS, elem_bytes, 1, limit)
 
 
 def skinny_linear(
@@ -170,7 +167,7 @@ def skinny_linear(
     tile_for (sweeps); either is shrunk to fit the device."""
     rows, k = x.shape
     n = weight.shape[0]
-    if rows > MAX_ROWS or weight.shape[1] != k or x.dtype != weight.dtype or x.dtype == torch.float32:
+    if rows > SKINNY_MAX_ROWS or weight.shape[1] != k or x.dtype != weight.dtype or x.dtype == torch.float32:
         raise ValueError(
             f"skinny_linear: x {tuple(x.shape)} {x.dtype} with weight {tuple(weight.shape)} {weight.dtype}"
         )

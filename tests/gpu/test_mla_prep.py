@@ -6,7 +6,7 @@ import torch
 
 from mlaserve.kernels.mla_prep import mla_prep
 from mlaserve.kvcache.quant import TAIL_BYTES, dequantize_rows
-from tests.layers.test_triton_mla_prep import inputs, tiny_mla
+from tests.kernels.test_mla_prep import inputs, tiny_mla
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -9,9 +9,8 @@ import torch
 
 pytest.importorskip("triton")
 
+from mlaserve.kernels.registry import GEMV_MAX_ROWS, LM_HEAD_WIDTH  # noqa: E402
 from mlaserve.kernels.skinny import (  # noqa: E402
-    GEMV_MAX_ROWS,
-    LM_HEAD_WIDTH,
     per_head,
     per_head_reference,
     skinny_linear,
@@ -74,14 +73,6 @@ def test_per_head_refuses_what_it_cannot_run() -> None:
         per_head(torch.zeros(GEMV_MAX_ROWS + 1, 2, 16, dtype=torch.float16), w)
     with pytest.raises(ValueError, match="float32"):
         per_head(torch.zeros(1, 2, 16), w.float())
-
-
-def test_row_limits_agree_with_linear() -> None:
-    """linear.py keeps copies of the row limits so that CPU runs never import triton."""
-    from mlaserve.kernels import skinny
-    from mlaserve.layers import linear
-
-    assert (linear.GEMV_MAX_ROWS, linear.SKINNY_MAX_ROWS) == (GEMV_MAX_ROWS, skinny.MAX_ROWS)
 
 
 def test_empty_too_many_rows_and_float32() -> None:
