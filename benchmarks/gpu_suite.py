@@ -194,7 +194,7 @@ def paged_case(batch: int, heads: int, lengths: list[int], page: int, dtype, see
 
 
 def kernels() -> dict:
-    from mlaserve.kernels.mla_decode.triton_split import mla_decode
+    from mlaserve.kernels.mla_decode.decode import mla_decode
 
     results = []
     for batch, heads, page, seed in [
@@ -224,7 +224,8 @@ def kernels() -> dict:
 
 
 def decode(ceil: dict, tune: bool) -> dict:
-    from mlaserve.kernels.mla_decode.triton_split import decode_plan, mla_decode, mla_decode_tuned
+    from mlaserve.kernels.mla_decode.decode import mla_decode
+    from mlaserve.kernels.mla_decode.tuning import decode_plan, mla_decode_tuned
 
     def time_case(batch: int, heads: int, length: int) -> dict:
         q, cache, table, meta = paged_case(batch, heads, [length] * batch, 64, torch.bfloat16, 0)

@@ -21,7 +21,7 @@ import torch
 
 from mlaserve.attention.metadata import build_metadata
 from mlaserve.attention.triton_mla import TritonMLABackend
-from mlaserve.kernels.mla_decode.triton_split import mla_decode
+from mlaserve.kernels.mla_decode.decode import mla_decode
 
 HEADS, DIM, ROPE, WINDOW, PAGE = 64, 512, 64, 128, 64
 CSA_RATE, HCA_RATE, TOPK, INDEX_HEADS, INDEX_DIM = 4, 128, 512, 64, 128

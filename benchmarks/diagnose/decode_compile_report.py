@@ -45,7 +45,7 @@ POINTERS = {
     "Scales": "*fp32",
 }
 FLOATS = {"scale_log2"}
-# The fp8-dot kernel's TMA descriptors (mla_decode_fp8.tma_descriptors) over a 576-wide fp8 latent row
+# The fp8-dot kernel's TMA descriptors (gluon_fp8_ring.tma_descriptors) over a 576-wide fp8 latent row
 TENSOR_DESCS = {
     "DescLat": "tensordesc<fp8e4nv[4, 64, 128],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=3)>",
     "DescPe": "tensordesc<fp8e4nv[64, 64],NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)>",
@@ -53,8 +53,8 @@ TENSOR_DESCS = {
 }
 
 # (name, cache, constexpr overrides, num_warps, num_stages): today's six defaults first, then variants. Cache
-# "gluon" is the bf16 Gluon kernel of mla_decode_wgmma.py, "gluonfp8" the fp8 one of mla_decode_fp8.py, "gluon8" the
-# widening 8-bit one of mla_decode_wgmma8.py (their tiles are fixed; stages are their own two buffers).
+# "gluon" is the bf16 Gluon kernel of gluon_wgmma.py, "gluonfp8" the fp8 one of gluon_fp8.py, "gluon8" the
+# widening 8-bit one of gluon_wgmma8.py (their tiles are fixed; stages are their own two buffers).
 AHEAD = dict(BLOCK_H=16, PAGE_AHEAD=True)
 SPANS = dict(
     BALANCED=True, MIN_TILES=4

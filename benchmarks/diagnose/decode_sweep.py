@@ -15,7 +15,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.gpu_suite import LAT, ROPE, bench, ceilings, paged_case  # noqa: E402
-from mlaserve.kernels.mla_decode.triton_split import mla_decode, mla_decode_tuned  # noqa: E402
+from mlaserve.kernels.mla_decode.decode import mla_decode  # noqa: E402
+from mlaserve.kernels.mla_decode.tuning import mla_decode_tuned  # noqa: E402
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows  # noqa: E402
 
 # mla_decode_tuned's kernel and tuning knobs

@@ -31,8 +31,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from benchmarks.gpu_suite import LAT, ROPE, paged_case, run_header  # noqa: E402
+from mlaserve.kernels.mla_decode import decode, tuning  # noqa: E402
 from mlaserve.kernels.mla_decode import gluon_fp8 as mla_decode_fp8  # noqa: E402
-from mlaserve.kernels.mla_decode import triton_split as md  # noqa: E402
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows  # noqa: E402
 
 NOW = 'gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [b], dtype=gl.int64, is_pure=False, pack=1)'
@@ -99,7 +99,7 @@ def spread(values: list[float]) -> dict:
 def case(timed, batch: int, length: int) -> dict:
     q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, 0)
     cache = quantize_rows(cache, QUANTIZED["fp8_e4m3"])
-    plan = md.decode_plan(q[..., :LAT], cache, length, LAT, ROPE)
+    plan = tuning.decode_plan(q[..., :LAT], cache, length, LAT, ROPE)
     if plan.kernel != "gluon_fp8":
         raise SystemExit(f"fp8_phases: ({batch}, {length}) takes {plan.kernel}, not the fp8-dot kernel")
     ctas = batch * plan.num_splits
@@ -113,7 +113,7 @@ def case(timed, batch: int, length: int) -> dict:
     mla_decode_fp8.stage1_fp8 = Launch()
     try:
         for _ in range(3):
-            md.mla_decode(q, cache, table, meta.seq_lens, length, LAT, 0.07)
+            decode.mla_decode(q, cache, table, meta.seq_lens, length, LAT, 0.07)
         torch.cuda.synchronize()
     finally:
         mla_decode_fp8.stage1_fp8 = real

@@ -535,7 +535,8 @@ def skinny() -> dict:
 
 def decode_timing() -> dict:
     from benchmarks.gpu_suite import LAT, paged_case
-    from mlaserve.kernels.mla_decode.triton_split import mla_decode, mla_decode_tuned
+    from mlaserve.kernels.mla_decode.decode import mla_decode
+    from mlaserve.kernels.mla_decode.tuning import mla_decode_tuned
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     rows = []
@@ -588,7 +589,7 @@ def decode_variants(
     `cases`, each checked against the first variant's output; the 16-head cases take bf16_variants (and
     fp8_variants on an fp8 cache), more heads wide_variants."""
     from benchmarks.gpu_suite import LAT, paged_case
-    from mlaserve.kernels.mla_decode.triton_split import mla_decode_tuned
+    from mlaserve.kernels.mla_decode.tuning import mla_decode_tuned
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     rows = []
@@ -673,7 +674,8 @@ def eight_bit_variants(cases: list, variants: list, caches: tuple = ("fp8_e4m3",
     reference from the one over the bf16 cache."""
     from benchmarks.gpu_suite import LAT, ROPE, paged_case
     from mlaserve.attention.torch_ref import TorchBackend
-    from mlaserve.kernels.mla_decode.triton_split import decode_plan, mla_decode, mla_decode_tuned
+    from mlaserve.kernels.mla_decode.decode import mla_decode
+    from mlaserve.kernels.mla_decode.tuning import decode_plan, mla_decode_tuned
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     rows = []
@@ -847,7 +849,7 @@ def breakdown_row(batch: int, length: int, cache_dtype: str = "bfloat16", **kwar
     from torch.profiler import ProfilerActivity, profile
 
     from benchmarks.gpu_suite import LAT, paged_case
-    from mlaserve.kernels.mla_decode.triton_split import mla_decode_tuned
+    from mlaserve.kernels.mla_decode.tuning import mla_decode_tuned
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, 0)
@@ -909,7 +911,7 @@ def decode_flush() -> dict:
     do_bench (a 256 MiB buffer zeroed: dirty lines the timed kernels must write back first) and back-to-back graph
     replays (no emptying; 100 replays between two events), for the decode record shapes and the copy ceiling."""
     from benchmarks.gpu_suite import LAT, bench_dirty, paged_case
-    from mlaserve.kernels.mla_decode.triton_split import mla_decode
+    from mlaserve.kernels.mla_decode.decode import mla_decode
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     def back_to_back(graph: torch.cuda.CUDAGraph, n: int = 100) -> float:

@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.gpu_suite import bench_graph  # noqa: E402
-from mlaserve.kernels.mla_decode.triton_split import mla_decode_tuned  # noqa: E402
+from mlaserve.kernels.mla_decode.tuning import mla_decode_tuned  # noqa: E402
 from mlaserve.kvcache.quant import quantize_rows  # noqa: E402
 
 LAT, ROPE, PAGE = 512, 64, 64

@@ -28,7 +28,7 @@ def decode(batch: int, length: int, cache_dtype: str) -> None:
 
     sys.path.insert(0, str(ROOT))
     from benchmarks.gpu_suite import LAT, paged_case
-    from mlaserve.kernels.mla_decode.triton_split import mla_decode
+    from mlaserve.kernels.mla_decode.decode import mla_decode
     from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
     q, cache, table, meta = paged_case(batch, 16, [length] * batch, 64, torch.bfloat16, 0)

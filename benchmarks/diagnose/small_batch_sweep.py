@@ -17,7 +17,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.gpu_suite import LAT, bench, paged_case  # noqa: E402
-from mlaserve.kernels.mla_decode.triton_split import mla_decode_tuned  # noqa: E402
+from mlaserve.kernels.mla_decode.tuning import mla_decode_tuned  # noqa: E402
 from mlaserve.kernels.moe.grouped_gemm import _grouped_gemm  # noqa: E402
 
 E, HID, INTER, TOPK, REPEAT = 64, 2048, 1408, 6, 20

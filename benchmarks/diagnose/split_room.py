@@ -27,7 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.gpu_suite import LAT, ROPE, bench_graph, paged_case, run_header  # noqa: E402
 from mlaserve.attention.torch_ref import TorchBackend  # noqa: E402
-from mlaserve.kernels.mla_decode.triton_split import decode_plan, mla_decode, mla_decode_tuned  # noqa: E402
+from mlaserve.kernels.mla_decode.decode import mla_decode  # noqa: E402
+from mlaserve.kernels.mla_decode.tuning import decode_plan, mla_decode_tuned  # noqa: E402
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows  # noqa: E402
 
 UNIFORM = [(64, 16, 4096), (128, 16, 8192), (64, 128, 4096), (128, 128, 8192), (32, 16, 2048), (1, 16, 16384)]

@@ -56,7 +56,7 @@ class TritonMLABackend(SdpaBackend):
 
     @staticmethod
     def _mla_decode(q, q_pe, cache, meta: AttentionMetadata, scale: float, kv_lora_rank: int):
-        from mlaserve.kernels.mla_decode.triton_split import mla_decode
+        from mlaserve.kernels.mla_decode.decode import mla_decode
 
         nd = meta.num_decodes
         max_len = max(meta.host_seq_lens[:nd])
@@ -96,7 +96,7 @@ class TritonMLABackend(SdpaBackend):
     def sparse_latent(self, q_latent, q_pe, cache, slots, scale: float, kv_lora_rank: int):
         """The paged decode kernels with pages of one row: each token's selected slots are its "block table" (the
         valid ones come first, the -1s last: index_topk.slots_of_positions), their count its length."""
-        from mlaserve.kernels.mla_decode.triton_split import mla_decode
+        from mlaserve.kernels.mla_decode.decode import mla_decode
 
         rows = cache.view(-1, 1, 1, cache.shape[-1])
         lens = (slots >= 0).sum(dim=1, dtype=torch.int32)

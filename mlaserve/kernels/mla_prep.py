@@ -6,7 +6,7 @@ In eager torch this is the latent's RMSNorm, the rotary kernel, the row concaten
 launch latency, once per layer. Here one program per token does all of it. The queries' rope parts are rotated in
 place, so prefill reads q as it is and decode passes the rope part on as a view, with no concatenation.
 
-Numerics are the separate kernels': the norm rounds as triton_norm does, the rotation as triton_rotary (fp32, one
+Numerics are the separate kernels': the norm rounds as norm.py does, the rotation as rotary.py (fp32, one
 rounding to the input's dtype), and the row is then cast to the cache dtype or quantized as quant.quantize_rows
 does it (scale = max |x| / the format's max, int8 rounded half to even). `MLAAttention.rope_and_cache` in mla.py
 is the torch path it is tested against.

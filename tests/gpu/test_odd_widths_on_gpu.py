@@ -69,7 +69,7 @@ def test_skinny_linear_and_per_head(dtype, rows, n):
 def test_mla_decode(dtype, page):
     from mlaserve.attention.metadata import build_metadata
     from mlaserve.attention.torch_ref import TorchBackend
-    from mlaserve.kernels.mla_decode.triton_split import mla_decode
+    from mlaserve.kernels.mla_decode.decode import mla_decode
 
     gen = torch.Generator(device="cuda").manual_seed(page)
     seq_lens = [1, 70, 333, 1000]

@@ -1,4 +1,4 @@
-"""The decode dispatch table (mlaserve/attention/triton/dispatch.py), without running a kernel: every shape gets a
+"""The decode dispatch table (mlaserve/kernels/mla_decode/dispatch.py), without running a kernel: every shape gets a
 kernel that declares support for it, DeepSeek's shapes keep the kernels and launch parameters measured for them, and
 the backends name their kernel."""
 
@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from mlaserve.kernels.mla_decode import dispatch
 from mlaserve.kernels.mla_decode.rules import DecodeCall, DecodeDevice, DecodeShape
+from mlaserve.kernels.mla_decode.tuning import tuned_plan
 
 H200 = DecodeDevice("sm_90", 132, triton=True, gluon=True)
 A100 = DecodeDevice("sm_80", 108, triton=True, gluon=False)
@@ -46,17 +47,17 @@ def test_every_shape_gets_a_kernel_that_declares_it(
     decode = DecodeShape(heads, rank, rope, DTYPES[cache], DTYPES[query], page)
     call = DecodeCall(batch, max_len, tma_rows)
     kernel = dispatch.choose_kernel(decode, call, device)
-    assert dispatch.unsupported(kernel, decode, device) is None
+    assert kernel.supports(decode, device) is None
     assert kernel.pays(decode, device)
     assert kernel.pays_per_call is None or kernel.pays_per_call(decode, call, device)
     assert not kernel.tma_rows or tma_rows
     # ... and it is the first in the table that fits and pays
     earlier = dispatch.DECODE_KERNELS[: dispatch.DECODE_KERNELS.index(kernel)]
     for other in earlier:
-        fits = dispatch.unsupported(other, decode, device) is None and (tma_rows or not other.tma_rows)
+        fits = other.supports(decode, device) is None and (tma_rows or not other.tma_rows)
         per_call = other.pays_per_call is None or other.pays_per_call(decode, call, device)
         assert not (fits and other.pays(decode, device) and per_call)
-    plan = dispatch.plan(decode, call, device)
+    plan = tuned_plan(decode, call, device)
     assert plan.kernel == kernel.name and plan.num_splits >= 1
     if plan.kernel == "triton":  # tiles that tl.arange and tl.dot take, covering the widths
         for tile, width in ((plan.lat_tile, rank), (plan.rope_tile, rope)):
@@ -89,7 +90,7 @@ def test_shapes_other_than_deepseeks_take_the_general_kernel(heads, rank, rope, 
 # Today's launches at DeepSeek's widths (512 + 64), as the dispatcher before the table chose them on an H200 and an
 # A100: (device, heads, cache, query, page, batch, max_len) -> kernel, splits, and for the Triton kernel
 # (block_h, block_n, num_warps, num_stages, page_ahead, prefetch, q_f16, widen_bits and balanced). The 16-head
-# Triton kernel over 16-bit caches lays out balanced spans from about 41 sequences (decode_rules.spans_pay): its
+# Triton kernel over 16-bit caches lays out balanced spans from about 41 sequences (rules.spans_pay): its
 # splits are then its programs, two per SM.
 TRITON = (
     "block_h",
@@ -132,8 +133,8 @@ DEEPSEEK = [
 def test_deepseek_shapes_keep_their_kernels_and_launches(
     device, heads, cache, query, page, batch, max_len, kernel, splits, triton
 ):
-    plan = dispatch.plan(shape(heads, cache, query, page), DecodeCall(batch, max_len), device)
-    # the measured rule's count; the grid's has room for longer sequences (decode_rules.grid_splits)
+    plan = tuned_plan(shape(heads, cache, query, page), DecodeCall(batch, max_len), device)
+    # the measured rule's count; the grid's has room for longer sequences (rules.grid_splits)
     assert (plan.kernel, plan.split_target or plan.num_splits) == (kernel, splits)
     assert plan.num_splits >= splits
     if triton is not None:
@@ -171,41 +172,41 @@ def test_gluon_kernels_take_only_the_widths_they_were_built_at():
 
 def test_fp8_dots_need_rows_tma_can_copy():
     decode = shape(16, "fp8", "bf16")
-    assert dispatch.plan(decode, DecodeCall(64, 4096, tma_rows=False), H200).kernel == "gluon_wgmma8"
+    assert tuned_plan(decode, DecodeCall(64, 4096, tma_rows=False), H200).kernel == "gluon_wgmma8"
     with pytest.raises(ValueError, match="16-byte aligned"):
-        dispatch.plan(decode, DecodeCall(64, 4096, tma_rows=False), H200, "gluon_fp8")
+        tuned_plan(decode, DecodeCall(64, 4096, tma_rows=False), H200, "gluon_fp8")
 
 
 def test_named_kernels_and_tuning():
     """Benchmarks name kernels and pass their knobs; the engine's path takes neither."""
     decode = shape(16, "fp8", "bf16")
     call = DecodeCall(64, 4096)
-    assert dispatch.plan(decode, call, H200, "gluon_wgmma8").kernel == "gluon_wgmma8"
-    assert dispatch.plan(decode, call, H200, "gluon_fp8", num_splits=3, pdl=False).num_splits == 3
-    triton = dispatch.plan(decode, call, H200, "triton", block_n=16, num_warps=2)
+    assert tuned_plan(decode, call, H200, "gluon_wgmma8").kernel == "gluon_wgmma8"
+    assert tuned_plan(decode, call, H200, "gluon_fp8", num_splits=3, pdl=False).num_splits == 3
+    triton = tuned_plan(decode, call, H200, "triton", block_n=16, num_warps=2)
     assert (triton.kernel, triton.block_n, triton.num_warps) == ("triton", 16, 2)
     with pytest.raises(ValueError, match="'gluon_wgmma8' takes no block_n"):
-        dispatch.plan(decode, call, H200, "gluon_wgmma8", block_n=32)
+        tuned_plan(decode, call, H200, "gluon_wgmma8", block_n=32)
     with pytest.raises(ValueError, match="'gluon_wgmma' cannot run .*takes caches of bfloat16/float16"):
-        dispatch.plan(decode, call, H200, "gluon_wgmma")
+        tuned_plan(decode, call, H200, "gluon_wgmma")
     with pytest.raises(ValueError, match="'gluon_fp8' cannot run .*needs gluon"):
-        dispatch.plan(decode, call, A100, "gluon_fp8")
+        tuned_plan(decode, call, A100, "gluon_fp8")
     with pytest.raises(ValueError, match="takes kv_lora_rank 512"):
-        dispatch.plan(shape(16, "fp8", "bf16", rank=256), call, H200, "gluon_wgmma8")
+        tuned_plan(shape(16, "fp8", "bf16", rank=256), call, H200, "gluon_wgmma8")
 
 
 def test_wide_rows_take_smaller_tiles():
     """fp32 rows at DeepSeek's widths are twice the bytes the tiles were measured with: half the rows per tile (and
     half the heads per program at 64), so a program's shared memory stays what it was at bf16."""
-    bf16 = dispatch.plan(shape(128, "bf16", page=16), DecodeCall(1, 16384), H200)
-    fp32 = dispatch.plan(shape(128, "fp32", page=16), DecodeCall(1, 16384), H200)
+    bf16 = tuned_plan(shape(128, "bf16", page=16), DecodeCall(1, 16384), H200)
+    fp32 = tuned_plan(shape(128, "fp32", page=16), DecodeCall(1, 16384), H200)
     assert (bf16.block_h, bf16.block_n) == (64, 64) and (fp32.block_h, fp32.block_n) == (32, 32)
-    small = dispatch.plan(shape(5, "fp32", page=16, rank=24, rope=8), DecodeCall(1, 16384), H200)
+    small = tuned_plan(shape(5, "fp32", page=16, rank=24, rope=8), DecodeCall(1, 16384), H200)
     assert (small.block_h, small.block_n, small.lat_tile, small.rope_tile) == (16, 64, 32, 16)
     # 8-bit rows prefetched into registers: the 64-head program built on an H200 once its tile had 32 rows (fp32
     # dots) or it had 32 heads (a 1,024-wide latent: the accumulator's layout conversion went through shared memory)
-    int8 = dispatch.plan(shape(128, "int8", "fp32"), DecodeCall(1, 16384), H200)
-    wide = dispatch.plan(shape(128, "fp8", "bf16", rank=1024), DecodeCall(1, 16384), H200)
+    int8 = tuned_plan(shape(128, "int8", "fp32"), DecodeCall(1, 16384), H200)
+    wide = tuned_plan(shape(128, "fp8", "bf16", rank=1024), DecodeCall(1, 16384), H200)
     assert (int8.block_h, int8.block_n, wide.block_h, wide.block_n) == (64, 32, 32, 32)
 
 
@@ -226,9 +227,9 @@ def test_a_device_with_less_shared_memory_gets_smaller_tiles():
     below it (what runs if a kernel still does not build) shrinks rung by rung to the smallest Triton tile."""
     wide = shape(128, "fp32", page=16)
     call = DecodeCall(1, 16384)
-    roomy = dispatch.plan(wide, call, H200)
+    roomy = tuned_plan(wide, call, H200)
     small = DecodeDevice("sm_90", 132, triton=True, gluon=True, shared_bytes=48 * 1024)
-    tight = dispatch.plan(wide, call, small)
+    tight = tuned_plan(wide, call, small)
     assert tight.block_h * tight.block_n < roomy.block_h * roomy.block_n
     rungs = dispatch.default_ladder(shape(128, "bf16"), call, H200)
     assert rungs[0].kernel == "gluon_wgmma" and all(r.kernel == "triton" for r in rungs[1:])

@@ -1,4 +1,4 @@
-"""The query split into two e4m3 terms (attention/triton/fp8_query.py), under the Triton interpreter on CPU: the
+"""The query split into two e4m3 terms (kernels/mla_decode/fp8_query.py), under the Triton interpreter on CPU: the
 terms rebuild the query to about bf16's precision, head by head, whatever the heads' magnitudes."""
 
 import pytest

@@ -12,19 +12,17 @@ import triton.language as tl  # noqa: E402
 
 from mlaserve.attention.metadata import build_metadata  # noqa: E402
 from mlaserve.attention.torch_ref import TorchBackend  # noqa: E402
-from mlaserve.kernels.mla_decode.triton_split import (  # noqa: E402
-    _split_span,
-    _widen_bits,
-    mla_decode,
-    mla_decode_tuned,
-)
+from mlaserve.kernels.mla_decode import widen  # noqa: E402
+from mlaserve.kernels.mla_decode.decode import mla_decode  # noqa: E402
+from mlaserve.kernels.mla_decode.spans import split_span  # noqa: E402
+from mlaserve.kernels.mla_decode.tuning import mla_decode_tuned  # noqa: E402
 
 LAT, ROPE = 32, 16
 
 
 @triton.jit
 def _widen_kernel(X, Y, N: tl.constexpr):
-    tl.store(Y + tl.arange(0, N), _widen_bits(tl.load(X + tl.arange(0, N)), tl.float16))
+    tl.store(Y + tl.arange(0, N), widen.widen_bits(tl.load(X + tl.arange(0, N)), tl.float16))
 
 
 def random_case(seq_lens, heads, page, seed, num_blocks=48):
@@ -108,7 +106,7 @@ def test_balanced_spans_past_512_sequences():
 @triton.jit
 def _spans_kernel(SeqLens, Out, num_splits, split_target, BLOCK_N: tl.constexpr):
     b, split = tl.program_id(0), tl.program_id(2)
-    start, end = _split_span(SeqLens, b, split, num_splits, split_target, BLOCK_N)
+    start, end = split_span(SeqLens, b, split, num_splits, split_target, BLOCK_N)
     tl.store(Out + (b * num_splits + split) * 2, start)
     tl.store(Out + (b * num_splits + split) * 2 + 1, end)
 
@@ -215,7 +213,7 @@ def test_tiles_inside_or_across_pages(page, block_n, loop):
 
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "int8"])
 def test_bit_widening_is_exact_for_every_byte(kv_dtype):
-    """_widen_bits (integer operations) gives every one of the 256 8-bit values exactly as a conversion does."""
+    """widen_bits (integer operations) gives every one of the 256 8-bit values exactly as a conversion does."""
     from mlaserve.kvcache.quant import QUANTIZED
 
     x = torch.arange(256, dtype=torch.uint8).view(QUANTIZED[kv_dtype])
@@ -327,8 +325,8 @@ def test_every_plan_down_the_ladder_matches_reference():
     """Each plan the decode may fall back to (dispatch.default_ladder, kernels/fit.py) at widths that are no
     multiple of a tile: 7 heads, a 40-wide latent, 16-wide rope."""
     from mlaserve.kernels.mla_decode import dispatch
+    from mlaserve.kernels.mla_decode.decode import launch
     from mlaserve.kernels.mla_decode.rules import DecodeCall, DecodeShape
-    from mlaserve.kernels.mla_decode.triton_split import launch
 
     lat, rope, heads, page = 40, 16, 7, 16
     seq_lens = [5, 70, 33]

@@ -9,8 +9,10 @@ import torch
 pytest.importorskip("triton")
 
 from mlaserve.attention.metadata import build_metadata  # noqa: E402
-from mlaserve.attention.torch_ref import TorchBackend, paged_latent_decode  # noqa: E402
-from mlaserve.kernels.mla_decode.triton_split import decode_plan, mla_decode, mla_decode_tuned  # noqa: E402
+from mlaserve.attention.torch_ref import TorchBackend  # noqa: E402
+from mlaserve.kernels.mla_decode.decode import mla_decode  # noqa: E402
+from mlaserve.kernels.mla_decode.reference import paged_latent_decode  # noqa: E402
+from mlaserve.kernels.mla_decode.tuning import decode_plan, mla_decode_tuned  # noqa: E402
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows  # noqa: E402
 
 

@@ -3,84 +3,48 @@ when it pays; the first that fits and pays takes the call. The Triton kernel tak
 ranks up to 1,024 and rotary widths up to 256, wherever Triton runs, and the torch reference anything at all, so
 every shape has a kernel; the start-up log and stats() name it (`describe`).
 
-Each entry is data: the runtime and GPU generations it needs, cache and query dtypes, the widths it takes (heads per
-rank, latent rank, rotary width, page size), a static `pays` rule and, where the choice depends on the step (batch,
-context), a per-call one. Tuning knobs are not part of the engine's call: benchmarks reach them through
-mla_decode.mla_decode_tuned, which names a kernel and passes the knobs listed here in `tunables`.
+Each entry has kernel.py's shape and is data: what it supports (support.py: the runtime and GPU generations it
+needs, cache and query dtypes, the widths it takes), a static `pays` rule and, where the choice depends on the step (batch,
+context), a per-call one, and the launch of its plans (a module's `launch`, imported on first use). Tuning knobs
+are not part of the engine's call: benchmarks reach them through tuning.py, which names a kernel and passes the
+knobs listed here in `tunables`.
 """
 
 import dataclasses
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 import torch
 
 from mlaserve.kernels import fit
+from mlaserve.kernels.kernel import Kernel, Lazy
 from mlaserve.kernels.mla_decode import rules
 from mlaserve.kernels.mla_decode.rules import DecodeCall, DecodeDevice, DecodePlan, DecodeShape
-
-HALF = frozenset({torch.bfloat16, torch.float16})
-FLOATS = HALF | {torch.float32}
-EIGHT_BIT = frozenset({torch.float8_e4m3fn, torch.int8})
+from mlaserve.kernels.mla_decode.support import ANY, EIGHT_BIT, FLOATS, HALF, DecodeSupport, Widths
 
 
-@dataclasses.dataclass(frozen=True)
-class Widths:
-    """A set of sizes: low..high (high None: unbounded), powers of two only if pow2, multiples of multiple_of."""
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class DecodeKernel(Kernel):
+    """A decode kernel (kernel.py's shape): `supports` is its DecodeSupport, `pays` its static rule over (shape,
+    device), `launch` runs a plan over (q, q_pe, kv_cache, block_table, seq_lens, kv_lora_rank, scale), `plan` makes
+    that plan from the shape, the step and the device (and a benchmark's tuning, tuning.py)."""
 
-    low: int = 1
-    high: int | None = None
-    pow2: bool = False
-    multiple_of: int = 1
-
-    def __contains__(self, n: int) -> bool:
-        return (
-            n >= self.low
-            and (self.high is None or n <= self.high)
-            and (not self.pow2 or n & (n - 1) == 0)
-            and n % self.multiple_of == 0
-        )
-
-    def __str__(self) -> str:
-        if self.low == self.high:
-            return str(self.low)
-        kind = (
-            "powers of two"
-            if self.pow2
-            else f"multiples of {self.multiple_of}"
-            if self.multiple_of > 1
-            else ""
-        )
-        bounds = f"{self.low}+" if self.high is None else f"{self.low}-{self.high}"
-        return f"{kind} {bounds}".strip()
-
-
-ANY = Widths(1)
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodeKernel:
-    name: str
+    supports: DecodeSupport
     about: str
-    runtime: str  # "gluon", "triton" or "torch": what the device must run (DecodeDevice)
-    archs: frozenset[str] | None  # GPU generations; None: wherever the runtime runs
-    cache_dtypes: frozenset[torch.dtype] | None  # None: any
-    query_dtypes: frozenset[torch.dtype] | None
-    heads: Widths
-    ranks: Widths
-    ropes: Widths
-    pages: Widths
-    pays: Callable[[DecodeShape, DecodeDevice], bool]
-    plan: Callable[[DecodeShape, DecodeCall, DecodeDevice, dict], DecodePlan]
+    plan: Callable[[DecodeShape, DecodeCall, DecodeDevice, Mapping[str, object]], DecodePlan]
     # where the choice depends on the step: pays only for the calls this says yes to, a rule named by pays_when
     pays_per_call: Callable[[DecodeShape, DecodeCall, DecodeDevice], bool] | None = None
     pays_when: str = ""
     tunables: frozenset[str] = frozenset({"num_splits", "partial_dtype"})
     tma_rows: bool = False  # copies rows with TMA: 16-byte aligned rows
-    # spare splits for long sequences (decode_rules.grid_splits); the kernel ends a program past its sequence's
-    # share at once
+    # spare splits for long sequences (rules.grid_splits); the kernel ends a program past its sequence's share at once
     grid_room: bool = True
+
+
+def _launch(module: str) -> Lazy:
+    return Lazy(f"mlaserve.kernels.mla_decode.{module}", "launch")
 
 
 # What the Gluon kernels share: Hopper, a 16-bit query, any heads (in groups). The 8-bit kernels were measured with
@@ -95,32 +59,37 @@ TRITON_TUNABLES = frozenset({"block_h", "block_n", "num_warps", "num_stages", "n
 # layouts, and the 16-bit kernel's shared memory overflows at rank 512 with rope 128.
 DECODE_KERNELS: tuple[DecodeKernel, ...] = (
     DecodeKernel(
-        "gluon_fp8", "fp8 cache, both dots on fp8 tensor cores (mla_decode_fp8.py)", **GLUON,
-        cache_dtypes=frozenset({torch.float8_e4m3fn}), ranks=Widths(512, 512), ropes=Widths(32, 128, pow2=True),
-        pages=Widths(multiple_of=64), pays=rules.few_heads, pays_per_call=rules.fp8_dots_pay_for, pays_when="fp8_dots_pay",
-        plan=rules.plan_gluon_fp8, tunables=frozenset({"num_splits", "partial_dtype", "pdl"}), tma_rows=True,
+        "gluon_fp8", about="fp8 cache, both dots on fp8 tensor cores (gluon_fp8.py)",
+        supports=DecodeSupport(**GLUON, cache_dtypes=frozenset({torch.float8_e4m3fn}), ranks=Widths(512, 512),
+                               ropes=Widths(32, 128, pow2=True), pages=Widths(multiple_of=64)),
+        pays=rules.few_heads, pays_per_call=rules.fp8_dots_pay_for, pays_when="fp8_dots_pay",
+        launch=_launch("gluon_fp8"), plan=rules.plan_gluon_fp8,
+        tunables=frozenset({"num_splits", "partial_dtype", "pdl"}), tma_rows=True,
     ),
     DecodeKernel(
-        "gluon_wgmma8", "8-bit cache widened in wgmma's operand registers (mla_decode_wgmma8.py)", **GLUON,
-        cache_dtypes=EIGHT_BIT, ranks=Widths(512, 512), ropes=Widths(64, 128, pow2=True),
-        pages=Widths(multiple_of=64), pays=rules.fp8_widening_pays, plan=rules.plan_gluon_wgmma8,
+        "gluon_wgmma8", about="8-bit cache widened in wgmma's operand registers (gluon_wgmma8.py)",
+        supports=DecodeSupport(**GLUON, cache_dtypes=EIGHT_BIT, ranks=Widths(512, 512),
+                               ropes=Widths(64, 128, pow2=True), pages=Widths(multiple_of=64)),
+        pays=rules.fp8_widening_pays, launch=_launch("gluon_wgmma8"), plan=rules.plan_gluon_wgmma8,
     ),
     DecodeKernel(
-        "gluon_wgmma", "16-bit cache, 64 heads per program, warpgroups split the scores (mla_decode_wgmma.py)",
-        **GLUON, cache_dtypes=HALF, ranks=Widths(64, 512, pow2=True), ropes=Widths(64, 64),
-        pages=ANY, pays=rules.many_heads, plan=rules.plan_gluon_wgmma,
+        "gluon_wgmma", about="16-bit cache, 64 heads per program, warpgroups split the scores (gluon_wgmma.py)",
+        supports=DecodeSupport(**GLUON, cache_dtypes=HALF, ranks=Widths(64, 512, pow2=True), ropes=Widths(64, 64),
+                               pages=ANY),
+        pays=rules.many_heads, launch=_launch("gluon_wgmma"), plan=rules.plan_gluon_wgmma,
     ),
     DecodeKernel(
-        "triton", "general: any heads, widths and page, tiles padded to powers of two (mla_decode._stage1)",
-        runtime="triton", archs=None, cache_dtypes=FLOATS | EIGHT_BIT, query_dtypes=FLOATS,
-        heads=ANY, ranks=Widths(1, 1024), ropes=Widths(0, 256), pages=ANY,
-        pays=rules.always, plan=rules.plan_triton, tunables=TRITON_TUNABLES,
+        "triton", about="general: any heads, widths and page, tiles padded to powers of two (triton_split.py)",
+        supports=DecodeSupport(runtime="triton", archs=None, cache_dtypes=FLOATS | EIGHT_BIT, query_dtypes=FLOATS,
+                               heads=ANY, ranks=Widths(1, 1024), ropes=Widths(0, 256), pages=ANY),
+        pays=rules.always, launch=_launch("triton_split"), plan=rules.plan_triton, tunables=TRITON_TUNABLES,
     ),
     DecodeKernel(
-        "torch reference", "plain torch over whole block tables (torch_ref.paged_latent_decode)",
-        runtime="torch", archs=None, cache_dtypes=None, query_dtypes=None,
-        heads=ANY, ranks=ANY, ropes=Widths(0), pages=ANY,
-        pays=rules.always, plan=rules.plan_torch, tunables=frozenset(), grid_room=False,
+        "torch reference", about="plain torch over whole block tables (reference.py)",
+        supports=DecodeSupport(runtime="torch", archs=None, cache_dtypes=None, query_dtypes=None, heads=ANY,
+                               ranks=ANY, ropes=Widths(0), pages=ANY),
+        pays=rules.always, launch=_launch("reference"), plan=rules.plan_torch, tunables=frozenset(),
+        grid_room=False,
     ),
 )  # fmt: skip
 KERNELS_BY_NAME = {kernel.name: kernel for kernel in DECODE_KERNELS}
@@ -149,34 +118,18 @@ def _has_triton() -> bool:
 def _has_gluon() -> bool:
     """Gluon is experimental: a Triton without what the kernels use keeps the Triton kernel."""
     try:
-        from mlaserve.kernels.mla_decode import gluon_fp8  # noqa: F401  (imports the other two Gluon modules)
+        from mlaserve.kernels.mla_decode import gluon_fp8, gluon_wgmma, gluon_wgmma8  # noqa: F401
     except (ImportError, AttributeError):
         return False
     return True
 
 
-def unsupported(kernel: DecodeKernel, shape: DecodeShape, device: DecodeDevice) -> str | None:
-    """None if `kernel` declares support for `shape` on `device`, else the first reason it does not."""
-    runs = {"gluon": device.gluon, "triton": device.triton, "torch": True}[kernel.runtime]
-    checks = (
-        (runs, f"needs {kernel.runtime}, which this device does not run"),
-        (kernel.archs is None or device.arch in kernel.archs, f"needs {'/'.join(sorted(kernel.archs or ()))}"),
-        (kernel.cache_dtypes is None or shape.cache_dtype in kernel.cache_dtypes,
-         f"takes caches of {_names(kernel.cache_dtypes)}"),
-        (kernel.query_dtypes is None or shape.query_dtype in kernel.query_dtypes,
-         f"takes queries of {_names(kernel.query_dtypes)}"),
-        (kernel.runtime == "torch" or shape.quantized or shape.cache_dtype == shape.query_dtype,
-         "needs a 16- or 32-bit cache in the query's dtype"),
-        (shape.num_heads in kernel.heads, f"takes heads {kernel.heads}"),
-        (shape.kv_lora_rank in kernel.ranks, f"takes kv_lora_rank {kernel.ranks}"),
-        (shape.rope_dim in kernel.ropes, f"takes qk_rope_head_dim {kernel.ropes}"),
-        (shape.block_size in kernel.pages, f"takes pages (block_size) {kernel.pages}"),
-    )  # fmt: skip
-    return next((why for ok, why in checks if not ok), None)
-
-
-def _names(dtypes: frozenset[torch.dtype] | None) -> str:
-    return "/".join(sorted(str(d).removeprefix("torch.") for d in dtypes or ()))
+def refusal(kernel: DecodeKernel, shape: DecodeShape, call: DecodeCall, device: DecodeDevice) -> str | None:
+    """None where `kernel` can run the call (pays rules aside), else why not."""
+    why = kernel.supports(shape, device)
+    if why is None and kernel.tma_rows and not call.tma_rows:
+        why = "copies rows by TMA: the cache's rows must start 16-byte aligned"
+    return why
 
 
 @functools.cache
@@ -184,7 +137,7 @@ def candidates(shape: DecodeShape, device: DecodeDevice) -> tuple[DecodeKernel, 
     """The kernels that fit `shape` and pay for it, in table order, up to the first that pays for every call."""
     found = []
     for kernel in DECODE_KERNELS:
-        if unsupported(kernel, shape, device) is None and kernel.pays(shape, device):
+        if kernel.supports(shape, device) is None and kernel.pays(shape, device):
             found.append(kernel)
             if kernel.pays_per_call is None:
                 break
@@ -204,33 +157,22 @@ def choose_kernel(shape: DecodeShape, call: DecodeCall, device: DecodeDevice) ->
 
 @functools.lru_cache(maxsize=4096)
 def default_plan(shape: DecodeShape, call: DecodeCall, device: DecodeDevice) -> DecodePlan:
-    """plan() without a named kernel or tuning: the engine's call. Every layer of a step makes the same call, so
-    all but the first find it here."""
-    return plan(shape, call, device)
+    """The engine's plan: the dispatcher's kernel at its defaults. Every layer of a step makes the same call, so all
+    but the first find it here."""
+    return plan_for(choose_kernel(shape, call, device), shape, call, device)
 
 
-def plan(
-    shape: DecodeShape, call: DecodeCall, device: DecodeDevice, kernel: str | None = None, **tuning: object
+def plan_for(
+    kernel: DecodeKernel,
+    shape: DecodeShape,
+    call: DecodeCall,
+    device: DecodeDevice,
+    tuning: Mapping[str, object] = MappingProxyType({}),
 ) -> DecodePlan:
-    """The launch of one call: the dispatcher's kernel, or the one named (where it can run: ValueError otherwise,
-    pays rules aside), with `tuning` (knobs the kernel lists in `tunables`) over its defaults."""
-    if kernel is None:
-        chosen = choose_kernel(shape, call, device)
-    elif kernel not in KERNELS_BY_NAME:
-        raise ValueError(f"unknown decode kernel {kernel!r}; choose one of {list(KERNELS_BY_NAME)}")
-    else:
-        chosen = KERNELS_BY_NAME[kernel]
-        why = unsupported(chosen, shape, device)
-        if why is None and chosen.tma_rows and not call.tma_rows:
-            why = "copies rows by TMA: the cache's rows must start 16-byte aligned"
-        if why is not None:
-            raise ValueError(f"decode kernel {kernel!r} cannot run {describe_shape(shape, device)}: it {why}")
-    extra = set(tuning) - chosen.tunables
-    if extra:
-        raise ValueError(f"decode kernel {chosen.name!r} takes no {', '.join(sorted(extra))}; its tuning knobs: "
-                         f"{', '.join(sorted(chosen.tunables)) or 'none'}")  # fmt: skip
-    planned = chosen.plan(shape, call, device, tuning)
-    if not chosen.grid_room or "num_splits" in tuning or planned.balanced:
+    """`kernel`'s launch of one call, with a benchmark's `tuning` (tuning.py) over its defaults; the grid gets room
+    for long sequences where the kernel takes it."""
+    planned = kernel.plan(shape, call, device, tuning)
+    if not kernel.grid_room or "num_splits" in tuning or planned.balanced:
         return planned
     room = rules.grid_splits(
         planned.num_splits, call.batch, shape.num_heads, shape.kv_lora_rank, call.max_seq_len
@@ -245,7 +187,7 @@ def default_ladder(shape: DecodeShape, call: DecodeCall, device: DecodeDevice) -
     first = default_plan(shape, call, device)
     if first.kernel == "torch reference":
         return (first,)
-    general = first if first.kernel == "triton" else plan(shape, call, device, "triton")
+    general = first if first.kernel == "triton" else plan_for(KERNELS_BY_NAME["triton"], shape, call, device)
     rungs = fit.ladder(general, _smaller_triton_plan)
     return rungs if general is first else (first, *rungs)
 

@@ -1,4 +1,4 @@
-"""The absorbed query as two fp8 (e4m3) terms per head, for decode dots on fp8 tensor cores (mla_decode_fp8.py).
+"""The absorbed query as two fp8 (e4m3) terms per head, for decode dots on fp8 tensor cores (gluon_fp8.py).
 
 q ≈ hi·a + lo·b over a head's latent and rope parts together: a = max|q| / 448 and hi is q / a rounded to e4m3;
 lo is the residual q - hi·a, scaled by its own b = max|residual| / 448. Two e4m3 terms keep about 8 significant bits,
@@ -15,7 +15,7 @@ from triton.language.extra.cuda import gdc_launch_dependents
 def round_e4m3(x):
     """x (|x| <= 448) rounded to an e4m3 value in fp32 arithmetic: a step of 2^-3 times x's leading power of two,
     2^-9 below 2^-6 (e4m3's subnormals), halves rounded up. Converting the result to e4m3 is then exact, and a
-    residual can be taken against it without converting back. (mla_decode_fp8._round_e4m3 is the same in Gluon.)"""
+    residual can be taken against it without converting back. (gluon_fp8._round_e4m3 is the same in Gluon.)"""
     lead = tl.maximum(
         x.to(tl.int32, bitcast=True) & 0x7F800000, 121 << 23
     )  # biased exponent, at least 2^-6's

@@ -1,7 +1,7 @@
 """The split step of paged MLA decode over an fp8 latent cache at 16 heads per program on Hopper, in Gluon, with
 both dots on fp8 tensor cores: the cache tile is never widened.
 
-Same work as `mla_decode._stage1` with an fp8 cache and BLOCK_H = 16, for one (sequence, head group, split) per CTA:
+Same work as `triton_split._stage1` with an fp8 cache and BLOCK_H = 16, for one (sequence, head group, split) per CTA:
 - Scores, Sᵀ = K·Qᵀ: the tile in shared memory is wgmma's A operand as copied (K-major fp8), so the 64 cached rows
   are M. The query goes in as two e4m3 terms per head (fp8_query.split_queries, about bf16's precision), stacked
   as N = 32 columns: hi terms, then lo terms.
@@ -9,8 +9,8 @@ Same work as `mla_decode._stage1` with an fp8 cache and BLOCK_H = 16, for one (s
   regrouped in registers into wgmma's register operand (`_value_operand`). p goes in as two e4m3 terms as well.
 - The cache's row scales enter p through the exponent: m is the running maximum of logit + log2(scale), so the
   scaled p stays within 2^8 and needs no separate rescaling.
-What is left of the error is the fp8 tensor cores' own accumulation; see mla_decode.mla_decode_tuned for the
-measured figures. The widening kernel (mla_decode_wgmma8.py) takes the fp8 calls where this one does not pay.
+What is left of the error is the fp8 tensor cores' own accumulation; see tuning.mla_decode_tuned for the
+measured figures. The widening kernel (gluon_wgmma8.py) takes the fp8 calls where this one does not pay.
 
 Three partitions (`gl.warp_specialize`): a producer warpgroup copies the split's tiles into a ring of SLOTS, and two
 consumer warpgroups share the queries and take the tiles in turn. An fp8 tile is half a bf16 one and the dots cost
@@ -46,21 +46,32 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from mlaserve.kernels.mla_decode.gluon_wgmma import (
-    _async_load,
-    _barrier,
-    _copy_tile,
-    _split_range,
-    _store_empty_lse,
+from mlaserve.kernels.mla_decode.fp8_query import split_queries
+from mlaserve.kernels.mla_decode.gluon_common import (
+    CHUNK,
+    async_load,
+    barrier,
+    empty_state,
+    normalizers,
+    split_range,
+    store_empty_lse,
+    store_lse,
+    view_as,
 )
-from mlaserve.kernels.mla_decode.gluon_wgmma8 import CHUNK, _empty_state, _normalizers, _store_lse
-from mlaserve.kvcache.quant import TAIL_BYTES
+from mlaserve.kernels.mla_decode.gluon_fp8_ring import (
+    LAT_CHUNKS,
+    SLOTS,
+    TAIL,
+    TAIL_SMEM,
+    producer,
+    tma_descriptors,
+)
+from mlaserve.kernels.mla_decode.partials import merge, split_step
+from mlaserve.kernels.mla_decode.rules import DecodePlan
 
 # A chunk of the value tile as read from shared memory: [rows, 128 latent columns], each thread's registers holding
 # 4 adjacent columns (one 32-bit load) of 16 rows. `_value_operand` relabels the columns so this is exactly the
@@ -74,29 +85,7 @@ V_CHUNK = gl.constexpr(
         shape=[64, 128],
     )
 )
-# Triton 3.6 calls the TMA copy async_copy_global_to_shared, 3.9 async_load.
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-# ... and a shared-memory view as another dtype _reinterpret, 3.9 reinterpret (`_view_as`)
-_PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
-# Tiles in the ring: two per warpgroup (one worked on, one in flight). An even count gives each slot one consumer;
-# six do not fit in shared memory beside the queries.
-SLOTS = gl.constexpr(4)
-# A tile's latent part as TMA copies it: [LAT_CHUNKS, rows, CHUNK], chunk by chunk.
-LAT_CHUNKS = gl.constexpr(4)
-LAT_SMEM3 = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=3))
-# Each row's 16-byte tail (its float32 scale, then padding) comes with the tile, unswizzled: row r at byte 16 * r.
-TAIL = gl.constexpr(TAIL_BYTES)
-TAIL_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2))
 P_BITS = gl.constexpr(8.0)  # p goes in as p * 2^8 <= 256: e4m3 keeps 3 mantissa bits from 2^-6 up to 448
-
-
-@gluon.jit
-def _view_as(smem, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
-    """The shared memory `smem` viewed as `dtype` in `shape` and `layout`, under either Triton's name for it."""
-    if _PUBLIC_REINTERPRET:
-        return smem.reinterpret(dtype, shape, layout)
-    else:
-        return smem._reinterpret(dtype, shape, layout)
 
 
 @gluon.jit
@@ -136,11 +125,11 @@ def _load_queries8(Terms, b, head0, num_heads, q_s, qpe_s, D_LAT: gl.constexpr, 
     head = head0 + j % BLOCK_H
     row = ((b * num_heads + head) * 2 + j // BLOCK_H).to(gl.int64) * (D_LAT + D_ROPE)
     ok = (head < num_heads)[:, None]
-    _async_load(
+    async_load(
         q_s, Terms + row[:, None] + gl.arange(0, D_LAT, layout=gl.SliceLayout(0, rows))[None, :], mask=ok
     )
     rope = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, rows))
-    _async_load(qpe_s, Terms + row[:, None] + D_LAT + rope[None, :], mask=ok)
+    async_load(qpe_s, Terms + row[:, None] + D_LAT + rope[None, :], mask=ok)
     async_copy.commit_group()
     async_copy.wait_group(0)
 
@@ -151,7 +140,7 @@ def _slot_scales(tails, layout: gl.constexpr):
     one float per row in `layout`, the scores' row slice: each thread reads the scales of its own two rows."""
     BLOCK_N: gl.constexpr = tails.shape[0]
     f32: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    words = _view_as(tails, gl.float32, [BLOCK_N, TAIL // 4], f32)
+    words = view_as(tails, gl.float32, [BLOCK_N, TAIL // 4], f32)
     # The rows of the scores' layout (16 per warp, lane // 4 and 8 more per thread), the four lanes of a row alike.
     rows: gl.constexpr = gl.DistributedLinearLayout(
         reg_bases=[[8, 0]],
@@ -190,17 +179,17 @@ def _store_partial(stage, MidO, MidLse, acc0, acc1, acc2, acc3, m, l_sum, b, hea
                    stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh, LSE_SHIFT: gl.constexpr):  # fmt: skip
     """Write the CTA's partial result: Oᵀ over the sums of p, through `stage` (shared memory, [heads, D_LAT] fp32)
     so that each head's row goes out in 16-byte stores, and the base-2 LSE m + log2(sum) - LSE_SHIFT (-inf for an
-    empty split). Written straight from the accumulators' layout (mla_decode_wgmma8._store_partials), the stores
+    empty split). Written straight from the accumulators' layout (gluon_wgmma8._store_partials), the stores
     were 4 bytes each, scattered over the rows, and calls on an H200 took 2-7 us longer."""
     BLOCK_H: gl.constexpr = m.shape[0]
     D_LAT: gl.constexpr = stage.shape[1]
     outs: gl.constexpr = acc0.type.layout
-    lse2, inv = _normalizers(m, l_sum, outs, LSE_SHIFT)
+    lse2, inv = normalizers(m, l_sum, outs, LSE_SHIFT)
     stage.slice(0 * CHUNK, CHUNK, dim=1).store(gl.permute(_in_column_order(acc0 * inv[None, :]), (1, 0)))
     stage.slice(1 * CHUNK, CHUNK, dim=1).store(gl.permute(_in_column_order(acc1 * inv[None, :]), (1, 0)))
     stage.slice(2 * CHUNK, CHUNK, dim=1).store(gl.permute(_in_column_order(acc2 * inv[None, :]), (1, 0)))
     stage.slice(3 * CHUNK, CHUNK, dim=1).store(gl.permute(_in_column_order(acc3 * inv[None, :]), (1, 0)))
-    _barrier()  # the warpgroup's writes, before its reads of other threads' values
+    barrier()  # the warpgroup's writes, before its reads of other threads' values
     # each warp writes 512 bytes of one head's row at a time
     rows: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
     o = stage.load(rows)
@@ -208,7 +197,7 @@ def _store_partial(stage, MidO, MidLse, acc0, acc1, acc2, acc3, m, l_sum, b, hea
     cols = gl.arange(0, D_LAT, layout=gl.SliceLayout(0, rows))
     mo = MidO + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + cols[None, :]
     gl.store(mo, o.to(MidO.dtype.element_ty), mask=(heads < num_heads)[:, None])
-    _store_lse(MidLse, lse2, b, head0, split, num_heads, stride_mlb, stride_mlh)
+    store_lse(MidLse, lse2, b, head0, split, num_heads, stride_mlb, stride_mlh)
 
 
 @gluon.jit
@@ -217,59 +206,6 @@ def _values(v8, p_hi, p_lo, acc, alpha, a_layout: gl.constexpr):
     a = _value_operand(v8, a_layout)
     acc = warpgroup_mma(a, p_hi.permute((1, 0)), acc * alpha[None, :], is_async=True)
     return warpgroup_mma(a, p_lo.permute((1, 0)), acc, is_async=True)
-
-
-def tma_descriptors(
-    kv: torch.Tensor, d_rope: int
-) -> tuple[TensorDescriptor, TensorDescriptor, TensorDescriptor]:
-    """TMA descriptors over the fp8 cache's rows kv [rows, width] (d_lat + d_rope values, then the 16-byte tail that
-    starts with the row scale) for stage1_fp8: the latent part as [chunks, rows, CHUNK] (d_lat / CHUNK column
-    chunks, each its own dimension) in boxes of [chunks, 64, CHUNK], and boxes of 64 rows by the rope part and by the
-    tail. One box copies a tile's latent part in the layout that four [64, CHUNK] boxes give it (the 128-byte
-    swizzle keeps each chunk of CHUNK columns whole, one after another), with one copy instruction and none of the
-    barriers the compiler puts between copies into one buffer."""
-    shape, strides = list(kv.shape), [kv.stride(0), 1]
-    chunks = LAT_CHUNKS.value
-    rope = gl.NVMMASharedLayout(swizzle_byte_width=min(d_rope, 128), element_bitwidth=8, rank=2)
-    return (
-        TensorDescriptor(
-            kv,
-            [chunks, shape[0], CHUNK.value],
-            [CHUNK.value, strides[0], 1],
-            [chunks, 64, CHUNK.value],
-            LAT_SMEM3.value,
-        ),
-        TensorDescriptor(kv, shape, strides, [64, d_rope], rope),
-        TensorDescriptor(kv, shape, strides, [64, TAIL.value], TAIL_SMEM.value),
-    )
-
-
-@gluon.jit
-def _fill(slot_k, slot_pe, slot_tail, bar, DescLat, DescPe, DescTail, KV, BlockTable, b, n0, end, page, stride_kv,
-          stride_bt, PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_N: gl.constexpr,
-          rows: gl.constexpr):  # fmt: skip
-    """Start copying rows n0 .. n0 + BLOCK_N of sequence b, which lie in cache page `page`, into a ring slot; its
-    barrier `bar` (count 1) completes when they have landed. Called by one warpgroup (128 threads, `rows`)."""
-    if n0 + BLOCK_N > end:  # the sequence's last tile: cp.async zero-fills the rows past its end
-        _copy_tile(slot_k, slot_pe, KV, BlockTable, b, n0, end, stride_kv, stride_bt,
-                   PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
-        tails: gl.constexpr = gl.BlockedLayout([1, TAIL], [32, 1], [4, 1], [1, 0])  # a 16-byte copy per row
-        pos = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, tails))
-        tail = KV + (page.to(gl.int64) * PAGE + pos % PAGE) * stride_kv + D_LAT + D_ROPE
-        cols = gl.arange(0, TAIL, layout=gl.SliceLayout(0, tails))
-        _async_load(slot_tail, tail[:, None] + cols[None, :], mask=(pos < end)[:, None])
-        async_copy.commit_group()
-        # counted as pending now, it arrives once this thread's copies have landed
-        async_copy.mbarrier_arrive(bar)
-        _barrier()  # ... for every thread, before the one arrival that completes the phase
-        mbarrier.arrive(bar)
-    else:
-        row = page * PAGE + n0 % PAGE
-        mbarrier.expect(bar, BLOCK_N * (D_LAT + D_ROPE + TAIL))
-        chunks = _view_as(slot_k, gl.float8e4nv, [LAT_CHUNKS, BLOCK_N, CHUNK], LAT_SMEM3)
-        _tma_load(DescLat, [0, row, 0], bar, chunks)
-        _tma_load(DescPe, [row, D_LAT], bar, slot_pe)
-        _tma_load(DescTail, [row, D_LAT + D_ROPE], bar, slot_tail)
 
 
 @gluon.jit
@@ -287,31 +223,6 @@ def _scores(
     s2 = gl.zeros([BLOCK_N, TERMS], gl.float32, both)
     s2 = warpgroup_mma(k_ring.index(slot), q_s.permute((1, 0)), s2, is_async=True)
     return warpgroup_mma(pe_ring.index(slot), qpe_s.permute((1, 0)), s2, is_async=True)
-
-
-@gluon.jit
-def _producer(KV, DescLat, DescPe, DescTail, BlockTable, start, end, stride_kv, stride_bt, k_ring, pe_ring,
-              tail_ring, ready, empty, PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr,
-              BLOCK_N: gl.constexpr):  # fmt: skip
-    """Copy the split's tiles into the ring in order, each once its slot's consumer has released the tile SLOTS before.
-    Runs in the default partition with few registers: it only addresses the copies. Each tile's block-table entry is
-    read one tile ahead, before the wait for its slot, so the lookup's latency is not between the slot's release and
-    the copy's start."""
-    SLOTS: gl.constexpr = k_ring.shape[0]
-    rows: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16-byte copies
-    b = gl.program_id(0)
-    tiles = gl.cdiv(end - start, BLOCK_N)
-    pages = BlockTable + b * stride_bt
-    page = gl.load(pages + start // PAGE, mask=start < end, other=0)
-    for t in range(tiles):
-        slot = t % SLOTS
-        n0 = start + t * BLOCK_N
-        next_page = gl.load(pages + (n0 + BLOCK_N) // PAGE, mask=n0 + BLOCK_N < end, other=0)
-        mbarrier.wait(empty.index(slot), ((t // SLOTS) & 1) ^ 1)  # a fresh barrier passes parity 1 at once
-        _fill(k_ring.index(slot), pe_ring.index(slot), tail_ring.index(slot), ready.index(slot), DescLat, DescPe,
-              DescTail, KV, BlockTable, b, n0, end, page, stride_kv, stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N,
-              rows)  # fmt: skip
-        page = next_page
 
 
 @gluon.jit
@@ -347,7 +258,7 @@ def _consumer(
     if c == 0:
         _load_queries8(Terms, b, head0, num_heads, q_s, qpe_s, D_LAT, D_ROPE)
         fence_async_shared()  # the queries, before the tensor cores read them
-        _barrier()
+        barrier()
         mbarrier.arrive(q_ready)
     else:
         mbarrier.wait(q_ready, 0)
@@ -360,7 +271,7 @@ def _consumer(
     p_lo = p_los.index(c)
     n_idx = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, scores))
 
-    acc0, acc1, acc2, acc3, m, l_rows = _empty_state(outs, scores, BLOCK_N)
+    acc0, acc1, acc2, acc3, m, l_rows = empty_state(outs, scores, BLOCK_N)
     s2 = _scores(k_ring, pe_ring, ready, q_s, qpe_s, c, start, end, tiles, both, BLOCK_N)
     s2 = warpgroup_mma_wait(0, deps=[s2])
     for k in range(gl.cdiv(tiles - c, 2)):
@@ -389,7 +300,7 @@ def _consumer(
         p_hi.store(gl.permute(p_top.to(gl.float8e4nv), (1, 0)))
         p_lo.store(gl.permute((p - p_top).to(gl.float8e4nv), (1, 0)))
         fence_async_shared()
-        _barrier()
+        barrier()
         alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, outs))
         acc0 = _values(k8.slice(0 * CHUNK, CHUNK, dim=1), p_hi, p_lo, acc0, alpha_o, a_values)
         acc1 = _values(k8.slice(1 * CHUNK, CHUNK, dim=1), p_hi, p_lo, acc1, alpha_o, a_values)
@@ -397,7 +308,7 @@ def _consumer(
         acc3 = _values(k8.slice(3 * CHUNK, CHUNK, dim=1), p_hi, p_lo, acc3, alpha_o, a_values)
         s2 = _scores(k_ring, pe_ring, ready, q_s, qpe_s, t + 2, start, end, tiles, both, BLOCK_N)
         acc0, acc1, acc2, acc3, s2 = warpgroup_mma_wait(0, deps=[acc0, acc1, acc2, acc3, s2])
-        _barrier()  # every warp of this warpgroup is done with the slot (and p)
+        barrier()  # every warp of this warpgroup is done with the slot (and p)
         fence_async_shared()  # ... and its reads of the slot are ordered before the copy's writes
         mbarrier.arrive(empty.index(slot))  # the producer may refill it
 
@@ -405,8 +316,8 @@ def _consumer(
     # through one of them, and consumer 0 writes the CTA's one partial through another.
     l_sum = gl.sum(l_rows, 0)
     f32: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
-    state = _view_as(k_ring.index(1), gl.float32, [4 * CHUNK, BLOCK_H], f32)
-    stage = _view_as(k_ring.index(0), gl.float32, [BLOCK_H, D_LAT], f32)
+    state = view_as(k_ring.index(1), gl.float32, [4 * CHUNK, BLOCK_H], f32)
+    stage = view_as(k_ring.index(0), gl.float32, [BLOCK_H, D_LAT], f32)
     if c == 1:
         state.slice(0 * CHUNK, CHUNK, dim=0).store(acc0)
         state.slice(1 * CHUNK, CHUNK, dim=0).store(acc1)
@@ -414,7 +325,7 @@ def _consumer(
         state.slice(3 * CHUNK, CHUNK, dim=0).store(acc3)
         m_l.slice(0, BLOCK_H).store(m)
         m_l.slice(BLOCK_H, BLOCK_H).store(l_sum)
-        _barrier()  # every thread's part, before the one arrival
+        barrier()  # every thread's part, before the one arrival
         mbarrier.arrive(state_ready)
     else:
         mbarrier.wait(state_ready, 0)
@@ -452,16 +363,16 @@ def stage1_fp8(
     gl.static_assert(D_LAT == LAT_CHUNKS * CHUNK)
     gl.static_assert(BLOCK_N == 64)
     # The split's rows, for all three partitions. A CTA past its sequence's share of splits (the grid's spare room,
-    # decode_rules.grid_splits) ends here, before they start: it holds its SM for the lengths' sum and one store,
+    # rules.grid_splits) ends here, before they start: it holds its SM for the lengths' sum and one store,
     # not for a query load and a dot.
     heads_1d: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    start, end = _split_range(
+    start, end = split_range(
         SeqLens, gl.program_id(0), gl.program_id(2), num_splits, split_target, BLOCK_N, heads_1d
     )
     if start >= end:
         if PDL:  # no store before the grid launched ahead of this one is done (the graph pool reuses memory)
             _wait_for_prior_grid()
-        _store_empty_lse(MidLse, gl.program_id(0), gl.program_id(1) * BLOCK_H, gl.program_id(2), num_heads,
+        store_empty_lse(MidLse, gl.program_id(0), gl.program_id(1) * BLOCK_H, gl.program_id(2), num_heads,
                          stride_mlb, stride_mlh, BLOCK_H, heads_1d)  # fmt: skip
         return
     lat_smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
@@ -488,10 +399,10 @@ def stage1_fp8(
     mbarrier.init(q_ready, count=1)
     mbarrier.init(state_ready, count=1)
     fence_async_shared()  # the initialized barriers, before the copies' arrivals
-    _barrier()
+    barrier()
     gl.warp_specialize(
         [
-            (_producer, (KV, DescLat, DescPe, DescTail, BlockTable, start, end, stride_kv, stride_bt, k_ring,
+            (producer, (KV, DescLat, DescPe, DescTail, BlockTable, start, end, stride_kv, stride_bt, k_ring,
                          pe_ring, tail_ring, ready, empty, PAGE, D_LAT, D_ROPE, BLOCK_N)),
             (_consumer, (0, Terms, Scales, q_ready, start, end, MidO, MidLse, stride_mob, stride_moh, stride_mos,
                          stride_mlb, stride_mlh, num_heads, scale_log2, k_ring, pe_ring, tail_ring,
@@ -505,3 +416,25 @@ def stage1_fp8(
         [4, 4],
         [232, 232],
     )  # fmt: skip
+
+
+def launch(
+    plan: DecodePlan,
+    q: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    kv_lora_rank: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The table entry's launch: the query split into e4m3 terms, the split step (16 heads, 64 rows, the producer's
+    4 warps) behind it, then the merge; each launched on programmatic dependent launch where plan.pdl."""
+    step = split_step(plan, q, kv_cache, block_table, seq_lens, kv_lora_rank, scale)
+    d_rope = q_pe.shape[-1]
+    stage1_fp8[step.grid](
+        *split_queries(q, q_pe, launch_dependents=plan.pdl), step.kv, *tma_descriptors(step.kv, d_rope),
+        *step.tensors[1:], *step.strides, *step.sizes, PAGE=kv_cache.shape[1], D_LAT=kv_lora_rank, D_ROPE=d_rope,
+        BLOCK_H=16, BLOCK_N=64, PDL=plan.pdl, num_warps=4, **({"launch_pdl": True} if plan.pdl else {}),
+    )  # fmt: skip
+    return merge(plan, step, q, seq_lens, kv_lora_rank)

@@ -1,7 +1,7 @@
 """The split step of paged MLA decode for many heads on Hopper (sm_90), written in Gluon.
 
-Same work and outputs as `mla_decode._stage1` at 64 heads per program: one sequence, one group of 64 query heads and
-one slice of its context per program, partial outputs and base-2 LSEs for `mla_decode._stage2` to merge. It exists
+Same work and outputs as `triton_split._stage1` at 64 heads per program: one sequence, one group of 64 query heads and
+one slice of its context per program, partial outputs and base-2 LSEs for `partials._stage2` to merge. It exists
 because Triton picks the warp layout of a dot by itself: a dot whose result feeds another dot (the scores feed the
 values' dot) gets all warps along M, so with 64 heads and 8 warps both warpgroups computed the same 64 x 64 scores
 (72 m64n32 wgmma per warpgroup per tile, where 36 do the work; benchmarks/diagnose/decode_compile_report.py shows
@@ -15,6 +15,7 @@ Gluon kernels do not run under TRITON_INTERPRET; the Triton kernel stays the ref
 and tests/gpu compares the two.
 """
 
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -24,79 +25,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-# Gluon is experimental and renames things: Triton 3.6 calls the asynchronous global -> shared copy
-# async_copy_global_to_shared and the CTA barrier thread_barrier; 3.9 async_load (the old name raises) and barrier.
-_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
-_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-
-
-@gluon.jit
-def _copy_tile(
-    k_dst, pe_dst, KV, BlockTable, b, n0, end, stride_kv, stride_bt,
-    PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_N: gl.constexpr, rows: gl.constexpr,
-):  # fmt: skip
-    """Start copying rows n0 .. n0 + BLOCK_N of sequence b into shared memory (rows past `end` are zero-filled).
-    Returns the rows' pointers and which rows are in range (the 8-bit kernel reads the row scales behind them)."""
-    pos = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, rows))
-    ok = pos < end
-    if PAGE % BLOCK_N == 0:  # the tile lies inside one page: one table lookup
-        page = gl.load(BlockTable + b * stride_bt + n0 // PAGE, mask=n0 < end, other=0).to(gl.int64)
-    else:  # a tile spans pages (pages of one row: sparse attention's selected rows): a lookup per row
-        page = gl.load(BlockTable + b * stride_bt + pos // PAGE, mask=ok, other=0).to(gl.int64)
-    base = KV + (page * PAGE + pos % PAGE) * stride_kv
-    lat = gl.arange(0, D_LAT, layout=gl.SliceLayout(0, rows))
-    rope = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, rows))
-    _async_load(k_dst, base[:, None] + lat[None, :], mask=ok[:, None])
-    _async_load(pe_dst, base[:, None] + D_LAT + rope[None, :], mask=ok[:, None])
-    async_copy.commit_group()
-    return base, ok
-
-
-@gluon.jit
-def _split_range(SeqLens, b, split, num_splits, split_target, BLOCK_N: gl.constexpr, lens: gl.constexpr):
-    """Rows [start, end) of sequence b that this split covers, as mla_decode._split_span slices them (each
-    sequence's share of batch x split_target splits by its length). lens: a 1-D layout over the caller's warps."""
-    seq_len = gl.load(SeqLens + b)
-    batch = gl.num_programs(0)
-    idx = gl.arange(0, 512, layout=lens)
-    total = gl.sum(gl.load(SeqLens + idx, mask=idx < batch, other=0), 0)
-    for i in range(512, batch, 512):  # batches past 512 rows
-        total += gl.sum(gl.load(SeqLens + i + idx, mask=i + idx < batch, other=0), 0)
-    # round(split_target x seq_len / mean length), in float32: exact for equal lengths, no 64-bit products
-    mean = gl.maximum(total, 1).to(gl.float32) / batch
-    share = (seq_len.to(gl.float32) * split_target / mean + 0.5).to(gl.int32)
-    count = gl.minimum(gl.maximum(share, 1), num_splits)
-    split_len = gl.cdiv(gl.cdiv(seq_len, count), BLOCK_N) * BLOCK_N
-    start = split * split_len
-    return start, gl.minimum(start + split_len, seq_len)
-
-
-@gluon.jit
-def _store_empty_lse(MidLse, b, head0, split, num_heads, stride_mlb, stride_mlh, BLOCK_H: gl.constexpr,
-                     layout: gl.constexpr):  # fmt: skip
-    """An empty split's LSE (-inf) for heads head0 .. head0 + BLOCK_H: the merge then reads nothing else of it."""
-    heads = head0 + gl.arange(0, BLOCK_H, layout=layout)
-    lse = gl.full([BLOCK_H], float("-inf"), gl.float32, layout)
-    gl.store(MidLse + b * stride_mlb + heads * stride_mlh + split, lse, mask=heads < num_heads)
-
-
-@gluon.jit
-def _load_queries(
-    Q, QPe, b, head0, num_heads, stride_qb, stride_qh, stride_pb, stride_ph,
-    BLOCK_H: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, rows: gl.constexpr,
-):  # fmt: skip
-    """The latent and rope parts of heads head0 .. head0 + BLOCK_H of sequence b (zero past num_heads)."""
-    heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, rows))
-    head_ok = heads < num_heads
-    lat = gl.arange(0, D_LAT, layout=gl.SliceLayout(0, rows))
-    rope = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, rows))
-    q = gl.load(
-        Q + b * stride_qb + heads[:, None] * stride_qh + lat[None, :], mask=head_ok[:, None], other=0.0
-    )
-    q_pe = gl.load(
-        QPe + b * stride_pb + heads[:, None] * stride_ph + rope[None, :], mask=head_ok[:, None], other=0.0
-    )
-    return q, q_pe
+from mlaserve.kernels.mla_decode.gluon_common import (
+    barrier,
+    copy_tile,
+    load_queries,
+    split_range,
+    store_empty_lse,
+)
+from mlaserve.kernels.mla_decode.partials import merge, split_step
+from mlaserve.kernels.mla_decode.rules import DecodePlan
 
 
 @gluon.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits", "split_target"])
@@ -121,13 +58,13 @@ def stage1_wgmma(
     b = gl.program_id(0)
     head0 = gl.program_id(1) * BLOCK_H
     split = gl.program_id(2)
-    start, end = _split_range(SeqLens, b, split, num_splits, split_target, BLOCK_N, gl.SliceLayout(1, rows))
+    start, end = split_range(SeqLens, b, split, num_splits, split_target, BLOCK_N, gl.SliceLayout(1, rows))
     if start >= end:  # past this sequence's share of splits: an empty LSE, which the merge skips
-        _store_empty_lse(
+        store_empty_lse(
             MidLse, b, head0, split, num_heads, stride_mlb, stride_mlh, BLOCK_H, gl.SliceLayout(1, rows)
         )
         return
-    q, q_pe = _load_queries(Q, QPe, b, head0, num_heads, stride_qb, stride_qh, stride_pb, stride_ph,
+    q, q_pe = load_queries(Q, QPe, b, head0, num_heads, stride_qb, stride_qh, stride_pb, stride_ph,
                             BLOCK_H, D_LAT, D_ROPE, rows)  # fmt: skip
     q_s = gl.allocate_shared_memory(q.dtype, [BLOCK_H, D_LAT], smem, q)
     qpe_s = gl.allocate_shared_memory(q.dtype, [BLOCK_H, D_ROPE], smem, q_pe)
@@ -142,7 +79,7 @@ def stage1_wgmma(
     acc = gl.zeros([BLOCK_H, D_LAT], gl.float32, outs)
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, scores))
 
-    _copy_tile(k_s.index(0), pe_s.index(0), KV, BlockTable, b, start, end, stride_kv, stride_bt,
+    copy_tile(k_s.index(0), pe_s.index(0), KV, BlockTable, b, start, end, stride_kv, stride_bt,
                PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
     tiles = gl.cdiv(end - start, BLOCK_N)
     for i in range(tiles):
@@ -153,8 +90,8 @@ def stage1_wgmma(
         # ... for every thread's copies. Both warpgroups are also past tile i - 1's value dot, so its buffer and p_s
         # are free: tile i + 1 is copied there now, a whole step ahead of its use. (One barrier per step instead of
         # a second one after the value dot: 1-2% faster on an H200.)
-        _barrier()
-        _copy_tile(k_s.index(1 - buf), pe_s.index(1 - buf), KV, BlockTable, b, n0 + BLOCK_N, end, stride_kv,
+        barrier()
+        copy_tile(k_s.index(1 - buf), pe_s.index(1 - buf), KV, BlockTable, b, n0 + BLOCK_N, end, stride_kv,
                    stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
         k = k_s.index(buf)
         s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, scores)
@@ -170,7 +107,7 @@ def stage1_wgmma(
         m = m_new
         p_s.store(p.to(q.dtype))
         fence_async_shared()
-        _barrier()  # both warpgroups' columns of p are in place
+        barrier()  # both warpgroups' columns of p are in place
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, outs))[:, None]
         acc = warpgroup_mma(p_s, k, acc, is_async=True)  # the values are the latent part of the same rows
         acc = warpgroup_mma_wait(0, deps=[acc])
@@ -189,3 +126,22 @@ def stage1_wgmma(
     gl.store(mo, out.to(MidO.dtype.element_ty), mask=(o_heads < num_heads)[:, None])
     l_heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, scores))
     gl.store(MidLse + b * stride_mlb + l_heads * stride_mlh + split, lse2, mask=l_heads < num_heads)
+
+
+def launch(
+    plan: DecodePlan,
+    q: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    kv_lora_rank: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The table entry's launch: the split step at the plan's tile (64 heads, 64 rows, 8 warps), then the merge."""
+    step = split_step(plan, q, kv_cache, block_table, seq_lens, kv_lora_rank, scale)
+    stage1_wgmma[step.grid](
+        *step.args(q, q_pe), PAGE=kv_cache.shape[1], D_LAT=kv_lora_rank, D_ROPE=q_pe.shape[-1],
+        BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, num_warps=plan.num_warps,
+    )  # fmt: skip
+    return merge(plan, step, q, seq_lens, kv_lora_rank)

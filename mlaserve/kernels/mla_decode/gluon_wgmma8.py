@@ -1,30 +1,35 @@
 """The split step of paged MLA decode over an 8-bit latent cache at 16 heads per program on Hopper, in Gluon.
 
-Same work and outputs as `mla_decode._stage1` with a quantized cache and BLOCK_H = 16. With 16 heads the scores are
+Same work and outputs as `triton_split._stage1` with a quantized cache and BLOCK_H = 16. With 16 heads the scores are
 computed transposed, Sᵀ = K·Qᵀ, so the 64 cached rows of a tile are wgmma's M and the heads its N; the values' dot
 likewise runs as Oᵀ = Vᵀ·Pᵀ with the 512 latent columns as M, in four chunks of 128. Both dots take the cache tile
 as their register operand: 8-bit rows are copied to shared memory as they are, read straight into wgmma's operand
 layout and widened to fp16 there, so the widened tile never goes back through shared memory. Row scales are applied
-to the scores and folded into p, as in the Triton kernel. fp8 caches take mla_decode_fp8.py by default, which
-converts nothing, where decode_rules.fp8_dots_pay says it is faster; this kernel runs the other fp8 calls, and int8
+to the scores and folded into p, as in the Triton kernel. fp8 caches take gluon_fp8.py by default, which
+converts nothing, where rules.fp8_dots_pay says it is faster; this kernel runs the other fp8 calls, and int8
 caches where a benchmark names it (dispatch.py: for int8 it does not pay).
 """
 
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-from mlaserve.kernels.mla_decode.gluon_wgmma import (
-    _barrier,
-    _copy_tile,
-    _load_queries,
-    _split_range,
-    _store_empty_lse,
+from mlaserve.kernels.mla_decode.gluon_common import (
+    CHUNK,
+    barrier,
+    copy_tile,
+    empty_state,
+    load_queries,
+    normalizers,
+    split_range,
+    store_empty_lse,
+    store_lse,
 )
-from mlaserve.kernels.mla_decode.triton_split import _widen_bits
-
-CHUNK = gl.constexpr(128)  # latent columns per register operand
+from mlaserve.kernels.mla_decode.partials import merge, split_step
+from mlaserve.kernels.mla_decode.rules import DecodePlan
+from mlaserve.kernels.mla_decode.widen import widen_bits
 
 
 @gluon.jit
@@ -33,7 +38,7 @@ def _copy_tile8(
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_N: gl.constexpr, rows: gl.constexpr,
 ):  # fmt: skip
     """Start copying the 8-bit values of rows n0 .. n0 + BLOCK_N (zero past `end`); return the rows' scales."""
-    base, ok = _copy_tile(k_dst, pe_dst, KV, BlockTable, b, n0, end, stride_kv, stride_bt,
+    base, ok = copy_tile(k_dst, pe_dst, KV, BlockTable, b, n0, end, stride_kv, stride_bt,
                           PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
     return gl.load((base + D_LAT + D_ROPE).to(gl.pointer_type(gl.float32)), mask=ok, other=0.0)
 
@@ -43,7 +48,7 @@ def _widen(x):
     """8-bit operand -> fp16. fp8 takes the paired conversion instruction (integer operations took 1.4-1.6x its
     time here on an H200), int8 integer operations packed two to a register."""
     if x.dtype == gl.int8:
-        y = _widen_bits(x, gl.float16)
+        y = widen_bits(x, gl.float16)
     else:
         y = x.to(gl.float16)
     return y
@@ -64,36 +69,6 @@ def _values_chunk(v8, p_s, acc, alpha, a_layout: gl.constexpr):
 
 
 @gluon.jit
-def _empty_state(outs: gl.constexpr, scores: gl.constexpr, BLOCK_N: gl.constexpr):
-    """A split's running state before its first tile, for both 8-bit kernels: Oᵀ in four chunks of CHUNK latent
-    columns (heads as N, in `outs`), the heads' running max, and p's sums per row (in `scores`, reduced once at the
-    end by _normalizers)."""
-    BLOCK_H: gl.constexpr = outs.instr_shape[1]
-    acc0 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
-    acc1 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
-    acc2 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
-    acc3 = gl.zeros([CHUNK, BLOCK_H], gl.float32, outs)
-    m = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, scores))
-    return acc0, acc1, acc2, acc3, m, gl.zeros([BLOCK_N, BLOCK_H], gl.float32, scores)
-
-
-@gluon.jit
-def _normalizers(m, l_sum, outs: gl.constexpr, LSE_SHIFT: gl.constexpr):
-    """For both 8-bit kernels, from a split's running max m and the sum of its p per head: each head's base-2 LSE,
-    m + log2(sum) - LSE_SHIFT (-inf for an empty split), and 1 / sum in `outs`' head slice, to scale Oᵀ by."""
-    has = l_sum > 0
-    lse2 = gl.where(has, m + gl.log2(gl.where(has, l_sum, 1.0)) - LSE_SHIFT, float("-inf"))
-    return lse2, gl.convert_layout(1.0 / gl.where(has, l_sum, 1.0), gl.SliceLayout(0, outs))
-
-
-@gluon.jit
-def _store_lse(MidLse, lse2, b, head0, split, num_heads, stride_mlb, stride_mlh):
-    """Write a split's per-head LSE (_normalizers) for both 8-bit kernels."""
-    l_heads = head0 + gl.arange(0, lse2.shape[0], layout=lse2.type.layout)
-    gl.store(MidLse + b * stride_mlb + l_heads * stride_mlh + split, lse2, mask=l_heads < num_heads)
-
-
-@gluon.jit
 def _store_partials(
     MidO, MidLse, acc0, acc1, acc2, acc3, m, l_rows, b, head0, split, num_heads,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
@@ -102,7 +77,7 @@ def _store_partials(
     from the accumulators' layout, and its LSE."""
     BLOCK_H: gl.constexpr = m.shape[0]
     outs: gl.constexpr = acc0.type.layout
-    lse2, inv = _normalizers(m, gl.sum(l_rows, 0), outs, 0.0)
+    lse2, inv = normalizers(m, gl.sum(l_rows, 0), outs, 0.0)
     o_heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, outs))
     o_cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, outs))
     mo = MidO + b * stride_mob + o_heads[None, :] * stride_moh + split * stride_mos + o_cols[:, None]
@@ -111,7 +86,7 @@ def _store_partials(
     gl.store(mo + 1 * CHUNK, (acc1 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
     gl.store(mo + 2 * CHUNK, (acc2 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
     gl.store(mo + 3 * CHUNK, (acc3 * inv[None, :]).to(MidO.dtype.element_ty), mask=o_ok)
-    _store_lse(MidLse, lse2, b, head0, split, num_heads, stride_mlb, stride_mlh)
+    store_lse(MidLse, lse2, b, head0, split, num_heads, stride_mlb, stride_mlh)
 
 
 @gluon.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits", "split_target"])
@@ -135,14 +110,14 @@ def stage1_wgmma8(
     b = gl.program_id(0)
     head0 = gl.program_id(1) * BLOCK_H
     split = gl.program_id(2)
-    start, end = _split_range(SeqLens, b, split, num_splits, split_target, BLOCK_N, gl.SliceLayout(1, rows))
+    start, end = split_range(SeqLens, b, split, num_splits, split_target, BLOCK_N, gl.SliceLayout(1, rows))
     if start >= end:  # past this sequence's share of splits: an empty LSE, which the merge skips
-        _store_empty_lse(
+        store_empty_lse(
             MidLse, b, head0, split, num_heads, stride_mlb, stride_mlh, BLOCK_H, gl.SliceLayout(1, rows)
         )
         return
     q_rows: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    q, q_pe = _load_queries(Q, QPe, b, head0, num_heads, stride_qb, stride_qh, stride_pb, stride_ph,
+    q, q_pe = load_queries(Q, QPe, b, head0, num_heads, stride_qb, stride_qh, stride_pb, stride_ph,
                             BLOCK_H, D_LAT, D_ROPE, q_rows)  # fmt: skip
     q_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, D_LAT], smem16, q.to(gl.float16))
     qpe_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, D_ROPE], smem16, q_pe.to(gl.float16))
@@ -155,7 +130,7 @@ def stage1_wgmma8(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_H, 16]
     )
     a_values: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=outs, k_width=2)
-    acc0, acc1, acc2, acc3, m, l_rows = _empty_state(outs, scores, BLOCK_N)
+    acc0, acc1, acc2, acc3, m, l_rows = empty_state(outs, scores, BLOCK_N)
     n_idx = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, scores))
 
     row_scale = _copy_tile8(k_s.index(0), pe_s.index(0), KV, BlockTable, b, start, end, stride_kv, stride_bt,
@@ -165,7 +140,7 @@ def stage1_wgmma8(
         n0 = start + i * BLOCK_N
         buf = i % 2
         async_copy.wait_group(0)
-        _barrier()  # every thread's copies of tile i have landed; tile i - 1's buffer and p_s are free
+        barrier()  # every thread's copies of tile i have landed; tile i - 1's buffer and p_s are free
         scale_i = gl.convert_layout(row_scale, gl.SliceLayout(1, scores))
         row_scale = _copy_tile8(k_s.index(1 - buf), pe_s.index(1 - buf), KV, BlockTable, b, n0 + BLOCK_N, end,
                                 stride_kv, stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
@@ -185,7 +160,7 @@ def stage1_wgmma8(
         m = m_new
         p_s.store((p * scale_i[:, None]).to(gl.float16))  # the values' row scales, folded into p
         fence_async_shared()
-        _barrier()
+        barrier()
         alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, outs))
         acc0 = _values_chunk(k8.slice(0 * CHUNK, CHUNK, dim=1), p_s, acc0, alpha_o, a_values)
         acc1 = _values_chunk(k8.slice(1 * CHUNK, CHUNK, dim=1), p_s, acc1, alpha_o, a_values)
@@ -195,3 +170,22 @@ def stage1_wgmma8(
 
     _store_partials(MidO, MidLse, acc0, acc1, acc2, acc3, m, l_rows, b, head0, split, num_heads,
                     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh)  # fmt: skip
+
+
+def launch(
+    plan: DecodePlan,
+    q: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    kv_lora_rank: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The table entry's launch: the split step (16 heads, 64 rows, 4 warps), then the merge."""
+    step = split_step(plan, q, kv_cache, block_table, seq_lens, kv_lora_rank, scale)
+    stage1_wgmma8[step.grid](
+        *step.args(q, q_pe), PAGE=kv_cache.shape[1], D_LAT=kv_lora_rank, D_ROPE=q_pe.shape[-1], BLOCK_H=16,
+        BLOCK_N=64, num_warps=4,
+    )  # fmt: skip
+    return merge(plan, step, q, seq_lens, kv_lora_rank)

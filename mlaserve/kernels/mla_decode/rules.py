@@ -3,11 +3,12 @@ counts, when each kernel pays, and each kernel's parameters (`DecodePlan`). Plai
 dispatch.py reads these, and the backend can name its kernel before anything is compiled.
 
 The H200 figures behind each rule are in its docstring; benchmarks/gpu_suite.py and benchmarks/diagnose re-measure
-them through mla_decode.mla_decode_tuned.
+them through tuning.mla_decode_tuned.
 """
 
 import dataclasses
 import math
+from collections.abc import Mapping
 
 import torch
 
@@ -68,7 +69,7 @@ class DecodeDevice:
 @dataclasses.dataclass(frozen=True, slots=True)
 class DecodePlan:
     """How one call is launched: the kernel (a name in dispatch.DECODE_KERNELS), the grid's split count, the tile
-    and, for the Triton kernel, its padded widths and loop options (see mla_decode._stage1).
+    and, for the Triton kernel, its padded widths and loop options (see triton_split._stage1).
 
     split_target is the measured rules' split count, which a batch of equal lengths takes; the kernels give each
     sequence its share of batch x split_target splits by its length (longer ones more, up to num_splits, the grid's
@@ -136,7 +137,7 @@ def grid_splits(target: int, batch: int, num_heads: int, kv_lora_rank: int, max_
 
 
 def fp8_dot_splits(batch: int, head_groups: int, max_len: int, sms: int) -> int:
-    """Splits for the fp8-dot kernel (mla_decode_fp8.py): its CTA takes a whole SM (shared memory), so about one
+    """Splits for the fp8-dot kernel (gluon_fp8.py): its CTA takes a whole SM (shared memory), so about one
     per SM, each with at least 8 tiles of 64 rows (4 per warpgroup); at most 32. More, in waves, were slower at every
     shape timed on an H200: 54.6 us at (B, L) = (64, 4,096) with 2 splits, 63.9-77.7 us with 3, 4 or 8: waves do
     not make up for the SMs' unequal bandwidth."""
@@ -176,7 +177,7 @@ def always(shape: DecodeShape, device: DecodeDevice) -> bool:
 
 def many_heads(shape: DecodeShape, device: DecodeDevice) -> bool:
     """The 64-head rule: with 64 heads or more each latent tile feeds 64 heads' dots, and the Gluon kernel's two
-    warpgroups split the scores (Triton's both computed all of them: mla_decode_wgmma.py)."""
+    warpgroups split the scores (Triton's both computed all of them: gluon_wgmma.py)."""
     return shape.num_heads >= 64
 
 
@@ -206,8 +207,10 @@ def fp8_dots_pay_for(shape: DecodeShape, call: DecodeCall, device: DecodeDevice)
 # ---- each kernel's parameters: the defaults, and the tuning a benchmark passes (mla_decode_tuned) ---------------
 
 
-def plan_triton(shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuning: dict) -> DecodePlan:
-    """The Triton kernel (mla_decode._stage1), any shape. Defaults from the H200 sweep in gpu_suite.py --tune: 16
+def plan_triton(
+    shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuning: Mapping[str, object]
+) -> DecodePlan:
+    """The Triton kernel (triton_split._stage1), any shape. Defaults from the H200 sweep in gpu_suite.py --tune: 16
     heads per program when there are few (memory-bound: one latent read per 16 heads), 64 with many (each latent
     tile then feeds 64 heads' dots)."""
     heads, page, quantized = shape.num_heads, shape.block_size, shape.quantized
@@ -304,8 +307,10 @@ def _shared_bytes(block_h: int, block_n: int, lat_tile: int, row_bytes: int, one
     return max(tiles, block_h * lat_tile * 4)
 
 
-def plan_gluon_wgmma(shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuning: dict) -> DecodePlan:
-    """mla_decode_wgmma.py: fixed tile (64 heads, 64 rows, 8 warps), splits as the 64-head rule fills the GPU."""
+def plan_gluon_wgmma(
+    shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuning: Mapping[str, object]
+) -> DecodePlan:
+    """gluon_wgmma.py: fixed tile (64 heads, 64 rows, 8 warps), splits as the 64-head rule fills the GPU."""
     splits = tuning.get("num_splits") or num_splits_for(call.batch, _groups(shape, 64), call.max_seq_len, 64,
                                                         device.sms, 64)  # fmt: skip
     return DecodePlan(
@@ -313,8 +318,10 @@ def plan_gluon_wgmma(shape: DecodeShape, call: DecodeCall, device: DecodeDevice,
     )
 
 
-def plan_gluon_wgmma8(shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuning: dict) -> DecodePlan:
-    """mla_decode_wgmma8.py: fixed tile (16 heads, 64 rows, 4 warps); the split count of the Triton 8-bit
+def plan_gluon_wgmma8(
+    shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuning: Mapping[str, object]
+) -> DecodePlan:
+    """gluon_wgmma8.py: fixed tile (16 heads, 64 rows, 4 warps); the split count of the Triton 8-bit
     kernel's 32-row tiles, with which it was measured."""
     splits = tuning.get("num_splits") or num_splits_for(call.batch, _groups(shape, 16), call.max_seq_len, 32,
                                                         device.sms, 16)  # fmt: skip
@@ -323,8 +330,10 @@ def plan_gluon_wgmma8(shape: DecodeShape, call: DecodeCall, device: DecodeDevice
     )
 
 
-def plan_gluon_fp8(shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuning: dict) -> DecodePlan:
-    """mla_decode_fp8.py: fixed tile (16 heads, 64 rows, 4 warps), about one CTA per SM (fp8_dot_splits), launched
+def plan_gluon_fp8(
+    shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuning: Mapping[str, object]
+) -> DecodePlan:
+    """gluon_fp8.py: fixed tile (16 heads, 64 rows, 4 warps), about one CTA per SM (fp8_dot_splits), launched
     on programmatic dependent launch behind the query split unless pdl=False."""
     splits = tuning.get("num_splits") or fp8_dot_splits(
         call.batch, _groups(shape, 16), call.max_seq_len, device.sms
@@ -333,6 +342,8 @@ def plan_gluon_fp8(shape: DecodeShape, call: DecodeCall, device: DecodeDevice, t
                       partial_dtype=tuning.get("partial_dtype", torch.float32))  # fmt: skip
 
 
-def plan_torch(shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuning: dict) -> DecodePlan:
+def plan_torch(
+    shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuning: Mapping[str, object]
+) -> DecodePlan:
     """The torch reference reads whole block tables: nothing to tune."""
     return DecodePlan("torch reference", 1)

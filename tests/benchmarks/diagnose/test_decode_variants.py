@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mlaserve.kernels.mla_decode import dispatch
 from mlaserve.kernels.mla_decode.rules import DecodeCall, DecodeDevice, DecodeShape
+from mlaserve.kernels.mla_decode.tuning import tuned_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks" / "diagnose"))
 
@@ -26,7 +26,7 @@ CACHES = {
 def check(heads: int, cache: str, batch: int, max_len: int, variants: list[dict]) -> None:
     shape = DecodeShape(heads, 512, 64, CACHES[cache], torch.bfloat16, 64)
     for kw in variants:
-        plan = dispatch.plan(shape, DecodeCall(batch, max_len), H200, **kw)
+        plan = tuned_plan(shape, DecodeCall(batch, max_len), H200, **kw)
         assert kw.get("kernel") in (None, plan.kernel)
 
 
