@@ -296,7 +296,7 @@ def moe() -> dict:
     """Fused MoE vs the per-expert loop at DeepSeek-V2-Lite's expert shapes (64 experts, top-6, bf16)."""
     import torch.nn.functional as F
 
-    from mlaserve.kernels.moe.grouped_gemm import fused_experts
+    from mlaserve.kernels.moe.dispatch import fused_experts
     from mlaserve.layers.moe import experts_reference
 
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -18,7 +18,8 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.gpu_suite import LAT, bench, paged_case  # noqa: E402
 from mlaserve.kernels.mla_decode.tuning import mla_decode_tuned  # noqa: E402
-from mlaserve.kernels.moe.grouped_gemm import _grouped_gemm, sort_by_expert  # noqa: E402
+from mlaserve.kernels.moe.grouped_gemm import _grouped_gemm  # noqa: E402
+from mlaserve.kernels.moe.sort import sort_by_expert  # noqa: E402
 
 out = {}
 E, HID, INTER, TOPK = 64, 2048, 1408, 6

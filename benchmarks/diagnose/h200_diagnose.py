@@ -83,7 +83,9 @@ HID, INTER, E, TOPK = 2048, 1408, 64, 6
 
 
 def moe() -> dict:
-    from mlaserve.kernels.moe.grouped_gemm import _grouped_gemm, fused_experts, sort_by_expert, tile_plan
+    from mlaserve.kernels.moe.dispatch import fused_experts, tile_plan
+    from mlaserve.kernels.moe.grouped_gemm import _grouped_gemm
+    from mlaserve.kernels.moe.sort import sort_by_expert
     from mlaserve.layers.moe import experts_reference
 
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -91,7 +93,7 @@ def moe() -> dict:
     w2 = torch.randn(E, HID, INTER, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
     unfused = lambda t: F.silu(t)  # noqa: E731  (not F.silu itself: takes the unfused activation path)
     rows = []
-    from mlaserve.kernels.moe import grouped_gemm as fused_moe
+    from mlaserve.kernels.moe import sort as expert_sort
 
     for tokens in (1, 8, 32, 256, 512, 1024, 2048, 4096, 16384):
         x = torch.randn(tokens, HID, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -104,16 +106,16 @@ def moe() -> dict:
             variants[f"sorted{bm}"] = (bm, F.silu)
         # the same tile heights with the torch sort where the one-program sort would take them
         variants |= {f"sorted{bm}_torch_sort": (bm, F.silu) for bm in (64, 128)}
-        limit = fused_moe.MAX_CHUNKS
+        limit = expert_sort.MAX_CHUNKS
         for name, (bm, act) in variants.items():
-            fused_moe.MAX_CHUNKS = 0 if name.endswith("torch_sort") else limit
+            expert_sort.MAX_CHUNKS = 0 if name.endswith("torch_sort") else limit
             out = fused_experts(x, w13, w2, weights, ids, act, block_m=bm)
             if ref is not None:
                 row[f"{name}_rel_err"] = ((out.float() - ref).norm() / ref.norm()).item()
             row[f"{name}_ms"] = bench(
                 lambda bm=bm, act=act, x=x, w=weights, i=ids: fused_experts(x, w13, w2, w, i, act, block_m=bm)
             )
-        fused_moe.MAX_CHUNKS = limit
+        expert_sort.MAX_CHUNKS = limit
         rows.append(row)
         print(json.dumps(row), flush=True)
 
@@ -168,7 +170,7 @@ def moe_mixed() -> dict:
     """The fused MoE at the mixed workload's sizes (benchmarks/gpu_mixed.py): decode batches of 45, 106 and 229
     tokens, where it streams nearly every expert's weights, and its 8,192-token prefill chunks. Each tile height
     beside the plan's: ms, and the touched experts' weight bytes per second (decode) or TFLOP/s (prefill)."""
-    from mlaserve.kernels.moe.grouped_gemm import fused_experts, tile_plan
+    from mlaserve.kernels.moe.dispatch import fused_experts, tile_plan
 
     g = torch.Generator(device="cuda").manual_seed(0)
     w13 = torch.randn(E, 2 * INTER, HID, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
@@ -198,9 +200,10 @@ def moe_mixed() -> dict:
 def moe_grouped_mm() -> dict:
     """The prefill MoE at V2-Lite's engine shape (64 routed experts, top 6, the 2 shared experts stored after them
     and taken by every token): the Triton grouped GEMM at its planned tile height against torch's grouped GEMM
-    (fused_moe.grouped_mm_experts), 256 to 16,384 tokens, each checked against the other (and the per-expert loop
+    (moe/grouped_mm.py), 256 to 16,384 tokens, each checked against the other (and the per-expert loop
     up to 2,048 tokens); ms and TFLOP/s of the routed and shared expert FLOPs."""
-    from mlaserve.kernels.moe.grouped_gemm import fused_experts, grouped_mm_experts, tile_plan
+    from mlaserve.kernels.moe.dispatch import fused_experts, tile_plan
+    from mlaserve.kernels.moe.grouped_mm import grouped_mm_experts
     from mlaserve.layers.moe import experts_reference, with_shared_experts
 
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -235,7 +238,7 @@ def moe_grouped_mm() -> dict:
 
 
 def shared_moe() -> dict:
-    from mlaserve.kernels.moe.grouped_gemm import fused_experts
+    from mlaserve.kernels.moe.dispatch import fused_experts
     from mlaserve.layers.activation import gated_act
     from mlaserve.layers.linear import ReplicatedLinear
 

@@ -95,7 +95,7 @@ SKINNY_LINEAR = Kernel(
 )
 GATE_LOGITS = Kernel("gate_logits", _gate_logits, Lazy("mlaserve.kernels.router", "gate_logits"))
 ROUTE_GREEDY = Kernel("route_greedy", _on_cuda_device, Lazy("mlaserve.kernels.router", "route_greedy"))
-FUSED_MOE = Kernel("fused_moe", _on_cuda_device, Lazy("mlaserve.kernels.moe.grouped_gemm", "fused_experts"))
+FUSED_MOE = Kernel("fused_moe", _on_cuda_device, Lazy("mlaserve.kernels.moe.dispatch", "fused_experts"))
 
 KERNELS: dict[str, Kernel] = {
     kernel.name: kernel

@@ -29,7 +29,7 @@ def randn(*shape: int, dtype: torch.dtype, gen: torch.Generator, scale: float = 
 @pytest.mark.parametrize("block_m", [None, 16, 32, 64, 128])
 @pytest.mark.parametrize("tokens", [1, 40, 300])
 def test_fused_moe(dtype, block_m, tokens):
-    from mlaserve.kernels.moe.grouped_gemm import fused_experts
+    from mlaserve.kernels.moe.dispatch import fused_experts
     from mlaserve.layers.moe import experts_reference
 
     gen = torch.Generator(device="cuda").manual_seed(tokens)

@@ -1,4 +1,5 @@
-"""The fused (sorted, grouped-GEMM) MoE against the per-expert reference loop, under TRITON_INTERPRET=1."""
+"""The fused MoE paths (kernels/moe/: the table, sorted and pair tiles, torch's grouped GEMM) against the per-expert
+reference loop, under TRITON_INTERPRET=1."""
 
 import pytest
 import torch
@@ -6,15 +7,16 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from mlaserve.kernels.moe.grouped_gemm import (  # noqa: E402
+from mlaserve.kernels.kernel import first  # noqa: E402
+from mlaserve.kernels.moe.dispatch import (  # noqa: E402
+    GROUPED_MM,
     GROUPED_MM_PAIRS_PER_EXPERT,
+    MOE_KERNELS,
     fused_experts,
-    grouped_mm_experts,
-    grouped_mm_usable,
-    sort_by_expert,
-    sort_by_expert_reference,
     tile_plan,
 )
+from mlaserve.kernels.moe.grouped_mm import grouped_mm_experts  # noqa: E402
+from mlaserve.kernels.moe.sort import sort_by_expert, sort_by_expert_reference  # noqa: E402
 from mlaserve.layers.moe import experts_reference  # noqa: E402
 
 
@@ -78,11 +80,37 @@ def test_grouped_mm_takes_long_bf16_prompts_only():
     w2 = torch.zeros(experts, hidden, inter).bfloat16()
     x = torch.zeros(1, hidden).bfloat16()
     enough = GROUPED_MM_PAIRS_PER_EXPERT * experts
-    assert grouped_mm_usable(x, w13, w2, enough)
-    assert not grouped_mm_usable(x, w13, w2, enough - 1)
-    assert not grouped_mm_usable(x.float(), w13.float(), w2.float(), enough)
+
+    def call(pairs: int, *tensors: torch.Tensor) -> tuple:
+        return (
+            *(tensors or (x, w13, w2)),
+            torch.ones(1, pairs),
+            torch.zeros(1, pairs, dtype=torch.long),
+            F.silu,
+        )
+
+    assert GROUPED_MM.why_not(*call(enough)) is None
+    assert GROUPED_MM.why_not(*call(enough - 1)) == "does not pay at this call"
+    assert GROUPED_MM.why_not(*call(enough, x.float(), w13.float(), w2.float())) == "takes bf16 only"
     odd = torch.zeros(experts, 2 * 12, hidden).bfloat16()  # rows of 12 bf16 values: not whole 16-byte rows
-    assert not grouped_mm_usable(x, odd, torch.zeros(experts, hidden, 12).bfloat16(), enough)
+    odd_call = call(enough, x, odd, torch.zeros(experts, hidden, 12).bfloat16())
+    assert GROUPED_MM.why_not(*odd_call) == "takes widths in whole 16-byte rows"
+
+
+@pytest.mark.parametrize(
+    "pairs, experts, dtype, path",
+    [
+        (6, 64, torch.bfloat16, "pair_tiles"),  # one pair per four experts or fewer
+        (96, 64, torch.bfloat16, "sorted_tiles"),
+        (256 * 64, 64, torch.bfloat16, "grouped_mm"),  # long bf16 prompts
+        (256 * 64, 64, torch.float32, "sorted_tiles"),
+    ],
+)
+def test_the_table_takes_the_first_path_that_fits_and_pays(pairs, experts, dtype, path):
+    x = torch.zeros(1, 32, dtype=dtype)
+    w13, w2 = torch.zeros(experts, 32, 32, dtype=dtype), torch.zeros(experts, 32, 16, dtype=dtype)
+    ids = torch.zeros(1, pairs, dtype=torch.long)
+    assert first(MOE_KERNELS, x, w13, w2, torch.ones(1, pairs), ids, F.silu).name == path
 
 
 @pytest.mark.parametrize("pairs, experts, plan", [(6, 64, (16, True)), (96, 64, (16, False)), (1024, 64, (32, False)),
