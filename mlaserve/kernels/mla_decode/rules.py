@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import torch
 
 from mlaserve.kernels.fit import DEFAULT_SHARED_BYTES
-from mlaserve.kvcache.quant import is_quantized
+from mlaserve.kvcache.quant import TAIL_BYTES, is_quantized
 
 FP8 = torch.float8_e4m3fn
 # Shared memory the Triton kernel's default tiles may take, as _shared_bytes estimates it: that of the largest
@@ -22,6 +22,10 @@ FP8 = torch.float8_e4m3fn
 # (benchmarks/diagnose/decode_compile_report.py) and at wider rows that failed to build before tiles shrank (64
 # heads x 64 rows: int8 rows under fp32 queries, 295,168 bytes; fp8 rows of a 1,024-wide latent, 278,528).
 SHARED_BUDGET = 221_184
+# Tiles in the fp8-dot kernel's ring (gluon_fp8_ring.SLOTS), and what the compiled Gluon kernels take beyond their
+# buffers (barriers, layout scratch), for plan_shared_bytes.
+FP8_SLOTS = 4
+GLUON_SCRATCH_BYTES = 1024
 # Balanced spans (DecodePlan.balanced): the fewest rows a program takes. At the H200's 45-sequence batch 128-row
 # spans took 34.8 us, 256-row ones 40.9 (results/h200-split-room-2026-12-03-3e0922f.json).
 MIN_SPAN_ROWS = 128
@@ -305,6 +309,27 @@ def _shared_bytes(block_h: int, block_n: int, lat_tile: int, row_bytes: int, one
     64-head program over a 1,024-wide latent asked for 262,144 bytes with tiles of 32 rows)."""
     tiles = (block_h + (1 if one_buffer else 2) * block_n) * row_bytes
     return max(tiles, block_h * lat_tile * 4)
+
+
+def plan_shared_bytes(plan: DecodePlan, shape: DecodeShape) -> int:
+    """The shared memory one program of `plan` takes: the Triton kernel's estimate, which plan_triton keeps within
+    the device's, and the Gluon kernels' buffers at their fixed tiles (the compiled kernels add a few hundred bytes
+    of barriers and scratch: GLUON_SCRATCH_BYTES); none for the torch reference."""
+    width = shape.kv_lora_rank + shape.rope_dim
+    if plan.kernel == "triton":
+        row_bytes = (plan.lat_tile + plan.rope_tile) * (4 if shape.query_dtype == torch.float32 else 2)
+        one_buffer = plan.prefetch or plan.num_stages == 1
+        return _shared_bytes(plan.block_h, plan.block_n, plan.lat_tile, row_bytes, one_buffer)
+    if plan.kernel == "gluon_wgmma":  # 16-bit queries, two tiles of rows, p
+        buffers = 2 * (plan.block_h * width + 2 * plan.block_n * width + plan.block_h * plan.block_n)
+    elif plan.kernel == "gluon_wgmma8":  # fp16 queries, two 8-bit tiles of rows, fp16 p
+        buffers = 2 * plan.block_h * width + 2 * plan.block_n * width + 2 * plan.block_n * plan.block_h
+    elif plan.kernel == "gluon_fp8":  # a ring of fp8 tiles with their 16-byte tails, two query terms, p's terms
+        buffers = FP8_SLOTS * plan.block_n * (width + TAIL_BYTES) + 2 * plan.block_h * width
+        buffers += 2 * 2 * plan.block_h * plan.block_n + 2 * plan.block_h * 4
+    else:
+        return 0
+    return buffers + GLUON_SCRATCH_BYTES
 
 
 def plan_gluon_wgmma(
