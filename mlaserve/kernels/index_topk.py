@@ -82,8 +82,7 @@ def index_scores_paged(
     weights [T, H] float32, key_cache [blocks, page, 1, D (+ 16 for 8-bit rows)], block_tables [S, max_blocks],
     table_rows [T] (each token's row of block_tables), visible [T] (keys it may see, from position 0). A program
     scores tiles * block_n keys of one token, its loop pipelined over `stages` tiles (benchmarks/gpu_sparse.py
-    sweeps these; on an H200 64 x 16 x 4 warps x 2 stages was among the fastest of block_n 64-128, tiles 8-32,
-    4 or 8 warps, 1-3 stages: h200-sparse-2026-12-01.json)."""
+    sweeps these)."""
     num_tokens, heads, dim = q.shape
     if dim & (dim - 1) or dim < 16:
         raise ValueError(
@@ -173,7 +172,7 @@ def select_topk_paged(
             max_visible,
             scale,
         )
-        values, idx = scores.topk(k, dim=-1, sorted=False)  # in no order: 15% faster than sorted on an H200
+        values, idx = scores.topk(k, dim=-1, sorted=False)  # in no order: faster than sorted
         slots_of_positions(values, idx, block_tables, table_rows[rows], page, out[rows])
     return out
 

@@ -1,12 +1,11 @@
 """Programmatic dependent launch (PDL) for the small Triton kernels of a decode step, on Hopper and later.
 
-A decode step of a few tokens is hundreds of kernels of 1-3 us, each mostly waiting: for its predecessor to end
+A decode step of a few tokens is hundreds of kernels of a few microseconds, each mostly waiting: for its predecessor to end
 before its blocks start, then for its first loads. Launched with PDL, a kernel's blocks may start while the kernel
 before it finishes; `pdl_enter` then waits (griddepcontrol.wait) until that kernel has completed and its writes are
 visible, and at once lets the next kernel launch early in turn. Kernels whose weights do not depend on the step
-load them before `pdl_enter`. On an H200, chains of 48 such launches in one CUDA graph
-(benchmarks/diagnose/pdl_chain.py) went from 1.47 to 1.12 us per RMSNorm of one row and from 4.80 to 3.69 us per
-2,048 x 2,048 GEMV with its weights loaded before the wait.
+load them before `pdl_enter`. Chains of such launches in one CUDA graph (benchmarks/diagnose/pdl_chain.py) took
+about a quarter less time per kernel, RMSNorm and GEMV alike.
 
 Why it is safe: every kernel launched this way calls `pdl_enter` before it reads or writes anything another kernel
 of the step touches, and the wait is for the predecessor's completion, which implies its own predecessors' (each of

@@ -3,8 +3,7 @@
 MLA's prefill up-projects each context row's latent to per-head k_nope and v (kv_b_proj), and every head's key is
 [k_nope | the row's one shared rope key]. Flash attention's varlen call then wants K and V contiguous and of one
 head size, so V is zero-padded to K's width. In torch that is a concatenation with a broadcast input, then F.pad's
-copy: in the mixed workload's 8,192-token prefill steps on an H200 the two took about 5 ms a step over 27 layers
-(torch.profiler, results/h200-diagnose-2026-12-02-mixed-steps.json), several times what their bytes cost. Here one
+copy, which took several times what their bytes cost in long prefill steps. Here one
 program writes a block of (row, head) pairs of both: K and V padded with zeros. `prefill_kv_reference` is the torch
 path it is tested against.
 """

@@ -103,8 +103,8 @@ def _rotary_kernel(
 
 
 def _block_heads(num_heads: int, half_p2: int) -> int:
-    # About 512 rotated pairs per program, one warp each: the fastest on an H200 both for MLA's 128 heads of 64
-    # and Llama's heads of 128 (a prefill near 3.5 TB/s); bigger tiles left it at half that. Never more heads
+    # About 512 rotated pairs per program, one warp each: the fastest both for MLA's 128 heads of 64 and Llama's
+    # heads of 128 (a prefill near the memory's bandwidth); bigger tiles left it at half that. Never more heads
     # than the tensor has (k in MLA has one).
     return max(1, min(triton.next_power_of_2(max(num_heads, 1)), 512 // half_p2))
 

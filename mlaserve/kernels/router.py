@@ -1,12 +1,11 @@
 """MoE routing on CUDA: the float32 gate GEMM for decode-sized batches, then scores, top-k, normalization and
 scaling in one launch.
 
-torch spends three kernels on the routing (softmax, top-k, scaling), about 7 us per MoE layer at one token on an
-H200; here one program per token does all of it. The gate itself cannot join that program: a first version that
-did it there streamed the float32 gate weight through a single SM and took 45 us. For a few tokens `gate_logits`
-spreads it over programs of a few experts each instead, one launch where cuBLAS took three (the cast of the
-activations to float32, a dot and a reduce kernel: 6 us per layer at one token); tl.dot's float32 mode was no
-option, it ran 42 us (benchmarks/diagnose/h200_diagnose.py, skinny section). Greedy routing only (softmax, or
+torch spends three kernels on the routing (softmax, top-k, scaling); here one program per token does all of it. The
+gate itself cannot join that program: there it would stream the float32 gate weight through a single SM. For a few
+tokens `gate_logits` spreads it over programs of a few experts each instead, one launch where cuBLAS took three
+(the cast of the activations to float32, a dot and a reduce kernel); tl.dot's float32 mode was slower still
+(benchmarks/diagnose/h200_diagnose.py, skinny section). Greedy routing only (softmax, or
 sigmoid with its correction bias and a single group); the torch functions in moe.py are the reference and the path
 for group-limited routing.
 """

@@ -3,19 +3,16 @@
 With one to sixteen rows a linear layer is a weight stream. Up to GEMV_MAX_ROWS rows `_gemv_kernel` takes it: each
 program loads a block of 8-128 whole weight rows (up to 2,048 columns at once, the next block while it sums this
 one) before it waits for its input (programmatic dependent launch, pdl.py), then sums every input row against it
-in registers. On an H200 inside a CUDA graph, pdl_chain.py's one-row kernel of this design (8 rows of 2,048 a
-program) took 4.8 us per 2,048 x 2,048 GEMV without PDL and 3.7 us with it, where cuBLAS took 6.1 us; in the engine
-it replaced all of V2-Lite's cuBLAS launches at batch 1 (benchmarks/results/h200-lite-ab-pdl-gemv-sort-*.json).
-The same kernel runs per-head products (MLA's absorbed W_UK and W_UV: one weight matrix per head) with the head as
+in registers. Inside a CUDA graph it beat cuBLAS at these row counts (benchmarks/diagnose/pdl_chain.py times a
+one-row kernel of this design), so it takes every such linear layer. The same kernel runs per-head products (MLA's absorbed W_UK and W_UV: one weight matrix per head) with the head as
 a second grid axis.
 
 From 5 to 16 rows `_skinny_kernel` takes all rows as one 16-row tensor-core tile and a narrow block of output
 columns, so the grid covers the GPU even for a few hundred outputs and each weight row is read once. Against
-cuBLAS on an H200, inside CUDA graphs over weights beyond L2 (benchmarks/diagnose/h200_diagnose.py, skinny
-section), it won where cuBLAS is weakest: narrow outputs, which cuBLAS splits over K into a GEMM plus a reduce
-kernel (V2-Lite's 576-wide kv_a projection: 5.1 vs 6.0 us), and LM-head-wide ones (102,400 x 2,048: 106 vs
-115 us). For the widths in between cuBLAS was as fast or faster (q_proj 6.5 vs 6.8 us), so the registry sends only
-the first two kinds there (registry.SKINNY_LINEAR). LM heads keep that kernel at any row count.
+cuBLAS inside CUDA graphs over weights beyond L2 (benchmarks/diagnose/h200_diagnose.py, skinny section) it won
+where cuBLAS is weakest: narrow outputs, which cuBLAS splits over K into a GEMM plus a reduce kernel, and
+LM-head-wide ones. For the widths in between cuBLAS was as fast or faster, so the registry sends only the first two
+kinds there (registry.SKINNY_LINEAR). LM heads keep that kernel at any row count.
 
 `skinny_linear_reference` and `per_head_reference` are the torch definitions they are tested against.
 """

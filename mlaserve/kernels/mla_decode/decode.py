@@ -21,7 +21,7 @@ def tma_rows(kv_cache: torch.Tensor) -> bool:
 def describe_call(
     q: torch.Tensor, kv_cache: torch.Tensor, max_seq_len: int, kv_lora_rank: int, d_rope: int
 ) -> tuple[DecodeShape, DecodeCall, DecodeDevice]:
-    """The shape, step and device of a decode call over q ([B, H, ...]) and kv_cache, as the dispatcher reads them."""
+    """The shape, step and device of a decode call over q ([B, H, ...]) and kv_cache, as dispatch.py reads them."""
     shape = DecodeShape(q.shape[1], kv_lora_rank, d_rope, kv_cache.dtype, q.dtype, kv_cache.shape[1])
     device = dispatch.decode_device(q.device)
     # only the fp8-dot kernel copies rows by TMA: the alignment is read for it alone

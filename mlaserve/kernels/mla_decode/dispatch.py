@@ -4,10 +4,10 @@ ranks up to 1,024 and rotary widths up to 256, wherever Triton runs, and the tor
 every shape has a kernel; the start-up log and stats() name it (`describe`).
 
 Each entry has kernel.py's shape and is data: what it supports (support.py: the runtime and GPU generations it
-needs, cache and query dtypes, the widths it takes), a static `pays` rule and, where the choice depends on the step (batch,
-context), a per-call one, and the launch of its plans (a module's `launch`, imported on first use). Tuning knobs
-are not part of the engine's call: benchmarks reach them through tuning.py, which names a kernel and passes the
-knobs listed here in `tunables`.
+needs, cache and query dtypes, the widths it takes), a static `pays` rule and, where the choice depends on the step
+(batch, context), a per-call one, and the launch of its plans (a module's `launch`, imported on first use). Tuning
+knobs are not part of the engine's call: benchmarks reach them through tuning.py, which names a kernel and passes
+the knobs listed here in `tunables`.
 """
 
 import dataclasses
@@ -39,7 +39,8 @@ class DecodeKernel(Kernel):
     pays_when: str = ""
     tunables: frozenset[str] = frozenset({"num_splits", "partial_dtype"})
     tma_rows: bool = False  # copies rows with TMA: 16-byte aligned rows
-    # spare splits for long sequences (rules.grid_splits); the kernel ends a program past its sequence's share at once
+    # spare splits for long sequences (rules.grid_splits); the kernel ends a program past its sequence's share at
+    # once
     grid_room: bool = True
 
 
@@ -55,7 +56,7 @@ TRITON_TUNABLES = frozenset({"block_h", "block_n", "num_warps", "num_stages", "n
                              "q_f16", "widen_bits", "partial_dtype", "balanced", "min_span_rows"})  # fmt: skip
 
 # Ordered: the first kernel that fits a call and pays runs it. The Gluon kernels' widths are those that built and
-# matched the reference on an H200: rope tiles narrower than 64 (32 for fp8 dots) break their 128-byte swizzled
+# matched the reference on Hopper: rope tiles narrower than 64 (32 for fp8 dots) break their 128-byte swizzled
 # layouts, and the 16-bit kernel's shared memory overflows at rank 512 with rope 128.
 DECODE_KERNELS: tuple[DecodeKernel, ...] = (
     DecodeKernel(

@@ -9,34 +9,26 @@ Same work as `triton_split._stage1` with an fp8 cache and BLOCK_H = 16, for one 
   regrouped in registers into wgmma's register operand (`_value_operand`). p goes in as two e4m3 terms as well.
 - The cache's row scales enter p through the exponent: m is the running maximum of logit + log2(scale), so the
   scaled p stays within 2^8 and needs no separate rescaling.
-What is left of the error is the fp8 tensor cores' own accumulation; see tuning.mla_decode_tuned for the
-measured figures. The widening kernel (gluon_wgmma8.py) takes the fp8 calls where this one does not pay.
+What is left of the error is the fp8 tensor cores' own accumulation, within what the cache's own fp8 rounding
+moves the reference by (tests/gpu/test_mla_decode_on_gpu.py bounds it). The widening kernel (gluon_wgmma8.py) takes the fp8 calls where this one does not pay.
 
 Three partitions (`gl.warp_specialize`): a producer warpgroup copies the split's tiles into a ring of SLOTS, and two
 consumer warpgroups share the queries and take the tiles in turn. An fp8 tile is half a bf16 one and the dots cost
 the same per row, so one warpgroup per CTA could not keep enough bytes in flight while it computed; here, while one
 consumer works on a tile, the other's and the next copies are in flight. Each slot has a `ready` barrier (the copy
-landed) and an `empty` one (its consumer is done with it), so the producer refills a slot exactly once it is free.
-Tiles are copied by TMA, three boxes counted on the slot's barrier: the latent part as one 3-D box (four chunks of
-128 columns, one copy instruction where four 2-D boxes would each bring a barrier of Triton's), the rope part, and
-the rows' 16-byte tails, whose row scales the consumers then read from the slot instead of loading them from global
-memory behind a block-table lookup of their own. A sequence's last, partial tile comes by cp.async instead, which
-zero-fills the rows past its end: they can hold a freed page's bytes, NaN included, and p = 0 does not cancel a NaN
-in the values' dot. The producer, not the consumers, reads the block table, one tile ahead of the copy, so the
-lookup does not sit between a slot's release and its refill. (Against scales loaded per tile, pages looked up
-after the slot came free and four latent boxes, this took the call on an H200 from 55.2 to 53.2 us at (B, L) =
-(64, 4,096) and from 183.1 to 173.8 us at (128, 8,192).) Both consumers are workers: run in the default partition,
+landed) and an `empty` one (its consumer is done with it), so the producer refills a slot exactly once it is free;
+how it copies a tile, and reads the rows' scales with it, is gluon_fp8_ring.py's. Both consumers are workers: run in
+the default partition,
 a consumer went through its tiles measurably slower than the worker beside it (benchmarks/diagnose/fp8_phases.py
 times each phase per CTA).
 At the end consumer 1 hands its running state to consumer 0 through shared memory (`state_ready`), which combines
-the two and writes the CTA's one partial. Against each consumer writing its own, that halves the partials' stores
-and the merge's reads (on an H200, 55.2 against 56.2 us at (64, 4,096), 22.0 against 23.5 us at batch 1 over
-16,384 with 32 splits).
+the two and writes the CTA's one partial, which halves the partials' stores and the merge's reads against each
+consumer writing its own.
 Consumer 0 copies the query terms into shared memory and signals consumer 1 (`q_ready`), so the producer's first
 copies are in flight while the queries come. With PDL the kernel is launched programmatically dependent on the query
 split, whose programs let it start at once: its CTAs are placed and start copying tiles while the split runs, and
 the consumers wait for it (griddepcontrol.wait) only before reading the terms. It lets the merge launch early the
-same way (`_stage2` waits for it).
+same way (partials._stage2 waits for it).
 """
 
 import torch
@@ -180,7 +172,7 @@ def _store_partial(stage, MidO, MidLse, acc0, acc1, acc2, acc3, m, l_sum, b, hea
     """Write the CTA's partial result: Oᵀ over the sums of p, through `stage` (shared memory, [heads, D_LAT] fp32)
     so that each head's row goes out in 16-byte stores, and the base-2 LSE m + log2(sum) - LSE_SHIFT (-inf for an
     empty split). Written straight from the accumulators' layout (gluon_wgmma8._store_partials), the stores
-    were 4 bytes each, scattered over the rows, and calls on an H200 took 2-7 us longer."""
+    would be 4 bytes each, scattered over the rows, and slower."""
     BLOCK_H: gl.constexpr = m.shape[0]
     D_LAT: gl.constexpr = stage.shape[1]
     outs: gl.constexpr = acc0.type.layout

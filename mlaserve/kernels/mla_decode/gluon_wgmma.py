@@ -3,14 +3,12 @@
 Same work and outputs as `triton_split._stage1` at 64 heads per program: one sequence, one group of 64 query heads and
 one slice of its context per program, partial outputs and base-2 LSEs for `partials._stage2` to merge. It exists
 because Triton picks the warp layout of a dot by itself: a dot whose result feeds another dot (the scores feed the
-values' dot) gets all warps along M, so with 64 heads and 8 warps both warpgroups computed the same 64 x 64 scores
-(72 m64n32 wgmma per warpgroup per tile, where 36 do the work; benchmarks/diagnose/decode_compile_report.py shows
-it). Gluon states layouts explicitly: here each warpgroup computes half of the tile's score columns, the
+values' dot) gets all warps along M, so with 64 heads and 8 warps both warpgroups computed the same 64 x 64 scores,
+twice the wgmma the work needs (benchmarks/diagnose/decode_compile_report.py shows it). Gluon states layouts explicitly: here each warpgroup computes half of the tile's score columns, the
 probabilities meet in shared memory, and each warpgroup accumulates half of the 512 output columns.
 
 The tile loop double-buffers the KV tile with asynchronous copies: tile i + 1 is copied while tile i is worked on.
-Leaving tile i's value dot running into step i + 1 was 7-11% slower on an H200: the copy of tile i + 1 then has to
-wait for it.
+Leaving tile i's value dot running into step i + 1 was slower: the copy of tile i + 1 then has to wait for it.
 Gluon kernels do not run under TRITON_INTERPRET; the Triton kernel stays the reference on CPU and on other GPUs,
 and tests/gpu compares the two.
 """
@@ -74,7 +72,7 @@ def stage1_wgmma(
 
     m = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, scores))
     # Row sums per column, reduced once at the end: a per-tile sum would cross warpgroups (through shared memory)
-    # every step; this was 1-5% faster at 128 heads on an H200.
+    # every step, which was slower.
     l_cols = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, scores)
     acc = gl.zeros([BLOCK_H, D_LAT], gl.float32, outs)
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, scores))
@@ -88,8 +86,8 @@ def stage1_wgmma(
         async_copy.wait_group(0)  # this thread's copies of tile i have landed
         fence_async_shared()  # ... and are visible to the tensor cores' reads
         # ... for every thread's copies. Both warpgroups are also past tile i - 1's value dot, so its buffer and p_s
-        # are free: tile i + 1 is copied there now, a whole step ahead of its use. (One barrier per step instead of
-        # a second one after the value dot: 1-2% faster on an H200.)
+        # are free: tile i + 1 is copied there now, a whole step ahead of its use. (One barrier per step was faster
+        # than a second one after the value dot.)
         barrier()
         copy_tile(k_s.index(1 - buf), pe_s.index(1 - buf), KV, BlockTable, b, n0 + BLOCK_N, end, stride_kv,
                    stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip

@@ -45,8 +45,8 @@ def _copy_tile8(
 
 @gluon.jit
 def _widen(x):
-    """8-bit operand -> fp16. fp8 takes the paired conversion instruction (integer operations took 1.4-1.6x its
-    time here on an H200), int8 integer operations packed two to a register."""
+    """8-bit operand -> fp16. fp8 takes the paired conversion instruction (integer operations were slower here),
+    int8 integer operations packed two to a register."""
     if x.dtype == gl.int8:
         y = widen_bits(x, gl.float16)
     else:

@@ -2,8 +2,8 @@
 counts, when each kernel pays, and each kernel's parameters (`DecodePlan`). Plain Python, no Triton: the table in
 dispatch.py reads these, and the backend can name its kernel before anything is compiled.
 
-The H200 figures behind each rule are in its docstring; benchmarks/gpu_suite.py and benchmarks/diagnose re-measure
-them through tuning.mla_decode_tuned.
+Each rule was measured on Hopper GPUs; benchmarks/gpu_suite.py and benchmarks/diagnose re-measure them through
+tuning.mla_decode_tuned, and tests/kernels/snapshots/decode_plans.txt shows the plans they give DeepSeek's shapes.
 """
 
 import dataclasses
@@ -17,17 +17,14 @@ from mlaserve.kvcache.quant import TAIL_BYTES, is_quantized
 
 FP8 = torch.float8_e4m3fn
 # Shared memory the Triton kernel's default tiles may take, as _shared_bytes estimates it: that of the largest
-# default measured to build on sm_90 (64 heads x 64 rows of 16-bit 576-wide rows, two tile buffers: 221,184 bytes,
-# under the 232,448 a program may have). Estimates matched the compiled kernels' figures exactly at the defaults
-# (benchmarks/diagnose/decode_compile_report.py) and at wider rows that failed to build before tiles shrank (64
-# heads x 64 rows: int8 rows under fp32 queries, 295,168 bytes; fp8 rows of a 1,024-wide latent, 278,528).
+# default that builds on sm_90 (64 heads x 64 rows of 16-bit 576-wide rows, two tile buffers). The estimate matches
+# what the compiler reports (benchmarks/diagnose/decode_compile_report.py), also for wider rows that did not build.
 SHARED_BUDGET = 221_184
 # Tiles in the fp8-dot kernel's ring (gluon_fp8_ring.SLOTS), and what the compiled Gluon kernels take beyond their
 # buffers (barriers, layout scratch), for plan_shared_bytes.
 FP8_SLOTS = 4
 GLUON_SCRATCH_BYTES = 1024
-# Balanced spans (DecodePlan.balanced): the fewest rows a program takes. At the H200's 45-sequence batch 128-row
-# spans took 34.8 us, 256-row ones 40.9 (results/h200-split-room-2026-12-03-3e0922f.json).
+# Balanced spans (DecodePlan.balanced): the fewest rows a program takes; longer spans were slower.
 MIN_SPAN_ROWS = 128
 
 
@@ -102,12 +99,9 @@ class DecodePlan:
 def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms: int, block_h: int) -> int:
     """How many slices of the context each (sequence, head group) is split into; no slice under 4 KV tiles.
 
-    The memory-bound kernel (16 heads per program) gets about two programs per SM, which is what fits at once. On
-    an H200, block 64, 16 heads, timed as CUDA-graph replays (two rounds within 1%): (B, L) = (64, 4,096) took
-    0.098 ms at 4 splits, 0.104 at 8, 0.115 at 3, 0.119 at 6 and 0.130 at 2; (128, 8,192) took 0.322 ms at 2,
-    0.326 at 4 and 0.399 at 3. (Eager timings of the same kernel had spread 0.099-0.174 ms between runs: host
-    launch time.) The compute-bound kernel (64 heads per program) was fastest unsplit when one wave holds every
-    program, so it takes the fewest splits whose last wave is within 5% of the best fill."""
+    The memory-bound kernel (16 heads per program) gets about two programs per SM, which is what fits at once and
+    was fastest in CUDA-graph replays. The compute-bound kernel (64 heads per program) was fastest unsplit when one
+    wave holds every program, so it takes the fewest splits whose last wave is within 5% of the best fill."""
     most = max(1, min(math.ceil(max_len / (4 * block_n)), 64))
     work = max(batch * head_groups, 1)
     if block_h <= 16:
@@ -128,13 +122,10 @@ GRID_ROOM_BYTES = 256 << 20
 def grid_splits(target: int, batch: int, num_heads: int, kv_lora_rank: int, max_len: int) -> int:
     """The grid's split count for a call whose target is `target` splits per sequence, when the sequences' lengths
     under max_len are not known on the host (a CUDA graph is sized for max_model_len): room for a sequence up to four
-    times the batch's mean length to take four times the target, so it is not the one program left running. In
-    the mixed workload of benchmarks/gpu_mixed.py on an H200 (about 229 sequences of 16 to 4,500 rows, target 1),
-    the split step took 217 us per layer with the grid at the target, the longest sequence alone in one program
-    (results/h200-diagnose-2026-12-02-mixed-steps.json); benchmarks/diagnose/split_room.py's batch like it took
-    241 us before and 114 us with the room (results/h200-split-room-2026-12-02-{7871410,3d1425f}.json). The room is
-    bounded by its partial outputs' memory and by 64 splits of at least 256 rows; a program past its sequence's
-    share does no tile work. Kernels whose programs cannot end cheaply take none (dispatch.DecodeKernel.grid_room)."""
+    times the batch's mean length to take four times the target, so it is not the one program left running (in
+    benchmarks/gpu_mixed.py's workload the room halved the split step). The room is bounded by its partial outputs'
+    memory and by 64 splits of at least 256 rows; a program past its sequence's share does no tile work. Kernels
+    whose programs cannot end cheaply take none (dispatch.DecodeKernel.grid_room)."""
     most = max(1, min(math.ceil(max_len / 256), 64))
     spare = GRID_ROOM_BYTES // max(batch * num_heads * kv_lora_rank * 4, 1)
     return max(target, min(most, 4 * target, spare))
@@ -143,21 +134,16 @@ def grid_splits(target: int, batch: int, num_heads: int, kv_lora_rank: int, max_
 def fp8_dot_splits(batch: int, head_groups: int, max_len: int, sms: int) -> int:
     """Splits for the fp8-dot kernel (gluon_fp8.py): its CTA takes a whole SM (shared memory), so about one
     per SM, each with at least 8 tiles of 64 rows (4 per warpgroup); at most 32. More, in waves, were slower at every
-    shape timed on an H200: 54.6 us at (B, L) = (64, 4,096) with 2 splits, 63.9-77.7 us with 3, 4 or 8: waves do
-    not make up for the SMs' unequal bandwidth."""
+    shape timed: waves do not make up for the SMs' unequal bandwidth."""
     most = max(1, min(math.ceil(max_len / (8 * 64)), 32))
     return max(1, min(most, round(sms / max(batch * head_groups, 1))))
 
 
 def fp8_dots_pay(batch: int, head_groups: int, max_len: int, splits: int) -> bool:
     """Whether the fp8-dot kernel beats the widening one for a call: when each CTA gets 16 tiles of 64 rows or
-    more, or 4 or more and the call has 512 tiles in all. On an H200 it won at 4 to 32 tiles per CTA on grids of
-    128 CTAs (0.64x-0.97x the bf16 kernel against the widening kernel's 0.99x-1.03x), narrowly at 8 tiles on 64
-    CTAs (512 tiles: 1.00x-1.03x against 1.04x-1.07x), and at 16 and 32 tiles on the 32 CTAs of batch 1; it lost
-    at 8 tiles on 16 and 32 CTAs (1.07x-1.11x against 0.89x-0.90x) and at 4 tiles on 64 (0.93x against 0.85x).
-    Timed again once the kernel wrote one partial per CTA, the rule picked the faster kernel at 26 of 27 shapes,
-    all but batch 1 over 16,384 (1.01x against 1.10x). The rule sees max_len, not the lengths: a graph sized for a
-    longer context than the batch has picks by the graph's size."""
+    more, or 4 or more and the call has 512 tiles in all: with fewer tiles per CTA its set-up is not paid back
+    (benchmarks/diagnose/h200_diagnose.py's fp8_rule section times both). The rule sees max_len, not the lengths: a
+    graph sized for a longer context than the batch has picks by the graph's size."""
     tiles = math.ceil(max_len / 64)
     per_cta = math.ceil(tiles / splits)
     return per_cta >= 16 or (per_cta >= 4 and batch * head_groups * tiles >= 512)
@@ -193,11 +179,9 @@ def few_heads(shape: DecodeShape, device: DecodeDevice) -> bool:
 
 def fp8_widening_pays(shape: DecodeShape, device: DecodeDevice) -> bool:
     """The widening 8-bit Gluon kernel pays for fp8 caches at 16 heads or fewer, and at 64 or more, where it runs
-    16-head groups: at 128 heads on an H200 it took 0.59 ms at (B, L) = (64, 4,096) and 1.17 ms at (32, 16,384)
-    against the Triton kernel's 2.18 and 4.31 (whose 64-head programs widen each tile in registers that the dots
-    also need; benchmarks/diagnose/many_heads_8bit.py). 17-63 heads were not measured and keep the Triton kernel.
-    int8 gained 0-5% over the Triton kernel at 16 heads (and lost 1% at small batches), so int8 stays there unless
-    named."""
+    16-head groups, where the Triton kernel's 64-head programs widen each tile in registers that the dots also
+    need (benchmarks/diagnose/many_heads_8bit.py). 17-63 heads were not measured and keep the Triton kernel. For
+    int8 it gained too little over the Triton kernel at 16 heads, so int8 stays there unless named."""
     return shape.cache_dtype == FP8 and (few_heads(shape, device) or shape.num_heads >= 64)
 
 
@@ -214,15 +198,14 @@ def fp8_dots_pay_for(shape: DecodeShape, call: DecodeCall, device: DecodeDevice)
 def plan_triton(
     shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuning: Mapping[str, object]
 ) -> DecodePlan:
-    """The Triton kernel (triton_split._stage1), any shape. Defaults from the H200 sweep in gpu_suite.py --tune: 16
+    """The Triton kernel (triton_split._stage1), any shape. Defaults from the sweep in gpu_suite.py --tune: 16
     heads per program when there are few (memory-bound: one latent read per 16 heads), 64 with many (each latent
     tile then feeds 64 heads' dots)."""
     heads, page, quantized = shape.num_heads, shape.block_size, shape.quantized
     block_h = tuning.get("block_h") or (16 if heads <= 16 else 32 if heads < 64 else 64)
     # 8-bit tiles are widened in registers; at 16 heads per program that conversion, not HBM, bounds the kernel,
-    # and smaller tiles with fewer warps and fp16 dots (a cheaper widening) were fastest: fp8 at (B, L) = (64,
-    # 4,096) took 0.140 ms against 0.181 ms with the bf16-cache defaults (benchmarks/diagnose/decode_sweep.py). The
-    # 64-head kernel keeps the measured defaults of 16-bit caches.
+    # and smaller tiles with fewer warps and fp16 dots (a cheaper widening) were fastest
+    # (benchmarks/diagnose/decode_sweep.py). The 64-head kernel keeps the measured defaults of 16-bit caches.
     light = quantized and block_h <= 16
     q_f16 = tuning.get("q_f16")
     q_f16 = light and shape.query_dtype != torch.float32 if q_f16 is None else q_f16  # fp32 keeps fp32 dots
@@ -238,12 +221,9 @@ def plan_triton(
     if light:
         block_n, num_warps = block_n or 32, num_warps or 4
     elif block_h <= 16 and page_ahead and page % 32 == 0:
-        # 16-bit tiles, two buffers each (page ahead). On an H200 (graph replays), 32-row tiles with 4 warps fit
-        # two programs per SM and were fastest once the grid fills the GPU: (B, L) = (64, 4,096) 0.093 ms against
-        # 0.097 for 64-row single-buffered tiles, (128, 8,192) 0.308 against 0.321, batch 32 at 512 / 2,048 even. A
-        # grid under one program per SM (batch 1) wants 64-row tiles and 8 warps: 0.023 ms against 0.025 (32 rows)
-        # and 0.028 (single-buffered) at 16,384. Pages under 32 rows keep 64-row tiles: they span pages, so there
-        # is no page to look up ahead.
+        # 16-bit tiles, two buffers each (page ahead). 32-row tiles with 4 warps fit two programs per SM and were
+        # fastest once the grid fills the GPU; a grid under one program per SM (batch 1) wants 64-row tiles and 8
+        # warps. Pages under 32 rows keep 64-row tiles: they span pages, so there is no page to look up ahead.
         # (a balanced plan's num_splits counts programs, not slices of a sequence)
         wide = (not balanced and splits) or num_splits_for(
             call.batch, _groups(shape, block_h), call.max_seq_len, 64, device.sms, block_h
@@ -288,11 +268,8 @@ def spans_pay(batch: int, head_groups: int, sms: int) -> bool:
     """Whether balanced spans (DecodePlan.balanced) beat split shares for the 16-head Triton kernel over a 16-bit
     cache: where the measured split rule (num_splits_for) gives a sequence at most six splits, from about 41
     sequences, whatever the context. With few splits, shares cut a long sequence into a few long slices that the
-    batch waits on; with many they cut it finely, and spans only add their search. On an H200
-    (benchmarks/diagnose/split_room.py, graph replays, results/h200-split-room-2026-12-03-3e0922f.json) spans of at
-    least 128 rows took 82.4 us against shares' 114.4 at the mixed workload's 229-sequence batch, 51.0 against 59.6
-    at 106 and 34.8 against 42.7 at 45; they lost at 32 x 2,048 (36.4 against 34.1) and batch 1 x 16,384 (38.7
-    against 21.9), and tied at 64 and 128 equal lengths."""
+    batch waits on; with many they cut it finely, and spans only add their search (benchmarks/diagnose/split_room.py
+    times both)."""
     return round(2 * sms / max(batch * head_groups, 1)) <= 6
 
 
@@ -305,8 +282,8 @@ def balanced_programs(head_groups: int, sms: int) -> int:
 def _shared_bytes(block_h: int, block_n: int, lat_tile: int, row_bytes: int, one_buffer: bool) -> int:
     """The Triton kernel's shared memory: the queries and the KV tile, in two buffers where Triton's pipeliner
     streams it (one where the tile is prefetched into registers and only the dots' operand goes through, or nothing
-    is pipelined); or, where larger, a layout conversion of the float32 [block_h, latent] accumulator (on an H200 a
-    64-head program over a 1,024-wide latent asked for 262,144 bytes with tiles of 32 rows)."""
+    is pipelined); or, where larger, a layout conversion of the float32 [block_h, latent] accumulator, which the
+    compiler stages through shared memory for many heads over a wide latent."""
     tiles = (block_h + (1 if one_buffer else 2) * block_n) * row_bytes
     return max(tiles, block_h * lat_tile * 4)
 
@@ -324,7 +301,9 @@ def plan_shared_bytes(plan: DecodePlan, shape: DecodeShape) -> int:
         buffers = 2 * (plan.block_h * width + 2 * plan.block_n * width + plan.block_h * plan.block_n)
     elif plan.kernel == "gluon_wgmma8":  # fp16 queries, two 8-bit tiles of rows, fp16 p
         buffers = 2 * plan.block_h * width + 2 * plan.block_n * width + 2 * plan.block_n * plan.block_h
-    elif plan.kernel == "gluon_fp8":  # a ring of fp8 tiles with their 16-byte tails, two query terms, p's terms
+    elif (
+        plan.kernel == "gluon_fp8"
+    ):  # a ring of fp8 tiles with their 16-byte tails, two query terms, p's terms
         buffers = FP8_SLOTS * plan.block_n * (width + TAIL_BYTES) + 2 * plan.block_h * width
         buffers += 2 * 2 * plan.block_h * plan.block_n + 2 * plan.block_h * 4
     else:

@@ -118,9 +118,8 @@ def _attend_rows(
     WIDEN_BITS: tl.constexpr, LAT_TILE: tl.constexpr, ROPE_TILE: tl.constexpr,
 ):  # fmt: skip
     """Sequence b's heads attend over its rows [start, end): the partial output and base-2 LSE (-inf if empty)."""
-    # Masked by the span's bounds, every program's query loads waited for the lengths' sum, and the 16-head kernel
-    # took 347.7 us at (128, 16, 8,192) where it takes 305.7 and 306.5 us without
-    # (results/h200-split-room-2026-12-02-{d5d257c,b90320a,3d1425f}.json, H200s): an empty span loads them too.
+    # Unmasked, as an empty span loads them too: masked by the span's bounds, every program's query loads waited for
+    # the lengths' sum, and the 16-head kernel was measurably slower.
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=q_ok, other=0.0)
     q_pe = tl.load(
         QPe + b * stride_pb + heads[:, None] * stride_ph + r[None, :],

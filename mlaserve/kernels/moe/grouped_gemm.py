@@ -119,7 +119,7 @@ def tile_ladder(
 ) -> tuple[GemmTile, ...]:
     """The tuned tile (no wider than the output), then smaller ones, from the first whose shared memory (A, and
     the weight tile or the gate and up tiles, per stage) fits `limit` for this element size: the tiles were tuned
-    for bf16, and float32 doubles every buffer, past what an H200 gives a program at 64 rows and more."""
+    for bf16, and float32 doubles every buffer, past what a Hopper GPU gives a program at 64 rows and more."""
     tuned = tile_config(block_m, k)
     tuned = tuned._replace(block_n=min(tuned.block_n, max(16, triton.next_power_of_2(n))))
     return gemm_tiles(tuned, block_m, elem_bytes, 2 if gated else 1, limit)
