@@ -1,7 +1,7 @@
 """Programmatic dependent launch (PDL) for the small Triton kernels of a decode step, on Hopper and later.
 
-A decode step of a few tokens is hundreds of kernels of a few microseconds, each mostly waiting: for its predecessor to end
-before its blocks start, then for its first loads. Launched with PDL, a kernel's blocks may start while the kernel
+A decode step of a few tokens is hundreds of kernels of a few microseconds, each mostly waiting: for its predecessor
+to end before its blocks start, then for its first loads. Launched with PDL, a kernel's blocks may start while the kernel
 before it finishes; `pdl_enter` then waits (griddepcontrol.wait) until that kernel has completed and its writes are
 visible, and at once lets the next kernel launch early in turn. Kernels whose weights do not depend on the step
 load them before `pdl_enter`. Chains of such launches in one CUDA graph (benchmarks/diagnose/pdl_chain.py) took

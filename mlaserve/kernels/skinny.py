@@ -4,8 +4,8 @@ With one to sixteen rows a linear layer is a weight stream. Up to GEMV_MAX_ROWS 
 program loads a block of 8-128 whole weight rows (up to 2,048 columns at once, the next block while it sums this
 one) before it waits for its input (programmatic dependent launch, pdl.py), then sums every input row against it
 in registers. Inside a CUDA graph it beat cuBLAS at these row counts (benchmarks/diagnose/pdl_chain.py times a
-one-row kernel of this design), so it takes every such linear layer. The same kernel runs per-head products (MLA's absorbed W_UK and W_UV: one weight matrix per head) with the head as
-a second grid axis.
+one-row kernel of this design), so it takes every such linear layer. The same kernel runs per-head products (MLA's
+absorbed W_UK and W_UV: one weight matrix per head) with the head as a second grid axis.
 
 From 5 to 16 rows `_skinny_kernel` takes all rows as one 16-row tensor-core tile and a narrow block of output
 columns, so the grid covers the GPU even for a few hundred outputs and each weight row is read once. Against
