@@ -2,7 +2,7 @@
 
   python benchmarks/diagnose/fp8_phases.py OUT.json
 
-Builds an instrumented copy of mlaserve/attention/triton/mla_decode_fp8.py at run time (its source with timestamp
+Builds an instrumented copy of mlaserve/kernels/mla_decode/gluon_fp8.py at run time (its source with timestamp
 stores added at phase boundaries; nothing else changes, so the kernel is today's), runs it in place of the real one
 for three default-shaped fp8 decode calls per case (back to back: L2 is not emptied between them, as the suite's
 timings do), and reports each phase's minimum, median and maximum over the
@@ -31,8 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from benchmarks.gpu_suite import LAT, ROPE, paged_case, run_header  # noqa: E402
-from mlaserve.kernels.mla_decode import decode, tuning  # noqa: E402
-from mlaserve.kernels.mla_decode import gluon_fp8 as mla_decode_fp8  # noqa: E402
+from mlaserve.kernels.mla_decode import decode, gluon_fp8, tuning  # noqa: E402
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows  # noqa: E402
 
 NOW = 'gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [b], dtype=gl.int64, is_pure=False, pack=1)'
@@ -51,8 +50,8 @@ def patch(source: str, old: str, new: str, count: int = 1) -> str:
 
 
 def instrumented_module():
-    """mla_decode_fp8 with timestamp stores; stage1_fp8 takes one more argument, Times [CTAs, SLOTS_PER_CTA]."""
-    source = Path(mla_decode_fp8.__file__).read_text()
+    """gluon_fp8 with timestamp stores; stage1_fp8 takes one more argument, Times [CTAs, SLOTS_PER_CTA]."""
+    source = Path(gluon_fp8.__file__).read_text()
     source = patch(
         source,
         "p_his, p_los, m_l, state_ready,\n    PAGE:",
@@ -75,8 +74,8 @@ def instrumented_module():
                    '    sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [b], dtype=gl.int32, '
                    "is_pure=False, pack=1)\n"
                    f"    gl.store(Times + cta * {SLOTS_PER_CTA} + 9, sm.to(gl.int64))\n    # Launched")  # fmt: skip
-    source = patch(source, "    _barrier()\n    gl.warp_specialize(",
-                   f"    _barrier()\n    gl.store(Times + cta * {SLOTS_PER_CTA} + 1, {NOW})\n    gl.warp_specialize(")  # fmt: skip
+    source = patch(source, "    barrier()\n    gl.warp_specialize(",
+                   f"    barrier()\n    gl.store(Times + cta * {SLOTS_PER_CTA} + 1, {NOW})\n    gl.warp_specialize(")  # fmt: skip
     source = patch(source, "m_l, state_ready, PAGE, D_LAT,", "m_l, state_ready, Times, PAGE, D_LAT,", count=2)
     source = patch(source, "        [232, 232],\n    )  # fmt: skip\n",
                    f"        [232, 232],\n    )  # fmt: skip\n    gl.store(Times + cta * {SLOTS_PER_CTA} + 8, {NOW})\n")  # fmt: skip
@@ -105,18 +104,18 @@ def case(timed, batch: int, length: int) -> dict:
     ctas = batch * plan.num_splits
     times = torch.zeros(ctas, SLOTS_PER_CTA, dtype=torch.int64, device="cuda")
 
-    class Launch:  # stands in for stage1_fp8[grid](...) inside mla_decode
+    class Launch:  # stands in for stage1_fp8[grid](...) inside gluon_fp8.launch
         def __getitem__(self, grid):
             return lambda *args, **kwargs: timed.stage1_fp8[grid](*args, times, **kwargs)
 
-    real = mla_decode_fp8.stage1_fp8
-    mla_decode_fp8.stage1_fp8 = Launch()
+    real = gluon_fp8.stage1_fp8
+    gluon_fp8.stage1_fp8 = Launch()
     try:
         for _ in range(3):
             decode.mla_decode(q, cache, table, meta.seq_lens, length, LAT, 0.07)
         torch.cuda.synchronize()
     finally:
-        mla_decode_fp8.stage1_fp8 = real
+        gluon_fp8.stage1_fp8 = real
     t = times.cpu()
     us = ((t - t[:, 0].min()).double() / 1e3).tolist()
     phases = {

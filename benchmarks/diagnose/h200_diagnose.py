@@ -18,7 +18,7 @@ steps         the V2-Lite engine (random bf16 weights): every engine step timed 
               compiles that happened inside each repeat
 skinny        the skinny-GEMM kernel against cuBLAS at V2-Lite's decode projections (1, 4, 16 rows), each tile
               variant timed inside a CUDA graph over enough weight copies to stream from HBM; and the float32
-              router gate (triton_router.gate_logits) against its cuBLAS linear
+              router gate (kernels/router.py's gate_logits) against its cuBLAS linear
 decode_timing the memory-bound decode shapes timed eagerly (as the suite does) and as CUDA-graph replays (no host
               launch work in the timed span), three rounds each, bf16 and fp8 caches, to tell kernel time from
               launch overhead in the suite's run-to-run spread
@@ -32,7 +32,7 @@ wide_warps    the same cases, the 64-head kernel with 16 warps against 8
 fp8_tiles     the same cases, the 8-bit kernel with 16-row tiles, 2 or 4 warps, and more splits
 widen_bits    8-bit caches at the memory-bound shapes: tiles widened by conversion instructions against integer
               operations, beside the bf16 cache
-wgmma         the Gluon split kernel (mla_decode_wgmma.py) against the Triton kernel at five many-head shapes (batch
+wgmma         the Gluon split kernel (kernels/mla_decode/gluon_wgmma.py) against the Triton kernel at five many-head shapes (batch
               1 to 128, 64 and 128 heads), graph-replayed, checked against the Triton kernel's output
 decode_breakdown the default decode at batch 64 over contexts 1,024-16,384 and at (128, 16, 8,192): graph replay
               time against the split and merge kernels' own durations (torch.profiler), for fitting the
@@ -655,7 +655,7 @@ def page_ahead() -> dict:
 
 
 def wgmma() -> dict:
-    """The Gluon split kernel for 64 heads per program (mla_decode_wgmma.py: each warpgroup computes half of the
+    """The Gluon split kernel for 64 heads per program (gluon_wgmma.py: each warpgroup computes half of the
     scores) against the Triton kernel, whose two warpgroups both computed all of them, at many-head shapes."""
     cases = [
         (64, 128, 4096, 4096, False),
@@ -760,7 +760,7 @@ def fp8_splits() -> dict:
 
 
 def fp8_rule() -> dict:
-    """Where the fp8-dot kernel should take over from the widening one by default (decode_rules.fp8_dots_pay): both kernels
+    """Where the fp8-dot kernel should take over from the widening one by default (rules.fp8_dots_pay): both kernels
     at contexts whose split gives each CTA 4, 8, 12 and 16 tiles (fp8_dot_splits on 132 SMs), from batch 1 to 128;
     then 8 to 32 tiles per CTA on grids of 16 to 128 CTAs (the grid's fill), and 4 tiles on a full grid. At 52c0c31
     and c4426da the fp8-dot kernel won on every grid of 128 CTAs, on 64 and 96 at 8 tiles, and at batch 1 with 16

@@ -1,6 +1,6 @@
 """8-bit caches at 128 heads: the dispatcher gives them the Triton kernel (64 heads per program, rows widened in
 registers), which the sparse section timed 7-11x slower than the bf16 Gluon kernel. This times, on the same rows,
-the Triton kernel, the 16-head widening Gluon kernel (mla_decode_wgmma8.py) run over 8 head groups, and the bf16
+the Triton kernel, the 16-head widening Gluon kernel (gluon_wgmma8.py) run over 8 head groups, and the bf16
 Gluon kernel over the bf16 rows; graph replays, each checked against the bf16 result first.
 
     python benchmarks/diagnose/many_heads_8bit.py
