@@ -17,14 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlaserve.kernels.mla_decode import dispatch
-from mlaserve.kernels.mla_decode.rules import (
-    SHARED_BUDGET,
-    DecodeCall,
-    DecodeDevice,
-    DecodePlan,
-    DecodeShape,
-    plan_shared_bytes,
-)
+from mlaserve.kernels.mla_decode.dispatch import plan_shared_bytes
+from mlaserve.kernels.mla_decode.rules import SHARED_BUDGET, DecodeCall, DecodeDevice, DecodePlan, DecodeShape
 from mlaserve.kernels.mla_decode.tuning import tuned_plan
 
 H200 = DecodeDevice("sm_90", 132, triton=True, gluon=True)

@@ -29,11 +29,13 @@ from mlaserve.kernels.mla_decode.support import ANY, EIGHT_BIT, FLOATS, HALF, De
 class DecodeKernel(Kernel):
     """A decode kernel (kernel.py's shape): `supports` is its DecodeSupport, `pays` its static rule over (shape,
     device), `launch` runs a plan over (q, q_pe, kv_cache, block_table, seq_lens, kv_lora_rank, scale), `plan` makes
-    that plan from the shape, the step and the device (and a benchmark's tuning, tuning.py)."""
+    that plan from the shape, the step and the device (and a benchmark's tuning, tuning.py), `shared_bytes` says
+    what one of its programs takes of the device's shared memory."""
 
     supports: DecodeSupport
     about: str
     plan: Callable[[DecodeShape, DecodeCall, DecodeDevice, Mapping[str, object]], DecodePlan]
+    shared_bytes: Callable[[DecodePlan, DecodeShape], int]  # one program's shared memory at a plan's tile
     # where the choice depends on the step: pays only for the calls this says yes to, a rule named by pays_when
     pays_per_call: Callable[[DecodeShape, DecodeCall, DecodeDevice], bool] | None = None
     pays_when: str = ""
@@ -64,7 +66,7 @@ DECODE_KERNELS: tuple[DecodeKernel, ...] = (
         supports=DecodeSupport(**GLUON, cache_dtypes=frozenset({torch.float8_e4m3fn}), ranks=Widths(512, 512),
                                ropes=Widths(32, 128, pow2=True), pages=Widths(multiple_of=64)),
         pays=rules.few_heads, pays_per_call=rules.fp8_dots_pay_for, pays_when="fp8_dots_pay",
-        launch=_launch("gluon_fp8"), plan=rules.plan_gluon_fp8,
+        launch=_launch("gluon_fp8"), plan=rules.plan_gluon_fp8, shared_bytes=rules.gluon_fp8_shared_bytes,
         tunables=frozenset({"num_splits", "partial_dtype", "pdl"}), tma_rows=True,
     ),
     DecodeKernel(
@@ -72,24 +74,28 @@ DECODE_KERNELS: tuple[DecodeKernel, ...] = (
         supports=DecodeSupport(**GLUON, cache_dtypes=EIGHT_BIT, ranks=Widths(512, 512),
                                ropes=Widths(64, 128, pow2=True), pages=Widths(multiple_of=64)),
         pays=rules.fp8_widening_pays, launch=_launch("gluon_wgmma8"), plan=rules.plan_gluon_wgmma8,
+        shared_bytes=rules.gluon_wgmma8_shared_bytes,
     ),
     DecodeKernel(
         "gluon_wgmma", about="16-bit cache, 64 heads per program, warpgroups split the scores (gluon_wgmma.py)",
         supports=DecodeSupport(**GLUON, cache_dtypes=HALF, ranks=Widths(64, 512, pow2=True), ropes=Widths(64, 64),
                                pages=ANY),
         pays=rules.many_heads, launch=_launch("gluon_wgmma"), plan=rules.plan_gluon_wgmma,
+        shared_bytes=rules.gluon_wgmma_shared_bytes,
     ),
     DecodeKernel(
         "triton", about="general: any heads, widths and page, tiles padded to powers of two (triton_split.py)",
         supports=DecodeSupport(runtime="triton", archs=None, cache_dtypes=FLOATS | EIGHT_BIT, query_dtypes=FLOATS,
                                heads=ANY, ranks=Widths(1, 1024), ropes=Widths(0, 256), pages=ANY),
         pays=rules.always, launch=_launch("triton_split"), plan=rules.plan_triton, tunables=TRITON_TUNABLES,
+        shared_bytes=rules.triton_shared_bytes,
     ),
     DecodeKernel(
         "torch reference", about="plain torch over whole block tables (reference.py)",
         supports=DecodeSupport(runtime="torch", archs=None, cache_dtypes=None, query_dtypes=None, heads=ANY,
                                ranks=ANY, ropes=Widths(0), pages=ANY),
         pays=rules.always, launch=_launch("reference"), plan=rules.plan_torch, tunables=frozenset(),
+        shared_bytes=rules.no_shared_bytes,
         grid_room=False,
     ),
 )  # fmt: skip
@@ -179,6 +185,11 @@ def plan_for(
         planned.num_splits, call.batch, shape.num_heads, shape.kv_lora_rank, call.max_seq_len
     )
     return dataclasses.replace(planned, num_splits=room, split_target=planned.num_splits)
+
+
+def plan_shared_bytes(plan: DecodePlan, shape: DecodeShape) -> int:
+    """The shared memory one program of `plan` takes, by its kernel's estimate."""
+    return KERNELS_BY_NAME[plan.kernel].shared_bytes(plan, shape)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -21,7 +21,7 @@ FP8 = torch.float8_e4m3fn
 # what the compiler reports (benchmarks/diagnose/decode_compile_report.py), also for wider rows that did not build.
 SHARED_BUDGET = 221_184
 # Tiles in the fp8-dot kernel's ring (gluon_fp8_ring.SLOTS), and what the compiled Gluon kernels take beyond their
-# buffers (barriers, layout scratch), for plan_shared_bytes.
+# buffers (barriers, layout scratch), for the *_shared_bytes estimates.
 FP8_SLOTS = 4
 GLUON_SCRATCH_BYTES = 1024
 # Balanced spans (DecodePlan.balanced): the fewest rows a program takes; longer spans were slower.
@@ -288,27 +288,44 @@ def _shared_bytes(block_h: int, block_n: int, lat_tile: int, row_bytes: int, one
     return max(tiles, block_h * lat_tile * 4)
 
 
-def plan_shared_bytes(plan: DecodePlan, shape: DecodeShape) -> int:
-    """The shared memory one program of `plan` takes: the Triton kernel's estimate, which plan_triton keeps within
-    the device's, and the Gluon kernels' buffers at their fixed tiles (the compiled kernels add a few hundred bytes
-    of barriers and scratch: GLUON_SCRATCH_BYTES); none for the torch reference."""
+def triton_shared_bytes(plan: DecodePlan, shape: DecodeShape) -> int:
+    """The Triton kernel's shared memory at `plan`'s tile: the estimate plan_triton keeps within the device's."""
+    row_bytes = (plan.lat_tile + plan.rope_tile) * (4 if shape.query_dtype == torch.float32 else 2)
+    return _shared_bytes(
+        plan.block_h, plan.block_n, plan.lat_tile, row_bytes, plan.prefetch or plan.num_stages == 1
+    )
+
+
+# The Gluon kernels' shared memory: their buffers at the fixed tile, plus what the compiled kernels add beyond them
+# (a few hundred bytes of barriers and scratch: GLUON_SCRATCH_BYTES).
+
+
+def gluon_wgmma_shared_bytes(plan: DecodePlan, shape: DecodeShape) -> int:
+    """16-bit queries, two tiles of rows, p."""
     width = shape.kv_lora_rank + shape.rope_dim
-    if plan.kernel == "triton":
-        row_bytes = (plan.lat_tile + plan.rope_tile) * (4 if shape.query_dtype == torch.float32 else 2)
-        one_buffer = plan.prefetch or plan.num_stages == 1
-        return _shared_bytes(plan.block_h, plan.block_n, plan.lat_tile, row_bytes, one_buffer)
-    if plan.kernel == "gluon_wgmma":  # 16-bit queries, two tiles of rows, p
-        buffers = 2 * (plan.block_h * width + 2 * plan.block_n * width + plan.block_h * plan.block_n)
-    elif plan.kernel == "gluon_wgmma8":  # fp16 queries, two 8-bit tiles of rows, fp16 p
-        buffers = 2 * plan.block_h * width + 2 * plan.block_n * width + 2 * plan.block_n * plan.block_h
-    elif (
-        plan.kernel == "gluon_fp8"
-    ):  # a ring of fp8 tiles with their 16-byte tails, two query terms, p's terms
-        buffers = FP8_SLOTS * plan.block_n * (width + TAIL_BYTES) + 2 * plan.block_h * width
-        buffers += 2 * 2 * plan.block_h * plan.block_n + 2 * plan.block_h * 4
-    else:
-        return 0
+    buffers = 2 * (plan.block_h * width + 2 * plan.block_n * width + plan.block_h * plan.block_n)
     return buffers + GLUON_SCRATCH_BYTES
+
+
+def gluon_wgmma8_shared_bytes(plan: DecodePlan, shape: DecodeShape) -> int:
+    """fp16 queries, two 8-bit tiles of rows, fp16 p."""
+    width = shape.kv_lora_rank + shape.rope_dim
+    buffers = 2 * plan.block_h * width + 2 * plan.block_n * width + 2 * plan.block_n * plan.block_h
+    return buffers + GLUON_SCRATCH_BYTES
+
+
+def gluon_fp8_shared_bytes(plan: DecodePlan, shape: DecodeShape) -> int:
+    """A ring of fp8 tiles with their 16-byte tails, the query's two terms, p's two terms per consumer, the state
+    one consumer hands the other."""
+    width = shape.kv_lora_rank + shape.rope_dim
+    buffers = FP8_SLOTS * plan.block_n * (width + TAIL_BYTES) + 2 * plan.block_h * width
+    buffers += 2 * 2 * plan.block_h * plan.block_n + 2 * plan.block_h * 4
+    return buffers + GLUON_SCRATCH_BYTES
+
+
+def no_shared_bytes(plan: DecodePlan, shape: DecodeShape) -> int:
+    """The torch reference's: none of the device's per-program shared memory."""
+    return 0
 
 
 def plan_gluon_wgmma(
