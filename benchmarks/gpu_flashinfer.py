@@ -60,7 +60,7 @@ def _shape(
     flashinfer: object, workspace: torch.Tensor, case: tuple, length: int, bench_graph: Callable
 ) -> dict:
     from mlaserve.attention.torch_ref import TorchBackend
-    from mlaserve.attention.triton.mla_decode import mla_decode
+    from mlaserve.kernels.mla_decode.decode import mla_decode
     from mlaserve.kvcache.quant import quantize_rows
 
     q, cache, table, meta = case

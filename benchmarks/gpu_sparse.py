@@ -19,9 +19,10 @@ import torch
 
 from mlaserve.attention.metadata import build_metadata
 from mlaserve.attention.sparse import select_topk, sparse_latent_attention
-from mlaserve.attention.triton.index_topk import index_scores_paged
-from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode
 from mlaserve.attention.triton_mla import TritonMLABackend
+from mlaserve.kernels.index_topk import index_scores_paged
+from mlaserve.kernels.mla_decode.decode import mla_decode
+from mlaserve.kernels.mla_decode.tuning import decode_plan
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 
 LAT, ROPE, HEADS = 512, 64, 128

@@ -176,7 +176,7 @@ def run_header() -> dict:
 
 
 def kernels() -> dict:
-    from mlaserve.attention.triton.mla_decode import mla_decode
+    from mlaserve.kernels.mla_decode.decode import mla_decode
 
     results = []
     for batch, heads, page, seed in [
@@ -206,7 +206,8 @@ def kernels() -> dict:
 
 
 def decode(ceil: dict, tune: bool) -> dict:
-    from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode, mla_decode_tuned
+    from mlaserve.kernels.mla_decode.decode import mla_decode
+    from mlaserve.kernels.mla_decode.tuning import decode_plan, mla_decode_tuned
 
     def time_case(batch: int, heads: int, length: int) -> dict:
         q, cache, table, meta = paged_case(batch, heads, [length] * batch, 64, torch.bfloat16, 0)
@@ -277,7 +278,7 @@ def moe() -> dict:
     """Fused MoE vs the per-expert loop at DeepSeek-V2-Lite's expert shapes (64 experts, top-6, bf16)."""
     import torch.nn.functional as F
 
-    from mlaserve.layers.fused_moe import fused_experts
+    from mlaserve.kernels.moe.dispatch import fused_experts
     from mlaserve.layers.moe import experts_reference
 
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -20,8 +20,8 @@ torch reference (gathered rows, one softmax with the sink) at 4,096-token contex
 import torch
 
 from mlaserve.attention.metadata import build_metadata
-from mlaserve.attention.triton.mla_decode import mla_decode
 from mlaserve.attention.triton_mla import TritonMLABackend
+from mlaserve.kernels.mla_decode.decode import mla_decode
 
 HEADS, DIM, ROPE, WINDOW, PAGE = 64, 512, 64, 128, 64
 CSA_RATE, HCA_RATE, TOPK, INDEX_HEADS, INDEX_DIM = 4, 128, 512, 64, 128

@@ -18,31 +18,6 @@ def gather_decode(
     return dequantize_rows(rows, dtype) if is_quantized(cache.dtype) else rows
 
 
-def paged_latent_decode(
-    q: torch.Tensor,
-    q_pe: torch.Tensor,
-    cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    kv_lora_rank: int,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Absorbed MLA decode straight from block tables: q [B, H, R], q_pe [B, H, P], cache [blocks, page, 1, R + P]
-    (8-bit rows too) -> (out [B, H, R] in q's dtype, lse [B, H] float32). Every row a table names is read and those
-    past each sequence's length masked, so shapes are fixed and nothing waits on the host (CUDA-graph safe): the
-    decode dispatcher's last resort, for shapes no kernel takes."""
-    page = cache.shape[1]
-    pos = torch.arange(block_table.shape[1] * page, device=q.device)
-    slots = block_table.long()[:, pos // page] * page + pos % page  # [B, L]
-    rows = cache.flatten(0, 2).index_select(0, slots.reshape(-1)).view(*slots.shape, cache.shape[-1])
-    k = dequantize_rows(rows, torch.float32) if is_quantized(cache.dtype) else rows.float()  # [B, L, R + P]
-    scores = torch.einsum("bhd,bld->bhl", torch.cat((q, q_pe), -1).float(), k) * scale
-    scores.masked_fill_((pos[None, :] >= seq_lens[:, None])[:, None, :], float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    out = torch.einsum("bhl,bld->bhd", torch.exp(scores - lse[..., None]), k[..., :kv_lora_rank])
-    return out.to(q.dtype), lse
-
-
 class TorchBackend(AttentionBackend):
     name = "torch"
     decode_kernel_name = "torch reference"

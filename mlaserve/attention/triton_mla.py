@@ -35,8 +35,8 @@ class TritonMLABackend(SdpaBackend):
         device: torch.device,
         query_dtype: torch.dtype | None = None,
     ) -> str:
-        from mlaserve.attention.triton.decode_rules import DecodeShape
-        from mlaserve.attention.triton.dispatch import decode_device, describe
+        from mlaserve.kernels.mla_decode.dispatch import decode_device, describe
+        from mlaserve.kernels.mla_decode.rules import DecodeShape
 
         if query_dtype is None:
             query_dtype = torch.bfloat16 if is_quantized(cache_dtype) else cache_dtype
@@ -56,7 +56,7 @@ class TritonMLABackend(SdpaBackend):
 
     @staticmethod
     def _mla_decode(q, q_pe, cache, meta: AttentionMetadata, scale: float, kv_lora_rank: int):
-        from mlaserve.attention.triton.mla_decode import mla_decode
+        from mlaserve.kernels.mla_decode.decode import mla_decode
 
         nd = meta.num_decodes
         max_len = max(meta.host_seq_lens[:nd])
@@ -69,7 +69,7 @@ class TritonMLABackend(SdpaBackend):
         return f"triton index scores + torch.topk, then {attend} over the selected rows"
 
     def select_topk(self, q, weights, key_cache, meta: AttentionMetadata, positions, topk: int, scale: float):
-        from mlaserve.attention.triton.index_topk import select_topk_paged
+        from mlaserve.kernels.index_topk import select_topk_paged
 
         if meta.token_rows is None:  # each token's sequence (its block-table row), once per step
             rows = torch.arange(len(meta.query_lens), device=q.device)
@@ -96,7 +96,7 @@ class TritonMLABackend(SdpaBackend):
     def sparse_latent(self, q_latent, q_pe, cache, slots, scale: float, kv_lora_rank: int):
         """The paged decode kernels with pages of one row: each token's selected slots are its "block table" (the
         valid ones come first, the -1s last: index_topk.slots_of_positions), their count its length."""
-        from mlaserve.attention.triton.mla_decode import mla_decode
+        from mlaserve.kernels.mla_decode.decode import mla_decode
 
         rows = cache.view(-1, 1, 1, cache.shape[-1])
         lens = (slots >= 0).sum(dim=1, dtype=torch.int32)

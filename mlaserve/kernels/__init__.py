@@ -1,1 +1,15 @@
-"""GPU kernels' shared parts: tiles that fit the device they run on (fit.py)."""
+"""The kernel floor: every Triton and Gluon kernel of the engine, and how each is chosen. It sits below the layers
+and the attention backends and imports neither; their torch code (layers/*.py, attention/torch_ref.py) is each
+kernel's CPU path and reference.
+
+kernel.py      the one shape: Kernel(name, supports, launch, pays) and Lazy (a launch imported on first use)
+registry.py    the entries the layers ask (RMS_NORM.choose(x, weight, eps), ...) and their limits; no triton
+fit.py         tiles that fit the device's shared memory: ladders of smaller tiles, first_that_builds
+pdl.py         programmatic dependent launch for the small kernels of a decode step
+act.py norm.py rotary.py mla_prep.py prefill_kv.py router.py skinny.py   the layers' fused Triton kernels
+index_topk.py  sparse attention's index scores and top-k slots
+mla_decode/    paged MLA decode: a table of Triton and Gluon split steps (its __init__ maps it)
+moe/           fused MoE: a table of grouped_mm, pair tiles and sorted tiles (its __init__ maps it)
+
+Tuning knobs live in mla_decode/tuning.py, which only benchmarks import.
+"""

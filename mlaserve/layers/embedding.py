@@ -4,8 +4,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mlaserve.kernels.registry import SKINNY_LINEAR
 from mlaserve.layers import cpu_gemm
-from mlaserve.layers.linear import default_weight_loader, make_param, skinny_kernel_for
+from mlaserve.layers.linear import default_weight_loader, make_param
 from mlaserve.loader.checkpoint_slice import read, slice_aware
 from mlaserve.parallel import SINGLE, ParallelContext
 
@@ -51,7 +52,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.packed = cpu_gemm.pack(self.weight)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        skinny = skinny_kernel_for(hidden, self.weight) if self.packed is None else None
+        skinny = SKINNY_LINEAR.choose(hidden, self.weight) if self.packed is None else None
         if self.packed is not None:
             logits = cpu_gemm.packed_linear(hidden, self.packed)
         elif skinny is not None:  # a decode step's few rows on CUDA

@@ -10,24 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mlaserve.kernels.registry import SKINNY_LINEAR
 from mlaserve.layers import cpu_gemm
-from mlaserve.layers.cuda_kernels import kernel_for
 from mlaserve.loader.checkpoint_slice import read, slice_aware
 from mlaserve.parallel import SINGLE, ParallelContext
-
-_SKINNY = ("mlaserve.layers.triton_skinny", "skinny_linear")
-SKINNY_MAX_ROWS = 16  # triton_skinny.MAX_ROWS, without importing triton on CPU
-GEMV_MAX_ROWS = 4  # triton_skinny.GEMV_MAX_ROWS
-
-
-def skinny_kernel_for(x: torch.Tensor, weight: torch.Tensor):
-    """triton_skinny.skinny_linear for a decode-sized batch of 16-bit rows on CUDA: every width up to GEMV_MAX_ROWS
-    rows (its GEMV kernel), beyond that the widths where its tile kernel beat cuBLAS (narrow ones, which cuBLAS
-    splits over K into two kernels, and LM heads; see triton_skinny.py); None otherwise."""
-    n, rows = weight.shape[0], x.shape[0]
-    if x.dim() != 2 or rows > SKINNY_MAX_ROWS or x.dtype != weight.dtype or x.dtype == torch.float32:
-        return None
-    return kernel_for(*_SKINNY, x, weight) if rows <= GEMV_MAX_ROWS or n <= 1024 or n >= 32768 else None
 
 
 class ShapeMismatch(ValueError):
@@ -82,7 +68,7 @@ class LinearBase(nn.Module):
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.packed is not None:
             return cpu_gemm.packed_linear(x, self.packed, bias)
-        kernel = skinny_kernel_for(x, self.weight)
+        kernel = SKINNY_LINEAR.choose(x, self.weight, bias)  # a decode step's few 16-bit rows on CUDA
         if kernel is not None:
             return kernel(x, self.weight, bias)
         return F.linear(x, self.weight, bias)

@@ -15,12 +15,11 @@ from torch import nn
 from mlaserve.attention.backend import AttentionBackend, write_to_cache
 from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.config.model_config import indexer_config
+from mlaserve.kernels.registry import MLA_PREP, PER_HEAD, PREFILL_KV
 from mlaserve.kvcache.quant import is_quantized, quantize_rows
 from mlaserve.layers.attention import PagedAttention
-from mlaserve.layers.cuda_kernels import kernel_for
 from mlaserve.layers.indexer import Indexer
 from mlaserve.layers.linear import (
-    GEMV_MAX_ROWS,
     ColumnParallelLinear,
     MergedColumnParallelLinear,
     ReplicatedLinear,
@@ -30,18 +29,13 @@ from mlaserve.layers.norm import RMSNorm
 from mlaserve.layers.rotary import RotaryEmbedding, rope_frequencies
 from mlaserve.parallel import ParallelContext
 
-_PREP_KERNEL = ("mlaserve.layers.triton_mla_prep", "mla_prep")
-_PREFILL_KV_KERNEL = ("mlaserve.layers.triton_prefill_kv", "prefill_kv")
-_PER_HEAD_KERNEL = ("mlaserve.layers.triton_skinny", "per_head")
-
 
 def per_head(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [T, H, K] @ w [H, N, K]^T for each head -> [T, H, N]: MLA's absorbed W_UK and W_UV. A decode step of a few
-    tokens on CUDA takes triton_skinny's GEMV kernel (one launch, weights loaded ahead); the einsum otherwise."""
-    if x.shape[0] <= GEMV_MAX_ROWS and x.dtype == w.dtype and x.dtype != torch.float32:
-        kernel = kernel_for(*_PER_HEAD_KERNEL, x, w)
-        if kernel is not None:
-            return kernel(x, w)
+    tokens on CUDA takes kernels/skinny.py's GEMV kernel (one launch, weights loaded ahead); the einsum otherwise."""
+    kernel = PER_HEAD.choose(x, w)
+    if kernel is not None:
+        return kernel(x, w)
     return torch.einsum("thk,hnk->thn", x, w)
 
 
@@ -182,13 +176,14 @@ class MLAAttention(nn.Module):
         slot_mapping: torch.Tensor,
     ) -> None:
         """Rotates q's rope part in place and writes each token's cache row (normed latent, roped shared key) at
-        its slot. kv is the kv_a projection's output. On CUDA one kernel (triton_mla_prep.py); this torch code is
+        its slot. kv is the kv_a projection's output. On CUDA one kernel (kernels/mla_prep.py); this torch code is
         its CPU path and reference."""
-        kernel = kernel_for(*_PREP_KERNEL, q, kv)
+        norm, rotary = self.kv_a_layernorm, self.rotary
+        args = (positions, q, kv, norm.weight, norm.eps, rotary.inv_freq, rotary.scaling, rotary.interleaved,
+                kv_cache, slot_mapping)  # fmt: skip
+        kernel = MLA_PREP.choose(*args)
         if kernel is not None:
-            norm, rotary = self.kv_a_layernorm, self.rotary
-            kernel(positions, q, kv, norm.weight, norm.eps, rotary.inv_freq, rotary.scaling, rotary.interleaved,
-                   kv_cache, slot_mapping)  # fmt: skip
+            kernel(*args)
             return
         latent, k_pe = kv.split([self.kv_lora_rank, self.rope_dim], dim=-1)
         q_pe, k_pe = self.rotary(positions, q[..., self.nope_dim :], k_pe.unsqueeze(1))
@@ -217,8 +212,8 @@ class MLAAttention(nn.Module):
         context = self.backend.gather_prefill_context(kv_cache, meta, q.dtype)[:, 0]  # [S, R + P]
         latent, k_pe = context.split([self.kv_lora_rank, self.rope_dim], dim=-1)
         kv = self.kv_b_proj(latent).view(context.shape[0], self.num_heads, self.nope_dim + self.v_dim)
-        kernel = kernel_for(*_PREFILL_KV_KERNEL, kv, k_pe)
-        if kernel is not None and self.v_dim <= self.nope_dim + self.rope_dim:
+        kernel = PREFILL_KV.choose(kv, k_pe, self.nope_dim)
+        if kernel is not None:
             # K and V in one pass, V zero-padded to K's width as flash attention's varlen call takes them
             k, v = kernel(kv, k_pe, self.nope_dim)
             return self.backend.prefill(q, k, v, meta, self.scale)[..., : self.v_dim]

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mlaserve.kernels.registry import FUSED_MOE, GATE_LOGITS, ROUTE_GREEDY
 from mlaserve.layers.activation import get_act_fn
-from mlaserve.layers.cuda_kernels import kernel_for
 from mlaserve.layers.linear import ShapeMismatch, default_weight_loader, make_param
 from mlaserve.loader.checkpoint_slice import slice_aware
 from mlaserve.parallel import ParallelContext
@@ -59,11 +59,6 @@ def with_shared_experts(
     )
 
 
-# One launch for a decode-sized batch's float32 gate GEMM
-_GATE_KERNEL = ("mlaserve.layers.triton_router", "gate_logits")
-_GATE_MAX_TOKENS = 16  # triton_router.GATE_MAX_TOKENS, without importing triton on CPU
-
-
 class MoEGate(nn.Module):
     """Routes each token to its top-k experts; with num_shared, also to the shared experts stored after them
     (with_shared_experts)."""
@@ -86,14 +81,14 @@ class MoEGate(nn.Module):
             self.e_score_correction_bias = make_param(self.num_experts, dtype=torch.float32)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        small = x.dim() == 2 and x.shape[0] <= _GATE_MAX_TOKENS
-        gate = kernel_for(*_GATE_KERNEL, x, self.weight) if small else None
+        gate = GATE_LOGITS.choose(x, self.weight)  # one launch for a decode-sized batch's float32 gate GEMM
         logits = gate(x, self.weight) if gate else F.linear(x.float(), self.weight)
-        if self._one_launch(logits):
-            from mlaserve.layers.triton_router import route_greedy
-
-            bias = self.e_score_correction_bias if self.sigmoid else None
-            return route_greedy(logits, bias, self.top_k, self.normalize, self.scaling, self.num_shared)
+        # greedy routing: scores and top-k in one launch on CUDA
+        greedy = self.n_group == 1 if self.sigmoid else self.method == "greedy"
+        bias = self.e_score_correction_bias if self.sigmoid else None
+        route = (logits, bias, self.top_k, self.normalize, self.scaling, self.num_shared)
+        if greedy and (kernel := ROUTE_GREEDY.choose(*route)) is not None:
+            return kernel(*route)
         if self.sigmoid:
             weights, ids = route_sigmoid(
                 logits, self.e_score_correction_bias, self.top_k, self.n_group, self.topk_group
@@ -103,11 +98,6 @@ class MoEGate(nn.Module):
         if self.normalize and self.top_k > 1:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return with_shared_experts(weights * self.scaling, ids, self.num_experts, self.num_shared)
-
-    def _one_launch(self, logits: torch.Tensor) -> bool:
-        """Greedy routing on CUDA: the one-launch Triton scores + top-k (moe.py's functions otherwise)."""
-        greedy = self.n_group == 1 if self.sigmoid else self.method == "greedy"
-        return logits.is_cuda and greedy
 
 
 class FusedExperts(nn.Module):
@@ -205,15 +195,14 @@ class FusedExperts(nn.Module):
         if self.ctx.expert_parallel:  # this rank's experts only: the others' routes become -1
             local = ids - self.first
             ids = torch.where((local >= 0) & (local < self.num_local), local, -1)
-        if x.is_cuda:  # sorted tokens + one grouped Triton GEMM per projection, no host sync
-            from mlaserve.layers.fused_moe import fused_experts
-
+        fused = FUSED_MOE.choose(x, self.w13, self.w2, weights, ids, self.act)
+        if fused is not None:  # sorted tokens + one grouped Triton GEMM per projection, no host sync
             if (
                 self.ctx.expert_parallel
             ):  # the kernel takes real expert ids: other ranks' routes weigh zero here
                 weights, ids = weights * (ids >= 0), ids.clamp(min=0)
             fuse_add = add is not None and not self.ctx.distributed  # else `add` joins after the all-reduce
-            out = fused_experts(x, self.w13, self.w2, weights, ids, self.act, add=add if fuse_add else None)
+            out = fused(x, self.w13, self.w2, weights, ids, self.act, add=add if fuse_add else None)
             if fuse_add:
                 return out
         else:

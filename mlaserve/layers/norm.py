@@ -1,6 +1,6 @@
 """RMSNorm, computed in float32 as the reference models do, so fp32 runs match them bit for bit on the CPU.
 
-On CUDA a fused Triton kernel (triton_norm.py) replaces the handful of eager kernels, and can fold in the residual
+On CUDA a fused Triton kernel (kernels/norm.py) replaces the handful of eager kernels, and can fold in the residual
 add that precedes the norm; `rms_norm_reference` is the torch definition it is tested against and the CPU path.
 The kernel differs from it only in the fp32 summation order (about 1e-6 relative in fp32).
 """
@@ -8,9 +8,7 @@ The kernel differs from it only in the fp32 summation order (about 1e-6 relative
 import torch
 from torch import nn
 
-from mlaserve.layers.cuda_kernels import kernel_for
-
-_KERNEL = ("mlaserve.layers.triton_norm", "rms_norm")
+from mlaserve.kernels.registry import RMS_NORM
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -27,7 +25,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        kernel = kernel_for(*_KERNEL, x, self.weight)
+        kernel = RMS_NORM.choose(x, self.weight, self.eps)
         if kernel is not None:
             return kernel(x, self.weight, self.eps)[0]
         return rms_norm_reference(x, self.weight, self.eps)
@@ -36,8 +34,8 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual): on CUDA one kernel instead of the add plus the norm's kernels."""
-        kernel = kernel_for(*_KERNEL, x, self.weight)
-        if kernel is not None and residual.dtype == x.dtype and residual.shape == x.shape:
+        kernel = RMS_NORM.choose(x, self.weight, self.eps, residual)
+        if kernel is not None:
             return kernel(x, self.weight, self.eps, residual)
         h = x + residual
         return self(h), h

@@ -3,16 +3,14 @@
 The frequencies come from transformers' own rope initialisers (default, linear, llama3, yarn, longrope), so the
 scaling math is the reference's; "dynamic" NTK rescales with the running length and is not supported.
 
-On CUDA a fused Triton kernel (triton_rotary.py) replaces the dozen eager kernels of a rotation; `cos_sin` and
+On CUDA a fused Triton kernel (kernels/rotary.py) replaces the dozen eager kernels of a rotation; `cos_sin` and
 `rotate` are the torch definition it is tested against and the CPU path.
 """
 
 import torch
 from torch import nn
 
-from mlaserve.layers.cuda_kernels import kernel_for
-
-_KERNEL = ("mlaserve.layers.triton_rotary", "rotary")
+from mlaserve.kernels.registry import ROTARY
 
 
 def rope_frequencies(hf_config: object, rotary_dim: int) -> tuple[torch.Tensor, float]:
@@ -74,19 +72,20 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, Hq, D], k: [T, Hk, D] (strided views allowed); returns new rotated tensors."""
-        kernel = kernel_for(*_KERNEL, q, k)
+        rope = (self.inv_freq, self.scaling, self.rotary_dim, self.interleaved)
+        kernel = ROTARY.choose(positions, q, k, *rope)
         if kernel is not None:
-            return kernel(positions, q, k, self.inv_freq, self.scaling, self.rotary_dim, self.interleaved)
+            return kernel(positions, q, k, *rope)
         cos, sin = self.cos_sin(positions)
         return self.rotate(q, cos, sin), self.rotate(k, cos, sin)
 
     def rotate_heads(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Rotates one [T, H, D] tensor, e.g. q and k side by side in a fused projection's output."""
-        kernel = kernel_for(*_KERNEL, x)
-        if kernel is not None:  # k with no heads: the kernel's k programs vanish from the grid
-            return kernel(
-                positions, x, x[:, :0], self.inv_freq, self.scaling, self.rotary_dim, self.interleaved
-            )[0]
+        # k with no heads: the kernel's k programs vanish from the grid
+        args = (positions, x, x[:, :0], self.inv_freq, self.scaling, self.rotary_dim, self.interleaved)
+        kernel = ROTARY.choose(*args)
+        if kernel is not None:
+            return kernel(*args)[0]
         return self.rotate(x, *self.cos_sin(positions))
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mlaserve.attention.sparse import index_scores, select_topk, sparse_latent_attention
-from mlaserve.attention.torch_ref import paged_latent_decode
+from mlaserve.kernels.mla_decode.reference import paged_latent_decode
 from mlaserve.kvcache.quant import dequantize_rows, quantize_rows
 from tests.attention.test_backends import BLOCK, paged_batch
 

@@ -5,13 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mlaserve.layers.fused_moe import (
-    fused_experts,
-    grouped_mm_experts,
-    grouped_mm_usable,
-    sort_by_expert,
-    sort_by_expert_reference,
-)
+from mlaserve.kernels.moe.dispatch import GROUPED_MM, fused_experts
+from mlaserve.kernels.moe.grouped_mm import grouped_mm_experts
+from mlaserve.kernels.moe.sort import sort_by_expert, sort_by_expert_reference
 from mlaserve.layers.moe import experts_reference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -64,7 +60,7 @@ def test_grouped_mm_path_at_prefill_sizes(tokens):
     ids = torch.rand(tokens, experts, device="cuda", generator=gen).topk(8, dim=-1)[1]
     weights = torch.rand(tokens, 8, device="cuda", generator=gen)
     if torch.cuda.get_device_capability()[0] >= 9:
-        assert grouped_mm_usable(x, w13, w2, ids.numel())
+        assert GROUPED_MM.choose(x, w13, w2, weights, ids, F.silu) is not None
     want = experts_reference(x, w13, w2, weights, ids, F.silu).float()
     got = grouped_mm_experts(x, w13, w2, weights, ids, F.silu).float()
     tiles = fused_experts(x, w13, w2, weights, ids, F.silu, block_m=128).float()

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from mlaserve.attention.torch_ref import TorchBackend
-from mlaserve.attention.triton.dispatch import KERNELS_BY_NAME
-from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode, mla_decode_tuned
+from mlaserve.kernels.mla_decode.decode import mla_decode
+from mlaserve.kernels.mla_decode.dispatch import KERNELS_BY_NAME
+from mlaserve.kernels.mla_decode.tuning import decode_plan, mla_decode_tuned
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 from mlaserve.testing.paged_case import LAT, ROPE, paged_case
 
@@ -23,7 +24,7 @@ def skip_gluon_off_hopper(options: dict) -> None:
         pytest.skip("the Gluon split kernels need sm_90")
 
 
-# The LSE tolerance of the fp8-dot kernel (mla_decode_fp8.py): its scores carry the fp8 tensor cores' accumulation
+# The LSE tolerance of the fp8-dot kernel (gluon_fp8.py): its scores carry the fp8 tensor cores' accumulation
 # error (LSE within 1.4e-3 at four shapes on an H200, docs/performance.md). A one-row
 # context's LSE is a single score, with no averaging, so the tolerance leaves room; the last test here bounds the
 # error against the cache's own rounding.
@@ -119,7 +120,7 @@ def test_many_heads_match_reference_eager_and_in_a_graph(batch, heads, page, ker
 )
 def test_uneven_lengths_take_splits_by_share(heads, kv, kernel, options):
     """The mixed workload's shape of batch: many short contexts and a few long ones, the grid sized for a longer
-    max_model_len with room for the long ones to take more splits (decode_rules.grid_splits), or (the Triton
+    max_model_len with room for the long ones to take more splits (rules.grid_splits), or (the Triton
     kernel's balanced spans) every program an equal run of the batch's rows. Every kernel's slices must still
     cover each context exactly once, eagerly and replayed."""
     skip_gluon_off_hopper({"kernel": kernel})

@@ -4,9 +4,9 @@ path on the CPU, at DeepSeek-V2's widths (512 + 64, 16 heads of 128 + 64)."""
 import pytest
 import torch
 
+from mlaserve.kernels.mla_prep import mla_prep
 from mlaserve.kvcache.quant import TAIL_BYTES, dequantize_rows
-from mlaserve.layers.triton_mla_prep import mla_prep
-from tests.layers.test_triton_mla_prep import inputs, tiny_mla
+from tests.kernels.test_mla_prep import inputs, tiny_mla
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

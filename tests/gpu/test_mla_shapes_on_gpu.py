@@ -1,7 +1,7 @@
 """On a GPU (skipped without CUDA): MLA shapes other than DeepSeek's 16/128 heads x (512 + 64). Tiny DeepSeek-V2/V3
 models with 5 or 6 heads, kv_lora_rank 24 or 32 and rotary width 8 once stopped with a Triton compile error in the
 decode kernel (tl.arange widths, dot sizes); MiniCPM3 has 40 heads, rank 256, rotary 32. The dispatcher
-(mlaserve/attention/triton/dispatch.py) gives them the general Triton kernel, whose tiles are padded to powers of
+(mlaserve/kernels/mla_decode/dispatch.py) gives them the general Triton kernel, whose tiles are padded to powers of
 two with masks.
 
 - The kernel against the torch reference at such shapes, eagerly and replayed from a CUDA graph, with stale NaN
@@ -16,7 +16,8 @@ import torch
 from mlaserve import LLM, SamplingParams
 from mlaserve.attention.metadata import build_metadata
 from mlaserve.attention.torch_ref import TorchBackend
-from mlaserve.attention.triton.mla_decode import decode_plan, mla_decode
+from mlaserve.kernels.mla_decode.decode import mla_decode
+from mlaserve.kernels.mla_decode.tuning import decode_plan
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
 from mlaserve.testing.tiny_models import build_tiny
 from tests.gpu.test_greedy_on_gpu import tie_nats

@@ -29,7 +29,7 @@ def randn(*shape: int, dtype: torch.dtype, gen: torch.Generator, scale: float = 
 @pytest.mark.parametrize("block_m", [None, 16, 32, 64, 128])
 @pytest.mark.parametrize("tokens", [1, 40, 300])
 def test_fused_moe(dtype, block_m, tokens):
-    from mlaserve.layers.fused_moe import fused_experts
+    from mlaserve.kernels.moe.dispatch import fused_experts
     from mlaserve.layers.moe import experts_reference
 
     gen = torch.Generator(device="cuda").manual_seed(tokens)
@@ -49,7 +49,7 @@ def test_fused_moe(dtype, block_m, tokens):
 @pytest.mark.parametrize("rows", [1, 7, 16])
 @pytest.mark.parametrize("n", [80, 1900])
 def test_skinny_linear_and_per_head(dtype, rows, n):
-    from mlaserve.layers.triton_skinny import per_head, per_head_reference, skinny_linear
+    from mlaserve.kernels.skinny import per_head, per_head_reference, skinny_linear
 
     gen = torch.Generator(device="cuda").manual_seed(rows * n)
     x = randn(rows, HIDDEN, dtype=dtype, gen=gen)
@@ -69,7 +69,7 @@ def test_skinny_linear_and_per_head(dtype, rows, n):
 def test_mla_decode(dtype, page):
     from mlaserve.attention.metadata import build_metadata
     from mlaserve.attention.torch_ref import TorchBackend
-    from mlaserve.attention.triton.mla_decode import mla_decode
+    from mlaserve.kernels.mla_decode.decode import mla_decode
 
     gen = torch.Generator(device="cuda").manual_seed(page)
     seq_lens = [1, 70, 333, 1000]
@@ -91,7 +91,7 @@ def test_mla_decode(dtype, page):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_index_scores(dtype):
-    from mlaserve.attention.triton.index_topk import index_scores_paged
+    from mlaserve.kernels.index_topk import index_scores_paged
 
     gen = torch.Generator(device="cuda").manual_seed(9)
     page, dim, heads, length = 16, 32, 5, 1001
@@ -114,12 +114,11 @@ def test_index_scores(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gate_norm_act_and_prefill_kv(dtype):
-    from mlaserve.layers.activation import gated_act
+    from mlaserve.kernels.act import silu_and_mul
+    from mlaserve.kernels.norm import rms_norm
+    from mlaserve.kernels.prefill_kv import prefill_kv, prefill_kv_reference
+    from mlaserve.kernels.router import gate_logits
     from mlaserve.layers.norm import rms_norm_reference
-    from mlaserve.layers.triton_act import silu_and_mul
-    from mlaserve.layers.triton_norm import rms_norm
-    from mlaserve.layers.triton_prefill_kv import prefill_kv, prefill_kv_reference
-    from mlaserve.layers.triton_router import gate_logits
 
     gen = torch.Generator(device="cuda").manual_seed(1)
     tol = tolerance(dtype)
@@ -132,7 +131,8 @@ def test_gate_norm_act_and_prefill_kv(dtype):
         normed.float(), rms_norm_reference(x, weight, 1e-6).float(), atol=tol, rtol=tol
     )
     gate_up = randn(13, 2 * INTER, dtype=dtype, gen=gen)
-    want = gated_act(gate_up.float(), F.silu)
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    want = F.silu(gate) * up
     torch.testing.assert_close(silu_and_mul(gate_up).float(), want, atol=tol, rtol=tol)
     kv, k_pe = randn(9, HEADS, 24 + 20, dtype=dtype, gen=gen), randn(9, ROPE, dtype=dtype, gen=gen)
     for got_t, want_t in zip(prefill_kv(kv, k_pe, 24), prefill_kv_reference(kv, k_pe, 24)):

@@ -6,7 +6,7 @@ waits a race would show); and the float32 router gate."""
 import pytest
 import torch
 
-from mlaserve.layers.triton_skinny import per_head, per_head_reference, skinny_linear, skinny_linear_reference
+from mlaserve.kernels.skinny import per_head, per_head_reference, skinny_linear, skinny_linear_reference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -24,7 +24,7 @@ def test_skinny_matches_f_linear(rows, n, k):
 
 @pytest.mark.parametrize("rows", [1, 5, 16])
 def test_gate_logits_match_float32_linear(rows):
-    from mlaserve.layers.triton_router import gate_logits
+    from mlaserve.kernels.router import gate_logits
 
     gen = torch.Generator(device="cuda").manual_seed(rows)
     x = torch.randn(rows, 2048, device="cuda", generator=gen, dtype=torch.bfloat16)

@@ -1,0 +1,125 @@
+"""The tiled experts' GEMM: one grouped Triton GEMM per projection over pairs sorted by expert (sort.py), or over
+pair tiles (one pair per tile, no sort). A program multiplies one BLOCK_M tile of the sorted list, which belongs to
+one expert, by that expert's weight tile; the gated form computes SiLU(gate) * up in its epilogue.
+"""
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from mlaserve.kernels.fit import GemmTile, first_that_builds, gemm_tiles, shared_memory_limit
+from mlaserve.kernels.pdl import pdl_enter, pdl_launch
+
+
+# The pair count changes every step; specializing on it (1, multiples of 16) would compile mid-serving.
+@triton.jit(do_not_specialize=["num_valid"])
+def _grouped_gemm(
+    A, W, C, SortedIds, TileExpert, RouteW,
+    num_valid, N, K,
+    stride_am, stride_we, stride_wn, stride_wk, stride_cm,
+    ROW_DIV: tl.constexpr, MUL_ROUTE: tl.constexpr, GATED: tl.constexpr, PAIR_TILES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    pdl_enter(PDL)  # before the early return: every program waits (pdl.py)
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(TileExpert + pid_m).to(tl.int64)  # int64: expert * stride passes 2**31 for big models
+    if expert < 0:  # a tile past the padded end of the sorted list
+        return
+    m = tl.arange(0, BLOCK_M)
+    if PAIR_TILES:  # tile i is pair i alone (row 0); TileExpert is the routing itself, no sort was needed
+        ids = tl.zeros([BLOCK_M], tl.int64) + pid_m
+        ok = m == 0
+    else:
+        ids = tl.load(SortedIds + pid_m * BLOCK_M + m)
+        ok = ids < num_valid
+    rows = ids // ROW_DIV  # stage 1 reads the token's hidden state, stage 2 the pair's own row
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    w_rows = W + expert * stride_we + n[None, :] * stride_wn
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < K
+        a = tl.load(A + rows[:, None] * stride_am + kk[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
+        w_mask = n_ok[None, :] & k_ok[:, None]
+        w = tl.load(w_rows + kk[:, None] * stride_wk, mask=w_mask, other=0.0)
+        acc += tl.dot(a, w, input_precision=PRECISION)
+        if GATED:  # the up rows sit N rows below the gate rows: both halves of one output column in a program
+            up = tl.load(w_rows + N * stride_wn + kk[:, None] * stride_wk, mask=w_mask, other=0.0)
+            acc_up += tl.dot(a, up, input_precision=PRECISION)
+    if GATED:  # SiLU(gate) * up in the epilogue: the [pairs, 2I] gate_up tensor is never written
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+    if MUL_ROUTE:
+        acc *= tl.load(RouteW + ids, mask=ok, other=0.0)[:, None]
+    tl.store(
+        C + ids[:, None] * stride_cm + n[None, :],
+        acc.to(C.dtype.element_ty),
+        mask=ok[:, None] & n_ok[None, :],
+    )
+
+
+def grouped_gemm(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    sorted_ids: torch.Tensor | None,
+    tile_expert: torch.Tensor,
+    num_pairs: int,
+    row_div: int,
+    route_weights: torch.Tensor | None,
+    block_m: int,
+    gated: bool = False,
+    tiles: tuple[GemmTile, ...] | None = None,
+) -> torch.Tensor:
+    """out[pair] = a[pair // row_div] @ w[expert(pair)].T (times the pair's routing weight).
+
+    gated: w holds gate rows then up rows and out[pair] = silu(gate) * up, half of w's rows wide.
+    sorted_ids None: pair tiles, one pair per tile and tile_expert the flat routing (tiled.pair_tile_experts).
+    tiles: the ladder to launch from (sweeps, tests); default tile_ladder's for the dtype and device."""
+    n, k = w.shape[1] // (2 if gated else 1), w.shape[2]
+    out = torch.empty(num_pairs, n, dtype=a.dtype, device=a.device)
+    if tiles is None:
+        tiles = tile_ladder(block_m, n, k, a.element_size(), gated, shared_memory_limit(a.device))
+
+    def launch(tile: GemmTile) -> None:
+        _grouped_gemm[(tile_expert.numel(), triton.cdiv(n, tile.block_n))](
+            a, w, out, tile_expert if sorted_ids is None else sorted_ids, tile_expert,
+            route_weights if route_weights is not None else out,
+            num_pairs, n, k,
+            a.stride(0), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
+            ROW_DIV=row_div, MUL_ROUTE=route_weights is not None, GATED=gated, PAIR_TILES=sorted_ids is None,
+            BLOCK_M=block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+            PRECISION="ieee" if a.dtype == torch.float32 else "tf32", num_warps=tile.warps,
+            num_stages=tile.stages, **pdl_launch(a),
+        )  # fmt: skip
+
+    first_that_builds("grouped_gemm", tiles, launch)
+    return out
+
+
+def tile_config(block_m: int, k: int) -> GemmTile:
+    """The tuned tile, from a sweep at V2-Lite's w13 shape in bf16 (benchmarks/diagnose/grouped_gemm_sweep.py):
+    decode-sized 16-row tiles stream weights best with long K steps, 64-row tiles with wide N."""
+    if block_m >= 128:
+        block_n, block_k, warps, stages = 128, 64, 8, 3
+    elif block_m >= 64:
+        block_n, block_k, warps, stages = 128, 64, 4, 3
+    else:
+        block_n, block_k, warps, stages = 64, 128, 4, 4
+    return GemmTile(block_n, min(block_k, triton.next_power_of_2(max(k, 16))), warps, stages)
+
+
+@functools.lru_cache(maxsize=1024)
+def tile_ladder(
+    block_m: int, n: int, k: int, elem_bytes: int, gated: bool, limit: int
+) -> tuple[GemmTile, ...]:
+    """The tuned tile (no wider than the output), then smaller ones, from the first whose shared memory (A, and
+    the weight tile or the gate and up tiles, per stage) fits `limit` for this element size: the tiles were tuned
+    for bf16, and float32 doubles every buffer, past what a Hopper GPU gives a program at 64 rows and more."""
+    tuned = tile_config(block_m, k)
+    tuned = tuned._replace(block_n=min(tuned.block_n, max(16, triton.next_power_of_2(n))))
+    return gemm_tiles(tuned, block_m, elem_bytes, 2 if gated else 1, limit)

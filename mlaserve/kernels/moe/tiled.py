@@ -1,0 +1,80 @@
+"""The experts as tiled Triton GEMMs (grouped_gemm.py): pairs sorted by expert into tiles of one expert each
+(sort.py), or, for a handful of pairs over many experts, one pair per tile and no sort at all. The routing stays on
+the device, so a decode step can be captured in a CUDA graph. moe.experts_reference (layers/) is the plain
+per-expert loop they are tested against.
+"""
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from mlaserve.kernels.moe.combine import combine
+from mlaserve.kernels.moe.gated import act_and_mul
+from mlaserve.kernels.moe.grouped_gemm import grouped_gemm
+from mlaserve.kernels.moe.sort import sort_by_expert
+
+
+def sorted_tile_rows(num_pairs: int, num_experts: int) -> int:
+    """Rows per sorted tile. Tensor-core tiles are 64 rows tall, so 16-row tiles waste most of each multiply once
+    experts get more than a few rows; 32-row tiles from 16 rows per expert were faster than either 16 or 64 rows
+    in a mixed workload; 64-row tiles from 32; 128-row tiles once experts average 128 (long prefills)."""
+    if num_pairs >= 128 * num_experts:
+        return 128
+    if num_pairs >= 32 * num_experts:
+        return 64
+    return 32 if num_pairs >= 16 * num_experts else 16
+
+
+def _experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    act: Callable[[torch.Tensor], torch.Tensor],
+    add: torch.Tensor | None,
+    block_m: int,
+    sorted_ids: torch.Tensor | None,
+    tile_expert: torch.Tensor,
+) -> torch.Tensor:
+    num_pairs, top_k = ids.numel(), ids.shape[1]
+    if act is F.silu:
+        hidden = grouped_gemm(x, w13, sorted_ids, tile_expert, num_pairs, top_k, None, block_m, gated=True)
+    else:
+        hidden = act_and_mul(
+            grouped_gemm(x, w13, sorted_ids, tile_expert, num_pairs, top_k, None, block_m), act
+        )
+    route = weights.flatten().float().contiguous()
+    down = grouped_gemm(hidden, w2, sorted_ids, tile_expert, num_pairs, 1, route, block_m)
+    return combine(down, top_k, add)
+
+
+def pair_tile_experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    act: Callable[[torch.Tensor], torch.Tensor],
+    add: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """dispatch.fused_experts' contract, one pair per 16-row tile: the routing itself is each tile's expert."""
+    return _experts(x, w13, w2, weights, ids, act, add, 16, None, ids.flatten())
+
+
+def sorted_tile_experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    act: Callable[[torch.Tensor], torch.Tensor],
+    add: torch.Tensor | None = None,
+    block_m: int | None = None,
+) -> torch.Tensor:
+    """dispatch.fused_experts' contract over pairs sorted by expert into tiles of block_m rows (sorted_tile_rows'
+    where None)."""
+    block_m = block_m or sorted_tile_rows(ids.numel(), w13.shape[0])
+    sorted_ids, tile_expert = sort_by_expert(ids, w13.shape[0], block_m)
+    return _experts(x, w13, w2, weights, ids, act, add, block_m, sorted_ids, tile_expert)

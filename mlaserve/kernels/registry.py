@@ -1,0 +1,114 @@
+"""The kernels the layers call, one entry per op (kernel.py's shape), with the rules that say where each runs.
+
+A layer asks its entry for a call's kernel and keeps its torch code for every call the entry declines: that code
+is its CPU path and the kernel's reference. Each kernel's module is named here as a string and imported on first
+use, so nothing here imports triton. `KERNELS` holds them by op name.
+"""
+
+import torch
+
+from mlaserve.kernels.kernel import Kernel, Lazy, on_cuda
+
+# skinny.py's tile kernel takes one tensor-core tile of rows; larger batches keep cuBLAS.
+SKINNY_MAX_ROWS = 16
+# skinny.py's GEMV kernel sums this many rows against each weight block in registers, one after another.
+GEMV_MAX_ROWS = 4
+# Outputs from which skinny.py's tile kernel streams the weight as well as the GEMV at any row count (LM heads).
+LM_HEAD_WIDTH = 32768
+# The widest output at which skinny.py's tile kernel beat cuBLAS, which splits narrow GEMMs over K in two kernels.
+SKINNY_NARROW_WIDTH = 1024
+# router.py's gate GEMM; past this cuBLAS's GEMM shares each weight tile between tokens.
+GATE_MAX_TOKENS = 16
+
+
+def _silu_and_mul(gate_up: torch.Tensor) -> str | None:
+    return on_cuda(gate_up)
+
+
+def _rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> str | None:
+    reason = on_cuda(x, weight)
+    if reason is None and residual is not None and (residual.dtype != x.dtype or residual.shape != x.shape):
+        return "adds a residual of x's dtype and shape only"
+    return reason
+
+
+def _rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, *rope: object) -> str | None:
+    return on_cuda(q, k)
+
+
+def _mla_prep(positions: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, *rest: object) -> str | None:
+    return on_cuda(q, kv)
+
+
+def _prefill_kv(kv: torch.Tensor, k_pe: torch.Tensor, nope_dim: int) -> str | None:
+    if kv.shape[-1] - nope_dim > nope_dim + k_pe.shape[-1]:
+        return "pads V to K's width: V no wider than K"
+    return on_cuda(kv, k_pe)
+
+
+def _sixteen_bit_pair(x: torch.Tensor, w: torch.Tensor) -> str | None:
+    if x.dtype != w.dtype or x.dtype == torch.float32:
+        return "takes 16-bit x and weights of one dtype"
+    return on_cuda(x, w)
+
+
+def _per_head(x: torch.Tensor, w: torch.Tensor) -> str | None:
+    if x.shape[0] > GEMV_MAX_ROWS:
+        return f"takes up to {GEMV_MAX_ROWS} rows"
+    return _sixteen_bit_pair(x, w)
+
+
+def _skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> str | None:
+    if x.dim() != 2 or x.shape[0] > SKINNY_MAX_ROWS:
+        return f"takes 2-D x of up to {SKINNY_MAX_ROWS} rows"
+    return _sixteen_bit_pair(x, weight)
+
+
+def _skinny_pays(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Its GEMV at every width up to GEMV_MAX_ROWS rows; beyond that the widths where its tile kernel beat cuBLAS
+    (narrow outputs, and LM heads)."""
+    n = weight.shape[0]
+    return x.shape[0] <= GEMV_MAX_ROWS or n <= SKINNY_NARROW_WIDTH or n >= LM_HEAD_WIDTH
+
+
+def _gate_logits(x: torch.Tensor, weight: torch.Tensor) -> str | None:
+    if x.dim() != 2 or x.shape[0] > GATE_MAX_TOKENS:
+        return f"takes 2-D x of up to {GATE_MAX_TOKENS} tokens"
+    return on_cuda(x, weight)
+
+
+def _on_cuda_device(x: torch.Tensor, *rest: object, **options: object) -> str | None:
+    """Kernels that take any dtype they are given (float32 routing logits; MoE weights as loaded)."""
+    return None if x.is_cuda else "needs CUDA tensors"
+
+
+SILU_AND_MUL = Kernel("silu_and_mul", _silu_and_mul, Lazy("mlaserve.kernels.act", "silu_and_mul"))
+RMS_NORM = Kernel("rms_norm", _rms_norm, Lazy("mlaserve.kernels.norm", "rms_norm"))
+ROTARY = Kernel("rotary", _rotary, Lazy("mlaserve.kernels.rotary", "rotary"))
+MLA_PREP = Kernel("mla_prep", _mla_prep, Lazy("mlaserve.kernels.mla_prep", "mla_prep"))
+PREFILL_KV = Kernel("prefill_kv", _prefill_kv, Lazy("mlaserve.kernels.prefill_kv", "prefill_kv"))
+PER_HEAD = Kernel("per_head", _per_head, Lazy("mlaserve.kernels.skinny", "per_head"))
+SKINNY_LINEAR = Kernel(
+    "skinny_linear", _skinny_linear, Lazy("mlaserve.kernels.skinny", "skinny_linear"), pays=_skinny_pays
+)
+GATE_LOGITS = Kernel("gate_logits", _gate_logits, Lazy("mlaserve.kernels.router", "gate_logits"))
+ROUTE_GREEDY = Kernel("route_greedy", _on_cuda_device, Lazy("mlaserve.kernels.router", "route_greedy"))
+FUSED_MOE = Kernel("fused_moe", _on_cuda_device, Lazy("mlaserve.kernels.moe.dispatch", "fused_experts"))
+
+KERNELS: dict[str, Kernel] = {
+    kernel.name: kernel
+    for kernel in (
+        SILU_AND_MUL,
+        RMS_NORM,
+        ROTARY,
+        MLA_PREP,
+        PREFILL_KV,
+        PER_HEAD,
+        SKINNY_LINEAR,
+        GATE_LOGITS,
+        ROUTE_GREEDY,
+        FUSED_MOE,
+    )
+}
