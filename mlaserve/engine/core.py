@@ -39,11 +39,11 @@ class EngineCore:
         logger.info(self.executor.describe_kv_cache())
         self.scheduler = Scheduler(
             SchedulerConfig(
-                config.max_num_seqs,
+                config.scheduler.max_num_seqs,
                 self.executor.max_num_batched_tokens,
                 self.model_config.max_model_len,
-                config.enable_chunked_prefill,
-                config.prefill_first,
+                config.scheduler.enable_chunked_prefill,
+                config.scheduler.prefill_first,
             ),
             self.kv_manager,
         )
@@ -54,7 +54,8 @@ class EngineCore:
         self.num_generated_tokens = 0
         # Off on CPU by default: there the host and the "device" are the same cores, so nothing overlaps.
         auto = self.executor.device.type == "cuda"
-        self.async_scheduling = auto if config.async_scheduling is None else config.async_scheduling
+        chosen = config.scheduler.async_scheduling
+        self.async_scheduling = auto if chosen is None else chosen
         self._in_flight: LaunchedStep | None = None  # the lookahead step queued by the last step() call
 
     @property
@@ -213,7 +214,7 @@ class EngineCore:
             "kv_blocks_used": self.kv_manager.num_used_blocks,
             "kv_blocks_by_group": self.kv_manager.blocks_per_group(),
             **self.executor.stats(),
-            "enable_prefix_caching": self.config.enable_prefix_caching,
+            "enable_prefix_caching": self.config.cache.enable_prefix_caching,
             "num_running": self.scheduler.num_running,
             "num_waiting": self.scheduler.num_waiting,
             "num_preemptions": self.scheduler.num_preemptions,

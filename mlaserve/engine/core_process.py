@@ -58,7 +58,9 @@ def core_main(
     try:
         config = EngineConfig.from_kwargs(**options)
         core = EngineCore(config)
-        threads = CoreThreads(config.device)  # after the engine: a tensor-parallel rank 0 has taken its share
+        threads = CoreThreads(
+            config.model.device
+        )  # after the engine: a tensor-parallel rank 0 has taken its share
         info = {
             "model_config": core.model_config,
             "stats": core.stats(),

@@ -13,7 +13,7 @@ import torch
 
 from mlaserve.attention.backend import AttentionBackend
 from mlaserve.attention.selector import attention_kernel, select_backend_and_reason
-from mlaserve.config.engine_config import EngineConfig
+from mlaserve.config.engine_config import EngineConfig, SchedulerOptions
 from mlaserve.config.model_config import ModelConfig
 from mlaserve.conversion.folder import saved_conversion
 from mlaserve.core.kv_cache_manager import KVCacheManager
@@ -35,7 +35,7 @@ from mlaserve.runner.model_runner import LaunchedStep, ModelRunner, StepResult
 logger = logging.getLogger(__name__)
 
 
-def step_token_budget(config: EngineConfig, max_model_len: int) -> int:
+def step_token_budget(config: SchedulerOptions, max_model_len: int) -> int:
     """Tokens one step may carry. With chunked prefill the budget is vLLM's for large GPUs, whatever
     max_model_len: tying it to a short max_model_len (2,048) ran a burst of 256 prompts through 65 mixed steps
     instead of 17, at half the offline tokens/s. Without chunking a whole prompt must fit in one step."""
@@ -48,24 +48,25 @@ class Executor:
     def __init__(self, config: EngineConfig, tp_rank: int = 0, init_method: str | None = None) -> None:
         """tp_rank and init_method: a tensor-parallel rank past 0 (executor/worker.py); rank 0 starts those."""
         self.config = config
-        self.device = resolve_device(config.device)
+        self.device = resolve_device(config.model.device)
         self.ranks = Ranks()
-        torch.manual_seed(config.seed)
-        files = resolve_model(config.model, need_weights=config.load_format != "dummy")
+        torch.manual_seed(config.model.seed)
+        files = resolve_model(config.model.path, need_weights=config.model.load_format != "dummy")
         saved = saved_conversion(
             files.config_dict
         )  # a folder `mlaserve convert` wrote: MLA without calibrating
         if saved is not None:
             self.config = config = with_saved_conversion(config, saved)
         self.model_config = ModelConfig.from_hf(
-            files.config_dict, config.dtype, self.device, config.max_model_len
+            files.config_dict, config.model.dtype, self.device, config.model.max_model_len
         )
         check_engine_options(config, self.model_config)  # what the model's cache cannot take, before any load
-        external = config.distributed_executor_backend == "external_launcher"
+        parallel = config.parallel
+        external = parallel.distributed_executor_backend == "external_launcher"
         if external:
-            tp_rank, init_method = launched_rank(config.tensor_parallel_size), "env://"
+            tp_rank, init_method = launched_rank(parallel.tensor_parallel_size), "env://"
         try:
-            if config.distributed:
+            if parallel.distributed:
                 self.device = self.ranks.join(self, config, self.device, tp_rank, init_method, external)
             self._build(config, files, saved, tp_rank)
         except BaseException as error:
@@ -85,26 +86,27 @@ class Executor:
         # skip_tokenizer_init (as vLLM): token ids in, token ids out; for speed runs on configs with no tokenizer.
         self.tokenizer = (
             None
-            if config.skip_tokenizer_init or tp_rank
+            if config.model.skip_tokenizer_init or tp_rank
             else load_tokenizer(files, self.model_config.hf_config)
         )
         self.backend: AttentionBackend
-        self.backend, backend_reason = select_backend_and_reason(self.device, config.attention_backend)
+        self.backend, backend_reason = select_backend_and_reason(self.device, config.model.attention_backend)
         self.model, self.load_report = load_model(
             config, self.model_config, files, saved, self.backend, self.device, self.parallel, self.tokenizer
         )
         max_len, dtype = self.model_config.max_model_len, self.model_config.dtype
-        self.max_num_batched_tokens = step_token_budget(config, max_len)
+        self.max_num_batched_tokens = step_token_budget(config.scheduler, max_len)
+        block_size = config.cache.block_size
         self.kv_cache: KVCache = build_kv_cache(
-            config, self.model, dtype, max_len, self.max_num_batched_tokens, self.device, self.parallel
+            config.cache, self.model, dtype, max_len, self.max_num_batched_tokens, self.device, self.parallel
         )
         self.attention_kernel = attention_kernel(
-            self.backend, self.model, self.kv_cache.dtype, config.block_size, self.device, dtype
+            self.backend, self.model, self.kv_cache.dtype, block_size, self.device, dtype
         )
         self.runner = ModelRunner(
             self.model,
             self.kv_cache.tensors,
-            config.block_size,
+            block_size,
             self.device,
             self.kv_cache.group_rules,
             self.parallel,
@@ -112,11 +114,11 @@ class Executor:
         if self.device.type == "cuda":
             self.runner.warm_up(self.max_num_batched_tokens, max_len)
         graphable = decode_graphs_apply(self.model, self.backend, self.kv_cache.spec)
-        if self.device.type == "cuda" and not config.enforce_eager and graphable:
+        if self.device.type == "cuda" and not config.model.enforce_eager and graphable:
             prefill = prefill_graph_tokens(self.model, dtype, self.max_num_batched_tokens)
-            self.runner.enable_cuda_graphs(max_len, config.max_num_seqs, prefill)
+            self.runner.enable_cuda_graphs(max_len, config.scheduler.max_num_seqs, prefill)
         self.build_info = BuildInfo(
-            config.model,
+            config.model.path,
             self.model_config.architecture,
             self.load_report,
             self.backend.name,
@@ -124,9 +126,9 @@ class Executor:
             self.attention_kernel,
             str(self.device),
             max_len,
-            config.tensor_parallel_size,
-            config.enable_expert_parallel,
-            config.distributed,
+            config.parallel.tensor_parallel_size,
+            config.parallel.enable_expert_parallel,
+            config.parallel.distributed,
             tuple(self.ranks.pids),
         )
 
@@ -209,7 +211,7 @@ class Executor:
                 "capture_mla_graph: this engine runs its decode steps eagerly (enforce_eager, or a model or "
                 "attention backend that cannot be captured; the start-up log says which)"
             )
-        self.runner.enable_cuda_graphs(max_seq_len, self.config.max_num_seqs)
+        self.runner.enable_cuda_graphs(max_seq_len, self.config.scheduler.max_num_seqs)
         return len(self.runner.graphs.sizes)
 
     def stats(self) -> dict:
@@ -225,7 +227,7 @@ class Executor:
             "dtype": str(dtype).removeprefix("torch."),
             "kv_cache_dtype": str(cache.dtype).removeprefix("torch."),
             "device": str(self.device),
-            "tensor_parallel_size": self.config.tensor_parallel_size,
+            "tensor_parallel_size": self.config.parallel.tensor_parallel_size,
         }
         if cache.spec.mha_elements_per_layer:
             stats["mha_kv_bytes_per_token"] = cache.spec.mha_bytes_per_token(dtype)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from mlaserve.attention.pooled_window import PooledWindow
-from mlaserve.config.engine_config import EngineConfig
+from mlaserve.config.engine_config import CacheOptions
 from mlaserve.core.kv_cache_manager import CacheGroupSpec, KVCacheManager
 from mlaserve.executor.kv_sizing import num_kv_blocks
 from mlaserve.kvcache.allocate import allocate_kv_caches
@@ -88,7 +88,7 @@ class KVCache:
 
 
 def build_kv_cache(
-    config: EngineConfig,
+    config: CacheOptions,
     model: CausalLM,
     model_dtype: torch.dtype,
     max_model_len: int,

@@ -13,7 +13,7 @@ from mlaserve.config.engine_config import EngineConfig
 from mlaserve.config.model_config import ModelConfig
 from mlaserve.conversion.folder import apply_saved_conversion
 from mlaserve.loader.model_files import ModelFiles
-from mlaserve.loader.model_loader import build_model
+from mlaserve.loader.model_loader import ModelBuild, build_model
 from mlaserve.loader.weights import LoadReport
 from mlaserve.models.base import CausalLM
 from mlaserve.parallel import ParallelContext
@@ -23,15 +23,15 @@ logger = logging.getLogger(__name__)
 
 def with_saved_conversion(config: EngineConfig, saved: dict) -> EngineConfig:
     """A converted folder serves as converted: enable_mla and the skipped layers come from its config.json."""
-    given = [name for name in ("mla_latent_dim", "qk_rope_head_dim") if getattr(config, name) is not None]
-    if given or config.mla_skip_layers or config.mla_rank_allocation != "uniform":
+    mla = config.mla
+    given = [name for name in ("mla_latent_dim", "qk_rope_head_dim") if getattr(mla, name) is not None]
+    if given or mla.mla_skip_layers or mla.mla_rank_allocation != "uniform":
         raise ValueError(
-            f"{config.model} was converted by `mlaserve convert` (config.json's mlaserve_mla section); it takes no "
+            f"{config.model.path} was converted by `mlaserve convert` (config.json's mlaserve_mla section); it takes no "
             f"conversion options of its own ({', '.join(given) or 'mla_skip_layers / mla_rank_allocation'})"
         )
-    return dataclasses.replace(
-        config, enable_mla=True, mla_skip_layers=tuple(saved.get("mla_skip_layers", ()))
-    )
+    skip = tuple(saved.get("mla_skip_layers", ()))
+    return dataclasses.replace(config, mla=dataclasses.replace(mla, enable_mla=True, mla_skip_layers=skip))
 
 
 def load_model(
@@ -46,16 +46,7 @@ def load_model(
 ) -> tuple[CausalLM, LoadReport]:
     """saved: the conversion section of a converted folder's config.json, when it is one."""
     model, report = build_model(
-        model_config,
-        files,
-        backend,
-        device,
-        config.load_format,
-        config.seed,
-        config.mla_disable,
-        config.enable_mla,
-        config.mla_skip_layers,
-        parallel,
+        ModelBuild(model_config, files, backend, device, config.model, config.mla, parallel)
     )
     if saved is not None:
         apply_saved_conversion(model, files.path)
@@ -65,7 +56,7 @@ def load_model(
             saved["ranks"],
             saved["kv_bytes_per_token"],
         )
-    elif config.mla_latent_dim or config.qk_rope_head_dim:
+    elif config.mla.converts:
         convert_to_low_rank_mla(model, config, model_config, tokenizer, device)
     return model, report
 
@@ -87,13 +78,14 @@ def convert_to_low_rank_mla(
         raise ValueError(
             f"the calibration text encodes to {len(ids)} tokens with this model's tokenizer: too few to convert"
         )
+    mla = config.mla
     report = convert_model(
         model,
-        config.mla_latent_dim,
-        config.qk_rope_head_dim,
+        mla.mla_latent_dim,
+        mla.qk_rope_head_dim,
         ids,
-        config.block_size,
+        config.cache.block_size,
         device,
-        config.mla_rank_allocation,
+        mla.mla_rank_allocation,
     )
     logger.info(report)

@@ -75,7 +75,7 @@ class Ranks:
         The ranks stop when `owner` is collected, or at exit, whichever comes first."""
         from mlaserve.parallel.group import free_init_method, init_parallel, rank_device, share_cpu_cores
 
-        size = config.tensor_parallel_size
+        size, expert_parallel = config.parallel.tensor_parallel_size, config.parallel.enable_expert_parallel
         local_rank = int(os.environ.get("LOCAL_RANK", tp_rank)) if external else tp_rank
         gpus = torch.cuda.device_count() if device.type == "cuda" else 0
         if device.type == "cuda" and not external and size > gpus:
@@ -91,13 +91,13 @@ class Ranks:
         device = rank_device(device, local_rank)
         if device.type == "cpu":  # the ranks of one machine share its cores (torchrun says how many)
             share_cpu_cores(int(os.environ.get("LOCAL_WORLD_SIZE", size)) if external else size)
-        self.parallel = init_parallel(tp_rank, size, init_method, device, config.enable_expert_parallel)
+        self.parallel = init_parallel(tp_rank, size, init_method, device, expert_parallel)
         if tp_rank == 0:
             # without holding the owner alive
             self._stop = weakref.finalize(owner, stop_ranks, self.workers, self.parallel)
         logger.info(
             "tensor parallel: rank %d of %d on %s%s", tp_rank, size, device,
-            ", experts split across ranks" if config.enable_expert_parallel else "",
+            ", experts split across ranks" if expert_parallel else "",
         )  # fmt: skip
         return device
 

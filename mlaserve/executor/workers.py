@@ -34,7 +34,7 @@ class WorkerDied(RuntimeError):
 class Workers:
     def __init__(self, config: object, init_method: str) -> None:
         """config: the engine's, pickled to each rank, which builds its own executor from it."""
-        size = config.tensor_parallel_size
+        size = config.parallel.tensor_parallel_size
         self.procs: list[subprocess.Popen] = []
         self.stopping = False
         self.dead: str | None = None  # what went wrong, once a worker exited unexpectedly
