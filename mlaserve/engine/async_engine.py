@@ -21,11 +21,11 @@ from typing import TypeVar
 
 from mlaserve.core.request import RequestStatus
 from mlaserve.engine.core_output import CoreOutput
-from mlaserve.engine.error_text import error_text
 from mlaserve.engine.intake import PreparedRequest
 from mlaserve.engine.llm_engine import LLMEngine
 from mlaserve.engine.output_processor import OutputProcessor
 from mlaserve.engine.output_stream import EngineDeadError, EngineStepError, OutputStream
+from mlaserve.error_text import error_text
 from mlaserve.outputs import RequestOutput
 from mlaserve.sampling_params import SamplingParams
 

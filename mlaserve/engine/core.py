@@ -22,10 +22,10 @@ from mlaserve.engine.core_output import CoreOutput
 from mlaserve.engine.core_requests import final_output, new_request
 from mlaserve.engine.intake import PreparedRequest, RequestIntake
 from mlaserve.engine.step_trace import trace
-from mlaserve.engine.structured_output import GrammarCompiler
 from mlaserve.executor.build_info import BuildInfo
 from mlaserve.executor.executor import Executor
 from mlaserve.runner.model_runner import LaunchedStep, StepResult
+from mlaserve.sampling.structured_output import GrammarCompiler
 from mlaserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)

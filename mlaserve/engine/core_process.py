@@ -26,9 +26,9 @@ from typing import Any
 from mlaserve.core.request import RequestStatus
 from mlaserve.engine.core_output import CoreOutput
 from mlaserve.engine.core_threads import CoreThreads
-from mlaserve.engine.error_text import error_text
 from mlaserve.engine.heap import freeze_start_up_objects
 from mlaserve.engine.step_trace import trace
+from mlaserve.error_text import error_text
 from mlaserve.executor.workers import WorkerDied
 
 logger = logging.getLogger(__name__)

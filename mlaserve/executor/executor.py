@@ -18,7 +18,6 @@ from mlaserve.config.model_config import ModelConfig
 from mlaserve.conversion.folder import saved_conversion
 from mlaserve.core.kv_cache_manager import KVCacheManager
 from mlaserve.core.scheduler import SchedulerOutput
-from mlaserve.engine.structured_output import Grammar
 from mlaserve.executor.build_info import BuildInfo
 from mlaserve.executor.device import resolve_device
 from mlaserve.executor.graph_policy import decode_graphs_apply, prefill_graph_tokens
@@ -31,6 +30,7 @@ from mlaserve.loader.model_files import ModelFiles, resolve_model
 from mlaserve.loader.tokenizer import load_tokenizer
 from mlaserve.parallel import ParallelContext
 from mlaserve.runner.model_runner import LaunchedStep, ModelRunner, StepResult
+from mlaserve.sampling.structured_output import Grammar
 
 logger = logging.getLogger(__name__)
 
