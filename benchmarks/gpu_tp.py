@@ -126,8 +126,8 @@ def collective_share(tmp: Path, lite_llm: Callable, prompts: list, layout: dict)
         engine = llm.engine
         for p in prompts:
             engine.add_request(p, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
-        while engine.scheduler.num_waiting or any(
-            r.num_output_tokens == 0 for r in engine.scheduler.running
+        while engine.core.scheduler.num_waiting or any(
+            r.num_output_tokens == 0 for r in engine.core.scheduler.running
         ):  # past every prefill
             engine.step()
         for _ in range(4):

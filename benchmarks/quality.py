@@ -150,7 +150,7 @@ def main() -> None:
         accuracy, answers = (None, []) if args.skip_needle else needle_accuracy(llm, needle_prompts(llm, ids))
         stats = llm.stats()
         per_token = stats["kv_bytes_per_token"]
-        held = held_tokens(options, args.length, llm.engine.config.block_size)
+        held = held_tokens(options, args.length, llm.engine.config.cache.block_size)
         ppl = math.exp(-sum(logprobs) / len(logprobs))
         if exact_logprobs is None:
             exact_logprobs, exact_top1 = logprobs, top1

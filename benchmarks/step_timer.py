@@ -17,6 +17,7 @@ class DecodeStepTimer:
     `sync` makes the device finish its queued work before each clock read (torch.cuda.synchronize on GPU)."""
 
     def __init__(self, engine: object, sync: Callable[[], None] = lambda: None) -> None:
+        """engine: an LLMEngine; its core's update of each step is watched to tell the decode-only steps."""
         self.engine, self.sync = engine, sync
         self.tokens, self.seconds, self.steps = 0, 0.0, 0
         self.other_tokens, self.other_seconds, self.other_steps = 0, 0.0, 0
@@ -27,7 +28,7 @@ class DecodeStepTimer:
         return self.tokens / self.seconds if self.seconds else 0.0
 
     def __enter__(self) -> "DecodeStepTimer":
-        apply, step = self.engine._apply, self.engine.step
+        apply, step = self.engine.core._update, self.engine.step
 
         def apply_and_note(output, result):
             # The step whose tokens this call applies (with asynchronous scheduling it was queued by the call
@@ -52,11 +53,11 @@ class DecodeStepTimer:
                 self.other_steps += 1
             return outputs
 
-        self.engine._apply, self.engine.step = apply_and_note, timed_step
+        self.engine.core._update, self.engine.step = apply_and_note, timed_step
         return self
 
     def __exit__(self, *exc: object) -> None:
-        del self.engine._apply, self.engine.step  # the class methods show through again
+        del self.engine.core._update, self.engine.step  # the class methods show through again
         # The figures outlive the engine: holding it would keep its KV cache allocated (the suite's MLA-vs-MHA
         # table ran out of GPU memory building its next engine that way).
         self.engine = None

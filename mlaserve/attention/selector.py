@@ -19,9 +19,16 @@ BACKENDS: dict[str, type[AttentionBackend]] = {
 
 
 def select_backend(device: torch.device, requested: str | None = None) -> AttentionBackend:
+    return select_backend_and_reason(device, requested)[0]
+
+
+def select_backend_and_reason(
+    device: torch.device, requested: str | None = None
+) -> tuple[AttentionBackend, str]:
+    """The backend, built, and why it was chosen (logged here; the engine keeps the reason for its report)."""
     name, why = choose_backend(device, requested)
     logger.info("attention backend: %s (%s)", name, why)
-    return BACKENDS[name]()
+    return BACKENDS[name](), why
 
 
 def attention_kernel(
@@ -46,8 +53,8 @@ def attention_kernel(
 
 
 def choose_backend(device: torch.device, requested: str | None = None) -> tuple[str, str]:
-    """(backend name, why), without building the backend: select_backend logs it, and the server's start-up
-    report states it in its own place. Raises ValueError for an unknown or unavailable requested backend."""
+    """(backend name, why), without building the backend. Raises ValueError for an unknown or unavailable
+    requested backend."""
     if requested is not None:
         if requested not in BACKENDS:
             raise ValueError(f"unknown attention_backend {requested!r}; choose one of {sorted(BACKENDS)}")

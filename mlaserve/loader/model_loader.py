@@ -1,10 +1,12 @@
 """Builds a model on its device and fills it from the checkpoint (or randomly for load_format="dummy")."""
 
 import logging
+from dataclasses import dataclass, field
 
 import torch
 
 from mlaserve.attention.backend import AttentionBackend
+from mlaserve.config.engine_config import MLAOptions, ModelOptions
 from mlaserve.config.model_config import ModelConfig
 from mlaserve.loader.model_files import ModelFiles
 from mlaserve.loader.weights import LoadReport, init_dummy_weights, load_weights
@@ -32,48 +34,51 @@ def pack_cpu_weights(model: torch.nn.Module) -> None:
             module.pack_weights()
 
 
-def build_model(
-    model_config: ModelConfig,
-    files: ModelFiles,
-    backend: AttentionBackend,
-    device: torch.device,
-    load_format: str = "auto",
-    seed: int = 0,
-    mla_disable: bool = False,
-    enable_mla: bool = False,
-    mla_skip_layers: tuple[int, ...] = (),
-    parallel: ParallelContext = SINGLE,
-) -> tuple[CausalLM, LoadReport]:
-    """parallel: this rank's slice of a tensor-parallel model (its layers take their part of each weight)."""
+@dataclass(frozen=True)
+class ModelBuild:
+    """What build_model builds from: the model's config and files, the backend its attention layers call, the
+    device its weights go to, how they load (model: load_format, seed) and how its attention caches (mla)."""
+
+    model_config: ModelConfig
+    files: ModelFiles
+    backend: AttentionBackend
+    device: torch.device
+    model: ModelOptions = field(default_factory=ModelOptions)
+    mla: MLAOptions = field(default_factory=MLAOptions)
+    parallel: ParallelContext = SINGLE  # this rank's slice (its layers take their part of each weight)
+
+
+def build_model(build: ModelBuild) -> tuple[CausalLM, LoadReport]:
+    model_config, files, device, parallel = build.model_config, build.files, build.device, build.parallel
     cls = get_model_class(model_config.architecture)  # before any allocation: unsupported is a cheap error
     options = {}
-    if mla_disable:
+    if build.mla.mla_disable:
         if not cls.supports_mla_disable:
             raise ValueError(
                 f"mla_disable applies to MLA models only; {model_config.architecture} has no latent cache"
             )
         options["mla_disable"] = True
-    if enable_mla:
+    if build.mla.enable_mla:
         if not cls.supports_enable_mla:
             raise ValueError(
                 f"enable_mla converts models with per-head K/V caches (Llama, Qwen2, Mistral); "
                 f"{model_config.architecture} cannot be converted"
             )
         options["enable_mla"] = True
-        if mla_skip_layers:
-            options["mla_skip_layers"] = mla_skip_layers
+        if build.mla.mla_skip_layers:
+            options["mla_skip_layers"] = build.mla.mla_skip_layers
     if parallel.distributed:
         options["ctx"] = parallel
     previous = torch.get_default_dtype()
     torch.set_default_dtype(model_config.dtype)
     try:
         with torch.device(device):
-            model = cls(model_config.hf_config, backend, **options)
+            model = cls(model_config.hf_config, build.backend, **options)
     finally:
         torch.set_default_dtype(previous)
     model.to(device)  # rotary buffers built from CPU tensors
-    if load_format == "dummy":
-        report = init_dummy_weights(model, seed)
+    if build.model.load_format == "dummy":
+        report = init_dummy_weights(model, build.model.seed)
     else:
         report = load_weights(model, checkpoint_tensors(files))
         report.raise_if_bad(files.path)

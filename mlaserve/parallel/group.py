@@ -9,7 +9,7 @@ import torch
 
 from mlaserve.parallel import ParallelContext
 
-# A collective that waits this long has lost a rank (a dead worker is noticed sooner: parallel/workers.py)
+# A collective that waits this long has lost a rank (a dead worker is noticed sooner: executor/workers.py)
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
 
 

@@ -13,15 +13,15 @@ import torch
 
 from mlaserve.attention.metadata import build_metadata
 from mlaserve.core.scheduler import ScheduledRequest, SchedulerOutput
-from mlaserve.engine.structured_output import Grammar
 from mlaserve.host_copy import queued_values
 from mlaserve.kvcache.spec import FULL, AttentionRule
-from mlaserve.layers.logits_processors import PendingTokens, process_logits
-from mlaserve.layers.sampler import LogprobTensors, Sampler
 from mlaserve.models.base import CausalLM
 from mlaserve.parallel import SINGLE, ParallelContext
 from mlaserve.runner.batch import HostBatch, plan_batch, to_device
 from mlaserve.runner.prompt_logprobs import PromptSpan, ScoredSpan, prompt_spans, score_prompt_spans
+from mlaserve.sampling.logits_processors import PendingTokens, process_logits
+from mlaserve.sampling.sampler import LogprobTensors, Sampler
+from mlaserve.sampling.structured_output import Grammar
 from mlaserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mlaserve.engine.error_text import error_text
+from mlaserve.error_text import error_text
 
 logger = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 
 from mlaserve.engine.async_engine import AsyncEngine, EngineDeadError, EngineStepError
-from mlaserve.engine.error_text import error_text
 from mlaserve.engine.intake import PreparedRequest
 from mlaserve.engine.output_processor import OutputProcessor, RequestDelta
+from mlaserve.error_text import error_text
 from mlaserve.server.errors import OpenAIError
 from mlaserve.server.metrics import ServerMetrics
 from mlaserve.server.protocol import Usage

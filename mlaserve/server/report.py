@@ -7,19 +7,19 @@ quiet and this report says each once, in the order below.
 
 from __future__ import annotations
 
-from mlaserve.attention.selector import choose_backend
 from mlaserve.engine.core import EngineCore
+from mlaserve.executor.build_info import BuildInfo
 from mlaserve.server.settings import ServerSettings
 
 
-def describe_core(engine: EngineCore, settings: ServerSettings) -> dict:
+def describe_core(core: EngineCore, settings: ServerSettings) -> dict:
     """The report, computed in the core's process (where the engine is) and sent to the server's."""
-    return startup_report(engine, settings)
+    return startup_report(core.build_info, core.stats(), settings)
 
 
-def startup_report(engine: EngineCore, settings: ServerSettings) -> dict:
-    load = engine.load_report
-    stats = engine.stats()
+def startup_report(built: BuildInfo, stats: dict, settings: ServerSettings) -> dict:
+    """What the engine built (and why, as it logged it) and its stats, in the operator's order."""
+    load = built.load
     kv = {
         "blocks": stats["kv_blocks_total"],
         "block_size": stats["block_size"],
@@ -32,10 +32,9 @@ def startup_report(engine: EngineCore, settings: ServerSettings) -> dict:
         mha = stats["mha_kv_bytes_per_token"]
         kv["mha_bytes_per_token"] = mha
         kv["saving_ratio"] = round(mha / stats["kv_bytes_per_token"], 2)
-    _, why = choose_backend(engine.device, engine.config.attention_backend)
     report = {
-        "model": engine.config.model or "default (SmolLM2-135M-Instruct)",
-        "architecture": engine.model_config.architecture,
+        "model": built.model or "default (SmolLM2-135M-Instruct)",
+        "architecture": built.architecture,
         "served_model_name": settings.served_model_name,
         "weights": {
             "num_tensors": load.num_tensors,
@@ -46,18 +45,18 @@ def startup_report(engine: EngineCore, settings: ServerSettings) -> dict:
             "shape_mismatches": list(load.shape_mismatches[:10]),
         },
         "parallel": {
-            "tensor_parallel_size": engine.config.tensor_parallel_size,
+            "tensor_parallel_size": built.tensor_parallel_size,
             "pipeline_parallel_size": 1,
-            "expert_parallel": engine.config.enable_expert_parallel,
-            "distributed": engine.config.distributed,
+            "expert_parallel": built.expert_parallel,
+            "distributed": built.distributed,
             # ranks past 0, when the engine started them (not under torchrun)
-            "rank_pids": list(engine.workers.pids) if engine.workers is not None else [],
+            "rank_pids": list(built.rank_pids),
         },
-        "attention_backend": stats["attention_backend"],
-        "attention_backend_reason": why,
-        "attention_kernel": stats["attention_kernel"],
-        "device": stats["device"],
-        "max_model_len": engine.model_config.max_model_len,
+        "attention_backend": built.attention_backend,
+        "attention_backend_reason": built.attention_backend_reason,
+        "attention_kernel": built.attention_kernel,
+        "device": built.device,
+        "max_model_len": built.max_model_len,
         "kv_cache": kv,
         "address": f"http://{settings.host}:{settings.port}",
     }

@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from mlaserve.engine.grammar_error import GrammarError
 from mlaserve.engine.intake import PreparedRequest, RequestIntake
+from mlaserve.sampling.grammar_error import GrammarError
 from mlaserve.sampling_params import SamplingParams, StructuredOutputsParams
 from mlaserve.server.errors import OpenAIError, bad_request
 from mlaserve.server.fields import check_unread_fields

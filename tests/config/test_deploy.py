@@ -10,7 +10,7 @@ import pytest
 
 from mlaserve.config.deploy import DeployConfig, DeployConfigError, load_deploy_config
 from mlaserve.config.deploy_overrides import FLAG_KEYS, overrides_from_flags
-from mlaserve.config.engine_config import EngineConfig
+from mlaserve.config.engine_config import CacheOptions, EngineConfig, SchedulerOptions
 from mlaserve.server.settings import ServerSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,8 +64,12 @@ def test_empty_file_and_no_file_give_engine_defaults(tmp_path: Path) -> None:
     assert from_file == load_deploy_config(None, check_model_files=False, check_ports=False)
     options = from_file.engine_options()
     assert "model" not in options and "max_model_len" not in options  # None values are left out
-    engine = EngineConfig.from_kwargs(**options)
-    assert (engine.block_size, engine.max_num_seqs) == (EngineConfig.block_size, EngineConfig.max_num_seqs)
+    engine = from_file.engine_config()
+    assert engine == EngineConfig()
+    assert (engine.cache.block_size, engine.scheduler.max_num_seqs) == (
+        CacheOptions.block_size,
+        SchedulerOptions.max_num_seqs,
+    )
     assert from_file.server_settings() == ServerSettings()
 
 
@@ -81,12 +85,17 @@ scheduler: {max_batch_size: 8, max_num_batched_tokens: 1024, enable_chunked_pref
     )
     options = config.engine_options()
     assert options["max_num_seqs"] == 8 and options["kv_cache_memory_bytes"] == 512 * 2**20
-    engine = EngineConfig.from_kwargs(**options)
-    assert (engine.model, engine.device, engine.block_size) == ("/m/DeepSeek-V2-Lite", "cuda:1", 64)
-    assert engine.async_scheduling is False
-    assert (engine.sliding_window, engine.num_sink_tokens) == (1024, 4)
+    engine = config.engine_config()
+    assert engine == EngineConfig.from_kwargs(**options)
+    assert (engine.model.path, engine.model.device, engine.cache.block_size) == (
+        "/m/DeepSeek-V2-Lite",
+        "cuda:1",
+        64,
+    )
+    assert engine.scheduler.async_scheduling is False and engine.scheduler.max_num_seqs == 8
+    assert (engine.cache.sliding_window, engine.cache.num_sink_tokens) == (1024, 4)
     other = load(tmp_path, "model: {enable_mla: true}\ncache: {index_topk: 8}").engine_options()
-    assert EngineConfig.from_kwargs(**other).enable_mla and other["index_topk"] == 8
+    assert EngineConfig.from_kwargs(**other).mla.enable_mla and other["index_topk"] == 8
     assert (
         "async_scheduling" not in load(tmp_path, "scheduler: {}").engine_options()
     )  # null: the engine decides

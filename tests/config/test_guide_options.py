@@ -37,7 +37,7 @@ def test_trust_remote_code_and_tensor_cores_are_accepted_and_logged(llama, caplo
         llm = LLM(llama, **OPTIONS, trust_remote_code=True, enable_mla_tensor_core=True)
     assert "never runs code shipped with a checkpoint" in caplog.text
     assert "always run on tensor cores" in caplog.text
-    assert llm.engine.config.trust_remote_code
+    assert llm.engine.config.model.trust_remote_code
 
 
 def test_enable_mla_latent_dim_and_quant_reach_the_cache(llama):
@@ -58,20 +58,25 @@ def test_enable_mla_latent_dim_and_quant_reach_the_cache(llama):
 
 def test_window_chunking_graphs_and_head_count(llama):
     windowed = LLM(llama, **OPTIONS, mla_window_size=32).engine
-    assert windowed.config.sliding_window == 32
+    assert windowed.config.cache.sliding_window == 32
     assert any("window" in g for g in windowed.stats()["kv_cache_groups"])
-    assert LLM(llama, **OPTIONS, mla_window_size=0).engine.config.sliding_window is None
+    assert LLM(llama, **OPTIONS, mla_window_size=0).engine.config.cache.sliding_window is None
     config = LLM(
         llama, **OPTIONS, enable_chunked_mla=False, chunk_size=512, capture_mla_graph=False
     ).engine.config
-    assert (config.enable_chunked_prefill, config.max_num_batched_tokens, config.enforce_eager) == (
+    scheduler = config.scheduler
+    assert (
+        scheduler.enable_chunked_prefill,
+        scheduler.max_num_batched_tokens,
+        config.model.enforce_eager,
+    ) == (
         False,
         512,
         True,
     )
     with pytest.raises(ValueError, match="chunk_size sets max_num_batched_tokens=512"):
         LLM(llama, **OPTIONS, chunk_size=512, max_num_batched_tokens=1024)
-    assert LLM(llama, **OPTIONS, mla_num_heads=4).engine.config.mla_num_heads == 4
+    assert LLM(llama, **OPTIONS, mla_num_heads=4).engine.config.mla.mla_num_heads == 4
     with pytest.raises(ValueError, match="mla_num_heads=8, but LlamaForCausalLM has 4 attention heads"):
         LLM(llama, **OPTIONS, mla_num_heads=8)
 
@@ -88,7 +93,7 @@ def test_kv_cache_ratio_is_a_share_of_the_devices_memory(llama):
     options = {k: v for k, v in OPTIONS.items() if k != "num_kv_blocks"}
     engine = LLM(llama, **options, mla_kv_cache_ratio=0.001).engine
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    assert engine.config.kv_cache_memory_bytes == int(0.001 * ram)
+    assert engine.config.cache.kv_cache_memory_bytes == int(0.001 * ram)
     stats = engine.stats()
     held = stats["kv_capacity_tokens"] * stats["kv_bytes_per_token"]
     assert 0.9 * 0.001 * ram <= held <= 0.001 * ram

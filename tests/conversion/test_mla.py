@@ -71,7 +71,7 @@ def test_reduced_rank_decode_and_prefill_agree(llama):
 )
 def test_ranks_that_do_not_fit_fail_before_weights_load(llama, monkeypatch, options, message):
     loaded = []
-    monkeypatch.setattr("mlaserve.engine.core.build_model", lambda *a, **k: loaded.append(1))
+    monkeypatch.setattr("mlaserve.executor.model_build.build_model", lambda *a, **k: loaded.append(1))
     with pytest.raises(ValueError, match=message):
         LLM(str(llama), device="cpu", **options)
     assert not loaded
@@ -126,11 +126,11 @@ def test_allocate_ranks_keeps_the_largest_relative_shares():
 def test_per_layer_ranks_and_the_error_allocation_set_each_layers_latent(llama):
     options = dict(**OPTIONS, enable_mla=True, qk_rope_head_dim=8)
     given = LLM(str(llama), **options, mla_latent_dim=[20, 4])  # the tiny Llama has 2 layers
-    widths = [layer.self_attn.attn.latent_dim for layer in given.engine.model.model.layers]
+    widths = [layer.self_attn.attn.latent_dim for layer in given.engine.executor.model.model.layers]
     assert widths == [20, 4]
     assert given.stats()["kv_bytes_per_token"] == (24 + 2 * 2 * 8) * 4
     spread = LLM(str(llama), **options, mla_latent_dim=12, mla_rank_allocation="error")
-    widths = [layer.self_attn.attn.latent_dim for layer in spread.engine.model.model.layers]
+    widths = [layer.self_attn.attn.latent_dim for layer in spread.engine.executor.model.model.layers]
     assert sum(widths) == 24 and min(widths) >= 1  # the same cache as 12 per layer, split by measured error
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     assert (

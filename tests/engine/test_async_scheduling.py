@@ -64,7 +64,7 @@ def test_same_outputs_with_mixed_sampling_and_stops(llama, monkeypatch):
     assert got == want
     assert want[0][1] == "stop" and want[1][1] == "stop"
     assert launches[0] > 20  # most decode steps were queued ahead
-    assert llms[True].stats()["kv_blocks_used"] == 0 and llms[True].engine._in_flight is None
+    assert llms[True].stats()["kv_blocks_used"] == 0 and llms[True].engine.core._in_flight is None
 
 
 def test_same_outputs_under_preemption_and_with_logprobs(deepseek, monkeypatch):
@@ -107,7 +107,7 @@ def test_prefill_first_queues_the_decode_after_the_last_prompt(llama, monkeypatc
     monkeypatch.setattr(ModelRunner, "launch", launch)
     assert completions(llms[True].generate(batch, params, use_tqdm=False)) == want
     assert mixed[0] > 0
-    assert llms[True].stats()["kv_blocks_used"] == 0 and llms[True].engine._in_flight is None
+    assert llms[True].stats()["kv_blocks_used"] == 0 and llms[True].engine.core._in_flight is None
 
 
 def test_abort_and_new_requests_while_a_step_is_in_flight(llama):
@@ -121,7 +121,7 @@ def test_abort_and_new_requests_while_a_step_is_in_flight(llama):
     for _ in range(3):
         for out in engine.step(stream=False):
             finished[out.request_id] = out
-    assert engine._in_flight is not None
+    assert engine.core._in_flight is not None
     aborted = engine.abort_request(ids[1])  # its row in the queued step is skipped
     assert aborted.outputs[0].finish_reason == "abort"
     late = engine.add_request(batch[2], params)  # joins once the queued step has been collected
@@ -130,7 +130,7 @@ def test_abort_and_new_requests_while_a_step_is_in_flight(llama):
             finished[out.request_id] = out
     assert set(finished) == {ids[0], late}
     assert completions([finished[ids[0]], finished[late]]) == [want[0], want[2]]
-    assert engine.stats()["kv_blocks_used"] == 0 and engine._in_flight is None
+    assert engine.stats()["kv_blocks_used"] == 0 and engine.core._in_flight is None
 
 
 def test_prompt_chunks_and_admissions_are_queued_ahead(deepseek, monkeypatch):
@@ -159,7 +159,7 @@ def test_prompt_chunks_and_admissions_are_queued_ahead(deepseek, monkeypatch):
     monkeypatch.setattr(ModelRunner, "launch", launch)
     assert completions(llms[True].generate(batch, params, use_tqdm=False)) == want
     assert all(kinds.values()), kinds
-    assert llms[True].stats()["kv_blocks_used"] == 0 and llms[True].engine._in_flight is None
+    assert llms[True].stats()["kv_blocks_used"] == 0 and llms[True].engine.core._in_flight is None
 
 
 def test_min_tokens_and_penalty_rows_are_queued_ahead(llama, monkeypatch):

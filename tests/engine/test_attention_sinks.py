@@ -113,7 +113,7 @@ def test_bad_window_options_are_errors(llama, options, message):
 def test_latent_cache_models_refuse_the_window_before_weights_load(tmp_path, monkeypatch):
     path = build_tiny("deepseek_v2", tmp_path)
     loaded = []
-    monkeypatch.setattr("mlaserve.engine.core.build_model", lambda *a, **k: loaded.append(1))
+    monkeypatch.setattr("mlaserve.executor.model_build.build_model", lambda *a, **k: loaded.append(1))
     with pytest.raises(ValueError, match="sliding_window applies to models with per-head K/V caches"):
         LLM(str(path), device="cpu", num_kv_blocks=16, sliding_window=64)
     assert not loaded

@@ -116,7 +116,7 @@ def test_a_window_that_cannot_be_served_is_an_error_before_weights_load(tmp_path
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "sliding_window": -8}))
     loaded = []
-    monkeypatch.setattr("mlaserve.engine.core.build_model", lambda *a, **k: loaded.append(1))
+    monkeypatch.setattr("mlaserve.executor.model_build.build_model", lambda *a, **k: loaded.append(1))
     with pytest.raises(ValueError, match="sliding_window must be a positive"):
         LLM(str(path), device="cpu", num_kv_blocks=16)
     assert not loaded

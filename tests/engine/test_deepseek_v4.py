@@ -192,7 +192,7 @@ def test_v4_configs_that_cannot_run_fail_before_weights_load(v4, tmp_path, monke
     config = json.loads((v4 / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
     loaded = []
-    monkeypatch.setattr("mlaserve.engine.core.build_model", lambda *a, **k: loaded.append(1))
+    monkeypatch.setattr("mlaserve.executor.model_build.build_model", lambda *a, **k: loaded.append(1))
     with pytest.raises(ValueError, match=message):
         LLM(str(tmp_path), device="cpu", num_kv_blocks=16, load_format="dummy", **engine)
     assert not loaded

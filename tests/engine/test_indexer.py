@@ -67,12 +67,12 @@ def test_prefix_cache_hits_keep_sparse_outputs(v32, selections):
 
 def test_indexer_keys_share_the_latent_blocks_and_8bit_caches_quantize_them(v32):
     llm = LLM(str(v32), **OPTIONS, num_kv_blocks=64, kv_cache_dtype="fp8_e4m3")
-    latent, keys = llm.engine.kv_caches[0]
+    latent, keys = llm.engine.executor.kv_caches[0]
     assert latent.shape[:2] == keys.shape[:2]  # one block id addresses both
     assert keys.dtype == torch.float8_e4m3fn and keys.shape[-1] == 32 + 16  # values, then the row's scale
     cfg = json.loads((v32 / "config.json").read_text())
     per_layer = (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"] + 16) + (cfg["index_head_dim"] + 16)
-    assert llm.engine.bytes_per_token == 2 * per_layer
+    assert llm.engine.executor.kv_cache.bytes_per_token == 2 * per_layer
     index = 2 * (cfg["index_head_dim"] + 16)
     assert llm.stats()["kv_cache_groups"] == [
         f"full: 2 layers, {2 * per_layer} bytes/token ({index} of them indexer keys)"
@@ -102,7 +102,7 @@ def test_an_indexer_that_does_not_fit_the_model_is_an_error_before_weights_load(
     config = json.loads((v32 / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
     loaded = []
-    monkeypatch.setattr("mlaserve.engine.core.build_model", lambda *a, **k: loaded.append(1))
+    monkeypatch.setattr("mlaserve.executor.model_build.build_model", lambda *a, **k: loaded.append(1))
     with pytest.raises(ValueError, match=message):
         LLM(str(tmp_path), device="cpu", num_kv_blocks=16, load_format="dummy")
     assert not loaded

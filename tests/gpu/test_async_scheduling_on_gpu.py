@@ -49,11 +49,11 @@ def test_async_bf16_with_prefill_graphs_matches_the_synchronous_graphs(tmp_path)
     ]
     llm = LLM(str(path), dtype="bfloat16", device="cuda", attention_backend="triton_mla", num_kv_blocks=64,
               block_size=64, max_model_len=512)  # fmt: skip
-    assert llm.engine.runner.prefill_graphs is not None and llm.engine.async_scheduling
+    assert llm.engine.runner.prefill_graphs is not None and llm.engine.core.async_scheduling
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=2)
     fast = llm.generate(prompts, params, use_tqdm=False)
     llm.engine.kv_manager.reset_prefix_cache()
-    llm.engine.async_scheduling = False
+    llm.engine.core.async_scheduling = False
     sync = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in fast] == [o.outputs[0].token_ids for o in sync]
     assert [o.outputs[0].logprobs for o in fast] == [o.outputs[0].logprobs for o in sync]

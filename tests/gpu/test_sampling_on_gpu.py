@@ -64,8 +64,8 @@ def test_sampling_never_waits_for_the_device():
     together, and each kind alone; logit_bias, min_tokens and penalties with a token still being sampled (the
     processors that keep lookahead on); and the logprobs, computed and copied out at launch."""
     from mlaserve.core.request import Request
-    from mlaserve.layers.logits_processors import PendingTokens, process_logits
-    from mlaserve.layers.sampler import Sampler
+    from mlaserve.sampling.logits_processors import PendingTokens, process_logits
+    from mlaserve.sampling.sampler import Sampler
 
     params = [
         SamplingParams(temperature=0),

@@ -51,7 +51,7 @@ def test_v4_on_cuda_gives_the_cpu_tokens(tmp_path):
     )
     cpu = LLM(str(tmp_path), device="cpu", load_format="dummy", seed=3, **options)
     # the CPU model's random weights, saved under the model's own names, are what the GPU run loads
-    weights = {name: t.contiguous() for name, t in cpu.engine.model.state_dict().items()}
+    weights = {name: t.contiguous() for name, t in cpu.engine.executor.model.state_dict().items()}
     save_file(weights, str(tmp_path / "model.safetensors"))
     want = generate(cpu)
     graphs = LLM(str(tmp_path), device="cuda", **options)

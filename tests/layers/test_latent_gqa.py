@@ -27,7 +27,7 @@ def test_exact_conversion_equals_transformers(tmp_path, name, overrides):
     path = build_tiny(name, tmp_path, **overrides)
     llm = LLM(str(path), **OPTIONS, enable_mla=True, max_model_len=256)
     original = LLM(str(path), **OPTIONS, max_model_len=256)
-    assert llm.engine.kv_spec.is_mla and not original.engine.kv_spec.is_mla
+    assert llm.engine.executor.kv_cache.spec.is_mla and not original.engine.executor.kv_cache.spec.is_mla
     assert llm.stats()["kv_bytes_per_token"] == original.stats()["kv_bytes_per_token"]
     batch = prompts(3, seed=1, low=10, high=60)
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=0)

@@ -68,7 +68,7 @@ def no_weight_reads(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("the model was built or its weights read for a checkpoint that is not served")
 
     monkeypatch.setattr(model_loader, "checkpoint_tensors", forbidden)
-    monkeypatch.setattr("mlaserve.engine.core.build_model", forbidden)
+    monkeypatch.setattr("mlaserve.executor.model_build.build_model", forbidden)
 
 
 @pytest.mark.parametrize("name,section,named", SECTIONS, ids=[s[0] for s in SECTIONS])

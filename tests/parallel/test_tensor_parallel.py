@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from mlaserve import LLM, SamplingParams
-from mlaserve.parallel.workers import WorkerDied
+from mlaserve.executor.workers import WorkerDied
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +68,7 @@ def test_same_tokens_and_logprobs_as_one_process(tiny, name, options):
         assert stats["tensor_parallel_size"] == options["tensor_parallel_size"]
         got = llm.generate(prompts(), PARAMS, use_tqdm=False)
         assert llm.stats()["prefix_cache_hits"] > 0
-        workers = llm.engine.workers
+        workers = llm.engine.executor.workers
         pids = [] if workers is None else workers.pids
     finally:
         llm.engine.close()
@@ -120,7 +120,7 @@ def test_killing_a_rank_ends_the_engine_with_a_clear_error(tiny):
         long = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
         llm.engine.add_request({"prompt_token_ids": [5, 6, 7]}, long)
         llm.engine.step()
-        os.kill(core.workers.pids[0], signal.SIGKILL)
+        os.kill(core.executor.workers.pids[0], signal.SIGKILL)
         killed = time.monotonic()
         with pytest.raises(WorkerDied, match="tensor-parallel rank 1 .* exited with code -9"):
             while llm.engine.has_unfinished_requests():

@@ -13,9 +13,9 @@ def test_warm_up_leaves_outputs_and_cache_alone(tmp_path):
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     want = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     llm.engine.kv_manager.reset_prefix_cache()
-    caches = [c.clone() for c in llm.engine.kv_caches]
+    caches = [c.clone() for c in llm.engine.executor.kv_caches]
     llm.engine.runner.warm_up(300, 128)  # three dummy prompts: 128 + 128 + 44 tokens
-    for before, after in zip(caches, llm.engine.kv_caches):
+    for before, after in zip(caches, llm.engine.executor.kv_caches):
         assert torch.equal(before[1:], after[1:])  # every block but the null block (0) is untouched
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == want

@@ -42,13 +42,13 @@ def make_engine(model: Path, step_delay_s: float = 0.0, **options: object) -> As
     """An AsyncEngine on the tiny model; `step_delay_s` slows each step so requests stay in flight."""
     engine = LLMEngine(EngineConfig.from_kwargs(model=str(model), **{**ENGINE_OPTIONS, **options}))
     if step_delay_s:
-        step = engine.step_core
+        step = engine.core.step
 
         def slow_step() -> list:
             time.sleep(step_delay_s)
             return step()
 
-        engine.step_core = slow_step
+        engine.core.step = slow_step
     return AsyncEngine(engine)
 
 

@@ -77,7 +77,7 @@ def test_many_streams_with_n_requests_each(engine):
 
 
 def test_a_failing_step_fails_its_requests_and_the_loop_keeps_serving(engine):
-    real_step = engine.engine.step_core
+    real_step = engine.engine.core.step
     failures = {"left": 0}
 
     def flaky_step() -> list:
@@ -86,7 +86,7 @@ def test_a_failing_step_fails_its_requests_and_the_loop_keeps_serving(engine):
             raise RuntimeError("injected")
         return real_step()
 
-    engine.engine.step_core = flaky_step
+    engine.engine.core.step = flaky_step
     asyncio.run(collect(engine, "w4 w5 w6 w7 " * 8, GREEDY, "r0"))  # prefix-cache entries from before
     assert engine.engine.kv_manager.block_pool.num_cached_blocks > 0
     failures["left"] = 1
@@ -105,7 +105,7 @@ def test_a_step_that_always_fails_marks_the_engine_dead(engine):
     def broken_step() -> list:
         raise RuntimeError("broken")
 
-    engine.engine.step_core = broken_step
+    engine.engine.core.step = broken_step
     for i in range(3):
         with pytest.raises((EngineStepError, EngineDeadError)):
             asyncio.run(collect(engine, "w5", GREEDY, f"r{i}"))

@@ -120,7 +120,9 @@ def test_startup_report_of_an_mla_model_shows_the_kv_saving(tmp_path):
     engine = LLMEngine(
         EngineConfig.from_kwargs(model=str(path), dtype="float32", device="cpu", num_kv_blocks=32)
     )
-    report = startup_report(engine, ServerSettings(port=8123, metrics_port=9123))
+    report = startup_report(
+        engine.core.build_info, engine.stats(), ServerSettings(port=8123, metrics_port=9123)
+    )
     cfg = config_dict(path)
     kv = report["kv_cache"]
     assert (

@@ -8,8 +8,8 @@ import time
 import httpx
 import pytest
 
-from mlaserve.engine.grammar_error import compile_error
-from mlaserve.engine.structured_output import MAX_CHOICE_ENTRIES, choice_regex
+from mlaserve.sampling.grammar_error import compile_error
+from mlaserve.sampling.structured_output import MAX_CHOICE_ENTRIES, choice_regex
 from mlaserve.testing.tiny_models import build_tiny
 from tests.server.conftest import fresh_stats, live_server, make_engine
 

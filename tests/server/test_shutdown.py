@@ -29,11 +29,11 @@ REPO = Path(__file__).resolve().parents[2]
 SLOW_STEPS = """
 from mlaserve.engine.core import EngineCore
 import time
-step = EngineCore.step_core
+step = EngineCore.step
 def slow_step(self):
     time.sleep(0.01)
     return step(self)
-EngineCore.step_core = slow_step
+EngineCore.step = slow_step
 """
 SERVE = """
 import json, sys

@@ -122,4 +122,4 @@ def test_vllm_named_metrics_count_a_request(server):
     assert types["vllm:time_to_first_token_seconds"] == "histogram"
     assert types["vllm:prompt_tokens"] == "counter" and types["vllm:kv_cache_usage_perc"] == "gauge"
     info = next(f for f in text_string_to_metric_families(text) if f.name == "vllm:cache_config_info")
-    assert info.samples[0].labels["block_size"] == str(engine.engine.config.block_size)
+    assert info.samples[0].labels["block_size"] == str(engine.engine.config.cache.block_size)

@@ -1,5 +1,6 @@
-"""A tensor-parallel rank past 0 (`python -m mlaserve.parallel.worker`, started by parallel/workers.py): it builds
-the same engine on its slice of the weights, then runs each step's forward as rank 0 sends it."""
+"""A tensor-parallel rank past 0 (`python -m mlaserve.executor.worker`, started by executor/workers.py): it builds
+the same executor on its slice of the weights, then runs each step's forward as rank 0 sends it. It holds no
+engine: rank 0's scheduler decides every step."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import signal
 import threading
 import time
 
+from mlaserve.executor.workers import ENV
 from mlaserve.parallel.group import exit_rank
-from mlaserve.parallel.workers import ENV
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -30,11 +31,11 @@ def main() -> None:
     logging.basicConfig(
         level=logging.WARNING, format=f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s"
     )
-    from mlaserve.engine.core import EngineCore
+    from mlaserve.executor.executor import Executor
 
-    core = EngineCore(config, tp_rank=rank, init_method=init_method)
+    executor = Executor(config, tp_rank=rank, init_method=init_method)
     try:
-        core.serve_plans()
+        executor.serve_plans()
     except RuntimeError as error:  # rank 0 went away mid-collective: its own log says why
         logging.getLogger(__name__).warning("rank %d: leaving, rank 0 is gone (%s)", rank, str(error)[:200])
         raise SystemExit(1) from None

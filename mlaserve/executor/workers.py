@@ -33,7 +33,8 @@ class WorkerDied(RuntimeError):
 
 class Workers:
     def __init__(self, config: object, init_method: str) -> None:
-        size = config.tensor_parallel_size
+        """config: the engine's, pickled to each rank, which builds its own executor from it."""
+        size = config.parallel.tensor_parallel_size
         self.procs: list[subprocess.Popen] = []
         self.stopping = False
         self.dead: str | None = None  # what went wrong, once a worker exited unexpectedly
@@ -44,7 +45,7 @@ class Workers:
         for rank in range(1, size):
             payload = base64.b64encode(pickle.dumps((rank, size, init_method, config, os.getpid())))
             env = {**os.environ, ENV: payload.decode(), "PYTHONPATH": path}
-            self.procs.append(subprocess.Popen([sys.executable, "-m", "mlaserve.parallel.worker"], env=env))
+            self.procs.append(subprocess.Popen([sys.executable, "-m", "mlaserve.executor.worker"], env=env))
         threading.Thread(target=self._watch, name="mlaserve-tp-watch", daemon=True).start()
 
     @property

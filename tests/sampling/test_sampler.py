@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from mlaserve.layers.sampler import Sampler
+from mlaserve.sampling.sampler import Sampler
 from mlaserve.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -4,7 +4,7 @@ import logging
 
 import torch
 
-from mlaserve.config.engine_config import EngineConfig
+from mlaserve.config.engine_config import CacheOptions
 from mlaserve.kvcache.allocate import num_blocks_for_budget
 from mlaserve.kvcache.spec import KVCacheSpec
 
@@ -13,7 +13,7 @@ logger = logging.getLogger(__name__)
 CPU_DEFAULT_KV_BYTES = 1 << 30
 
 
-def kv_budget_bytes(config: EngineConfig, device: torch.device) -> int:
+def kv_budget_bytes(config: CacheOptions, device: torch.device) -> int:
     if config.kv_cache_memory_bytes is not None:
         return config.kv_cache_memory_bytes
     if device.type == "cuda":
@@ -23,7 +23,7 @@ def kv_budget_bytes(config: EngineConfig, device: torch.device) -> int:
     return CPU_DEFAULT_KV_BYTES
 
 
-def num_kv_blocks(config: EngineConfig, spec: KVCacheSpec, dtype: torch.dtype, device: torch.device) -> int:
+def num_kv_blocks(config: CacheOptions, spec: KVCacheSpec, dtype: torch.dtype, device: torch.device) -> int:
     """Usable blocks plus the reserved null block."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks + 1

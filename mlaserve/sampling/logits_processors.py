@@ -20,7 +20,7 @@ from mlaserve.sampling_params import SamplingParams
 
 
 class TokenMask(Protocol):
-    """A grammar's view from the sampler: which tokens may come next (see engine/structured_output.py)."""
+    """A grammar's view from the sampler: which tokens may come next (see sampling/structured_output.py)."""
 
     def allowed_bitmask(self, vocab_size: int) -> torch.Tensor:
         """int32 [ceil(vocab_size / 32)] on the CPU: bit t % 32 of word t // 32 is set if token t may come next."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from mlaserve.engine.error_text import strip_paths
+from mlaserve.error_text import strip_paths
 
 # Error texts quote what the client sent (a regex, a schema fragment): enough of it to recognise.
 _MAX_REASON_CHARS = 400

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlaserve.engine.error_text import error_text, first_line, strip_paths
+from mlaserve.error_text import error_text, first_line, strip_paths
 
 PANIC = (
     "structured output (choice): panic: assertion failed: grammar.symbols.len() < u16::MAX as usize - 10\n"

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from mlaserve.engine.grammar_error import GrammarError, compile_error
+from mlaserve.sampling.grammar_error import GrammarError, compile_error
 from mlaserve.sampling_params import StructuredOutputsParams
 
 

@@ -4,13 +4,13 @@ import pytest
 import torch
 
 from mlaserve.core.request import Request
-from mlaserve.layers.logits_processors import (
+from mlaserve.sampling.logits_processors import (
     PendingTokens,
     process_logits,
     process_logits_reference,
     unpack_bitmask,
 )
-from mlaserve.layers.sampler import Sampler
+from mlaserve.sampling.sampler import Sampler
 from mlaserve.sampling_params import SamplingParams
 
 VOCAB = 50
