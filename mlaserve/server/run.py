@@ -32,6 +32,7 @@ _REPORTED_BY_THE_ENGINE = (
     "mlaserve.attention.selector",
     "mlaserve.loader.model_loader",
     "mlaserve.engine.core",
+    "mlaserve.executor",
 )
 
 
