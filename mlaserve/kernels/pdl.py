@@ -1,16 +1,16 @@
 """Programmatic dependent launch (PDL) for the small Triton kernels of a decode step, on Hopper and later.
 
-A decode step of a few tokens is hundreds of kernels of a few microseconds, each mostly waiting: for its predecessor
-to end before its blocks start, then for its first loads. Launched with PDL, a kernel's blocks may start while the kernel
+A decode step of a few tokens is hundreds of kernels of a few microseconds, each mostly waiting: for its predecessor to
+end before its blocks start, then for its first loads. Launched with PDL, a kernel's blocks may start while the kernel
 before it finishes; `pdl_enter` then waits (griddepcontrol.wait) until that kernel has completed and its writes are
-visible, and at once lets the next kernel launch early in turn. Kernels whose weights do not depend on the step
-load them before `pdl_enter`. Chains of such launches in one CUDA graph (benchmarks/diagnose/pdl_chain.py) took
-about a quarter less time per kernel, RMSNorm and GEMV alike.
+visible, and at once lets the next kernel launch early in turn. Kernels whose weights do not depend on the step load
+them before `pdl_enter`. Chains of such launches in one CUDA graph took about a quarter less time per kernel, RMSNorm
+and GEMV alike.
 
-Why it is safe: every kernel launched this way calls `pdl_enter` before it reads or writes anything another kernel
-of the step touches, and the wait is for the predecessor's completion, which implies its own predecessors' (each of
-them waited too). What a kernel reads before the wait must be a weight: a parameter, written at load time, long
-before any step runs. A kernel launched without PDL (cuBLAS, torch) starts after its predecessor ends, as always.
+Why it is safe: every kernel launched this way calls `pdl_enter` before it reads or writes anything another kernel of
+the step touches, and the wait is for the predecessor's completion, which implies its own predecessors' (each of them
+waited too). What a kernel reads before the wait must be a weight: a parameter, written at load time, long before any
+step runs. A kernel launched without PDL (cuBLAS, torch) starts after its predecessor ends, as always.
 
 Off on the CPU interpreter, on ROCm, before sm_90, and with MLASERVE_PDL=0 (for A/B timing).
 """

@@ -1,13 +1,12 @@
-"""MoE routing on CUDA: the float32 gate GEMM for decode-sized batches, then scores, top-k, normalization and
-scaling in one launch.
+"""MoE routing on CUDA: the float32 gate GEMM for decode-sized batches, then scores, top-k, normalization and scaling in
+one launch.
 
-torch spends three kernels on the routing (softmax, top-k, scaling); here one program per token does all of it. The
-gate itself cannot join that program: there it would stream the float32 gate weight through a single SM. For a few
-tokens `gate_logits` spreads it over programs of a few experts each instead, one launch where cuBLAS took three
-(the cast of the activations to float32, a dot and a reduce kernel); tl.dot's float32 mode was slower still
-(benchmarks/diagnose/h200_diagnose.py, skinny section). Greedy routing only (softmax, or
-sigmoid with its correction bias and a single group); the torch functions in moe.py are the reference and the path
-for group-limited routing.
+torch spends three kernels on the routing (softmax, top-k, scaling); here one program per token does all of it. The gate
+itself cannot join that program: there it would stream the float32 gate weight through a single SM. For a few tokens
+`gate_logits` spreads it over programs of a few experts each instead, one launch where cuBLAS took three (the cast of
+the activations to float32, a dot and a reduce kernel); tl.dot's float32 mode was slower still. Greedy routing only
+(softmax, or sigmoid with its correction bias and a single group); the torch functions in moe.py are the reference and
+the path for group-limited routing.
 """
 
 import torch

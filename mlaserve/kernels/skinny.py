@@ -1,18 +1,16 @@
 """Skinny GEMMs, a few rows times a large weight (decode steps of small batches), as Triton kernels for CUDA.
 
 With one to sixteen rows a linear layer is a weight stream. Up to GEMV_MAX_ROWS rows `_gemv_kernel` takes it: each
-program loads a block of 8-128 whole weight rows (up to 2,048 columns at once, the next block while it sums this
-one) before it waits for its input (programmatic dependent launch, pdl.py), then sums every input row against it
-in registers. Inside a CUDA graph it beat cuBLAS at these row counts (benchmarks/diagnose/pdl_chain.py times a
-one-row kernel of this design), so it takes every such linear layer. The same kernel runs per-head products (MLA's
-absorbed W_UK and W_UV: one weight matrix per head) with the head as a second grid axis.
+program loads a block of 8-128 whole weight rows (up to 2,048 columns at once, the next block while it sums this one)
+before it waits for its input (programmatic dependent launch, pdl.py), then sums every input row against it in
+registers. Inside a CUDA graph it beat cuBLAS at these row counts, so it takes every such linear layer. The same kernel
+runs per-head products (MLA's absorbed W_UK and W_UV: one weight matrix per head) with the head as a second grid axis.
 
-From 5 to 16 rows `_skinny_kernel` takes all rows as one 16-row tensor-core tile and a narrow block of output
-columns, so the grid covers the GPU even for a few hundred outputs and each weight row is read once. Against
-cuBLAS inside CUDA graphs over weights beyond L2 (benchmarks/diagnose/h200_diagnose.py, skinny section) it won
-where cuBLAS is weakest: narrow outputs, which cuBLAS splits over K into a GEMM plus a reduce kernel, and
-LM-head-wide ones. For the widths in between cuBLAS was as fast or faster, so the registry sends only the first two
-kinds there (registry.SKINNY_LINEAR). LM heads keep that kernel at any row count.
+From 5 to 16 rows `_skinny_kernel` takes all rows as one 16-row tensor-core tile and a narrow block of output columns,
+so the grid covers the GPU even for a few hundred outputs and each weight row is read once. Against cuBLAS inside CUDA
+graphs over weights beyond L2 it won where cuBLAS is weakest: narrow outputs, which cuBLAS splits over K into a GEMM
+plus a reduce kernel, and LM-head-wide ones. For the widths in between cuBLAS was as fast or faster, so the registry
+sends only the first two kinds there (registry.SKINNY_LINEAR). LM heads keep that kernel at any row count.
 
 `skinny_linear_reference` and `per_head_reference` are the torch definitions they are tested against.
 """

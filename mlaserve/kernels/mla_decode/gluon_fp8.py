@@ -1,5 +1,5 @@
-"""The split step of paged MLA decode over an fp8 latent cache at 16 heads per program on Hopper, in Gluon, with
-both dots on fp8 tensor cores: the cache tile is never widened.
+"""The split step of paged MLA decode over an fp8 latent cache at 16 heads per program on Hopper, in Gluon, with both
+dots on fp8 tensor cores: the cache tile is never widened.
 
 Same work as `triton_split._stage1` with an fp8 cache and BLOCK_H = 16, for one (sequence, head group, split) per CTA:
 - Scores, Sᵀ = K·Qᵀ: the tile in shared memory is wgmma's A operand as copied (K-major fp8), so the 64 cached rows
@@ -10,25 +10,23 @@ Same work as `triton_split._stage1` with an fp8 cache and BLOCK_H = 16, for one 
 - The cache's row scales enter p through the exponent: m is the running maximum of logit + log2(scale), so the
   scaled p stays within 2^8 and needs no separate rescaling.
 What is left of the error is the fp8 tensor cores' own accumulation, within what the cache's own fp8 rounding
-moves the reference by (tests/gpu/test_mla_decode_on_gpu.py bounds it). The widening kernel (gluon_wgmma8.py) takes the fp8 calls where this one does not pay.
+moves the reference by (tests/gpu/test_mla_decode_on_gpu.py bounds it). The widening kernel (gluon_wgmma8.py) takes
+the fp8 calls where this one does not pay.
 
 Three partitions (`gl.warp_specialize`): a producer warpgroup copies the split's tiles into a ring of SLOTS, and two
-consumer warpgroups share the queries and take the tiles in turn. An fp8 tile is half a bf16 one and the dots cost
-the same per row, so one warpgroup per CTA could not keep enough bytes in flight while it computed; here, while one
-consumer works on a tile, the other's and the next copies are in flight. Each slot has a `ready` barrier (the copy
-landed) and an `empty` one (its consumer is done with it), so the producer refills a slot exactly once it is free;
-how it copies a tile, and reads the rows' scales with it, is gluon_fp8_ring.py's. Both consumers are workers: run in
-the default partition,
-a consumer went through its tiles measurably slower than the worker beside it (benchmarks/diagnose/fp8_phases.py
-times each phase per CTA).
-At the end consumer 1 hands its running state to consumer 0 through shared memory (`state_ready`), which combines
-the two and writes the CTA's one partial, which halves the partials' stores and the merge's reads against each
-consumer writing its own.
-Consumer 0 copies the query terms into shared memory and signals consumer 1 (`q_ready`), so the producer's first
-copies are in flight while the queries come. With PDL the kernel is launched programmatically dependent on the query
-split, whose programs let it start at once: its CTAs are placed and start copying tiles while the split runs, and
-the consumers wait for it (griddepcontrol.wait) only before reading the terms. It lets the merge launch early the
-same way (partials._stage2 waits for it).
+consumer warpgroups share the queries and take the tiles in turn. An fp8 tile is half a bf16 one and the dots cost the
+same per row, so one warpgroup per CTA could not keep enough bytes in flight while it computed; here, while one consumer
+works on a tile, the other's and the next copies are in flight. Each slot has a `ready` barrier (the copy landed) and an
+`empty` one (its consumer is done with it), so the producer refills a slot exactly once it is free; how it copies a
+tile, and reads the rows' scales with it, is gluon_fp8_ring.py's. Both consumers are workers: run in the default
+partition, a consumer went through its tiles measurably slower than the worker beside it. At the end consumer 1 hands
+its running state to consumer 0 through shared memory (`state_ready`), which combines the two and writes the CTA's one
+partial, which halves the partials' stores and the merge's reads against each consumer writing its own. Consumer 0
+copies the query terms into shared memory and signals consumer 1 (`q_ready`), so the producer's first copies are in
+flight while the queries come. With PDL the kernel is launched programmatically dependent on the query split, whose
+programs let it start at once: its CTAs are placed and start copying tiles while the split runs, and the consumers wait
+for it (griddepcontrol.wait) only before reading the terms. It lets the merge launch early the same way
+(partials._stage2 waits for it).
 """
 
 import torch

@@ -1,16 +1,16 @@
 """The split step of paged MLA decode for many heads on Hopper (sm_90), written in Gluon.
 
 Same work and outputs as `triton_split._stage1` at 64 heads per program: one sequence, one group of 64 query heads and
-one slice of its context per program, partial outputs and base-2 LSEs for `partials._stage2` to merge. It exists
-because Triton picks the warp layout of a dot by itself: a dot whose result feeds another dot (the scores feed the
-values' dot) gets all warps along M, so with 64 heads and 8 warps both warpgroups computed the same 64 x 64 scores,
-twice the wgmma the work needs (benchmarks/diagnose/decode_compile_report.py shows it). Gluon states layouts explicitly: here each warpgroup computes half of the tile's score columns, the
+one slice of its context per program, partial outputs and base-2 LSEs for `partials._stage2` to merge. It exists because
+Triton picks the warp layout of a dot by itself: a dot whose result feeds another dot (the scores feed the values' dot)
+gets all warps along M, so with 64 heads and 8 warps both warpgroups computed the same 64 x 64 scores, twice the wgmma
+the work needs. Gluon states layouts explicitly: here each warpgroup computes half of the tile's score columns, the
 probabilities meet in shared memory, and each warpgroup accumulates half of the 512 output columns.
 
 The tile loop double-buffers the KV tile with asynchronous copies: tile i + 1 is copied while tile i is worked on.
-Leaving tile i's value dot running into step i + 1 was slower: the copy of tile i + 1 then has to wait for it.
-Gluon kernels do not run under TRITON_INTERPRET; the Triton kernel stays the reference on CPU and on other GPUs,
-and tests/gpu compares the two.
+Leaving tile i's value dot running into step i + 1 was slower: the copy of tile i + 1 then has to wait for it. Gluon
+kernels do not run under TRITON_INTERPRET; the Triton kernel stays the reference on CPU and on other GPUs, and tests/gpu
+compares the two.
 """
 
 import torch

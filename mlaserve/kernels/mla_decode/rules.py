@@ -2,7 +2,7 @@
 counts, when each kernel pays, and each kernel's parameters (`DecodePlan`). Plain Python, no Triton: the table in
 dispatch.py reads these, and the backend can name its kernel before anything is compiled.
 
-Each rule was measured on Hopper GPUs; benchmarks/gpu_suite.py and benchmarks/diagnose re-measure them through
+Each rule was measured on Hopper GPUs; benchmarks/gpu_suite.py re-measures them through
 tuning.mla_decode_tuned, and tests/kernels/snapshots/decode_plans.txt shows the plans they give DeepSeek's shapes.
 """
 
@@ -18,7 +18,7 @@ from mlaserve.kvcache.quant import TAIL_BYTES, is_quantized
 FP8 = torch.float8_e4m3fn
 # Shared memory the Triton kernel's default tiles may take, as _shared_bytes estimates it: that of the largest
 # default that builds on sm_90 (64 heads x 64 rows of 16-bit 576-wide rows, two tile buffers). The estimate matches
-# what the compiler reports (benchmarks/diagnose/decode_compile_report.py), also for wider rows that did not build.
+# what the compiler reports, also for wider rows that did not build.
 SHARED_BUDGET = 221_184
 # Tiles in the fp8-dot kernel's ring (gluon_fp8_ring.SLOTS), and what the compiled Gluon kernels take beyond their
 # buffers (barriers, layout scratch), for the *_shared_bytes estimates.
@@ -141,9 +141,9 @@ def fp8_dot_splits(batch: int, head_groups: int, max_len: int, sms: int) -> int:
 
 def fp8_dots_pay(batch: int, head_groups: int, max_len: int, splits: int) -> bool:
     """Whether the fp8-dot kernel beats the widening one for a call: when each CTA gets 16 tiles of 64 rows or
-    more, or 4 or more and the call has 512 tiles in all: with fewer tiles per CTA its set-up is not paid back
-    (benchmarks/diagnose/h200_diagnose.py's fp8_rule section times both). The rule sees max_len, not the lengths: a
-    graph sized for a longer context than the batch has picks by the graph's size."""
+    more, or 4 or more and the call has 512 tiles in all: with fewer tiles per CTA its set-up is not paid back.
+    The rule sees max_len, not the lengths: a graph sized for a longer context than the batch has picks by the
+    graph's size."""
     tiles = math.ceil(max_len / 64)
     per_cta = math.ceil(tiles / splits)
     return per_cta >= 16 or (per_cta >= 4 and batch * head_groups * tiles >= 512)
@@ -180,7 +180,7 @@ def few_heads(shape: DecodeShape, device: DecodeDevice) -> bool:
 def fp8_widening_pays(shape: DecodeShape, device: DecodeDevice) -> bool:
     """The widening 8-bit Gluon kernel pays for fp8 caches at 16 heads or fewer, and at 64 or more, where it runs
     16-head groups, where the Triton kernel's 64-head programs widen each tile in registers that the dots also
-    need (benchmarks/diagnose/many_heads_8bit.py). 17-63 heads were not measured and keep the Triton kernel. For
+    need. 17-63 heads were not measured and keep the Triton kernel. For
     int8 it gained too little over the Triton kernel at 16 heads, so int8 stays there unless named."""
     return shape.cache_dtype == FP8 and (few_heads(shape, device) or shape.num_heads >= 64)
 
@@ -204,8 +204,8 @@ def plan_triton(
     heads, page, quantized = shape.num_heads, shape.block_size, shape.quantized
     block_h = tuning.get("block_h") or (16 if heads <= 16 else 32 if heads < 64 else 64)
     # 8-bit tiles are widened in registers; at 16 heads per program that conversion, not HBM, bounds the kernel,
-    # and smaller tiles with fewer warps and fp16 dots (a cheaper widening) were fastest
-    # (benchmarks/diagnose/decode_sweep.py). The 64-head kernel keeps the measured defaults of 16-bit caches.
+    # and smaller tiles with fewer warps and fp16 dots (a cheaper widening) were fastest. The 64-head kernel keeps
+    # the measured defaults of 16-bit caches.
     light = quantized and block_h <= 16
     q_f16 = tuning.get("q_f16")
     q_f16 = light and shape.query_dtype != torch.float32 if q_f16 is None else q_f16  # fp32 keeps fp32 dots
@@ -268,8 +268,7 @@ def spans_pay(batch: int, head_groups: int, sms: int) -> bool:
     """Whether balanced spans (DecodePlan.balanced) beat split shares for the 16-head Triton kernel over a 16-bit
     cache: where the measured split rule (num_splits_for) gives a sequence at most six splits, from about 41
     sequences, whatever the context. With few splits, shares cut a long sequence into a few long slices that the
-    batch waits on; with many they cut it finely, and spans only add their search (benchmarks/diagnose/split_room.py
-    times both)."""
+    batch waits on; with many they cut it finely, and spans only add their search."""
     return round(2 * sms / max(batch * head_groups, 1)) <= 6
 
 

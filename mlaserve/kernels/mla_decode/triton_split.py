@@ -151,7 +151,7 @@ def _attend_rows(
     elif PAGE_AHEAD:
         # The page of tile i + 1 is looked up while tile i is worked on. With the lookup in the same iteration as
         # the tile's load, Triton's pipeliner spends a stage on it and gives the tile one shared-memory buffer
-        # (as compiled for sm_90, benchmarks/diagnose/decode_compile_report.py); one tile ahead, the tile gets two.
+        # (as compiled for sm_90); one tile ahead, the tile gets two.
         page = _page_of(BlockTable, b, start, end, stride_bt, PAGE)
         for n0 in range(start, end, BLOCK_N):
             page_next = _page_of(BlockTable, b, n0 + BLOCK_N, end, stride_bt, PAGE)

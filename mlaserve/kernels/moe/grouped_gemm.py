@@ -102,7 +102,7 @@ def grouped_gemm(
 
 
 def tile_config(block_m: int, k: int) -> GemmTile:
-    """The tuned tile, from a sweep at V2-Lite's w13 shape in bf16 (benchmarks/diagnose/grouped_gemm_sweep.py):
+    """The tuned tile, from a sweep at V2-Lite's w13 shape in bf16:
     decode-sized 16-row tiles stream weights best with long K steps, 64-row tiles with wide N."""
     if block_m >= 128:
         block_n, block_k, warps, stages = 128, 64, 8, 3
