@@ -136,7 +136,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     """A Llama/Qwen2/Mistral folder converted to MLA once (conversion/folder.py), for `LLM(DST)` and serve."""
-    from mlaserve.conversion.folder import convert_folder
+    from mlaserve.convert import convert_folder
 
     ranks = args.mla_latent_dim
     options = {

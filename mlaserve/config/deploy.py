@@ -27,7 +27,7 @@ from mlaserve.config.deploy_errors import DeployConfigError, KeyProblem, from_va
 from mlaserve.config.deploy_overrides import apply_overrides
 from mlaserve.config.deploy_yaml import read_deploy_yaml
 from mlaserve.config.engine_config import EngineConfig
-from mlaserve.server.settings import ServerSettings
+from mlaserve.config.server_settings import ServerSettings
 
 __all__ = ["DeployConfig", "DeployConfigError", "load_deploy_config"]
 

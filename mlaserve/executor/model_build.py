@@ -12,8 +12,8 @@ from mlaserve.attention.backend import AttentionBackend
 from mlaserve.config.engine_config import EngineConfig
 from mlaserve.config.model_config import ModelConfig
 from mlaserve.conversion.folder import apply_saved_conversion
+from mlaserve.executor.load_model import ModelBuild, build_model
 from mlaserve.loader.model_files import ModelFiles
-from mlaserve.loader.model_loader import ModelBuild, build_model
 from mlaserve.loader.weights import LoadReport
 from mlaserve.models.base import CausalLM
 from mlaserve.parallel import ParallelContext

@@ -6,8 +6,8 @@ from torch import nn
 
 from mlaserve.kernels.registry import SKINNY_LINEAR
 from mlaserve.layers import cpu_gemm
-from mlaserve.layers.linear import default_weight_loader, make_param
-from mlaserve.loader.checkpoint_slice import read, slice_aware
+from mlaserve.layers.linear import make_param
+from mlaserve.loader.checkpoint_slice import default_weight_loader, read, slice_aware
 from mlaserve.parallel import SINGLE, ParallelContext
 
 

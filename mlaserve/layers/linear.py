@@ -12,23 +12,11 @@ from torch import nn
 
 from mlaserve.kernels.registry import SKINNY_LINEAR
 from mlaserve.layers import cpu_gemm
-from mlaserve.loader.checkpoint_slice import read, slice_aware
+from mlaserve.loader.checkpoint_slice import (
+    default_weight_loader,
+    slice_aware,
+)
 from mlaserve.parallel import SINGLE, ParallelContext
-
-
-class ShapeMismatch(ValueError):
-    """A checkpoint tensor whose shape does not fit the parameter slice it is loaded into."""
-
-
-def check_shape(target: torch.Tensor, loaded: torch.Tensor, what: str) -> None:
-    if tuple(target.shape) != tuple(loaded.shape):
-        raise ShapeMismatch(f"{what}: checkpoint shape {tuple(loaded.shape)}, expected {tuple(target.shape)}")
-
-
-@slice_aware
-def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable = None) -> None:
-    check_shape(param, loaded, "tensor")
-    param.data.copy_(read(loaded))  # in the parameter's dtype
 
 
 def make_param(

@@ -13,8 +13,8 @@ from torch import nn
 
 from mlaserve.kernels.registry import FUSED_MOE, GATE_LOGITS, ROUTE_GREEDY
 from mlaserve.layers.activation import get_act_fn
-from mlaserve.layers.linear import ShapeMismatch, default_weight_loader, make_param
-from mlaserve.loader.checkpoint_slice import slice_aware
+from mlaserve.layers.linear import make_param
+from mlaserve.loader.checkpoint_slice import ShapeMismatch, default_weight_loader, slice_aware
 from mlaserve.parallel import ParallelContext
 
 

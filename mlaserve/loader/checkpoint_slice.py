@@ -6,7 +6,7 @@ Weight loaders that only look at `shape`, `narrow` it and hand it to `default_we
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import torch
 
@@ -49,3 +49,18 @@ def slice_aware(loader: Callable) -> Callable:
     """Marks a weight loader that takes a CheckpointSlice (it uses shape and narrow, and reads through read())."""
     loader.takes_slices = True
     return loader
+
+
+class ShapeMismatch(ValueError):
+    """A checkpoint tensor whose shape does not fit the parameter slice it is loaded into."""
+
+
+def check_shape(target: torch.Tensor, loaded: torch.Tensor, what: str) -> None:
+    if tuple(target.shape) != tuple(loaded.shape):
+        raise ShapeMismatch(f"{what}: checkpoint shape {tuple(loaded.shape)}, expected {tuple(target.shape)}")
+
+
+@slice_aware
+def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable = None) -> None:
+    check_shape(param, loaded, "tensor")
+    param.data.copy_(read(loaded))  # in the parameter's dtype

@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from mlaserve.layers.linear import ShapeMismatch, default_weight_loader
-from mlaserve.loader.checkpoint_slice import read
+from mlaserve.loader.checkpoint_slice import ShapeMismatch, default_weight_loader, read
 
 
 @dataclass

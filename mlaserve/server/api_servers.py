@@ -33,8 +33,8 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
+from mlaserve.config.server_settings import ServerSettings
 from mlaserve.engine.heap import freeze_start_up_objects
-from mlaserve.server.settings import ServerSettings
 from mlaserve.server.shared_count import ServerCounts
 
 logger = logging.getLogger("mlaserve.server")

@@ -9,13 +9,13 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from mlaserve.config.server_settings import ServerSettings
 from mlaserve.engine.async_engine import AsyncEngine
 from mlaserve.server.auth import api_key_dependency
 from mlaserve.server.body import sequences_asked
 from mlaserve.server.chat import create_chat_completion
 from mlaserve.server.completions import create_completion
 from mlaserve.server.errors import install_error_handlers
-from mlaserve.server.settings import ServerSettings
 from mlaserve.server.shared_count import ServerCounts
 from mlaserve.server.sse import EventStreamResponse
 from mlaserve.server.state import ServerState

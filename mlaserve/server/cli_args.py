@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from mlaserve.server.settings import ServerSettings
+from mlaserve.config.server_settings import ServerSettings
 
 
 def int_list(text: str) -> list[int]:

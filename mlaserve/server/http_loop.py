@@ -21,10 +21,10 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
+from mlaserve.config.server_settings import ServerSettings
 from mlaserve.engine.core_client import CoreClient
 from mlaserve.server.app import build_ops_app
 from mlaserve.server.connections import ConnectionLimits, connection_cap, quiet_accept_errors, uvicorn_config
-from mlaserve.server.settings import ServerSettings
 from mlaserve.server.state import ServerState
 
 logger = logging.getLogger("mlaserve.server")

@@ -7,9 +7,9 @@ quiet and this report says each once, in the order below.
 
 from __future__ import annotations
 
+from mlaserve.config.server_settings import ServerSettings
 from mlaserve.engine.core import EngineCore
 from mlaserve.executor.build_info import BuildInfo
-from mlaserve.server.settings import ServerSettings
 
 
 def describe_core(core: EngineCore, settings: ServerSettings) -> dict:

@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 
+from mlaserve.config.server_settings import ServerSettings
 from mlaserve.engine.core_client import CoreProcessClient
 from mlaserve.engine.heap import freeze_start_up_objects
 from mlaserve.server.api_servers import ApiServers, catch_early_signals, share_metrics_across_processes
@@ -21,7 +22,6 @@ from mlaserve.server.connections import (
 )
 from mlaserve.server.http_loop import run_event_loop, serve_app
 from mlaserve.server.report import describe_core, format_report
-from mlaserve.server.settings import ServerSettings
 from mlaserve.server.shared_count import ServerCounts
 
 logger = logging.getLogger("mlaserve.server")
@@ -30,7 +30,6 @@ logger = logging.getLogger("mlaserve.server")
 # cache) is what the start-up report says again, in an operator's order: serve() builds the engine with them quiet.
 _REPORTED_BY_THE_ENGINE = (
     "mlaserve.attention.selector",
-    "mlaserve.loader.model_loader",
     "mlaserve.engine.core",
     "mlaserve.executor",
 )

@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from mlaserve.config.server_settings import ServerSettings
 from mlaserve.engine.async_engine import AsyncEngine
 from mlaserve.server.body import parse_json_object, read_body
 from mlaserve.server.errors import OpenAIError
 from mlaserve.server.intake import ServerIntake
 from mlaserve.server.logprobs import TokenTexts
 from mlaserve.server.metrics import ServerMetrics
-from mlaserve.server.settings import ServerSettings
 from mlaserve.server.shared_count import ServerCounts
 
 _PARSE_INLINE_BYTES = 64 * 1024  # smaller bodies parse in well under a millisecond

@@ -11,7 +11,7 @@ import pytest
 from mlaserve.config.deploy import DeployConfig, DeployConfigError, load_deploy_config
 from mlaserve.config.deploy_overrides import FLAG_KEYS, overrides_from_flags
 from mlaserve.config.engine_config import CacheOptions, EngineConfig, SchedulerOptions
-from mlaserve.server.settings import ServerSettings
+from mlaserve.config.server_settings import ServerSettings
 
 REPO = Path(__file__).resolve().parents[2]
 

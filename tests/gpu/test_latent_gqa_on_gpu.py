@@ -48,7 +48,7 @@ def test_latent_gqa_triton_graphs_equal_torch_backend(tmp_path, name, ranks):
 
 
 def test_a_converted_folder_decodes_on_the_triton_kernels(tmp_path):
-    from mlaserve.conversion.folder import convert_folder
+    from mlaserve.convert import convert_folder
 
     src = build_tiny("llama", tmp_path / "src", max_position_embeddings=1024)
     dst = tmp_path / "dst"

@@ -5,8 +5,8 @@ experts stored after the routed ones equal the shared MLP they are loaded from."
 import pytest
 import torch
 
-from mlaserve.layers.linear import ShapeMismatch
 from mlaserve.layers.moe import FusedExperts, experts_reference, with_shared_experts
+from mlaserve.loader.checkpoint_slice import ShapeMismatch
 from mlaserve.models.llama import GatedMLP
 from mlaserve.parallel import ParallelContext
 

@@ -17,7 +17,8 @@ import pytest
 
 from mlaserve import LLM
 from mlaserve.config.deploy import DeployConfigError, load_deploy_config
-from mlaserve.loader import model_loader, quantization
+from mlaserve.executor import load_model as model_loader
+from mlaserve.loader import quantization
 from mlaserve.loader.quantization import check_quantization, quant_method
 from mlaserve.testing.tiny_models import build_tiny
 

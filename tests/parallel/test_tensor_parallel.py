@@ -173,7 +173,7 @@ SERVE = textwrap.dedent(
     """
     import sys
     from mlaserve.server.run import serve
-    from mlaserve.server.settings import ServerSettings
+    from mlaserve.config.server_settings import ServerSettings
     options = dict(model=sys.argv[1], dtype="float32", device="cpu", max_model_len=128, tensor_parallel_size=2,
                    enable_expert_parallel=sys.argv[2] == "ep")
     sys.exit(serve(options, ServerSettings(port=0, metrics_port=0, shutdown_grace_s=2.0)))

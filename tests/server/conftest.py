@@ -16,11 +16,11 @@ import uvicorn
 from fastapi import FastAPI
 
 from mlaserve.config.engine_config import EngineConfig
+from mlaserve.config.server_settings import ServerSettings
 from mlaserve.engine.async_engine import AsyncEngine
 from mlaserve.engine.llm_engine import LLMEngine
 from mlaserve.server.app import build_app
 from mlaserve.server.connections import ConnectionLimits, connection_cap, listening_socket, uvicorn_config
-from mlaserve.server.settings import ServerSettings
 from mlaserve.testing.tiny_models import build_tiny
 
 # Word-level: "w10 <content> w11" per message, then "w12" to prompt the answer.

@@ -7,11 +7,11 @@ import argparse
 import pytest
 
 from mlaserve.config.engine_config import EngineConfig
+from mlaserve.config.server_settings import ServerSettings
 from mlaserve.engine.llm_engine import LLMEngine
 from mlaserve.server.auth import check_bearer
 from mlaserve.server.cli_args import add_serve_args, settings_and_options_from_args
 from mlaserve.server.report import format_report, startup_report
-from mlaserve.server.settings import ServerSettings
 from mlaserve.testing.tiny_models import build_tiny, config_dict
 
 

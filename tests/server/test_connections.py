@@ -20,6 +20,7 @@ import httpx
 import pytest
 import uvicorn
 
+from mlaserve.config.server_settings import ServerSettings
 from mlaserve.server.connections import (
     ConnectionLimits,
     connection_cap,
@@ -28,7 +29,6 @@ from mlaserve.server.connections import (
     quiet_accept_errors,
     uvicorn_config,
 )
-from mlaserve.server.settings import ServerSettings
 from mlaserve.server.shared_count import SharedCount
 from tests.server.conftest import wait_for
 from tests.server.test_hostile_clients import raw_connection, read_all

@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mlaserve.config.server_settings import ServerSettings
 from mlaserve.server.app import build_app
-from mlaserve.server.settings import ServerSettings
 from tests.server.conftest import fresh_stats, make_engine
 
 pytestmark = pytest.mark.slow

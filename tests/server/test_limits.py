@@ -8,8 +8,8 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from mlaserve.config.server_settings import ServerSettings
 from mlaserve.server.app import build_app, build_ops_app
-from mlaserve.server.settings import ServerSettings
 from tests.server.conftest import (
     fresh_stats,
     live_server,

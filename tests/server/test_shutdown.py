@@ -38,7 +38,7 @@ EngineCore.step = slow_step
 SERVE = """
 import json, sys
 from mlaserve.server.run import serve
-from mlaserve.server.settings import ServerSettings
+from mlaserve.config.server_settings import ServerSettings
 options = dict(model=sys.argv[1], dtype="float32", device="cpu", num_kv_blocks=256, max_model_len=256)
 settings = ServerSettings(port=0, metrics_port=0, shutdown_grace_s=float(sys.argv[2]), api_server_count=int(sys.argv[3]), **json.loads(sys.argv[4]))
 sys.exit(serve(options, settings))
