@@ -4,7 +4,7 @@ backend (V3.2 decode from CUDA graphs) must give the torch backend's tokens in f
 
 The GPU image's transformers has no DeepseekV32 classes, so the V3.2 model is a config.json with seeded dummy
 weights (load_format="dummy"), the torch backend its reference; the CPU suite checks that backend against
-transformers (tests/engine/test_indexer.py).
+transformers (tests/models/test_deepseek_v32_indexer.py).
 """
 
 import json

@@ -3,7 +3,7 @@ its decode steps captured in CUDA graphs (three cache groups: the rows' window, 
 
 The config is written out field by field, as transformers' save_pretrained writes it, so the GPU image's
 transformers (which may have no DeepseekV4Config) reads it through the engine's spelled-out fallback. The CPU suite
-checks the model itself against transformers (tests/engine/test_deepseek_v4.py), also through a captured step's
+checks the model itself against transformers (tests/models/test_deepseek_v4.py), also through a captured step's
 inputs. V4 has no GPU kernels of its own yet. Random weights drawn on the CPU and saved, so both devices run the same
 model.
 """
