@@ -10,7 +10,7 @@ from mlaserve.config.engine_config import MLAOptions, ModelOptions
 from mlaserve.config.model_config import ModelConfig
 from mlaserve.loader.model_files import ModelFiles
 from mlaserve.loader.weights import LoadReport, init_dummy_weights, load_weights
-from mlaserve.models.base import CausalLM
+from mlaserve.models.base import CausalLM, ModelInit
 from mlaserve.models.registry import get_model_class
 from mlaserve.parallel import SINGLE, ParallelContext
 
@@ -51,29 +51,29 @@ class ModelBuild:
 def build_model(build: ModelBuild) -> tuple[CausalLM, LoadReport]:
     model_config, files, device, parallel = build.model_config, build.files, build.device, build.parallel
     cls = get_model_class(model_config.architecture)  # before any allocation: unsupported is a cheap error
-    options = {}
-    if build.mla.mla_disable:
-        if not cls.supports_mla_disable:
-            raise ValueError(
-                f"mla_disable applies to MLA models only; {model_config.architecture} has no latent cache"
-            )
-        options["mla_disable"] = True
-    if build.mla.enable_mla:
-        if not cls.supports_enable_mla:
-            raise ValueError(
-                f"enable_mla converts models with per-head K/V caches (Llama, Qwen2, Mistral); "
-                f"{model_config.architecture} cannot be converted"
-            )
-        options["enable_mla"] = True
-        if build.mla.mla_skip_layers:
-            options["mla_skip_layers"] = build.mla.mla_skip_layers
-    if parallel.distributed:
-        options["ctx"] = parallel
+    mla = build.mla
+    if mla.mla_disable and not cls.supports_mla_disable:
+        raise ValueError(
+            f"mla_disable applies to MLA models only; {model_config.architecture} has no latent cache"
+        )
+    if mla.enable_mla and not cls.supports_enable_mla:
+        raise ValueError(
+            f"enable_mla converts models with per-head K/V caches (Llama, Qwen2, Mistral); "
+            f"{model_config.architecture} cannot be converted"
+        )
+    init = ModelInit(
+        model_config.hf_config,
+        build.backend,
+        parallel,
+        mla_disable=mla.mla_disable,
+        enable_mla=mla.enable_mla,
+        mla_skip_layers=tuple(mla.mla_skip_layers) if mla.enable_mla else (),
+    )
     previous = torch.get_default_dtype()
     torch.set_default_dtype(model_config.dtype)
     try:
         with torch.device(device):
-            model = cls(model_config.hf_config, build.backend, **options)
+            model = cls(init)
     finally:
         torch.set_default_dtype(previous)
     model.to(device)  # rotary buffers built from CPU tensors

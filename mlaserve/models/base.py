@@ -5,10 +5,24 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from mlaserve.attention.backend import AttentionBackend
 from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.attention.pooled_window import PooledWindow
 from mlaserve.kvcache.spec import KVCacheSpec
-from mlaserve.parallel import ParallelContext
+from mlaserve.parallel import SINGLE, ParallelContext
+
+
+@dataclass(frozen=True)
+class ModelInit:
+    """What every model is built from, so the executor builds any architecture with one call: cls(init).
+    A model reads the options it supports; the executor refuses the others before building (supports_* flags)."""
+
+    hf_config: object
+    backend: AttentionBackend  # what its attention layers call (a model that attends itself ignores it)
+    ctx: ParallelContext = SINGLE  # this rank's slice of every weight
+    mla_disable: bool = False  # MLA models: cache expanded per-head K/V instead of latent rows
+    enable_mla: bool = False  # per-head K/V models: convert to a latent cache at load time
+    mla_skip_layers: tuple[int, ...] = ()  # with enable_mla: layers that keep their per-head K/V cache
 
 
 @dataclass(frozen=True)

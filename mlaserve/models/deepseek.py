@@ -11,9 +11,9 @@ from mlaserve.layers.embedding import VocabParallelEmbedding
 from mlaserve.layers.mla import MLAAttention
 from mlaserve.layers.moe import FusedExperts, MoEGate
 from mlaserve.layers.norm import RMSNorm
-from mlaserve.models.base import CausalLM, DecoderStack, PreNormDecoderLayer, StackedParam
+from mlaserve.models.base import CausalLM, DecoderStack, ModelInit, PreNormDecoderLayer, StackedParam
 from mlaserve.models.llama import GatedMLP
-from mlaserve.parallel import SINGLE, ParallelContext
+from mlaserve.parallel import ParallelContext
 
 _EXPERT = re.compile(r"\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 _SHARED = re.compile(r"\.mlp\.shared_experts\.(gate_proj|up_proj|down_proj)\.weight$")
@@ -100,14 +100,13 @@ class DeepseekV2ForCausalLM(CausalLM):
     def latent_cache(cls, mla_disable: bool, enable_mla: bool = False) -> bool:
         return not mla_disable
 
-    def __init__(
-        self, cfg: object, backend: AttentionBackend, ctx: ParallelContext = SINGLE, mla_disable: bool = False
-    ) -> None:
+    def __init__(self, init: ModelInit) -> None:
         super().__init__()
+        cfg, ctx = init.hf_config, init.ctx
         self.cfg = cfg
-        self.mla_disable = mla_disable
+        self.mla_disable = init.mla_disable
         self.shared_experts_fused = DeepseekMoE.fuses_shared_experts(ctx)
-        self.model = DeepseekModel(cfg, backend, ctx, self.sigmoid_routing, mla_disable)
+        self.model = DeepseekModel(cfg, init.backend, ctx, self.sigmoid_routing, init.mla_disable)
         self.build_lm_head(cfg, ctx)
 
     def latent_attention_shape(self) -> tuple[int, int, int] | None:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlaserve.attention.backend import AttentionBackend, write_to_cache
+from mlaserve.attention.backend import write_to_cache
 from mlaserve.attention.metadata import AttentionMetadata, slot_indices
 from mlaserve.kvcache.spec import AttentionRule, KVCacheSpec, LayerCacheSpec
 from mlaserve.layers.compressor import CompressedIndexer, Compressor
@@ -32,8 +32,8 @@ from mlaserve.layers.embedding import VocabParallelEmbedding
 from mlaserve.layers.hyper_connection import HyperConnection, HyperHead, unweighted_rms_norm
 from mlaserve.layers.norm import Float32RMSNorm
 from mlaserve.layers.rotary import RotaryEmbedding, rotate_trailing_pairs
-from mlaserve.models.base import CausalLM
-from mlaserve.parallel import SINGLE, ParallelContext
+from mlaserve.models.base import CausalLM, ModelInit
+from mlaserve.parallel import ParallelContext
 
 _HC = re.compile(r"\.hc_(attn|ffn)_(fn|base|scale)$")
 _RENAMES = {"embed.weight": "model.embed_tokens.weight", "head.weight": "lm_head.weight"}
@@ -388,11 +388,11 @@ class DeepseekV4ForCausalLM(CausalLM):
     training_free_window = False  # its cached rows feed the compressors: a window would drop what they need
     ignored_fragments = ("rotary_emb.inv_freq", "mtp.")
 
-    def __init__(self, cfg: object, backend: AttentionBackend, ctx: ParallelContext = SINGLE) -> None:
+    def __init__(self, init: ModelInit) -> None:
         super().__init__()
-        self.cfg = cfg
-        self.model = V4Model(cfg, ctx)
-        self.build_lm_head(cfg, ctx)
+        self.cfg = init.hf_config
+        self.model = V4Model(self.cfg, init.ctx)
+        self.build_lm_head(self.cfg, init.ctx)
 
     def map_checkpoint_name(self, name: str) -> tuple[str, object] | None:
         """DeepSeek's names as transformers saves them (model.layers.N.attn.wq_a, head.weight) or as DeepSeek ships

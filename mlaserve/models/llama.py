@@ -17,8 +17,8 @@ from mlaserve.layers.latent_gqa import LatentGQA
 from mlaserve.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from mlaserve.layers.norm import RMSNorm
 from mlaserve.layers.rotary import RotaryEmbedding, rope_frequencies
-from mlaserve.models.base import CausalLM, DecoderStack, PreNormDecoderLayer, StackedParam
-from mlaserve.parallel import SINGLE, ParallelContext
+from mlaserve.models.base import CausalLM, DecoderStack, ModelInit, PreNormDecoderLayer, StackedParam
+from mlaserve.parallel import ParallelContext
 
 logger = logging.getLogger(__name__)
 
@@ -134,23 +134,16 @@ class LlamaForCausalLM(CausalLM):
     supports_enable_mla = True  # exact GQA -> MLA conversion at load time (layers/latent_gqa.py)
     supports_tensor_parallel = True
 
-    def __init__(
-        self,
-        cfg: object,
-        backend: AttentionBackend,
-        ctx: ParallelContext = SINGLE,
-        enable_mla: bool = False,
-        mla_skip_layers: Sequence[int] = (),
-    ) -> None:
-        """mla_skip_layers: with enable_mla, layers that keep their per-head K/V cache (a second kind of cache row
-        in the same blocks)."""
+    def __init__(self, init: ModelInit) -> None:
+        """Layers in init.mla_skip_layers keep their per-head K/V cache: a second kind of cache row in the same
+        blocks."""
         super().__init__()
-        self.cfg = cfg
-        self.enable_mla = enable_mla
-        skipped = set(mla_skip_layers)
-        latent = [enable_mla and i not in skipped for i in range(cfg.num_hidden_layers)]
-        self.model = LlamaModel(cfg, backend, ctx, self.biases(cfg), latent)
-        self.build_lm_head(cfg, ctx)
+        cfg = self.cfg = init.hf_config
+        self.enable_mla = init.enable_mla
+        skipped = set(init.mla_skip_layers)
+        latent = [init.enable_mla and i not in skipped for i in range(cfg.num_hidden_layers)]
+        self.model = LlamaModel(cfg, init.backend, init.ctx, self.biases(cfg), latent)
+        self.build_lm_head(cfg, init.ctx)
 
     @staticmethod
     def biases(cfg: object) -> tuple[bool, bool]:
