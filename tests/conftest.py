@@ -24,10 +24,21 @@ if _interpreter is not None:
 
 
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001 - pytest's hook signature
-    """Everything under tests/gpu is marked `gpu`, so `-m "not slow and not gpu"` is the fast CPU subset."""
+    """Everything under tests/gpu is marked `gpu`, so `-m "not slow and not gpu"` is the fast CPU subset; tests
+    that take the `device` fixture are marked `twin`, so the GPU run adds `-m twin` to run them natively."""
     for item in items:
         if "/tests/gpu/" in str(item.fspath):
             item.add_marker(pytest.mark.gpu)
+        if "device" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.twin)
+
+
+@pytest.fixture
+def device() -> str:
+    """A twin test's device: "cuda" on a GPU machine run with TRITON_INTERPRET=0, else "cpu" (the interpreter)."""
+    from mlaserve.testing.device import kernel_test_device
+
+    return kernel_test_device()
 
 
 @pytest.fixture(scope="session")
