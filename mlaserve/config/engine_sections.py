@@ -34,6 +34,9 @@ class ModelOptions:
     seed: int = 0
     max_model_len: int | None = None
     load_format: str = "auto"  # "auto" | "dummy" (random weights from config.json alone)
+    # "fp8": an unquantized checkpoint's linear weights quantized to block FP8 on load (vLLM's --quantization fp8);
+    # a checkpoint published in FP8 is served as it is without it
+    quantization: str | None = None
     attention_backend: str | None = None
     enforce_eager: bool = False  # no CUDA graphs for decode
     skip_tokenizer_init: bool = False  # token ids in and out, no tokenizer files needed

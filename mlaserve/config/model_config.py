@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mlaserve.loader.quantization import check_quantization
+from mlaserve.config.quantization import BlockFP8Config, quant_config
 
 logger = logging.getLogger(__name__)
 
@@ -178,6 +178,7 @@ class ModelConfig:
     architecture: str
     dtype: torch.dtype
     max_model_len: int
+    quant: BlockFP8Config | None = None  # the linear layers' weight format; None: the model's dtype
 
     @property
     def vocab_size(self) -> int:
@@ -196,9 +197,16 @@ class ModelConfig:
 
     @classmethod
     def from_hf(
-        cls, config_dict: dict, dtype: str | torch.dtype, device: torch.device, max_model_len: int | None
+        cls,
+        config_dict: dict,
+        dtype: str | torch.dtype,
+        device: torch.device,
+        max_model_len: int | None,
+        quantization: str | None = None,
     ) -> "ModelConfig":
-        check_quantization(config_dict)  # a quantized format the layers cannot read, before any weight loads
+        quant = quant_config(
+            config_dict, quantization
+        )  # a format the layers cannot read, before any weight loads
         hf_config = hf_config_from_dict(config_dict)
         archs = config_dict.get("architectures") or []
         if not archs:
@@ -216,4 +224,4 @@ class ModelConfig:
             raise ValueError(f"max_model_len must be positive, got {max_model_len}")
         elif max_model_len > limit:
             raise ValueError(f"max_model_len={max_model_len} exceeds the model's {limit_name}={limit}")
-        return cls(hf_config, archs[0], resolve_dtype(dtype, hf_config, device), max_model_len)
+        return cls(hf_config, archs[0], resolve_dtype(dtype, hf_config, device), max_model_len, quant)

@@ -58,7 +58,11 @@ class Executor:
         if saved is not None:
             self.config = config = with_saved_conversion(config, saved)
         self.model_config = ModelConfig.from_hf(
-            files.config_dict, config.model.dtype, self.device, config.model.max_model_len
+            files.config_dict,
+            config.model.dtype,
+            self.device,
+            config.model.max_model_len,
+            config.model.quantization,
         )
         check_engine_options(config, self.model_config)  # what the model's cache cannot take, before any load
         parallel = config.parallel

@@ -61,6 +61,13 @@ def build_model(build: ModelBuild) -> tuple[CausalLM, LoadReport]:
             f"enable_mla converts models with per-head K/V caches (Llama, Qwen2, Mistral); "
             f"{model_config.architecture} cannot be converted"
         )
+    quant = model_config.quant
+    if quant is not None and not cls.supports_block_fp8:
+        raise ValueError(f"{model_config.architecture} does not take block-FP8 weights (quantization fp8)")
+    if quant is not None and mla.enable_mla:
+        raise ValueError(
+            "enable_mla converts unquantized weights; it cannot be combined with fp8 quantization"
+        )
     init = ModelInit(
         model_config.hf_config,
         build.backend,
@@ -68,6 +75,7 @@ def build_model(build: ModelBuild) -> tuple[CausalLM, LoadReport]:
         mla_disable=mla.mla_disable,
         enable_mla=mla.enable_mla,
         mla_skip_layers=tuple(mla.mla_skip_layers) if mla.enable_mla else (),
+        quant=quant,
     )
     previous = torch.get_default_dtype()
     torch.set_default_dtype(model_config.dtype)

@@ -79,6 +79,18 @@ def _gate_logits(x: torch.Tensor, weight: torch.Tensor) -> str | None:
     return on_cuda(x, weight)
 
 
+def _block_fp8_linear(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, group_n: int, bias: torch.Tensor | None = None
+) -> str | None:
+    if weight.dtype != torch.float8_e4m3fn or scale.dtype != torch.float32:
+        return "takes float8_e4m3fn weights with float32 block scales"
+    if x.dim() != 2:
+        return "takes 2-D x"
+    if group_n not in (1, 128):
+        return "takes scales per weight row or per 128 rows"
+    return on_cuda(x) or (None if weight.is_cuda else "needs CUDA tensors")
+
+
 def _on_cuda_device(x: torch.Tensor, *rest: object, **options: object) -> str | None:
     """Kernels that take any dtype they are given (float32 routing logits; MoE weights as loaded)."""
     return None if x.is_cuda else "needs CUDA tensors"
@@ -95,6 +107,9 @@ SKINNY_LINEAR = Kernel(
 )
 GATE_LOGITS = Kernel("gate_logits", _gate_logits, Lazy("mlaserve.kernels.router", "gate_logits"))
 ROUTE_GREEDY = Kernel("route_greedy", _on_cuda_device, Lazy("mlaserve.kernels.router", "route_greedy"))
+BLOCK_FP8_LINEAR = Kernel(
+    "block_fp8_linear", _block_fp8_linear, Lazy("mlaserve.kernels.block_fp8", "block_fp8_linear")
+)
 FUSED_MOE = Kernel("fused_moe", _on_cuda_device, Lazy("mlaserve.kernels.moe.dispatch", "fused_experts"))
 
 KERNELS: dict[str, Kernel] = {
@@ -109,6 +124,7 @@ KERNELS: dict[str, Kernel] = {
         SKINNY_LINEAR,
         GATE_LOGITS,
         ROUTE_GREEDY,
+        BLOCK_FP8_LINEAR,
         FUSED_MOE,
     )
 }

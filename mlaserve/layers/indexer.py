@@ -13,6 +13,7 @@ from torch import nn
 from mlaserve.attention.backend import AttentionBackend, write_to_cache
 from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.config.model_config import IndexerConfig
+from mlaserve.config.quantization import BlockFP8Config
 from mlaserve.kvcache.quant import is_quantized, quantize_rows
 from mlaserve.layers.linear import ReplicatedLinear
 from mlaserve.layers.rotary import RotaryEmbedding, rope_frequencies
@@ -21,14 +22,19 @@ from mlaserve.parallel import ParallelContext
 
 class Indexer(nn.Module):
     def __init__(
-        self, cfg: object, index: IndexerConfig, backend: AttentionBackend, ctx: ParallelContext
+        self,
+        cfg: object,
+        index: IndexerConfig,
+        backend: AttentionBackend,
+        ctx: ParallelContext,
+        quant: BlockFP8Config | None = None,
     ) -> None:
         super().__init__()
         self.backend = backend
         self.topk, self.num_heads, self.head_dim = index.topk, index.num_heads, index.head_dim
         # Every rank scores all heads (the indexer is small next to attention), so each picks the same tokens.
-        self.wq_b = ReplicatedLinear(cfg.q_lora_rank, index.num_heads * index.head_dim, False, ctx)
-        self.wk = ReplicatedLinear(cfg.hidden_size, index.head_dim, False, ctx)
+        self.wq_b = ReplicatedLinear(cfg.q_lora_rank, index.num_heads * index.head_dim, False, ctx, quant)
+        self.wk = ReplicatedLinear(cfg.hidden_size, index.head_dim, False, ctx, quant)
         self.k_norm = nn.LayerNorm(index.head_dim, eps=1e-6)
         self.weights_proj = nn.Linear(cfg.hidden_size, index.num_heads, bias=False, dtype=torch.float32)
         self.rotary = RotaryEmbedding(*rope_frequencies(cfg, index.rope_dim), interleaved=False)

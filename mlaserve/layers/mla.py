@@ -15,6 +15,7 @@ from torch import nn
 from mlaserve.attention.backend import AttentionBackend, write_to_cache
 from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.config.model_config import indexer_config
+from mlaserve.config.quantization import BlockFP8Config
 from mlaserve.kernels.registry import MLA_PREP, PER_HEAD, PREFILL_KV
 from mlaserve.kvcache.quant import is_quantized, quantize_rows
 from mlaserve.layers.attention import PagedAttention
@@ -60,7 +61,12 @@ def mla_softmax_scale(cfg: object) -> float:
 
 class MLAAttention(nn.Module):
     def __init__(
-        self, cfg: object, backend: AttentionBackend, ctx: ParallelContext, mla_disable: bool = False
+        self,
+        cfg: object,
+        backend: AttentionBackend,
+        ctx: ParallelContext,
+        mla_disable: bool = False,
+        quant: BlockFP8Config | None = None,
     ):
         super().__init__()
         self.backend = backend
@@ -82,24 +88,22 @@ class MLAAttention(nn.Module):
         if self.fused_qkv_a:
             # ranks never split it: every rank computes the whole of both
             self.fused_qkv_a_proj = MergedColumnParallelLinear(
-                cfg.hidden_size, [q_width, self.kv_width], bias
+                cfg.hidden_size, [q_width, self.kv_width], bias, quant=quant
             )
         elif self.q_lora_rank:
-            self.q_a_proj = ReplicatedLinear(cfg.hidden_size, self.q_lora_rank, bias, ctx)
+            self.q_a_proj = ReplicatedLinear(cfg.hidden_size, self.q_lora_rank, bias, ctx, quant)
         else:
-            self.q_proj = ColumnParallelLinear(cfg.hidden_size, q_width, False, ctx)
+            self.q_proj = ColumnParallelLinear(cfg.hidden_size, q_width, False, ctx, quant)
         if not self.fused_qkv_a:
-            self.kv_a_proj_with_mqa = ReplicatedLinear(cfg.hidden_size, self.kv_width, bias, ctx)
+            self.kv_a_proj_with_mqa = ReplicatedLinear(cfg.hidden_size, self.kv_width, bias, ctx, quant)
+        heads = cfg.num_attention_heads
         if self.q_lora_rank:
             self.q_a_layernorm = RMSNorm(self.q_lora_rank, LATENT_NORM_EPS)
-            self.q_b_proj = ColumnParallelLinear(
-                self.q_lora_rank, cfg.num_attention_heads * qk_head, False, ctx
-            )
+            self.q_b_proj = ColumnParallelLinear(self.q_lora_rank, heads * qk_head, False, ctx, quant)
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, LATENT_NORM_EPS)
-        self.kv_b_proj = ColumnParallelLinear(
-            self.kv_lora_rank, cfg.num_attention_heads * (self.nope_dim + self.v_dim), False, ctx
-        )
-        self.o_proj = RowParallelLinear(cfg.num_attention_heads * self.v_dim, cfg.hidden_size, bias, ctx)
+        kv_b_width = heads * (self.nope_dim + self.v_dim)
+        self.kv_b_proj = ColumnParallelLinear(self.kv_lora_rank, kv_b_width, False, ctx, quant)
+        self.o_proj = RowParallelLinear(heads * self.v_dim, cfg.hidden_size, bias, ctx, quant)
         interleaved = getattr(cfg, "rope_interleave", True)  # DeepSeek-V2 always pairs adjacent features
         self.rotary = RotaryEmbedding(*rope_frequencies(cfg, self.rope_dim), interleaved=interleaved)
         self.scale = mla_softmax_scale(cfg)
@@ -110,12 +114,15 @@ class MLAAttention(nn.Module):
                 "mla_disable is not supported with DeepSeek-V3.2's indexer: sparse attention reads latent rows"
             )
         # DeepSeek-V3.2: the kv_cache passed in is then (latent rows, indexer keys) over the same blocks.
-        self.indexer = Indexer(cfg, index, backend, ctx) if index is not None else None
+        self.indexer = Indexer(cfg, index, backend, ctx, quant) if index is not None else None
         self.w_uk: torch.Tensor | None = None
         self.w_uv: torch.Tensor | None = None
+        self.dtype = torch.get_default_dtype()  # the model's: the absorbed weights' dtype, whatever kv_b's
 
     def process_weights_after_loading(self) -> None:
-        w = self.kv_b_proj.weight.detach().view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
+        # FP8 kv_b is dequantized once here: the absorbed products read it at the activations' dtype
+        w = self.kv_b_proj.dequantized_weight(self.dtype)
+        w = w.view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         # [H, R, nope]: folded into the decode query (stored transposed so that per_head reads rows of nope)
         self.w_uk = w[:, : self.nope_dim].transpose(1, 2).contiguous()
         self.w_uv = w[:, self.nope_dim :].contiguous()  # [H, v, R]: applied to the attended latent

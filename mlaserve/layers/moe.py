@@ -11,8 +11,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mlaserve.config.quantization import BlockFP8Config
 from mlaserve.kernels.registry import FUSED_MOE, GATE_LOGITS, ROUTE_GREEDY
 from mlaserve.layers.activation import get_act_fn
+from mlaserve.layers.block_fp8 import FP8, dequantize
+from mlaserve.layers.fp8_params import (
+    Part,
+    check_column_split,
+    group_rows,
+    scale_param,
+    store_scale,
+    store_weight,
+)
 from mlaserve.layers.linear import make_param
 from mlaserve.loader.checkpoint_slice import ShapeMismatch, default_weight_loader, slice_aware
 from mlaserve.parallel import ParallelContext
@@ -109,7 +119,10 @@ class FusedExperts(nn.Module):
 
     num_shared: the MoE's shared experts (a checkpoint's one shared MLP of num_shared x I) stored as that many
     experts of width I after the routed ones, each split over ranks like a routed expert; the router sends every
-    token to them (MoEGate's num_shared). Not with expert parallelism, where every rank would need them whole."""
+    token to them (MoEGate's num_shared). Not with expert parallelism, where every rank would need them whole.
+
+    quant: w13 and w2 are block FP8, their scales in w13_scale and w2_scale (layers/fp8_params.py), one row
+    grouping for both so one kernel argument serves the two GEMMs."""
 
     def __init__(
         self,
@@ -119,6 +132,7 @@ class FusedExperts(nn.Module):
         act: str,
         ctx: ParallelContext,
         num_shared: int = 0,
+        quant: BlockFP8Config | None = None,
     ) -> None:
         super().__init__()
         if num_shared and ctx.expert_parallel:
@@ -141,8 +155,23 @@ class FusedExperts(nn.Module):
             w13_shards |= {("shared", 0), ("shared", 1)}
             w2_shards |= {"shared"}
         total = self.num_local + num_shared
-        self.w13 = make_param(total, 2 * self.inter, hidden, loader=self.load_w13, shards=w13_shards)
-        self.w2 = make_param(total, hidden, self.inter, loader=self.load_w2, shards=w2_shards)
+        self.quant, self.hidden = quant, hidden
+        dtype = FP8 if quant else None
+        self.w13 = make_param(
+            total, 2 * self.inter, hidden, loader=self.load_w13, shards=w13_shards, dtype=dtype
+        )
+        self.w2 = make_param(total, hidden, self.inter, loader=self.load_w2, shards=w2_shards, dtype=dtype)
+        if quant:
+            split = self.inter_ranks > 1
+            self.group_n = min(
+                group_rows(quant, [self.inter, self.inter], split), group_rows(quant, [hidden], False)
+            )
+            check_column_split(quant, self.inter, self.inter_ranks, "the experts' down_proj")
+            rows13 = (total, 2 * self.inter)
+            self.w13_scale = scale_param(rows13, hidden, self.group_n, self.load_w13_scale, w13_shards)
+            self.w2_scale = scale_param(
+                (total, hidden), self.inter, self.group_n, self.load_w2_scale, w2_shards
+            )
 
     def _local(self, expert: int) -> int | None:
         index = expert - self.first
@@ -161,32 +190,99 @@ class FusedExperts(nn.Module):
             for j in range(self.num_shared)
         ]
 
+    def _store(
+        self, param: torch.Tensor, index: int, loaded: torch.Tensor, part: Part, shard_id: object
+    ) -> None:
+        """One expert's part of w13 or w2: copied, or for FP8 weights stored with its scales."""
+        if not self.quant:
+            default_weight_loader(param.data[index].narrow(0, part.offset, part.size), loaded)
+            return
+        scale = self.w13_scale if param is self.w13 else self.w2_scale
+        store_weight(param.data[index], scale, scale.data[index], loaded, part, self.group_n, shard_id)
+
+    def _w13_part(self, which: int, first: int) -> Part:
+        return Part(which * self.inter, self.inter, first, 0)
+
+    def _w2_part(self, col0: int) -> Part:
+        return Part(0, self.hidden, 0, col0)
+
+    def _shared_start(self, j: int) -> int:
+        """Shared expert j's first row (w13) or column (w2) in the shared MLP's checkpoint tensor."""
+        return j * self.inter * self.inter_ranks + self.inter_rank * self.inter
+
     @slice_aware
     def load_w13(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: tuple) -> None:
         expert, which = shard_id
         if expert == "shared":  # gate_proj (0) or up_proj (1) of the shared MLP
             for j, part in enumerate(self._shared_parts(loaded, 0, ("gate_proj", "up_proj")[which])):
-                default_weight_loader(
-                    param.data[self.num_local + j].narrow(0, which * self.inter, self.inter), part
+                self._store(
+                    param, self.num_local + j, part, self._w13_part(which, self._shared_start(j)), shard_id
                 )
             return
         if (index := self._local(expert)) is None:
             return  # another rank's expert
         if loaded.shape[0] == self.inter * self.inter_ranks:
             loaded = loaded.narrow(0, self.inter_rank * self.inter, self.inter)
-        default_weight_loader(param.data[index].narrow(0, which * self.inter, self.inter), loaded)
+        self._store(param, index, loaded, self._w13_part(which, self.inter_rank * self.inter), shard_id)
 
     @slice_aware
     def load_w2(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: int | str) -> None:
         if shard_id == "shared":  # the shared MLP's down_proj
             for j, part in enumerate(self._shared_parts(loaded, 1, "down_proj")):
-                default_weight_loader(param.data[self.num_local + j], part)
+                self._store(param, self.num_local + j, part, self._w2_part(self._shared_start(j)), shard_id)
             return
         if (index := self._local(shard_id)) is None:
             return
         if loaded.shape[1] == self.inter * self.inter_ranks:
             loaded = loaded.narrow(1, self.inter_rank * self.inter, self.inter)
-        default_weight_loader(param.data[index], loaded)
+        self._store(param, index, loaded, self._w2_part(self.inter_rank * self.inter), shard_id)
+
+    @slice_aware
+    def load_w13_scale(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: tuple) -> None:
+        expert, which = shard_id
+        full_rows = self.inter * self.inter_ranks
+        if expert == "shared":
+            full = (full_rows * self.num_shared, self.hidden)
+            for j in range(self.num_shared):
+                part = self._w13_part(which, self._shared_start(j))
+                store_scale(
+                    param.data[self.num_local + j], loaded, part, self.hidden, full, self.group_n, self.quant
+                )
+            return
+        if (index := self._local(expert)) is not None:
+            part = self._w13_part(which, self.inter_rank * self.inter)
+            store_scale(
+                param.data[index],
+                loaded,
+                part,
+                self.hidden,
+                (full_rows, self.hidden),
+                self.group_n,
+                self.quant,
+            )
+
+    @slice_aware
+    def load_w2_scale(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: int | str) -> None:
+        full_cols = self.inter * self.inter_ranks
+        if shard_id == "shared":
+            full = (self.hidden, full_cols * self.num_shared)
+            for j in range(self.num_shared):
+                part = self._w2_part(self._shared_start(j))
+                store_scale(
+                    param.data[self.num_local + j], loaded, part, self.inter, full, self.group_n, self.quant
+                )
+            return
+        if (index := self._local(shard_id)) is not None:
+            part = self._w2_part(self.inter_rank * self.inter)
+            store_scale(
+                param.data[index],
+                loaded,
+                part,
+                self.inter,
+                (self.hidden, full_cols),
+                self.group_n,
+                self.quant,
+            )
 
     def forward(
         self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, add: torch.Tensor | None = None
@@ -195,25 +291,32 @@ class FusedExperts(nn.Module):
         if self.ctx.expert_parallel:  # this rank's experts only: the others' routes become -1
             local = ids - self.first
             ids = torch.where((local >= 0) & (local < self.num_local), local, -1)
-        fused = FUSED_MOE.choose(x, self.w13, self.w2, weights, ids, self.act)
+        scales = (
+            {"w13_scale": self.w13_scale, "w2_scale": self.w2_scale, "group_n": self.group_n}
+            if self.quant
+            else {}
+        )
+        fused = FUSED_MOE.choose(x, self.w13, self.w2, weights, ids, self.act, **scales)
         if fused is not None:  # sorted tokens + one grouped Triton GEMM per projection, no host sync
             if (
                 self.ctx.expert_parallel
             ):  # the kernel takes real expert ids: other ranks' routes weigh zero here
                 weights, ids = weights * (ids >= 0), ids.clamp(min=0)
             fuse_add = add is not None and not self.ctx.distributed  # else `add` joins after the all-reduce
-            out = fused(x, self.w13, self.w2, weights, ids, self.act, add=add if fuse_add else None)
+            out = fused(x, self.w13, self.w2, weights, ids, self.act, add=add if fuse_add else None, **scales)
             if fuse_add:
                 return out
         else:
-            out = experts_reference(x, self.w13, self.w2, weights, ids, self.act)
+            out = experts_reference(x, self.w13, self.w2, weights, ids, self.act, **scales)
         out = self.ctx.all_reduce(out)
         return out if add is None else out + add
 
 
-def experts_reference(x, w13, w2, weights, ids, act) -> torch.Tensor:
+def experts_reference(
+    x, w13, w2, weights, ids, act, w13_scale=None, w2_scale=None, group_n=128
+) -> torch.Tensor:
     """Tokens sorted by expert, one GEMM pair per expert that was hit; routes with id -1 (another rank's expert)
-    are skipped."""
+    are skipped. With scales, w13 and w2 are block FP8, each expert dequantized as it is hit."""
     out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32, device=x.device)
     num_experts = w13.shape[0]
     flat_ids = torch.where(
@@ -228,8 +331,12 @@ def experts_reference(x, w13, w2, weights, ids, act) -> torch.Tensor:
             continue
         sel = order[start : start + count]
         tokens = token_of[start : start + count]
-        gate, up = F.linear(x[tokens], w13[expert]).chunk(2, dim=-1)
-        y = F.linear(act(gate) * up, w2[expert])
+        w_in, w_out = w13[expert], w2[expert]
+        if w13_scale is not None:
+            w_in = dequantize(w_in, w13_scale[expert], group_n).to(x.dtype)
+            w_out = dequantize(w_out, w2_scale[expert], group_n).to(x.dtype)
+        gate, up = F.linear(x[tokens], w_in).chunk(2, dim=-1)
+        y = F.linear(act(gate) * up, w_out)
         out.index_add_(0, tokens, y.float() * weights.flatten()[sel, None])
         start += count
     return out.to(x.dtype)

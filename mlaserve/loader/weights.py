@@ -71,7 +71,9 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
         report.num_tensors += 1
         report.num_parameters += tensor.numel()
     for name, param in params.items():
-        missing = getattr(param, "expected_shards", frozenset({None})) - loaded[name]
+        # block-FP8 scales made from a float weight as it loaded count as loaded (layers/fp8_params.py)
+        made = getattr(param, "filled_shards", set())
+        missing = getattr(param, "expected_shards", frozenset({None})) - loaded[name] - made
         if missing:
             shards = "" if missing == {None} else f" shards {sorted(missing, key=str)[:8]}"
             report.missing.append(name + shards)
@@ -84,14 +86,19 @@ def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> Lo
     generators: dict[torch.device, torch.Generator] = {}
     report = LoadReport()
     for name, param in model.named_parameters():
+        gen = generators.setdefault(param.device, torch.Generator(device=param.device).manual_seed(seed))
         if not param.is_floating_point():
             pass  # integer tables (DeepSeek-V4's hash routing) keep the model's own construction
+        elif hasattr(param, "filled_shards"):  # block-FP8 scales: unit-variance FP8 values times std
+            param.fill_(std)
+        elif param.element_size() == 1:  # FP8 weights: drawn in float32 a slice at a time, then cast
+            for part in param.view(-1, param.shape[-1]).split(1 << 14):
+                part.copy_(torch.randn(part.shape, generator=gen, device=param.device))
         elif name.endswith("norm.weight"):
             param.fill_(1.0)
         elif name.endswith("e_score_correction_bias") or name.endswith(".bias"):
             param.zero_()
         else:  # drawn where the parameter lives: a 16B-parameter model would take minutes through the CPU
-            gen = generators.setdefault(param.device, torch.Generator(device=param.device).manual_seed(seed))
             param.normal_(0.0, std, generator=gen)
         report.num_tensors += 1
         report.num_parameters += param.numel()

@@ -8,6 +8,7 @@ from torch import nn
 from mlaserve.attention.backend import AttentionBackend
 from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.attention.pooled_window import PooledWindow
+from mlaserve.config.quantization import BlockFP8Config
 from mlaserve.kvcache.spec import KVCacheSpec
 from mlaserve.parallel import SINGLE, ParallelContext
 
@@ -23,6 +24,9 @@ class ModelInit:
     mla_disable: bool = False  # MLA models: cache expanded per-head K/V instead of latent rows
     enable_mla: bool = False  # per-head K/V models: convert to a latent cache at load time
     mla_skip_layers: tuple[int, ...] = ()  # with enable_mla: layers that keep their per-head K/V cache
+    quant: BlockFP8Config | None = (
+        None  # the linear layers' and experts' weight format (None: the model's dtype)
+    )
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class CausalLM(nn.Module):
     training_free_window = True
     # whether its layers split over tensor-parallel ranks (checked against transformers at size 2 on CPU)
     supports_tensor_parallel = False
+    # whether its linear layers and experts take block-FP8 weights (ModelInit.quant)
+    supports_block_fp8 = False
     stacked_params: tuple[StackedParam, ...] = ()
     # Checkpoint names containing any of these are not weights (rotary caches, multi-token-prediction heads).
     ignored_fragments: tuple[str, ...] = ("rotary_emb.inv_freq",)

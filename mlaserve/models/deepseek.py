@@ -5,7 +5,7 @@ import re
 import torch
 from torch import nn
 
-from mlaserve.attention.backend import AttentionBackend
+from mlaserve.config.quantization import BlockFP8Config
 from mlaserve.kvcache.spec import KVCacheSpec, LayerCacheSpec
 from mlaserve.layers.embedding import VocabParallelEmbedding
 from mlaserve.layers.mla import MLAAttention
@@ -15,28 +15,42 @@ from mlaserve.models.base import CausalLM, DecoderStack, ModelInit, PreNormDecod
 from mlaserve.models.llama import GatedMLP
 from mlaserve.parallel import ParallelContext
 
-_EXPERT = re.compile(r"\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
-_SHARED = re.compile(r"\.mlp\.shared_experts\.(gate_proj|up_proj|down_proj)\.weight$")
+# a weight, or (block-FP8 checkpoints) its scales
+_EXPERT = re.compile(r"\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale_inv)$")
+_SHARED = re.compile(r"\.mlp\.shared_experts\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale_inv)$")
+_EXPERT_PARAMS = {"weight": ("w13", "w2"), "weight_scale_inv": ("w13_scale", "w2_scale")}
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 class DeepseekMoE(nn.Module):
     @staticmethod
-    def fuses_shared_experts(ctx: ParallelContext) -> bool:
+    def fuses_shared_experts(cfg: object, ctx: ParallelContext, quant: BlockFP8Config | None) -> bool:
         """The shared experts run in the routed experts' grouped GEMM (layers/moe.py), except under expert
-        parallelism, where each rank holds only its own experts and the shared MLP stays whole on every rank."""
+        parallelism, where each rank holds only its own experts and the shared MLP stays whole on every rank,
+        and where a checkpoint's FP8 scale blocks of the shared MLP span two of its experts' widths."""
+        if quant is not None and quant.from_checkpoint and (cfg.n_shared_experts or 0) > 1:
+            if cfg.moe_intermediate_size % quant.block_k:
+                return False
         return not ctx.expert_parallel
 
-    def __init__(self, cfg: object, ctx: ParallelContext, sigmoid: bool) -> None:
+    def __init__(
+        self, cfg: object, ctx: ParallelContext, sigmoid: bool, quant: BlockFP8Config | None
+    ) -> None:
         super().__init__()
         shared = cfg.n_shared_experts or 0
-        fused = shared if self.fuses_shared_experts(ctx) else 0
+        fused = shared if self.fuses_shared_experts(cfg, ctx, quant) else 0
         self.gate = MoEGate(cfg, sigmoid, num_shared=fused)
         self.experts = FusedExperts(
-            cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.hidden_act, ctx, fused
+            cfg.n_routed_experts,
+            cfg.hidden_size,
+            cfg.moe_intermediate_size,
+            cfg.hidden_act,
+            ctx,
+            fused,
+            quant,
         )
         self.shared_experts = (
-            GatedMLP(cfg.hidden_size, cfg.moe_intermediate_size * shared, cfg.hidden_act, ctx)
+            GatedMLP(cfg.hidden_size, cfg.moe_intermediate_size * shared, cfg.hidden_act, ctx, quant=quant)
             if shared and not fused
             else None
         )
@@ -48,40 +62,31 @@ class DeepseekMoE(nn.Module):
 
 
 class DeepseekDecoderLayer(PreNormDecoderLayer):
-    def __init__(
-        self,
-        cfg: object,
-        idx: int,
-        backend: AttentionBackend,
-        ctx: ParallelContext,
-        sigmoid: bool,
-        mla_disable: bool,
-    ):
+    def __init__(self, init: ModelInit, idx: int, sigmoid: bool):
         super().__init__()
-        self.self_attn = MLAAttention(cfg, backend, ctx, mla_disable)
+        cfg, ctx, quant = init.hf_config, init.ctx, init.quant
+        self.self_attn = MLAAttention(cfg, init.backend, ctx, init.mla_disable, quant)
         types = getattr(cfg, "mlp_layer_types", None)  # V3.2 configs name each layer's MLP
         if types is not None:
             dense = types[idx] == "dense" or not cfg.n_routed_experts
         else:
             dense = idx < (getattr(cfg, "first_k_dense_replace", 0) or 0) or not cfg.n_routed_experts
         self.mlp = (
-            GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, ctx)
+            GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, ctx, quant=quant)
             if dense
-            else DeepseekMoE(cfg, ctx, sigmoid)
+            else DeepseekMoE(cfg, ctx, sigmoid, quant)
         )
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class DeepseekModel(DecoderStack):
-    def __init__(
-        self, cfg: object, backend: AttentionBackend, ctx: ParallelContext, sigmoid: bool, mla_disable: bool
-    ) -> None:
+    def __init__(self, init: ModelInit, sigmoid: bool) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
+        cfg = init.hf_config
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, init.ctx)
         self.layers = nn.ModuleList(
-            DeepseekDecoderLayer(cfg, i, backend, ctx, sigmoid, mla_disable)
-            for i in range(cfg.num_hidden_layers)
+            DeepseekDecoderLayer(init, i, sigmoid) for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -95,6 +100,7 @@ class DeepseekV2ForCausalLM(CausalLM):
 
     supports_mla_disable = True
     supports_tensor_parallel = True
+    supports_block_fp8 = True
 
     @classmethod
     def latent_cache(cls, mla_disable: bool, enable_mla: bool = False) -> bool:
@@ -105,8 +111,8 @@ class DeepseekV2ForCausalLM(CausalLM):
         cfg, ctx = init.hf_config, init.ctx
         self.cfg = cfg
         self.mla_disable = init.mla_disable
-        self.shared_experts_fused = DeepseekMoE.fuses_shared_experts(ctx)
-        self.model = DeepseekModel(cfg, init.backend, ctx, self.sigmoid_routing, init.mla_disable)
+        self.shared_experts_fused = DeepseekMoE.fuses_shared_experts(cfg, ctx, init.quant)
+        self.model = DeepseekModel(init, self.sigmoid_routing)
         self.build_lm_head(cfg, ctx)
 
     def latent_attention_shape(self) -> tuple[int, int, int] | None:
@@ -134,19 +140,19 @@ class DeepseekV2ForCausalLM(CausalLM):
         expert = _EXPERT.search(name)
         if expert:
             idx, proj = int(expert.group(1)), expert.group(2)
+            w13, w2 = _EXPERT_PARAMS[expert.group(3)]
             prefix = name[: expert.start()] + ".mlp.experts."
             if proj == "down_proj":
-                return prefix + "w2", idx
-            return prefix + "w13", (idx, 0 if proj == "gate_proj" else 1)
+                return prefix + w2, idx
+            return prefix + w13, (idx, 0 if proj == "gate_proj" else 1)
         shared = _SHARED.search(name) if self.shared_experts_fused else None
         if shared:
             prefix = name[: shared.start()] + ".mlp.experts."
             proj = shared.group(1)
-            return (
-                (prefix + "w2", "shared")
-                if proj == "down_proj"
-                else (prefix + "w13", ("shared", int(proj == "up_proj")))
-            )
+            w13, w2 = _EXPERT_PARAMS[shared.group(2)]
+            if proj == "down_proj":
+                return prefix + w2, "shared"
+            return prefix + w13, ("shared", int(proj == "up_proj"))
         if self.model.layers[0].self_attn.fused_qkv_a:  # MLAAttention: q's first projection and kv_a in one
             for fragment, shard in ((".self_attn.q_a_proj.", 0), (".self_attn.q_proj.", 0),
                                     (".self_attn.kv_a_proj_with_mqa.", 1)):  # fmt: skip

@@ -9,6 +9,7 @@ from torch import nn
 from mlaserve.attention.backend import AttentionBackend
 from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.config.model_config import layer_windows
+from mlaserve.config.quantization import BlockFP8Config
 from mlaserve.kvcache.spec import KVCacheSpec, LayerCacheSpec
 from mlaserve.layers.activation import gated_act
 from mlaserve.layers.attention import PagedAttention
@@ -28,10 +29,18 @@ def head_dim_of(cfg: object) -> int:
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, act: str, ctx: ParallelContext, bias: bool = False):
+    def __init__(
+        self,
+        hidden: int,
+        intermediate: int,
+        act: str,
+        ctx: ParallelContext,
+        bias: bool = False,
+        quant: BlockFP8Config | None = None,
+    ):
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate, intermediate], bias, ctx)
-        self.down_proj = RowParallelLinear(intermediate, hidden, bias, ctx)
+        self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate, intermediate], bias, ctx, quant)
+        self.down_proj = RowParallelLinear(intermediate, hidden, bias, ctx, quant)
         self.act = act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -46,15 +55,17 @@ class LlamaAttention(nn.Module):
         ctx: ParallelContext,
         biases: tuple[bool, bool],
         enable_mla: bool = False,
+        quant: BlockFP8Config | None = None,
     ):
         super().__init__()
         qkv_bias, o_bias = biases
         self.head_dim = head_dim_of(cfg)
+        heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.qkv_proj = QKVParallelLinear(
-            cfg.hidden_size, self.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, qkv_bias, ctx
+            cfg.hidden_size, self.head_dim, heads, kv_heads, qkv_bias, ctx, quant
         )
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
-        self.o_proj = RowParallelLinear(cfg.num_attention_heads * self.head_dim, cfg.hidden_size, o_bias, ctx)
+        self.o_proj = RowParallelLinear(heads * self.head_dim, cfg.hidden_size, o_bias, ctx, quant)
         rotary_dim = int(self.head_dim * getattr(cfg, "partial_rotary_factor", 1.0))
         self.rotary = RotaryEmbedding(*rope_frequencies(cfg, rotary_dim), interleaved=False)
         scale = self.head_dim**-0.5
@@ -89,36 +100,23 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(PreNormDecoderLayer):
-    def __init__(
-        self,
-        cfg: object,
-        backend: AttentionBackend,
-        ctx: ParallelContext,
-        biases: tuple[bool, bool],
-        enable_mla: bool,
-    ):
+    def __init__(self, init: ModelInit, biases: tuple[bool, bool], enable_mla: bool):
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, backend, ctx, biases, enable_mla)
-        self.mlp = GatedMLP(
-            cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, ctx, getattr(cfg, "mlp_bias", False)
-        )
+        cfg, ctx, quant = init.hf_config, init.ctx, init.quant
+        self.self_attn = LlamaAttention(cfg, init.backend, ctx, biases, enable_mla, quant)
+        mlp_bias = getattr(cfg, "mlp_bias", False)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act, ctx, mlp_bias, quant)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class LlamaModel(DecoderStack):
-    def __init__(
-        self,
-        cfg: object,
-        backend: AttentionBackend,
-        ctx: ParallelContext,
-        biases: tuple[bool, bool],
-        latent: Sequence[bool],
-    ):
+    def __init__(self, init: ModelInit, biases: tuple[bool, bool], latent: Sequence[bool]):
         """latent[i]: layer i serves its attention from an MLA latent cache (enable_mla), else per-head K/V."""
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend, ctx, biases, flag) for flag in latent)
+        cfg = init.hf_config
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, init.ctx)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(init, biases, flag) for flag in latent)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -133,6 +131,7 @@ class LlamaForCausalLM(CausalLM):
 
     supports_enable_mla = True  # exact GQA -> MLA conversion at load time (layers/latent_gqa.py)
     supports_tensor_parallel = True
+    supports_block_fp8 = True
 
     def __init__(self, init: ModelInit) -> None:
         """Layers in init.mla_skip_layers keep their per-head K/V cache: a second kind of cache row in the same
@@ -142,7 +141,7 @@ class LlamaForCausalLM(CausalLM):
         self.enable_mla = init.enable_mla
         skipped = set(init.mla_skip_layers)
         latent = [init.enable_mla and i not in skipped for i in range(cfg.num_hidden_layers)]
-        self.model = LlamaModel(cfg, init.backend, init.ctx, self.biases(cfg), latent)
+        self.model = LlamaModel(init, self.biases(cfg), latent)
         self.build_lm_head(cfg, init.ctx)
 
     @staticmethod

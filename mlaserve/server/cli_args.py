@@ -27,6 +27,7 @@ _MODEL_FLAGS = [
     ("--dtype", str, "auto, float32, bfloat16, float16 (default auto)"),
     ("--device", str, "auto, cpu, cuda (default auto)"),
     ("--load-format", str, "auto, or dummy: random weights from config.json alone (benchmarks)"),
+    ("--quantization", str, "fp8: quantize an unquantized checkpoint to block FP8 on load"),
     ("--max-model-len", int, "longest prompt + output (default: the model's)"),
     ("--enable-mla", bool, "serve a Llama/Qwen2/Mistral model from an MLA latent cache (exact conversion)"),
     ("--mla-latent-dim", int, "with --enable-mla: lossy conversion to this latent width per layer"),
@@ -100,6 +101,7 @@ _METAVARS = {"--api-keys-env": "NAME", "--api-keys-file": "PATH"}
 _ENGINE_OPTIONS = (
     "model",
     "load_format",
+    "quantization",
     "enable_mla",
     "mla_latent_dim",
     "qk_rope_head_dim",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +18,8 @@ import pytest
 
 from mlaserve import LLM
 from mlaserve.config.deploy import DeployConfigError, load_deploy_config
+from mlaserve.config.quantization import BlockFP8Config, check_quantization, quant_config, quant_method
 from mlaserve.executor import load_model as model_loader
-from mlaserve.loader import quantization
-from mlaserve.loader.quantization import check_quantization, quant_method
 from mlaserve.testing.tiny_models import build_tiny
 
 OPTIONS = dict(dtype="float32", device="cpu", num_kv_blocks=64, max_model_len=128)
@@ -81,7 +81,7 @@ def test_unserved_method_fails_before_weights_are_read(
         LLM(str(folder), **OPTIONS)
     message = str(info.value)
     assert f"quantization_config.quant_method {named}" in message, message
-    assert "is not served; served methods: none (unquantized bf16/fp16/fp32 checkpoints only)" in message
+    assert "is not served; served methods: 'fp8' (and unquantized bf16/fp16/fp32 checkpoints)" in message
 
 
 @pytest.mark.parametrize("name,section,named", SECTIONS, ids=[s[0] for s in SECTIONS])
@@ -93,12 +93,12 @@ def test_dummy_weights_are_refused_the_same_way(
         LLM(str(folder), load_format="dummy", **OPTIONS)
 
 
-def test_the_message_when_nothing_is_served_reads_as_the_issue_asks() -> None:
+def test_the_message_names_the_method_and_the_served_ones() -> None:
     with pytest.raises(ValueError) as info:
         check_quantization({"quantization_config": {"quant_method": "awq"}})
     assert str(info.value) == (
         "model config quantization_config.quant_method 'awq' is not served; "
-        "served methods: none (unquantized bf16/fp16/fp32 checkpoints only)"
+        "served methods: 'fp8' (and unquantized bf16/fp16/fp32 checkpoints)"
     )
 
 
@@ -115,12 +115,44 @@ def test_a_section_without_a_method_name_is_unknown(section: object) -> None:
         check_quantization({"quantization_config": section})
 
 
-def test_a_served_method_passes_and_is_listed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Serving a method is one entry in SERVED_QUANT_METHODS: the check then lets it through and names it."""
-    monkeypatch.setattr(quantization, "SERVED_QUANT_METHODS", ("fp8",))
-    check_quantization({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}})
-    with pytest.raises(ValueError, match=r"served methods: 'fp8' \(and unquantized"):
-        check_quantization({"quantization_config": {"quant_method": "awq"}})
+DEEPSEEK_V3_SECTION = {
+    "activation_scheme": "dynamic",
+    "fmt": "e4m3",
+    "quant_method": "fp8",
+    "weight_block_size": [128, 128],
+}
+
+
+def test_deepseek_block_fp8_is_served_as_published() -> None:
+    assert quant_config({"quantization_config": DEEPSEEK_V3_SECTION}) == BlockFP8Config(128, 128, True, False)
+    v31 = {**DEEPSEEK_V3_SECTION, "scale_fmt": "ue8m0"}
+    assert quant_config({"quantization_config": v31}).pow2_scales
+    # quantization="fp8" on a checkpoint published in FP8 reads it as it is
+    assert quant_config({"quantization_config": DEEPSEEK_V3_SECTION}, "fp8").from_checkpoint
+
+
+def test_online_fp8_applies_to_unquantized_checkpoints_only() -> None:
+    assert quant_config({}, "fp8") == BlockFP8Config(from_checkpoint=False)
+    assert quant_config({}) is None
+    with pytest.raises(ValueError, match=r"quantization='int4' is not served; use one of \['fp8'\] or None"):
+        quant_config({}, "int4")
+
+
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        ({"activation_scheme": "static"}, "activation_scheme='static'"),
+        ({"fmt": "e5m2"}, "fmt='e5m2'"),
+        ({"weight_block_size": None}, "weight_block_size=None"),
+        ({"weight_block_size": [128, 64]}, "weight_block_size=[128, 64]"),
+        ({"weight_block_size": [128]}, "weight_block_size=[128]"),
+        ({"weight_block_size": [0, 128]}, "weight_block_size=[0, 128]"),
+        ({"scale_fmt": "e8m0fnu"}, "scale_fmt='e8m0fnu'"),
+    ],
+)
+def test_fp8_settings_the_kernels_cannot_run_are_refused_by_key(change: dict, key: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"quantization_config.{key} is not served")):
+        check_quantization({"quantization_config": {**DEEPSEEK_V3_SECTION, **change}})
 
 
 def test_a_deploy_config_names_the_model_path(tiny_llama: Path, tmp_path: Path) -> None:
@@ -155,5 +187,5 @@ def test_serve_exits_with_the_message(tiny_llama: Path, tmp_path: Path) -> None:
         env=env,
     )
     assert done.returncode == 2, done.stderr
-    assert "quant_method 'awq' is not served; served methods: none" in done.stderr
+    assert "quant_method 'awq' is not served; served methods: 'fp8'" in done.stderr
     assert "Traceback" not in done.stderr
