@@ -7,7 +7,7 @@ use, so nothing here imports triton. `KERNELS` holds them by op name.
 
 import torch
 
-from mlaserve.kernels.kernel import Kernel, Lazy, on_cuda
+from mlaserve.kernels.kernel import KERNEL_DTYPES, Kernel, Lazy, on_cuda
 
 # skinny.py's tile kernel takes one tensor-core tile of rows; larger batches keep cuBLAS.
 SKINNY_MAX_ROWS = 16
@@ -19,6 +19,9 @@ LM_HEAD_WIDTH = 32768
 SKINNY_NARROW_WIDTH = 1024
 # router.py's gate GEMM; past this cuBLAS's GEMM shares each weight tile between tokens.
 GATE_MAX_TOKENS = 16
+# Block-FP8 weights (layers/block_fp8.py): scale columns are this wide; scale rows span one or this many rows.
+FP8_BLOCK = 128
+FP8_GROUPS_N = (1, FP8_BLOCK)
 
 
 def _silu_and_mul(gate_up: torch.Tensor) -> str | None:
@@ -79,21 +82,78 @@ def _gate_logits(x: torch.Tensor, weight: torch.Tensor) -> str | None:
     return on_cuda(x, weight)
 
 
-def _block_fp8_linear(
-    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, group_n: int, bias: torch.Tensor | None = None
-) -> str | None:
-    if weight.dtype != torch.float8_e4m3fn or scale.dtype != torch.float32:
-        return "takes float8_e4m3fn weights with float32 block scales"
-    if x.dim() != 2:
-        return "takes 2-D x"
-    if group_n not in (1, 128):
-        return "takes scales per weight row or per 128 rows"
-    return on_cuda(x) or (None if weight.is_cuda else "needs CUDA tensors")
-
-
 def _on_cuda_device(x: torch.Tensor, *rest: object, **options: object) -> str | None:
     """Kernels that take any dtype they are given (float32 routing logits; MoE weights as loaded)."""
     return None if x.is_cuda else "needs CUDA tensors"
+
+
+def _scale_problem(weight: torch.Tensor, scale: torch.Tensor | None, group_n: int, name: str) -> str | None:
+    """None when `scale` is a float32 block scale [..., ceil(N/group_n), ceil(K/128)] of weight [..., N, K]."""
+    if scale is None:
+        return f"takes {name}'s float32 block scale with its float8_e4m3fn weight"
+    want = (*weight.shape[:-2], -(-weight.shape[-2] // group_n), -(-weight.shape[-1] // FP8_BLOCK))
+    if scale.dtype != torch.float32 or tuple(scale.shape) != want:
+        return f"takes {name}'s scale as float32 {want}, not {scale.dtype} {tuple(scale.shape)}"
+    return None
+
+
+def expert_scales_problem(
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_scale: torch.Tensor | None,
+    w2_scale: torch.Tensor | None,
+    group_n: int,
+) -> str | None:
+    """None when the expert weights are 16-bit or float32 without scales, or both float8_e4m3fn with block
+    scales of group_n (1 or 128) rows by 128 columns; else why not."""
+    fp8 = torch.float8_e4m3fn
+    if w13.dtype != fp8 and w2.dtype != fp8:
+        if w13_scale is not None or w2_scale is not None:
+            return "takes scales with float8_e4m3fn weights only"
+        return None
+    if w13.dtype != fp8 or w2.dtype != fp8:
+        return "takes w13 and w2 both float8_e4m3fn or neither"
+    if group_n not in FP8_GROUPS_N:
+        return f"takes block scales of {FP8_GROUPS_N} rows, not {group_n}"
+    return _scale_problem(w13, w13_scale, group_n, "w13") or _scale_problem(w2, w2_scale, group_n, "w2")
+
+
+def _fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    *rest: object,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    group_n: int = FP8_BLOCK,
+    **options: object,
+) -> str | None:
+    """MoE weights as loaded: any dtype, or block FP8 with their scales (passed by keyword)."""
+    return expert_scales_problem(w13, w2, w13_scale, w2_scale, group_n) or _on_cuda_device(x)
+
+
+def _block_fp8_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    group_n: int,
+    bias: torch.Tensor | None = None,
+    **options: object,
+) -> str | None:
+    if weight.dtype != torch.float8_e4m3fn:
+        return f"takes float8_e4m3fn weights, not {weight.dtype}"
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        return "takes 2-D x [M, K] and weight [N, K]"
+    if x.dtype not in KERNEL_DTYPES:
+        return f"takes float32, bfloat16 and float16 x, not {x.dtype}"
+    if group_n not in FP8_GROUPS_N:
+        return f"takes block scales of {FP8_GROUPS_N} rows, not {group_n}"
+    problem = _scale_problem(weight, scale, group_n, "weight")
+    if problem is None and bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        problem = "adds a bias of one value per output"
+    if problem is None and not all(t.is_cuda for t in (x, weight, scale, *(() if bias is None else (bias,)))):
+        problem = "needs CUDA tensors"
+    return problem
 
 
 SILU_AND_MUL = Kernel("silu_and_mul", _silu_and_mul, Lazy("mlaserve.kernels.act", "silu_and_mul"))
@@ -107,10 +167,10 @@ SKINNY_LINEAR = Kernel(
 )
 GATE_LOGITS = Kernel("gate_logits", _gate_logits, Lazy("mlaserve.kernels.router", "gate_logits"))
 ROUTE_GREEDY = Kernel("route_greedy", _on_cuda_device, Lazy("mlaserve.kernels.router", "route_greedy"))
+FUSED_MOE = Kernel("fused_moe", _fused_moe, Lazy("mlaserve.kernels.moe.dispatch", "fused_experts"))
 BLOCK_FP8_LINEAR = Kernel(
     "block_fp8_linear", _block_fp8_linear, Lazy("mlaserve.kernels.block_fp8", "block_fp8_linear")
 )
-FUSED_MOE = Kernel("fused_moe", _on_cuda_device, Lazy("mlaserve.kernels.moe.dispatch", "fused_experts"))
 
 KERNELS: dict[str, Kernel] = {
     kernel.name: kernel
@@ -124,7 +184,7 @@ KERNELS: dict[str, Kernel] = {
         SKINNY_LINEAR,
         GATE_LOGITS,
         ROUTE_GREEDY,
-        BLOCK_FP8_LINEAR,
         FUSED_MOE,
+        BLOCK_FP8_LINEAR,
     )
 }

@@ -130,7 +130,12 @@ def _penalise(
     if pending is not None:
         counts.scatter_add_(1, pending.clamp(min=0)[:, None], (pending >= 0).to(x.dtype)[:, None])
     seen = torch.zeros(num_rows, vocab_size, dtype=torch.bool, device=device)
-    seen[queued_values(prompt_rows, torch.long, device), queued_values(prompt_ids, torch.long, device)] = True
+    # a device tensor of values: a Python True would be copied from the host and wait for the device
+    prompt_index = (
+        queued_values(prompt_rows, torch.long, device),
+        queued_values(prompt_ids, torch.long, device),
+    )
+    seen.index_put_(prompt_index, torch.ones(len(prompt_ids), dtype=torch.bool, device=device))
 
     def column(values: list[float]) -> torch.Tensor:
         return queued_values(values, x.dtype, device).unsqueeze(1)

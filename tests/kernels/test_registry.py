@@ -25,6 +25,7 @@ def test_every_entry_declines_cpu_tensors_with_a_reason():
         "gate_logits": (x, w),
         "route_greedy": (torch.zeros(2, 4), None, 2, True, 1.0),
         "fused_moe": (x, torch.zeros(3, 8, 8), torch.zeros(3, 8, 4), torch.ones(2, 1), torch.zeros(2, 1)),
+        "block_fp8_linear": (x, w.to(torch.float8_e4m3fn), torch.ones(1, 1), 128),
     }
     assert set(calls) == set(registry.KERNELS)
     for name, args in calls.items():
@@ -80,6 +81,35 @@ def test_an_ordered_table_takes_the_first_that_supports_and_pays():
     assert [first(table, n).name for n in (9, 4, 3)] == ["wide", "even", "any"]
     with pytest.raises(LookupError):
         first(table[:2], 3)
+
+
+def test_block_fp8_rules_name_what_they_cannot_take():
+    """Block-FP8 linear layers: fp8 weights with a float32 scale per group_n x 128 block, 2-D x of a kernel
+    dtype; fused MoE takes fp8 experts only with both scales, by keyword."""
+    fp8 = torch.float8_e4m3fn
+    x, w = torch.zeros(3, 300), torch.zeros(200, 300).to(fp8)
+    why = registry.BLOCK_FP8_LINEAR.why_not
+    assert why(x, w, torch.ones(2, 3), 128) == "needs CUDA tensors"
+    assert why(x, w, torch.ones(200, 3), 1) == "needs CUDA tensors"
+    assert "float8_e4m3fn weights" in why(x, w.half(), torch.ones(2, 3), 128)
+    assert "2-D x" in why(x[None], w, torch.ones(2, 3), 128)
+    assert "not torch.float64" in why(x.double(), w, torch.ones(2, 3), 128)
+    assert "not 64" in why(x, w, torch.ones(4, 3), 64)
+    assert "float32 (2, 3)" in why(x, w, torch.ones(2, 2), 128)
+    assert "float32 (2, 3)" in why(x, w, torch.ones(2, 3).half(), 128)
+    assert "bias" in why(x, w, torch.ones(2, 3), 128, torch.zeros(199))
+    moe = registry.FUSED_MOE.why_not
+    w13, w2 = torch.zeros(4, 160, 224).to(fp8), torch.zeros(4, 224, 80).to(fp8)
+    s13, s2 = torch.ones(4, 2, 2), torch.ones(4, 2, 1)
+    route = (torch.ones(3, 2), torch.zeros(3, 2, dtype=torch.long), None)
+    assert moe(x, w13, w2, *route, w13_scale=s13, w2_scale=s2) == "needs CUDA tensors"
+    assert moe(
+        x, w13, w2, *route, w13_scale=torch.ones(4, 160, 2), w2_scale=torch.ones(4, 224, 1), group_n=1
+    ) == ("needs CUDA tensors")
+    assert "w13's float32 block scale" in moe(x, w13, w2, *route)
+    assert "w2's scale as float32 (4, 2, 1)" in moe(x, w13, w2, *route, w13_scale=s13, w2_scale=s13)
+    assert "both float8_e4m3fn" in moe(x, w13, w2.half(), *route, w13_scale=s13, w2_scale=s2)
+    assert "with float8_e4m3fn weights only" in moe(x, w13.half(), w2.half(), *route, w13_scale=s13)
 
 
 def test_the_layers_do_not_import_triton():

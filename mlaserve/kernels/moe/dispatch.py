@@ -6,8 +6,9 @@
   share an expert (small decode batches).
 - sorted_tiles: pairs sorted by expert into tiles of one expert each (tiled.py), for everything else.
 
-Each entry's supports and pays take fused_experts' arguments. moe.experts_reference (layers/) is the plain
-per-expert loop all of them are tested against.
+Each entry's supports and pays take fused_experts' arguments (with block-FP8 scales gathered into one Fp8Scales
+after `add`). moe.experts_reference (layers/) is the plain per-expert loop all of them are tested against; for
+block-FP8 experts, on layers/block_fp8.dequantize's weights.
 """
 
 import functools
@@ -17,7 +18,8 @@ import torch
 
 from mlaserve.kernels.kernel import Kernel, always, first
 from mlaserve.kernels.moe.grouped_mm import grouped_mm_experts
-from mlaserve.kernels.moe.tiled import pair_tile_experts, sorted_tile_experts, sorted_tile_rows
+from mlaserve.kernels.moe.tiled import Fp8Scales, pair_tile_experts, sorted_tile_experts, sorted_tile_rows
+from mlaserve.kernels.registry import expert_scales_problem
 
 # From this many (token, expert) pairs per expert torch's grouped GEMM replaces the Triton one for long prompts; the
 # two were even at about this count at V2-Lite's shape, torch's faster above and slower below it.
@@ -31,6 +33,8 @@ def _grouped_mm_supports(
     sm_90; the CPU's runs the tests)."""
     if not hasattr(torch, "_grouped_mm"):
         return "needs torch._grouped_mm"
+    if any(isinstance(r, Fp8Scales) for r in rest):
+        return "takes bf16 weights, not block FP8"
     if x.dtype != torch.bfloat16 or w13.dtype != torch.bfloat16:
         return "takes bf16 only"
     if any(d % 8 for d in (*w13.shape[1:], w2.shape[2])):
@@ -105,12 +109,22 @@ def fused_experts(
     act: Callable[[torch.Tensor], torch.Tensor],
     block_m: int | None = None,
     add: torch.Tensor | None = None,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    group_n: int = 128,
 ) -> torch.Tensor:
     """Same contract as moe.experts_reference: x [T, hidden], w13 [E, 2I, hidden], w2 [E, hidden, I], weights and
     ids [T, top_k]; plus `add` ([T, hidden], e.g. the shared experts' output) added to the result in the same kernel.
 
+    Block-FP8 experts: w13 and w2 float8_e4m3fn with float32 scales w13_scale [E, ceil(2I/group_n), ceil(hidden/128)]
+    and w2_scale [E, ceil(hidden/group_n), ceil(I/128)] (layers/block_fp8.py's layout); x stays in its dtype.
+
     block_m forces sorted tiles of that height (tests, sweeps); None lets the table choose."""
+    problem = expert_scales_problem(w13, w2, w13_scale, w2_scale, group_n)
+    if problem is not None:
+        raise ValueError(f"fused_experts: {problem}")
+    fp8 = Fp8Scales(w13_scale, w2_scale, group_n) if w13_scale is not None else None
     if block_m is not None:
-        return sorted_tile_experts(x, w13, w2, weights, ids, act, add, block_m)
-    kernel = first(MOE_KERNELS, x, w13, w2, weights, ids, act, add)
-    return kernel.launch(x, w13, w2, weights, ids, act, add)
+        return sorted_tile_experts(x, w13, w2, weights, ids, act, add, fp8, block_m)
+    args = (x, w13, w2, weights, ids, act, add) + ((fp8,) if fp8 is not None else ())
+    return first(MOE_KERNELS, *args).launch(*args)

@@ -1,6 +1,10 @@
 """The tiled experts' GEMM: one grouped Triton GEMM per projection over pairs sorted by expert (sort.py), or over
 pair tiles (one pair per tile, no sort). A program multiplies one BLOCK_M tile of the sorted list, which belongs to
 one expert, by that expert's weight tile; the gated form computes SiLU(gate) * up in its epilogue.
+
+Block-FP8 expert weights (layers/block_fp8.py's layout, one float32 scale per group_n rows per 128 columns) run
+W8A16: each fp8 weight tile is widened to A's dtype in registers and each K step's dot scaled by its columns'
+scales, which is exact because a K step (BLOCK_K divides 128) lies in one scale column.
 """
 
 import functools
@@ -12,14 +16,16 @@ import triton.language as tl
 from mlaserve.kernels.fit import GemmTile, first_that_builds, gemm_tiles, shared_memory_limit
 from mlaserve.kernels.pdl import pdl_enter, pdl_launch
 
+SCALE_K = 128  # block-FP8 weights' scale columns are this wide
+
 
 # The pair count changes every step; specializing on it (1, multiples of 16) would compile mid-serving.
 @triton.jit(do_not_specialize=["num_valid"])
 def _grouped_gemm(
-    A, W, C, SortedIds, TileExpert, RouteW,
+    A, W, C, SortedIds, TileExpert, RouteW, WS,
     num_valid, N, K,
-    stride_am, stride_we, stride_wn, stride_wk, stride_cm,
-    ROW_DIV: tl.constexpr, MUL_ROUTE: tl.constexpr, GATED: tl.constexpr, PAIR_TILES: tl.constexpr,
+    stride_am, stride_we, stride_wn, stride_wk, stride_cm, stride_se, stride_sn,
+    SCALED: tl.constexpr, GROUP_N: tl.constexpr, SCALE_K: tl.constexpr, ROW_DIV: tl.constexpr, MUL_ROUTE: tl.constexpr, GATED: tl.constexpr, PAIR_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
@@ -42,16 +48,26 @@ def _grouped_gemm(
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     w_rows = W + expert * stride_we + n[None, :] * stride_wn
+    s_gate = WS + expert * stride_se + (n // GROUP_N) * stride_sn
+    s_up = WS + expert * stride_se + ((n + N) // GROUP_N) * stride_sn
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         k_ok = kk < K
         a = tl.load(A + rows[:, None] * stride_am + kk[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
         w_mask = n_ok[None, :] & k_ok[:, None]
         w = tl.load(w_rows + kk[:, None] * stride_wk, mask=w_mask, other=0.0)
-        acc += tl.dot(a, w, input_precision=PRECISION)
+        if SCALED:  # fp8 weights: widened exactly to A's dtype, the dot scaled by this step's scale column
+            scale = tl.load(s_gate + k0 // SCALE_K, mask=n_ok, other=0.0)
+            acc += tl.dot(a, w.to(a.dtype), input_precision=PRECISION) * scale[None, :]
+        else:
+            acc += tl.dot(a, w, input_precision=PRECISION)
         if GATED:  # the up rows sit N rows below the gate rows: both halves of one output column in a program
             up = tl.load(w_rows + N * stride_wn + kk[:, None] * stride_wk, mask=w_mask, other=0.0)
-            acc_up += tl.dot(a, up, input_precision=PRECISION)
+            if SCALED:
+                scale_up = tl.load(s_up + k0 // SCALE_K, mask=n_ok, other=0.0)
+                acc_up += tl.dot(a, up.to(a.dtype), input_precision=PRECISION) * scale_up[None, :]
+            else:
+                acc_up += tl.dot(a, up, input_precision=PRECISION)
     if GATED:  # SiLU(gate) * up in the epilogue: the [pairs, 2I] gate_up tensor is never written
         acc = acc / (1.0 + tl.exp(-acc)) * acc_up
     if MUL_ROUTE:
@@ -74,24 +90,30 @@ def grouped_gemm(
     block_m: int,
     gated: bool = False,
     tiles: tuple[GemmTile, ...] | None = None,
+    scale: torch.Tensor | None = None,
+    group_n: int = 128,
 ) -> torch.Tensor:
     """out[pair] = a[pair // row_div] @ w[expert(pair)].T (times the pair's routing weight).
 
     gated: w holds gate rows then up rows and out[pair] = silu(gate) * up, half of w's rows wide.
     sorted_ids None: pair tiles, one pair per tile and tile_expert the flat routing (tiled.pair_tile_experts).
-    tiles: the ladder to launch from (sweeps, tests); default tile_ladder's for the dtype and device."""
+    tiles: the ladder to launch from (sweeps, tests); default tile_ladder's for the dtype and device.
+    scale: w is block FP8 with this float32 scale [E, ceil(rows/group_n), ceil(K/128)]; each K step must divide 128."""
     n, k = w.shape[1] // (2 if gated else 1), w.shape[2]
     out = torch.empty(num_pairs, n, dtype=a.dtype, device=a.device)
     if tiles is None:
         tiles = tile_ladder(block_m, n, k, a.element_size(), gated, shared_memory_limit(a.device))
+    if scale is not None and any(SCALE_K % t.block_k for t in tiles):
+        raise ValueError(f"grouped_gemm: block-FP8 weights take K steps that divide {SCALE_K}: {tiles}")
+    scale_strides = (scale.stride(0), scale.stride(1)) if scale is not None else (0, 0)
 
     def launch(tile: GemmTile) -> None:
         _grouped_gemm[(tile_expert.numel(), triton.cdiv(n, tile.block_n))](
             a, w, out, tile_expert if sorted_ids is None else sorted_ids, tile_expert,
-            route_weights if route_weights is not None else out,
+            route_weights if route_weights is not None else out, scale if scale is not None else out,
             num_pairs, n, k,
-            a.stride(0), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
-            ROW_DIV=row_div, MUL_ROUTE=route_weights is not None, GATED=gated, PAIR_TILES=sorted_ids is None,
+            a.stride(0), w.stride(0), w.stride(1), w.stride(2), out.stride(0), *scale_strides,
+            SCALED=scale is not None, GROUP_N=group_n, SCALE_K=SCALE_K, ROW_DIV=row_div, MUL_ROUTE=route_weights is not None, GATED=gated, PAIR_TILES=sorted_ids is None,
             BLOCK_M=block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
             PRECISION="ieee" if a.dtype == torch.float32 else "tf32", num_warps=tile.warps,
             num_stages=tile.stages, **pdl_launch(a),

@@ -1,10 +1,12 @@
 """The experts as tiled Triton GEMMs (grouped_gemm.py): pairs sorted by expert into tiles of one expert each
 (sort.py), or, for a handful of pairs over many experts, one pair per tile and no sort at all. The routing stays on
 the device, so a decode step can be captured in a CUDA graph. moe.experts_reference (layers/) is the plain
-per-expert loop they are tested against.
+per-expert loop they are tested against. Block-FP8 expert weights come with their scales (Fp8Scales) and run
+W8A16 in the same GEMMs.
 """
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +15,15 @@ from mlaserve.kernels.moe.combine import combine
 from mlaserve.kernels.moe.gated import act_and_mul
 from mlaserve.kernels.moe.grouped_gemm import grouped_gemm
 from mlaserve.kernels.moe.sort import sort_by_expert
+
+
+class Fp8Scales(NamedTuple):
+    """The float32 block scales of fp8 w13 [E, ceil(2I/group_n), ceil(H/128)] and w2 [E, ceil(H/group_n),
+    ceil(I/128)]."""
+
+    w13: torch.Tensor
+    w2: torch.Tensor
+    group_n: int
 
 
 def sorted_tile_rows(num_pairs: int, num_experts: int) -> int:
@@ -37,16 +48,21 @@ def _experts(
     block_m: int,
     sorted_ids: torch.Tensor | None,
     tile_expert: torch.Tensor,
+    fp8: Fp8Scales | None,
 ) -> torch.Tensor:
     num_pairs, top_k = ids.numel(), ids.shape[1]
-    if act is F.silu:
-        hidden = grouped_gemm(x, w13, sorted_ids, tile_expert, num_pairs, top_k, None, block_m, gated=True)
-    else:
-        hidden = act_and_mul(
-            grouped_gemm(x, w13, sorted_ids, tile_expert, num_pairs, top_k, None, block_m), act
-        )
+    group_n = fp8.group_n if fp8 is not None else 128
+    up_scale, down_scale = (fp8.w13, fp8.w2) if fp8 is not None else (None, None)
+    gated = act is F.silu
+    hidden = grouped_gemm(
+        x, w13, sorted_ids, tile_expert, num_pairs, top_k, None, block_m, gated, None, up_scale, group_n
+    )
+    if not gated:
+        hidden = act_and_mul(hidden, act)
     route = weights.flatten().float().contiguous()
-    down = grouped_gemm(hidden, w2, sorted_ids, tile_expert, num_pairs, 1, route, block_m)
+    down = grouped_gemm(
+        hidden, w2, sorted_ids, tile_expert, num_pairs, 1, route, block_m, False, None, down_scale, group_n
+    )
     return combine(down, top_k, add)
 
 
@@ -58,9 +74,10 @@ def pair_tile_experts(
     ids: torch.Tensor,
     act: Callable[[torch.Tensor], torch.Tensor],
     add: torch.Tensor | None = None,
+    fp8: Fp8Scales | None = None,
 ) -> torch.Tensor:
     """dispatch.fused_experts' contract, one pair per 16-row tile: the routing itself is each tile's expert."""
-    return _experts(x, w13, w2, weights, ids, act, add, 16, None, ids.flatten())
+    return _experts(x, w13, w2, weights, ids, act, add, 16, None, ids.flatten(), fp8)
 
 
 def sorted_tile_experts(
@@ -71,10 +88,11 @@ def sorted_tile_experts(
     ids: torch.Tensor,
     act: Callable[[torch.Tensor], torch.Tensor],
     add: torch.Tensor | None = None,
+    fp8: Fp8Scales | None = None,
     block_m: int | None = None,
 ) -> torch.Tensor:
     """dispatch.fused_experts' contract over pairs sorted by expert into tiles of block_m rows (sorted_tile_rows'
     where None)."""
     block_m = block_m or sorted_tile_rows(ids.numel(), w13.shape[0])
     sorted_ids, tile_expert = sort_by_expert(ids, w13.shape[0], block_m)
-    return _experts(x, w13, w2, weights, ids, act, add, block_m, sorted_ids, tile_expert)
+    return _experts(x, w13, w2, weights, ids, act, add, block_m, sorted_ids, tile_expert, fp8)
