@@ -2,10 +2,11 @@
 quantize its A tiles in place.
 
 The numbers are layers/block_fp8.quantize_per_token_group's: each token's `group` columns share one float32 scale,
-their largest magnitude over FP8_MAX (at least 1e-12 over it), and each value is x / scale clamped to FP8_MAX and
+their largest magnitude (at least 1e-12) times 1 / FP8_MAX, and each value is x / scale clamped to FP8_MAX and
 rounded to the nearest e4m3 value, ties to even. The kernel rounds in float32 itself and casts only values e4m3
 holds exactly, so the result does not hang on how a backend rounds its own cast (the CPU interpreter's is not
-round-to-nearest-even). Divisions are IEEE-rounded (div_rn), as torch's are, so the fp8 bytes match the reference.
+round-to-nearest-even). The division is IEEE-rounded (div_rn), as torch's tensor division is, so the fp8 bytes
+match the reference.
 """
 
 import torch
@@ -38,7 +39,8 @@ def round_to_e4m3(v):
 def quantize_rows(x, FP8_MAX: tl.constexpr, POW2: tl.constexpr):
     """(fp8 x, float32 scale per row) of a float32 tile [rows, group] whose columns are one group."""
     amax = tl.max(tl.abs(x), 1)
-    scale = tl.math.div_rn(tl.maximum(amax, 1e-12), FP8_MAX)
+    # a multiply by the rounded reciprocal, as torch's division by a scalar is on CUDA (the reference's too)
+    scale = tl.maximum(amax, 1e-12) * (1.0 / FP8_MAX)
     if POW2:  # the next power of two at or above the scale: its exponent, one up if any mantissa bit is set
         bits = scale.to(tl.int32, bitcast=True)
         up = tl.where((bits & 0x7FFFFF) != 0, 1 << 23, 0)

@@ -61,7 +61,9 @@ def quantize_per_token_group(
     k = x.shape[-1]
     kb = blocks(k, group)
     padded = F.pad(x.float(), (0, kb * group - k)).view(*x.shape[:-1], kb, group)
-    scale = padded.abs().amax(dim=-1).clamp(min=1e-12) / FP8_MAX
+    # times the reciprocal, spelled out: torch divides by a scalar that way on CUDA but not on CPU, and the
+    # kernels must match both to the bit
+    scale = padded.abs().amax(dim=-1).clamp(min=1e-12) * (1.0 / FP8_MAX)
     if pow2_scale:
         scale = torch.exp2(torch.ceil(torch.log2(scale)))
     q = (padded / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
