@@ -60,8 +60,15 @@ def _copy_side_files(source: Path, folder: Path) -> None:
             shutil.copy(path, folder / path.name)
 
 
-def save_block_fp8(source: Path, folder: Path, num_shards: int = 3, section: dict | None = None) -> Path:
-    """`source` (a float safetensors checkpoint) rewritten into `folder` in DeepSeek's block-FP8 layout."""
+def save_block_fp8(
+    source: Path,
+    folder: Path,
+    num_shards: int = 3,
+    section: dict | None = None,
+    other_dtype: torch.dtype | None = torch.bfloat16,
+) -> Path:
+    """`source` (a float safetensors checkpoint) rewritten into `folder` in DeepSeek's block-FP8 layout; the
+    tensors that stay unquantized are stored as other_dtype (DeepSeek's bf16; None keeps the source's)."""
     _copy_side_files(source, folder)
     out: dict[str, torch.Tensor] = {}
     for name, tensor in _tensors(source).items():
@@ -69,7 +76,8 @@ def save_block_fp8(source: Path, folder: Path, num_shards: int = 3, section: dic
             q, scale = quantize(tensor)
             out[name], out[name + "_scale_inv"] = q, scale.contiguous()
         else:
-            out[name] = tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor
+            keep = other_dtype is None or not tensor.is_floating_point()
+            out[name] = tensor if keep else tensor.to(other_dtype)
     names = list(out)
     weight_map = {}
     for i in range(num_shards):
@@ -81,7 +89,8 @@ def save_block_fp8(source: Path, folder: Path, num_shards: int = 3, section: dic
     (folder / "model.safetensors.index.json").write_text(json.dumps({**index, "weight_map": weight_map}))
     config = json.loads((folder / "config.json").read_text())
     config["quantization_config"] = section or SECTION
-    config["torch_dtype"] = "bfloat16"
+    if other_dtype is not None:
+        config["torch_dtype"] = str(other_dtype).removeprefix("torch.")
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     return folder
 
