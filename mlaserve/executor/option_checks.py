@@ -79,6 +79,8 @@ def check_parallel(config: EngineConfig, model_config: ModelConfig, model_cls: t
         raise ValueError(f"tensor parallelism does not support {arch} yet")
     if config.mla.enable_mla or config.mla.converts:
         raise ValueError("enable_mla (GQA -> MLA conversion) is not supported with tensor parallelism yet")
-    problems = layout_problems(model_config.hf_config, size, parallel.enable_expert_parallel)
+    quant = model_config.quant
+    block = quant.block_k if quant is not None and quant.from_checkpoint else None
+    problems = layout_problems(model_config.hf_config, size, parallel.enable_expert_parallel, block)
     if problems:
         raise ValueError(f"{arch} cannot be split over {size} ranks: " + "; ".join(problems))

@@ -34,10 +34,12 @@ def group_rows(cfg: BlockFP8Config, part_rows: list[int], rows_split: bool) -> i
 def check_column_split(cfg: BlockFP8Config, cols: int, ranks: int, what: str) -> None:
     """A checkpoint's FP8 columns split over ranks only on block boundaries (online quantization makes its own)."""
     if cfg.from_checkpoint and ranks > 1 and cols % cfg.block_k:
+        total = cols * ranks
+        whole = [n for n in range(1, total + 1) if total % n == 0 and (total // n) % cfg.block_k == 0] or [1]
         raise ValueError(
-            f"{what}: its {cols * ranks} input columns split over {ranks} ranks give {cols} per rank, which cuts the "
-            f"checkpoint's {cfg.block_k}-column FP8 scale blocks; use a tensor_parallel_size that divides "
-            f"{blocks(cols * ranks, cfg.block_k)} blocks"
+            f"{what}: its {total} input columns split over {ranks} ranks give {cols} per rank, which cuts the "
+            f"checkpoint's {cfg.block_k}-column FP8 scale blocks; tensor_parallel_size values that keep them whole: "
+            f"{whole}"
         )
 
 

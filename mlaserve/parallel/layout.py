@@ -8,9 +8,10 @@ def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
-def layout_problems(cfg: object, size: int, expert_parallel: bool) -> list[str]:
+def layout_problems(cfg: object, size: int, expert_parallel: bool, fp8_block: int | None = None) -> list[str]:
     """What does not divide: attention heads, KV heads, MLP widths, and the experts (whole experts per rank with
-    expert parallelism, each expert's width otherwise)."""
+    expert parallelism, each expert's width otherwise). fp8_block: a block-FP8 checkpoint's scale-block width, which
+    every rank's share of a split input width must be a whole number of."""
 
     def check(value: object, what: str, why: str = "") -> None:
         if isinstance(value, int) and value > 0 and value % size:
@@ -34,4 +35,32 @@ def layout_problems(cfg: object, size: int, expert_parallel: bool) -> list[str]:
             check(cfg.moe_intermediate_size * shared, "the shared experts' width")
     elif expert_parallel:
         problems.append("enable_expert_parallel: the model has no routed experts")
+    if fp8_block and size > 1 and not problems:
+        problems += _fp8_block_problems(cfg, size, expert_parallel, fp8_block)
+    return problems
+
+
+def _fp8_block_problems(cfg: object, size: int, expert_parallel: bool, block: int) -> list[str]:
+    """Row-parallel layers split their input columns: each rank's share must hold whole FP8 scale blocks."""
+    heads = getattr(cfg, "num_attention_heads", 0) or 0
+    head = (
+        getattr(cfg, "v_head_dim", None) or getattr(cfg, "head_dim", None) or cfg.hidden_size // max(heads, 1)
+    )
+    widths = [
+        ("o_proj's input (heads x head width)", heads * head),
+        ("intermediate_size", cfg.intermediate_size),
+    ]
+    inter = getattr(cfg, "moe_intermediate_size", None)
+    if getattr(cfg, "n_routed_experts", None) and inter:
+        if not expert_parallel:
+            widths.append(("moe_intermediate_size", inter))
+        widths.append(("the shared experts' width", inter * (getattr(cfg, "n_shared_experts", None) or 0)))
+    problems = []
+    for what, width in widths:
+        if width and (width // size) % block:
+            whole = [d for d in range(1, width + 1) if width % d == 0 and (width // d) % block == 0] or [1]
+            problems.append(
+                f"{what} ({width}) split over {size} ranks gives {width // size} columns per rank, which cuts the "
+                f"checkpoint's {block}-column FP8 scale blocks; sizes that keep them whole: {whole}"
+            )
     return problems
