@@ -232,6 +232,10 @@ class Executor:
             "kv_cache_dtype": str(cache.dtype).removeprefix("torch."),
             "device": str(self.device),
             "tensor_parallel_size": self.config.parallel.tensor_parallel_size,
+            # this rank's weights, by kind: FP8 weights and their scales apart from the model's dtype
+            "weight_bytes": self.load_report.weight_bytes,
+            "weight_bytes_by_kind": dict(self.load_report.bytes_by_kind),
+            "quantization": self.model_config.quant.name if self.model_config.quant else None,
         }
         if cache.spec.mha_elements_per_layer:
             stats["mha_kv_bytes_per_token"] = cache.spec.mha_bytes_per_token(dtype)

@@ -9,7 +9,7 @@ from mlaserve.attention.backend import AttentionBackend
 from mlaserve.config.engine_config import MLAOptions, ModelOptions
 from mlaserve.config.model_config import ModelConfig
 from mlaserve.loader.model_files import ModelFiles
-from mlaserve.loader.weights import LoadReport, init_dummy_weights, load_weights
+from mlaserve.loader.weights import LoadReport, init_dummy_weights, load_weights, weight_bytes_by_kind
 from mlaserve.models.base import CausalLM, ModelInit
 from mlaserve.models.registry import get_model_class
 from mlaserve.parallel import SINGLE, ParallelContext
@@ -32,6 +32,23 @@ def pack_cpu_weights(model: torch.nn.Module) -> None:
     for module in model.modules():
         if hasattr(module, "pack_weights"):
             module.pack_weights()
+
+
+def check_weights_fit(cls: type, init: ModelInit, device: torch.device) -> None:
+    """On a GPU, the model's weights (FP8 where quantized) against the memory free before any is allocated: the
+    model is built on the meta device, which allocates nothing, and its parameters counted."""
+    if device.type != "cuda":
+        return
+    with torch.device("meta"):
+        meta = cls(init)
+    need = sum(p.numel() * p.element_size() for p in meta.parameters())
+    free, _ = torch.cuda.mem_get_info(device)
+    if need > free:
+        quant = f" ({init.quant.name} weights)" if init.quant else ""
+        raise ValueError(
+            f"the model's weights{quant} need {need / 2**30:.1f} GiB on this rank, and the GPU has {free / 2**30:.1f} "
+            "GiB free; use more tensor-parallel ranks, quantization='fp8', or a smaller model"
+        )
 
 
 @dataclass(frozen=True)
@@ -80,6 +97,7 @@ def build_model(build: ModelBuild) -> tuple[CausalLM, LoadReport]:
     previous = torch.get_default_dtype()
     torch.set_default_dtype(model_config.dtype)
     try:
+        check_weights_fit(cls, init, device)
         with torch.device(device):
             model = cls(init)
     finally:
@@ -93,5 +111,6 @@ def build_model(build: ModelBuild) -> tuple[CausalLM, LoadReport]:
     model.process_weights_after_loading()
     pack_cpu_weights(model)
     model.eval()
+    report.bytes_by_kind = weight_bytes_by_kind(model)
     logger.info("model %s: %s", model_config.architecture, report.summary())
     return model, report

@@ -46,7 +46,8 @@ def check_column_split(cfg: BlockFP8Config, cols: int, ranks: int, what: str) ->
 def scale_param(rows: tuple[int, ...], cols: int, group_n: int, loader, shards: frozenset) -> nn.Parameter:
     """The float32 scales of an FP8 weight of `rows` (leading dims, then rows) x cols."""
     *lead, n = rows
-    param = nn.Parameter(torch.ones(*lead, blocks(n, group_n), blocks(cols, 128)), requires_grad=False)
+    ones = torch.ones(*lead, blocks(n, group_n), blocks(cols, 128), dtype=torch.float32)
+    param = nn.Parameter(ones, requires_grad=False)
     param.weight_loader = loader
     param.expected_shards = shards
     param.filled_shards = set()

@@ -17,6 +17,12 @@ class LoadReport:
     unexpected: list[str] = field(default_factory=list)
     shape_mismatches: list[str] = field(default_factory=list)
     ignored: int = 0  # tensors we know and do not need (rotary caches, MTP layers, tied lm_head)
+    # the loaded model's bytes on this rank by kind ("float8_e4m3fn", "fp8 scales", "bfloat16", ...)
+    bytes_by_kind: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(self.bytes_by_kind.values())
 
     @property
     def ok(self) -> bool:
@@ -42,6 +48,24 @@ class LoadReport:
                 shown = items[:20] + ([f"... and {len(items) - 20} more"] if len(items) > 20 else [])
                 lines.append(f"  {title} ({len(items)}): " + ", ".join(shown))
         raise ValueError("\n".join(lines))
+
+
+def weight_bytes_by_kind(model: nn.Module) -> dict[str, int]:
+    """Bytes of the model's parameters by dtype, block-FP8 scales apart (a tied weight counted once; a CPU layer's
+    packed copy counted in place of the weight it replaced)."""
+    kinds: dict[str, int] = {}
+    for param in model.parameters():  # each shared parameter once
+        kind = "fp8 scales" if hasattr(param, "filled_shards") else str(param.dtype).removeprefix("torch.")
+        kinds[kind] = kinds.get(kind, 0) + param.numel() * param.element_size()
+    for module in model.modules():
+        packed = getattr(module, "packed", None)
+        if isinstance(packed, torch.Tensor) and getattr(module, "weight", None) is not None:
+            if module.weight.numel() == 0:  # the packed copy replaced it
+                kind = str(packed.dtype).removeprefix("torch.")
+                kinds[kind] = (
+                    kinds.get(kind, 0) + module.in_features * module.out_features * packed.element_size()
+                )
+    return dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
 
 
 @torch.no_grad()

@@ -43,6 +43,9 @@ def startup_report(built: BuildInfo, stats: dict, settings: ServerSettings) -> d
             "missing": list(load.missing[:10]),
             "unexpected": list(load.unexpected[:10]),
             "shape_mismatches": list(load.shape_mismatches[:10]),
+            "bytes": load.weight_bytes,
+            "bytes_by_kind": dict(load.bytes_by_kind),
+            "quantization": stats.get("quantization"),
         },
         "parallel": {
             "tensor_parallel_size": built.tensor_parallel_size,
@@ -78,7 +81,11 @@ def format_report(report: dict) -> list[str]:
         f"weights: {w['num_tensors']} tensors ({w['num_parameters'] / 1e6:.1f}M parameters) loaded, "
         f"{w['ignored']} ignored; "
         f"missing: {names(w['missing'])}; unexpected: {names(w['unexpected'])}; "
-        f"shape mismatches: {names(w['shape_mismatches'])}",
+        f"shape mismatches: {names(w['shape_mismatches'])}; "
+        + f"{w.get('bytes', 0) / 2**20:.1f} MiB on this rank ("
+        + ", ".join(f"{kind} {n / 2**20:.1f} MiB" for kind, n in w.get("bytes_by_kind", {}).items())
+        + ")"
+        + (f", quantization {w['quantization']}" if w.get("quantization") else ""),
         f"parallel layout: tensor parallel {par['tensor_parallel_size']}"
         + (", experts split across ranks" if par.get("expert_parallel") else "")
         + f", pipeline parallel {par['pipeline_parallel_size']}"

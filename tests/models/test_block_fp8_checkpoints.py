@@ -163,3 +163,33 @@ def test_a_broken_checkpoint_names_the_tensor_before_serving(checkpoints, tmp_pa
     with pytest.raises(ValueError) as info:
         LLM(str(folder), **OPTIONS)
     assert message in str(info.value)
+
+
+def test_weights_are_counted_by_kind_and_checked_against_free_memory(checkpoints, monkeypatch):
+    from mlaserve.config.quantization import BlockFP8Config
+    from mlaserve.executor.load_model import check_weights_fit
+    from mlaserve.models.base import ModelInit
+    from mlaserve.models.deepseek import DeepseekV3ForCausalLM
+    from mlaserve.testing.tiny_models import config_dict
+
+    llm = LLM(str(checkpoints["fp8"]), **{**OPTIONS, "dtype": "bfloat16"})
+    stats = llm.stats()
+    kinds = stats["weight_bytes_by_kind"]
+    model = llm.engine.core.executor.model
+    fp8 = sum(p.numel() for p in model.parameters() if p.dtype == torch.float8_e4m3fn)
+    assert kinds["float8_e4m3fn"] == fp8 > kinds["bfloat16"] / 2
+    assert kinds["fp8 scales"] % 4 == 0 and stats["weight_bytes"] == sum(kinds.values())
+    assert stats["quantization"] == "fp8"
+
+    # the check before any allocation: the model built on the meta device, its FP8 bytes against free memory
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model(**config_dict(checkpoints["fp8"]))
+    init = ModelInit(cfg, None, quant=BlockFP8Config(from_checkpoint=True))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1 << 20, 80 << 30))
+    with pytest.raises(
+        ValueError, match=r"weights \(fp8 weights\) need 0\.0 GiB on this rank, and the GPU has 0\.0"
+    ):
+        check_weights_fit(DeepseekV3ForCausalLM, init, torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1 << 30, 80 << 30))
+    check_weights_fit(DeepseekV3ForCausalLM, init, torch.device("cuda"))
