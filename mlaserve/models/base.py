@@ -24,9 +24,8 @@ class ModelInit:
     mla_disable: bool = False  # MLA models: cache expanded per-head K/V instead of latent rows
     enable_mla: bool = False  # per-head K/V models: convert to a latent cache at load time
     mla_skip_layers: tuple[int, ...] = ()  # with enable_mla: layers that keep their per-head K/V cache
-    quant: BlockFP8Config | None = (
-        None  # the linear layers' and experts' weight format (None: the model's dtype)
-    )
+    quant: BlockFP8Config | None = None  # the layers' weight format (None: the model's dtype)
+    mtp_layers: int = 0  # multi-token-prediction modules to build and load (models that have them)
 
 
 @dataclass(frozen=True)

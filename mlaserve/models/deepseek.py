@@ -8,6 +8,7 @@ from torch import nn
 from mlaserve.config.quantization import BlockFP8Config
 from mlaserve.kvcache.spec import KVCacheSpec, LayerCacheSpec
 from mlaserve.layers.embedding import VocabParallelEmbedding
+from mlaserve.layers.linear import ReplicatedLinear
 from mlaserve.layers.mla import MLAAttention
 from mlaserve.layers.moe import FusedExperts, MoEGate
 from mlaserve.layers.norm import RMSNorm
@@ -67,7 +68,7 @@ class DeepseekDecoderLayer(PreNormDecoderLayer):
         cfg, ctx, quant = init.hf_config, init.ctx, init.quant
         self.self_attn = MLAAttention(cfg, init.backend, ctx, init.mla_disable, quant)
         types = getattr(cfg, "mlp_layer_types", None)  # V3.2 configs name each layer's MLP
-        if types is not None:
+        if types is not None and idx < len(types):  # (multi-token-prediction layers come after them: MoE)
             dense = types[idx] == "dense" or not cfg.n_routed_experts
         else:
             dense = idx < (getattr(cfg, "first_k_dense_replace", 0) or 0) or not cfg.n_routed_experts
@@ -78,6 +79,25 @@ class DeepseekDecoderLayer(PreNormDecoderLayer):
         )
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class DeepseekMTP(nn.Module):
+    """A multi-token-prediction module of DeepSeek-V3's checkpoints (checkpoint layer num_hidden_layers + k): the
+    next token's embedding and the main model's last hidden state, each normed, joined by eh_proj, then one decoder
+    layer and its own final norm before the shared LM head. Its weights load here; speculative decoding runs it.
+    Its embedding and head are the main model's (the checkpoint's copies are not read)."""
+
+    def __init__(self, init: ModelInit, idx: int, sigmoid: bool) -> None:
+        super().__init__()
+        cfg = init.hf_config
+        self.enorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hnorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.eh_proj = ReplicatedLinear(
+            2 * cfg.hidden_size, cfg.hidden_size, False, init.ctx
+        )  # bf16 in DeepSeek's
+        self.block = DeepseekDecoderLayer(init, idx, sigmoid)
+        self.shared_head = nn.Module()
+        self.shared_head.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class DeepseekModel(DecoderStack):
@@ -114,6 +134,10 @@ class DeepseekV2ForCausalLM(CausalLM):
         self.shared_experts_fused = DeepseekMoE.fuses_shared_experts(cfg, ctx, init.quant)
         self.model = DeepseekModel(init, self.sigmoid_routing)
         self.build_lm_head(cfg, ctx)
+        layers = cfg.num_hidden_layers
+        self.mtp = nn.ModuleList(
+            DeepseekMTP(init, layers + k, self.sigmoid_routing) for k in range(init.mtp_layers)
+        )
 
     def latent_attention_shape(self) -> tuple[int, int, int] | None:
         if self.mla_disable:
@@ -136,7 +160,9 @@ class DeepseekV2ForCausalLM(CausalLM):
     def map_checkpoint_name(self, name: str) -> tuple[str, object] | None:
         layer = _LAYER.match(name)
         if layer and int(layer.group(1)) >= self.cfg.num_hidden_layers:
-            return None  # multi-token-prediction layers of V3 checkpoints: not used for generation
+            name = self._mtp_name(int(layer.group(1)) - self.cfg.num_hidden_layers, name[layer.end() :])
+            if name is None:
+                return None
         expert = _EXPERT.search(name)
         if expert:
             idx, proj = int(expert.group(1)), expert.group(2)
@@ -160,8 +186,16 @@ class DeepseekV2ForCausalLM(CausalLM):
                     return name.replace(fragment, ".self_attn.fused_qkv_a_proj."), shard
         return super().map_checkpoint_name(name)
 
+    def _mtp_name(self, k: int, rest: str) -> str | None:
+        """The parameter a multi-token-prediction layer's tensor loads into; None where it is not read (modules
+        not built, or the copies of the embedding and the LM head they share)."""
+        if k >= len(self.mtp) or rest.startswith(("embed_tokens.", "shared_head.head.")):
+            return None
+        own = rest.startswith(("enorm.", "hnorm.", "eh_proj.", "shared_head."))
+        return f"mtp.{k}." + ("" if own else "block.") + rest
+
     def process_weights_after_loading(self) -> None:
-        for layer in self.model.layers:
+        for layer in [*self.model.layers, *(m.block for m in self.mtp)]:
             layer.self_attn.process_weights_after_loading()
 
 

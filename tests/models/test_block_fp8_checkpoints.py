@@ -193,3 +193,63 @@ def test_weights_are_counted_by_kind_and_checked_against_free_memory(checkpoints
         check_weights_fit(DeepseekV3ForCausalLM, init, torch.device("cuda"))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1 << 30, 80 << 30))
     check_weights_fit(DeepseekV3ForCausalLM, init, torch.device("cuda"))
+
+
+def with_mtp_layer(source: Path, folder: Path) -> Path:
+    """The float checkpoint with one multi-token-prediction layer after its last, named as DeepSeek-V3 ships it
+    (model.layers.N.*: enorm, hnorm, eh_proj, a decoder layer, shared_head, and copies of embed_tokens)."""
+    folder.mkdir()
+    for path in source.iterdir():
+        if path.suffix != ".safetensors":
+            (folder / path.name).write_bytes(path.read_bytes())
+    tensors = load_file(str(source / "model.safetensors"))
+    config = json.loads((source / "config.json").read_text())
+    last, hidden = config["num_hidden_layers"] - 1, config["hidden_size"]
+    gen = torch.Generator().manual_seed(7)
+    for name in [n for n in tensors if n.startswith(f"model.layers.{last}.")]:
+        tensors[name.replace(f".{last}.", f".{last + 1}.", 1)] = tensors[name] + 0.01
+    mtp = f"model.layers.{last + 1}."
+    tensors |= {
+        mtp + "enorm.weight": torch.rand(hidden, generator=gen),
+        mtp + "hnorm.weight": torch.rand(hidden, generator=gen),
+        mtp + "eh_proj.weight": torch.randn(hidden, 2 * hidden, generator=gen),
+        mtp + "shared_head.norm.weight": torch.rand(hidden, generator=gen),
+        mtp + "shared_head.head.weight": tensors["lm_head.weight"].clone(),
+        mtp + "embed_tokens.weight": tensors["model.embed_tokens.weight"].clone(),
+    }
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+    return folder
+
+
+def test_the_multi_token_prediction_layer_loads_from_the_fp8_checkpoint(checkpoints, tmp_path):
+    from transformers import AutoConfig
+
+    from mlaserve.config.quantization import BlockFP8Config
+    from mlaserve.layers.block_fp8 import dequantize
+    from mlaserve.loader.safetensors_reader import iter_safetensor_slices
+    from mlaserve.loader.weights import load_weights
+    from mlaserve.models.base import ModelInit
+    from mlaserve.models.deepseek import DeepseekV3ForCausalLM
+    from mlaserve.testing.tiny_models import config_dict
+
+    src = with_mtp_layer(checkpoints["src_one"], tmp_path / "src")
+    fp8 = save_block_fp8(src, tmp_path / "fp8", other_dtype=None)
+    cfg = AutoConfig.for_model(**config_dict(fp8))
+    quant = BlockFP8Config(from_checkpoint=True)
+    model = DeepseekV3ForCausalLM(ModelInit(cfg, None, quant=quant, mtp_layers=1))
+    report = load_weights(model, iter_safetensor_slices(fp8))
+    assert report.ok, report.summary()
+    assert report.ignored == 2  # the MTP layer's copies of the embedding and the LM head
+    source = load_file(str(src / "model.safetensors"))
+    mtp, layer = model.mtp[0], cfg.num_hidden_layers
+    torch.testing.assert_close(mtp.eh_proj.weight, source[f"model.layers.{layer}.eh_proj.weight"])
+    experts = mtp.block.mlp.experts
+    got = dequantize(experts.w2[3], experts.w2_scale[3], experts.group_n)
+    want = source[f"model.layers.{layer}.mlp.experts.3.down_proj.weight"]
+    torch.testing.assert_close(got, want, atol=0.07 * want.abs().max().item(), rtol=0)
+
+    # without MTP modules the same checkpoint serves, its MTP tensors left unread
+    plain = DeepseekV3ForCausalLM(ModelInit(cfg, None, quant=quant))
+    report = load_weights(plain, iter_safetensor_slices(fp8))
+    assert report.ok and report.ignored > 20
