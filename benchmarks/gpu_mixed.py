@@ -112,7 +112,24 @@ def roofline(
     }
 
 
-def mixed(tmp: Path, ceilings: dict, lite_llm: Callable, config: dict, step_timer: Callable) -> dict:
+RUNS: list[tuple[str, dict]] = [
+    ("bf16", {}),
+    ("fp8", {"kv_cache_dtype": "fp8_e4m3"}),
+    ("bf16_kv_limited", {"kv_cache_memory_bytes": LIMITED_KV_BYTES}),
+    ("fp8_kv_limited", {"kv_cache_memory_bytes": LIMITED_KV_BYTES, "kv_cache_dtype": "fp8_e4m3"}),
+    ("bf16_prefill_first", {"prefill_first": True}),
+]
+
+
+def mixed(
+    tmp: Path,
+    ceilings: dict,
+    lite_llm: Callable,
+    config: dict,
+    step_timer: Callable,
+    runs: list[tuple[str, dict]] = RUNS,
+) -> dict:
+    """runs: (name, engine options) of each pass over the workload; the cache ratios need RUNS' names."""
     from mlaserve import SamplingParams
 
     if not ceilings:
@@ -123,14 +140,7 @@ def mixed(tmp: Path, ceilings: dict, lite_llm: Callable, config: dict, step_time
     copy_Bps, flops = ceilings["copy_GBps"] * 1e9, ceilings["bf16_gemm_TFLOPs"] * 1e12
     rows = []
     tok_s = {}
-    limited = {"kv_cache_memory_bytes": LIMITED_KV_BYTES}
-    for name, options in [
-        ("bf16", {}),
-        ("fp8", {"kv_cache_dtype": "fp8_e4m3"}),
-        ("bf16_kv_limited", limited),
-        ("fp8_kv_limited", {**limited, "kv_cache_dtype": "fp8_e4m3"}),
-        ("bf16_prefill_first", {"prefill_first": True}),
-    ]:
+    for name, options in runs:
         gc.collect()
         torch.cuda.empty_cache()
         llm = lite_llm(tmp / "v2lite", max_num_seqs=REQUESTS, **options)
@@ -183,9 +193,13 @@ def mixed(tmp: Path, ceilings: dict, lite_llm: Callable, config: dict, step_time
         "output_tokens": sum(lengths[1]),
         "prompt_len_p50_p99_max": _spread(lengths[0]),
         "output_len_p50_p99_max": _spread(lengths[1]),
-        "fp8_over_bf16_tok_s": tok_s["fp8"] / tok_s["bf16"],
-        "fp8_over_bf16_tok_s_kv_limited": tok_s["fp8_kv_limited"] / tok_s["bf16_kv_limited"],
         "kv_bytes_whole_workload_bf16": sum(p + o for p, o in work) * rows[0]["kv_bytes_per_token"],
+        **({"fp8_over_bf16_tok_s": tok_s["fp8"] / tok_s["bf16"]} if {"fp8", "bf16"} <= tok_s.keys() else {}),
+        **(
+            {"fp8_over_bf16_tok_s_kv_limited": tok_s["fp8_kv_limited"] / tok_s["bf16_kv_limited"]}
+            if {"fp8_kv_limited", "bf16_kv_limited"} <= tok_s.keys()
+            else {}
+        ),
     }
 
 

@@ -29,6 +29,8 @@ Sections:
             against a roofline from the ceilings (benchmarks/gpu_mixed.py)
   conversion a Llama-3-8B shape with its per-head K/V cache against the same model converted to MLA at each KV cut
             of the quality table: decode tok/s at batch 32 and 8,000-token contexts (benchmarks/gpu_conversion.py)
+  fp8_kernels, fp8_engine, fp8_v3  DeepSeek's block-FP8 weights against bf16: the GEMMs and fused MoE, the V2-Lite
+            engine (lite and mixed workloads), DeepSeek-V3's widths at 4 layers (benchmarks/gpu_fp8.py)
   tp        the V2-Lite shape per tensor-parallel layout the machine allows (one process; the process group of one;
             N GPUs tensor and expert parallel): greedy tokens against the first layout, decode tok/s at batch 1 and
             32, 256 x (1,000 + 100) requests/s, the collectives' share of a decode step (benchmarks/gpu_tp.py)
@@ -49,7 +51,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import gpu_conversion, gpu_flashinfer, gpu_mixed, gpu_sparse, gpu_tp, gpu_v4
+from benchmarks import gpu_conversion, gpu_flashinfer, gpu_fp8, gpu_mixed, gpu_sparse, gpu_tp, gpu_v4
 from benchmarks.step_timer import DecodeStepTimer
 from mlaserve.attention.torch_ref import TorchBackend
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
@@ -518,7 +520,11 @@ def main() -> None:
                          ("flashinfer", lambda: gpu_flashinfer.flashinfer_peer(paged_case, bench_graph)),
                          ("mixed", lambda: gpu_mixed.mixed(Path(tmp), ceil, lite_llm, V2_LITE, DecodeStepTimer)),
                          ("conversion", lambda: gpu_conversion.conversion(Path(tmp), DecodeStepTimer, byte_tokenizer)),
-                         ("tp", lambda: gpu_tp.tp(Path(tmp), lite_llm, random_prompts, DecodeStepTimer, timed_burst))]:  # fmt: skip
+                         ("tp", lambda: gpu_tp.tp(Path(tmp), lite_llm, random_prompts, DecodeStepTimer, timed_burst)),
+                         ("fp8_kernels", lambda: gpu_fp8.fp8_kernels(ceil, bench, bench_graph)),
+                         ("fp8_engine", lambda: gpu_fp8.fp8_engine(Path(tmp), ceil, lite_llm, lite_workload, timed_walls,
+                                                                   lambda folder, ceil_, runs: gpu_mixed.mixed(folder, ceil_, lite_llm, V2_LITE, DecodeStepTimer, runs))),
+                         ("fp8_v3", lambda: gpu_fp8.fp8_v3(Path(tmp), DecodeStepTimer))]:  # fmt: skip
             if name in sections:
                 t = time.perf_counter()
                 try:

@@ -114,8 +114,10 @@ class LinearBase(nn.Module):
         if self.quant:
             scale, group_n = self.weight_scale_inv, self.group_n
             kernel = BLOCK_FP8_LINEAR.choose(x, self.weight, scale, group_n, bias)
-            if kernel is not None:
-                return kernel(x, self.weight, scale, group_n, bias)
+            if (
+                kernel is not None
+            ):  # (ue8m0 checkpoints: activation scales rounded to powers of two, as trained)
+                return kernel(x, self.weight, scale, group_n, bias, pow2_scale=self.quant.pow2_scales)
             return linear_reference(x, self.weight, scale, group_n, bias)
         if self.packed is not None:
             return cpu_gemm.packed_linear(x, self.packed, bias)

@@ -19,7 +19,8 @@ def rope_frequencies(hf_config: object, rotary_dim: int) -> tuple[torch.Tensor, 
     rope_type = params.get("rope_type", "default")
     if rope_type == "default":
         base = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
-        inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
+        exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device="cpu").float() / rotary_dim
+        inv_freq = 1.0 / (base**exponents)
         return inv_freq, 1.0
     if rope_type == "dynamic":
         raise ValueError(
@@ -31,7 +32,8 @@ def rope_frequencies(hf_config: object, rotary_dim: int) -> tuple[torch.Tensor, 
         raise ValueError(
             f"unknown rope_type {rope_type!r}; supported: default, {sorted(ROPE_INIT_FUNCTIONS)}"
         )
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
+    with torch.device("cpu"):  # its own tensors: not on the meta device a model is first sized on
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
     return inv_freq.float(), float(scaling)
 
 
