@@ -114,9 +114,8 @@ class LinearBase(nn.Module):
         if self.quant:
             scale, group_n = self.weight_scale_inv, self.group_n
             kernel = BLOCK_FP8_LINEAR.choose(x, self.weight, scale, group_n, bias)
-            if (
-                kernel is not None
-            ):  # (ue8m0 checkpoints: activation scales rounded to powers of two, as trained)
+            if kernel is not None:
+                # ue8m0 checkpoints were trained with power-of-two activation scales
                 return kernel(x, self.weight, scale, group_n, bias, pow2_scale=self.quant.pow2_scales)
             return linear_reference(x, self.weight, scale, group_n, bias)
         if self.packed is not None:
@@ -129,9 +128,8 @@ class LinearBase(nn.Module):
     @slice_aware
     def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable = None) -> None:
         part = self._part(shard_id)
-        if (
-            loaded.shape[0] == part.size * self.row_ranks
-        ):  # else it holds this rank's rows only, or is misshapen
+        # a tensor of every rank's rows is narrowed to this rank's; any other is copied as is (or refused)
+        if loaded.shape[0] == part.size * self.row_ranks:
             loaded = loaded.narrow(0, part.first, part.size)
         if param.dim() == 2 and loaded.shape[1] == self.in_features * self.col_ranks:
             loaded = loaded.narrow(1, part.col0, self.in_features)

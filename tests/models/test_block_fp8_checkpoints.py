@@ -253,3 +253,18 @@ def test_the_multi_token_prediction_layer_loads_from_the_fp8_checkpoint(checkpoi
     plain = DeepseekV3ForCausalLM(ModelInit(cfg, None, quant=quant))
     report = load_weights(plain, iter_safetensor_slices(fp8))
     assert report.ok and report.ignored > 20
+
+
+@pytest.mark.parametrize("name", ["deepseek_v2", "deepseek_v32"])
+def test_other_deepseek_fp8_checkpoints_match_transformers(tmp_path, name):
+    """V2 (no q_lora: q_proj fused with kv_a) and V3.2 (the indexer's wq_b and wk in FP8 too)."""
+    widths = {**ODD, "q_lora_rank": None} if name == "deepseek_v2" else ODD
+    fp8 = save_block_fp8(build_tiny(name, tmp_path / "src", **widths), tmp_path / "fp8")
+    if name == "deepseek_v32":
+        names = json.loads((fp8 / "model.safetensors.index.json").read_text())["weight_map"]
+        assert any(n.endswith("indexer.wk.weight_scale_inv") for n in names)
+    ref = save_dequantized(fp8, tmp_path / "ref")
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
+    batch = prompts(seed=5, lengths=(30, 4))
+    outs = LLM(str(fp8), **OPTIONS).generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+    assert_matches_reference(outs, batch, ref)
