@@ -1,4 +1,4 @@
-"""Deployment config: one YAML file (model, parallel, cache, scheduler, server) validated before anything loads.
+"""Deployment config: one YAML file (model, parallel, cache, scheduler, speculative, server) validated before anything loads.
 
 Defaults come from EngineConfig and ServerSettings, so the file, the flags and the offline API agree on them.
 Secrets never live in the file: server.api_keys_file / server.api_keys_env name where the keys are.
@@ -28,6 +28,7 @@ from mlaserve.config.deploy_overrides import apply_overrides
 from mlaserve.config.deploy_yaml import read_deploy_yaml
 from mlaserve.config.engine_config import EngineConfig
 from mlaserve.config.server_settings import ServerSettings
+from mlaserve.config.speculative import SpeculativeOptionError, SpeculativeOptions
 
 __all__ = ["DeployConfig", "DeployConfigError", "load_deploy_config"]
 
@@ -169,6 +170,28 @@ class SchedulerSection(_Section):
     async_scheduling: bool | None = _ENGINE["async_scheduling"]  # null: on with CUDA
 
 
+class SpeculativeSection(_Section):
+    """vLLM's speculative_config; checked by SpeculativeOptions, whose messages name the key."""
+
+    method: Literal["ngram"] | None = None  # prompt lookup: drafts from the request's own earlier tokens
+    num_speculative_tokens: PositiveInt | None = None
+    prompt_lookup_min: PositiveInt | None = None
+    prompt_lookup_max: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SpeculativeSection:
+        try:
+            SpeculativeOptions.from_value(self.options())
+        except SpeculativeOptionError as e:
+            raise KeyProblem(e.key, f"must be {e.allowed}, got {e.value!r}") from None
+        return self
+
+    def options(self) -> dict[str, object] | None:
+        """The section as LLM(speculative_config=...) takes it; None when off."""
+        values = {k: v for k, v in self.model_dump().items() if v is not None}
+        return values or None
+
+
 class ServerSection(_Section):
     host: Annotated[str, Field(min_length=1)] = _SERVER["host"]
     port: Port = _SERVER["port"]  # 0: any free port, chosen at start-up
@@ -208,6 +231,7 @@ class DeployConfig(_Section):
     parallel: ParallelSection = Field(default_factory=ParallelSection)
     cache: CacheSection = Field(default_factory=CacheSection)
     scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
+    speculative: SpeculativeSection = Field(default_factory=SpeculativeSection)
     server: ServerSection = Field(default_factory=ServerSection)
 
     @model_validator(mode="after")
@@ -257,6 +281,7 @@ class DeployConfig(_Section):
             "tensor_parallel_size": self.parallel.tensor_parallel_size,
             "enable_expert_parallel": self.parallel.enable_expert_parallel,
             "distributed_executor_backend": self.parallel.distributed_executor_backend,
+            "speculative_config": self.speculative.options(),
         }
         return {name: value for name, value in options.items() if value is not None}
 

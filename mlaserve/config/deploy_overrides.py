@@ -59,12 +59,22 @@ FLAG_KEYS: dict[str, str] = {
 }
 
 
+# Flags that give a whole section as one JSON object (vLLM's --speculative-config): each of its keys overrides
+# that key of the section.
+SECTION_FLAGS: dict[str, str] = {"speculative_config": "speculative"}
+
+
 def overrides_from_flags(values: Mapping[str, object]) -> dict[str, object]:
     """Dotted overrides from flat flag values (e.g. `vars(args)`): names without a deploy key and values
     left at None (flag not given) are skipped, so only what the operator typed replaces the file."""
-    return {
+    out = {
         FLAG_KEYS[name]: value for name, value in values.items() if name in FLAG_KEYS and value is not None
     }
+    for name, section in SECTION_FLAGS.items():
+        value = values.get(name)
+        if isinstance(value, Mapping):
+            out.update({f"{section}.{key}": item for key, item in value.items()})
+    return out
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Mapping[str, object]) -> tuple[dict[str, Any], set[str]]:

@@ -111,6 +111,17 @@ class SingleTypeManager(ABC):
                 self.pool.cache_full_block(table[i], hashes[i])
         self._num_cached_blocks[request_id] = num_full
 
+    def trim(self, request_id: str, num_tokens: int) -> None:
+        """Give back the tail blocks past those num_tokens need (slots of rejected speculative drafts). Such a
+        block was never offered to the prefix cache: only blocks full of known tokens are."""
+        table = self.req_to_blocks.get(request_id)
+        keep = -(-num_tokens // self.block_size)
+        if not table or len(table) <= keep:
+            return
+        tail = table[keep:]
+        del table[keep:]
+        self.pool.free_blocks(reversed(tail))
+
     def free(self, request_id: str) -> None:
         # Tail first: the queue evicts from its front, so a prompt's prefix blocks outlive its tail blocks.
         table = self.req_to_blocks.pop(request_id, [])
@@ -343,6 +354,11 @@ class KVCacheManager:
         new owner's KV is written by a later step, which the device runs after it."""
         for manager in self.managers:
             manager.remove_skipped_blocks(request.request_id, request.num_computed_tokens + ahead)
+
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Keep only the blocks the request's first num_tokens tokens need, in every group."""
+        for manager in self.managers:
+            manager.trim(request.request_id, num_tokens)
 
     def free(self, request: Request) -> None:
         self._pending_lookups.pop(request.request_id, None)

@@ -9,6 +9,11 @@ and prompt chunks fill the rest of the budget, so streams never stall but a burs
 Prefill-first (`prefill_first`, SGLang's default): while prompts wait and can be admitted, a step holds prompt
 chunks only; decodes resume once they are in. After a burst every stream then runs at the pure decode step, as
 offline; the price is that each arriving prompt pauses the running streams for its prefill.
+
+Speculative decoding (with a proposer): a decoding request that allows drafts runs its last token and up to k
+drafts in one step, like a short prompt chunk on its cached context, within the token budget and only when the
+pool has their slots (never preempting for drafts). update_from_output keeps the drafts the runner accepted, gives
+back the slots of the rejected ones, and applies the stops token by token, so tokens past a stop are dropped.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass, field
 
 from mlaserve.core.kv_cache_manager import KVCacheManager
 from mlaserve.core.request import Request, RequestStatus
+from mlaserve.spec_decode.ngram import NgramProposer
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,9 @@ class ScheduledRequest:
     # Scheduled ahead (schedule_lookahead): this step's input is the token the step before it is still sampling,
     # so it is not in the request yet; the runner takes it from that step's device output.
     lookahead: bool = False
+    # Speculative drafts run after the request's last known token (their slots are in num_new_tokens); the runner
+    # checks each against the model's own token at the position before it.
+    spec_token_ids: list[int] = field(default_factory=list)
     # Frozen at scheduling time so needs_sample stays right after update_from_output appends a token.
     _num_tokens: int = field(init=False, repr=False)
 
@@ -61,7 +70,7 @@ class ScheduledRequest:
     @property
     def needs_sample(self) -> bool:
         """This step reaches the last known token, so its logits give the next token."""
-        return self.num_computed_tokens + self.num_new_tokens == self._num_tokens
+        return self.num_computed_tokens + self.num_new_tokens - len(self.spec_token_ids) == self._num_tokens
 
 
 @dataclass(slots=True)
@@ -76,9 +85,14 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
+    def __init__(
+        self, config: SchedulerConfig, kv_cache_manager: KVCacheManager, proposer: NgramProposer | None = None
+    ) -> None:
         self.config = config
         self.kv_cache_manager = kv_cache_manager
+        self.proposer = proposer  # drafts for requests that allow them; None: no speculation
+        self.num_draft_tokens = 0  # drafts verified
+        self.num_accepted_tokens = 0  # of those, the ones the model agreed with
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.waiting: deque[Request] = deque()  # FCFS; preempted requests go back to the front
         # Kept sorted by arrival_index: the front gets the budget first, the back is preempted first.
@@ -193,8 +207,12 @@ class Scheduler:
             num_new = min(num_new, budget)
             if ahead:  # the blocks that leave its window in `previous`, as schedule() would find them
                 kv.free_skipped(request, ahead)
-            # A lookahead may still give up below: its blocks join the prefix cache once it cannot.
-            block_ids = kv.allocate_slots(request, ahead + num_new, cache=previous is None)
+            drafts = self._drafts(request, num_new, budget) if previous is None else []
+            block_ids = kv.allocate_slots(request, num_new + len(drafts)) if drafts else None
+            if block_ids is None:  # no drafts, or no slots for them: a plain step (which may preempt)
+                drafts = []
+                # A lookahead may still give up below: its blocks join the prefix cache once it cannot.
+                block_ids = kv.allocate_slots(request, ahead + num_new, cache=previous is None)
             if block_ids is None and not decodes:
                 break  # a prompt chunk never preempts a stream here; the decode-first pass below may
             if block_ids is None and previous is not None:
@@ -208,7 +226,12 @@ class Scheduler:
                 block_ids = kv.allocate_slots(request, num_new)
             if block_ids is None:
                 break
-            scheduled.append(ScheduledRequest(request, num_new, computed, block_ids, lookahead=sampling))
+            num_new += len(drafts)
+            scheduled.append(
+                ScheduledRequest(
+                    request, num_new, computed, block_ids, lookahead=sampling, spec_token_ids=drafts
+                )
+            )
             budget -= num_new
             index += 1
         if previous is not None:  # the step will run: its rows' full blocks are hits from here on
@@ -243,30 +266,65 @@ class Scheduler:
             scheduled=scheduled, num_batched_tokens=num_batched, preempted_request_ids=preempted
         )
 
-    def update_from_output(self, output: SchedulerOutput, sampled_token_ids: dict[str, int]) -> list[Request]:
+    def _drafts(self, request: Request, num_new: int, budget: int) -> list[int]:
+        """Drafts for a decoding request that allows them, as many as the budget, max_tokens and max_model_len
+        leave room for (the step yields at most one token more than it has drafts)."""
+        if (
+            self.proposer is None
+            or not request.allow_drafts
+            or num_new != 1
+            or request.num_output_tokens == 0
+        ):
+            return []
+        room = min(
+            budget - 1,
+            request.max_tokens - request.num_output_tokens - 1,
+            self.config.max_model_len - request.num_tokens - 1,
+        )
+        return self.proposer.propose(request.all_token_ids, room) if room > 0 else []
+
+    def update_from_output(
+        self,
+        output: SchedulerOutput,
+        sampled_token_ids: dict[str, int],
+        num_accepted: dict[str, int] | None = None,
+    ) -> list[Request]:
         """Record the step: KV written for the scheduled tokens, sampled tokens appended, stops applied.
 
         Tokens sampled for a request whose prompt is still being chunked are ignored (its logits came
-        from the middle of the prompt). Returns the requests that finished in this step; their blocks go back to the pool
-        at release_finished().
+        from the middle of the prompt). num_accepted: for a request that ran drafts, how many of them the model
+        agreed with; its sampled token is then the model's own after those (at the first rejected draft, or after
+        the last). Returns the requests that finished in this step; their blocks go back to the pool at
+        release_finished().
         """
         finished: list[Request] = []
         for item in output.scheduled:
             request = item.request
             if request.is_finished:  # aborted between schedule() and now
                 continue
-            request.num_computed_tokens += item.num_new_tokens
-            self.kv_cache_manager.free_skipped(request)
             token_id = sampled_token_ids.get(request.request_id)
+            drafts = item.spec_token_ids
+            accepted: list[int] = []
+            if drafts and token_id is not None:
+                accepted = drafts[: (num_accepted or {}).get(request.request_id, 0)]
+                self.num_draft_tokens += len(drafts)
+                self.num_accepted_tokens += len(accepted)
+            # The rejected drafts' KV is garbage: they are not computed, and a later step overwrites their slots.
+            request.num_computed_tokens += item.num_new_tokens - (len(drafts) - len(accepted))
+            self.kv_cache_manager.free_skipped(request)
             if token_id is None or not item.needs_sample:
                 continue
-            request.append_output_token(token_id)
-            status = self._check_stop(request, token_id)
-            if status is not None:
-                request.status = status
-                self._unreleased.append(request)
-                del self.requests[request.request_id]
-                finished.append(request)
+            for new_token in [*accepted, token_id]:
+                request.append_output_token(new_token)
+                status = self._check_stop(request, new_token)
+                if status is not None:  # what the step found past the stop is dropped
+                    request.status = status
+                    self._unreleased.append(request)
+                    del self.requests[request.request_id]
+                    finished.append(request)
+                    break
+            if drafts and not request.is_finished:  # the blocks of rejected drafts that no known token needs
+                self.kv_cache_manager.trim(request, request.num_tokens)
         if finished:
             self.running = [r for r in self.running if not r.is_finished]
         return finished

@@ -21,6 +21,7 @@ from mlaserve.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from mlaserve.engine.core_output import CoreOutput
 from mlaserve.engine.core_requests import final_output, new_request
 from mlaserve.engine.intake import PreparedRequest, RequestIntake
+from mlaserve.engine.speculation import build_proposer, exact_under_greedy_drafts, speculative_stats
 from mlaserve.engine.step_trace import trace
 from mlaserve.executor.build_info import BuildInfo
 from mlaserve.executor.executor import Executor
@@ -37,6 +38,10 @@ class EngineCore:
         self.config = config = self.executor.config  # a converted folder's own conversion options
         # The executor's start-up line, from here: serve() keeps this module quiet and its report says it again.
         logger.info(self.executor.describe_kv_cache())
+        # Off on CPU by default: there the host and the "device" are the same cores, so nothing overlaps.
+        auto = self.executor.device.type == "cuda"
+        chosen = config.scheduler.async_scheduling
+        self.async_scheduling = auto if chosen is None else chosen
         self.scheduler = Scheduler(
             SchedulerConfig(
                 config.scheduler.max_num_seqs,
@@ -46,16 +51,13 @@ class EngineCore:
                 config.scheduler.prefill_first,
             ),
             self.kv_manager,
+            build_proposer(config, self.async_scheduling, self.executor.kv_cache.group_rules),
         )
         self._prompt_logprobs: dict[str, list[dict[int, float] | None]] = {}
         self._grammar_compiler: GrammarCompiler | None = None
         self.intake = RequestIntake(self.tokenizer, self.model_config, self.grammar_compiler)
         self._ids = itertools.count()
         self.num_generated_tokens = 0
-        # Off on CPU by default: there the host and the "device" are the same cores, so nothing overlaps.
-        auto = self.executor.device.type == "cuda"
-        chosen = config.scheduler.async_scheduling
-        self.async_scheduling = auto if chosen is None else chosen
         self._in_flight: LaunchedStep | None = None  # the lookahead step queued by the last step() call
 
     @property
@@ -89,6 +91,7 @@ class EngineCore:
         params = prepared.params
         request_id = request_id or str(next(self._ids))
         request = new_request(prepared, request_id, next(self._ids), self.model_config, self.tokenizer)
+        request.allow_drafts = self.scheduler.proposer is not None and exact_under_greedy_drafts(params)
         grammar = None
         if params.structured_outputs is not None:
             grammar = self.grammar_compiler().new(params.structured_outputs)
@@ -161,12 +164,12 @@ class EngineCore:
 
     def _update(self, output: SchedulerOutput, result: StepResult) -> list[CoreOutput]:
         """The sampled tokens into the scheduler's requests, and the step's deltas out."""
-        self.num_generated_tokens += len(result.token_ids)
         for rid, (first, entries) in result.prompt_logprobs.items():
             slots = self._prompt_logprobs.get(rid)
             if slots is not None:  # positions recomputed after a preemption overwrite equal values
                 slots[first : first + len(entries)] = entries
-        finished = self.scheduler.update_from_output(output, result.token_ids)
+        before = {s.request.request_id: s.request.num_output_tokens for s in output.scheduled}
+        finished = self.scheduler.update_from_output(output, result.token_ids, result.num_accepted)
         finished_ids = {r.request_id for r in finished}
         outputs = []
         for s in output.scheduled:
@@ -176,7 +179,9 @@ class EngineCore:
             # lookahead step) has nothing more to report.
             if rid not in result.token_ids or (request.is_finished and rid not in finished_ids):
                 continue
-            new = [request.output_token_ids[-1]]
+            # One token, or with speculative drafts those accepted and the model's own after them.
+            new = request.output_token_ids[before[rid] :]
+            self.num_generated_tokens += len(new)
             logprobs = [result.logprobs[rid]] if rid in result.logprobs else None
             if request.first_token_time is None:
                 request.first_token_time = time.monotonic()
@@ -222,4 +227,5 @@ class EngineCore:
             "prefix_cache_hits": cache["hits"],
             "prefix_cache_hit_rate": cache["hits"] / cache["queries"] if cache["queries"] else 0.0,
             "num_generated_tokens": self.num_generated_tokens,
+            **speculative_stats(self.scheduler),
         }

@@ -107,13 +107,16 @@ class OutputProcessor:
             state = self.states.get(out.request_id)
             if state is None:
                 continue
-            state.token_ids.extend(out.new_token_ids)
-            if out.new_logprobs is not None and state.logprobs is not None:
-                state.logprobs.extend(out.new_logprobs)
             if out.prompt_logprobs is not None:
                 state.prompt_logprobs = out.prompt_logprobs
             finish, stop_reason = out.finish_reason, out.stop_reason
-            if tokenizer is not None and out.new_token_ids:
+            new_ids = out.new_token_ids
+            # Several tokens at once (speculative decoding) are read one at a time, so a stop string ends the
+            # output at the token that completes it, as without speculation; the tokens after it are dropped.
+            for count in range(1, len(new_ids) + 1):
+                state.token_ids.append(new_ids[count - 1])
+                if tokenizer is None:
+                    continue
                 # min_tokens holds back stop strings too (vLLM): the text still grows, nothing is searched.
                 check = len(state.token_ids) >= state.prepared.params.min_tokens
                 if state.text.update(tokenizer, state.token_ids, check) and finish in (
@@ -121,9 +124,17 @@ class OutputProcessor:
                     "length",
                     "stop",
                 ):
-                    if finish is None:
-                        stopped.append(out.request_id)
+                    if finish is None or count < len(new_ids):
+                        if finish is None:
+                            stopped.append(out.request_id)
+                        new_ids = new_ids[:count]
                     finish, stop_reason = "stop", state.text.stop_reason
+                    break
+            new_logprobs = out.new_logprobs
+            if new_logprobs is not None:
+                new_logprobs = new_logprobs[: len(new_ids)]
+                if state.logprobs is not None:
+                    state.logprobs.extend(new_logprobs)
             if finish is not None:
                 state.finish_reason, state.stop_reason = finish, stop_reason
                 state.num_cached_tokens, state.metrics = out.num_cached_tokens, out.metrics
@@ -133,8 +144,8 @@ class OutputProcessor:
             deltas.append(
                 RequestDelta(
                     out.request_id,
-                    list(out.new_token_ids),
-                    out.new_logprobs if state.logprobs is not None else None,
+                    list(new_ids),
+                    new_logprobs if state.logprobs is not None else None,
                     self._text_delta(out.request_id, state, finish is not None),
                     finish,
                     stop_reason,

@@ -19,6 +19,7 @@ from mlaserve.models.base import CausalLM
 from mlaserve.parallel import SINGLE, ParallelContext
 from mlaserve.runner.batch import HostBatch, plan_batch, to_device
 from mlaserve.runner.prompt_logprobs import PromptSpan, ScoredSpan, prompt_spans, score_prompt_spans
+from mlaserve.runner.spec_verify import accept_drafts, draft_rows
 from mlaserve.sampling.logits_processors import PendingTokens, process_logits
 from mlaserve.sampling.sampler import LogprobTensors, Sampler
 from mlaserve.sampling.structured_output import Grammar
@@ -70,6 +71,8 @@ class StepResult:
     logprobs: dict[str, dict[int, float]]  # request id -> logprobs of this token (when asked for)
     # request id -> (prompt position of the first token scored, one logprobs dict per scored prompt token)
     prompt_logprobs: dict[str, tuple[int, list[dict[int, float]]]] = field(default_factory=dict)
+    # request id -> drafts accepted, for requests that ran speculative drafts (their token_ids entry follows them)
+    num_accepted: dict[str, int] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -165,14 +168,16 @@ class ModelRunner:
             for s in host.order:
                 source_rows += [rows[s.request.request_id]] if s.lookahead else [-1] * s.num_new_tokens
         spans = prompt_spans(host.order)  # graphs keep only the sampled rows' hidden states
+        # Speculative drafts are verified on rank 0 alone: the engine runs them only without tensor parallelism.
+        drafted, verify_rows = draft_rows(host.order)
         if self.parallel.distributed:
             from mlaserve.parallel.group import broadcast_object
 
             broadcast_object(
                 self.parallel, StepPlan(dataclasses.replace(host, order=[], sampled=[]), spans, source_rows)
             )
-        logits, scored = self._forward(
-            host, spans, source_rows, None if previous is None else previous.token_ids
+        logits, scored, verified = self._forward(
+            host, spans, source_rows, None if previous is None else previous.token_ids, verify_rows
         )
         if logits is None:
             return LaunchedStep(output, [], [], None, None, None, None, scored)
@@ -194,7 +199,9 @@ class ModelRunner:
         if logprobs is not None:
             logprobs = logprobs.to_host()
         host_ids, done = self._copy_out(token_ids)
-        return LaunchedStep(output, host.sampled, params, logprobs, token_ids, host_ids, done, scored)
+        step = LaunchedStep(output, host.sampled, params, logprobs, token_ids, host_ids, done, scored)
+        step.drafted, step.verified = drafted, verified
+        return step
 
     @torch.inference_mode()
     def run_plan(self, plan: StepPlan) -> None:
@@ -213,14 +220,18 @@ class ModelRunner:
         spans: list[PromptSpan],
         source_rows: list[int] | None,
         source_ids: torch.Tensor | None,
-    ) -> tuple[torch.Tensor | None, list[ScoredSpan]]:
-        """The logits of the sampled rows (None when no row samples) and the prompt logprobs asked for."""
+        verify_rows: list[int] | None = None,
+    ) -> tuple[torch.Tensor | None, list[ScoredSpan], torch.Tensor | None]:
+        """The logits of the sampled rows (None when no row samples), the prompt logprobs asked for, and the argmax
+        at verify_rows (speculative drafts' positions; None when there are none). A step with drafts runs eagerly:
+        no CUDA graph is captured for it."""
         graphs, prefills = self.graphs, self.prefill_graphs
         source = None if source_rows is None else lookahead_source(source_ids, source_rows, host.ids)
-        if graphs is not None and not spans and graphs.can_run(host):
-            return graphs.run(host, source), []  # every decode row samples, in row order
-        if prefills is not None and not spans and host.sample_rows and prefills.can_run(host):
-            return prefills.run(host), []  # the sampled sequences' rows, in order
+        eager = bool(spans or verify_rows)
+        if graphs is not None and not eager and graphs.can_run(host):
+            return graphs.run(host, source), [], None  # every decode row samples, in row order
+        if prefills is not None and not eager and host.sample_rows and prefills.can_run(host):
+            return prefills.run(host), [], None  # the sampled sequences' rows, in order
         batch = to_device(
             host,
             self.block_size,
@@ -233,8 +244,14 @@ class ModelRunner:
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
         scored = score_prompt_spans(self.model, hidden, spans)
         if not host.sample_rows:
-            return None, scored
-        return self.model.compute_logits(hidden[batch.sample_rows]), scored
+            return None, scored, None
+        if not verify_rows:
+            return self.model.compute_logits(hidden[batch.sample_rows]), scored, None
+        # One head call for the sampled and the draft rows: every row's logits come from the same GEMM.
+        rows = torch.cat((batch.sample_rows, queued_values(verify_rows, torch.long, self.device)))
+        logits = self.model.compute_logits(hidden[rows])
+        num_sampled = len(host.sample_rows)
+        return logits[:num_sampled], scored, logits[num_sampled:].argmax(dim=-1)
 
     def collect(self, step: "LaunchedStep") -> StepResult:
         """Waits for a launched step's tokens (and reads the logprobs asked for)."""
@@ -248,6 +265,14 @@ class ModelRunner:
             token_list = step.token_ids.tolist()
         ids = [s.request.request_id for s in step.sampled]
         self._advance_grammars(ids, token_list)
+        if step.drafted:  # requests with drafts have no grammar and no logprobs (the engine's choice)
+            token_ids = dict(zip(ids, token_list))
+            num_accepted = accept_drafts(step.drafted, step.verified.tolist(), token_ids)
+            if step.logprobs is None:
+                return StepResult(token_ids, {}, prompt_logprobs, num_accepted)
+            result = self.sampler.finish(step.params, token_list, step.logprobs)
+            logprobs = {i: lp for i, lp in zip(ids, result.logprobs) if lp is not None}
+            return StepResult(token_ids, logprobs, prompt_logprobs, num_accepted)
         if step.logprobs is None:
             return StepResult(dict(zip(ids, token_list)), {}, prompt_logprobs)
         result = self.sampler.finish(step.params, token_list, step.logprobs)
@@ -328,6 +353,10 @@ class LaunchedStep:
     host_ids: torch.Tensor | None  # pinned copy of token_ids (CUDA), filled once `done` has fired
     done: torch.cuda.Event | None
     scored: list[ScoredSpan] = field(default_factory=list)  # prompt logprobs computed in this step
+    drafted: list[ScheduledRequest] = field(
+        default_factory=list
+    )  # requests with speculative drafts, in batch order
+    verified: torch.Tensor | None = None  # the argmax at their drafts' positions (spec_verify.draft_rows)
 
     @property
     def needs_host(self) -> bool:

@@ -8,6 +8,7 @@ and flag names (argparse dests) are the ones `mlaserve.config.deploy_overrides.F
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 from mlaserve.config.server_settings import ServerSettings
@@ -19,6 +20,17 @@ def int_list(text: str) -> list[int]:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def json_object(text: str) -> dict:
+    """An argparse type: a JSON object (vLLM's --speculative-config)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({e.msg})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 # (flag, type, help); every default is None
@@ -80,6 +92,11 @@ _ENGINE_FLAGS = [
         "lossy, training-free: each query reads its N best cache blocks + first/local blocks",
     ),
     ("--enable-prefix-caching", bool, "reuse the KV of shared prompt prefixes (default on)"),
+    (
+        "--speculative-config",
+        json_object,
+        'speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\' (greedy requests)',
+    ),
 ]
 _SERVER_FLAGS = [
     ("--host", str, "address to listen on (default 127.0.0.1)"),
@@ -97,7 +114,7 @@ _SERVER_FLAGS = [
     ("--max-connections", int, "open connections past this, server-wide, get a 503 (default 1024)"),
     ("--api-server-count", int, "HTTP processes in front of the engine core (default 1; vLLM's flag)"),
 ]
-_METAVARS = {"--api-keys-env": "NAME", "--api-keys-file": "PATH"}
+_METAVARS = {"--api-keys-env": "NAME", "--api-keys-file": "PATH", "--speculative-config": "JSON"}
 _ENGINE_OPTIONS = (
     "model",
     "load_format",
@@ -118,7 +135,7 @@ _ENGINE_OPTIONS += ("kv_cache_memory_bytes", "num_kv_blocks", "max_num_batched_t
 _ENGINE_OPTIONS += ("enable_chunked_prefill", "prefill_first", "enable_prefix_caching")
 _ENGINE_OPTIONS += ("gpu_memory_utilization", "tensor_parallel_size", "enable_expert_parallel")
 _ENGINE_OPTIONS += ("pipeline_parallel_size", "distributed_executor_backend")
-_ENGINE_OPTIONS += ("sliding_window", "num_sink_tokens", "compress_ratio", "index_topk")
+_ENGINE_OPTIONS += ("sliding_window", "num_sink_tokens", "compress_ratio", "index_topk", "speculative_config")
 _SETTINGS = ("host", "port", "metrics_port", "served_model_name", "max_concurrent_requests")
 _SETTINGS += ("request_timeout_s", "shutdown_grace_s", "max_body_bytes")
 _SETTINGS += ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "max_connections")

@@ -1,0 +1,1 @@
+"""Speculative decoding: draft proposers (torch-free, so the scheduler can call them) and greedy acceptance."""
