@@ -99,6 +99,15 @@ class _EngineCollector(Collector):
         yield self._counter(
             "vllm:num_preemptions", "Cumulative number of preemptions.", s.get("num_preemptions", 0)
         )
+        if s.get("speculative_decoding"):
+            yield self._counter(
+                "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", s.get("num_draft_tokens", 0)
+            )
+            yield self._counter(
+                "vllm:spec_decode_num_accepted_tokens",
+                "Number of accepted tokens.",
+                s.get("num_accepted_tokens", 0),
+            )
         info = {
             **self._labels,
             "block_size": str(s.get("block_size", "")),

@@ -123,3 +123,20 @@ def test_vllm_named_metrics_count_a_request(server):
     assert types["vllm:prompt_tokens"] == "counter" and types["vllm:kv_cache_usage_perc"] == "gauge"
     info = next(f for f in text_string_to_metric_families(text) if f.name == "vllm:cache_config_info")
     assert info.samples[0].labels["block_size"] == str(engine.engine.config.cache.block_size)
+
+
+def test_speculative_decoding_counts_under_vllms_names():
+    """The draft counters appear when the engine speculates, from its stats, under vLLM's spec_decode names."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from mlaserve.server.metrics import _EngineCollector
+
+    stats = {"speculative_decoding": True, "num_draft_tokens": 12, "num_accepted_tokens": 9}
+    registry = CollectorRegistry()
+    registry.register(_EngineCollector(lambda: stats, lambda: True, {"model_name": "tiny", "engine": "0"}))
+    samples = vllm_samples(generate_latest(registry).decode(), "tiny")
+    assert samples["vllm:spec_decode_num_draft_tokens_total"] == 12
+    assert samples["vllm:spec_decode_num_accepted_tokens_total"] == 9
+    registry = CollectorRegistry()
+    registry.register(_EngineCollector(lambda: {}, lambda: True, {"model_name": "tiny", "engine": "0"}))
+    assert "vllm:spec_decode_num_draft_tokens_total" not in generate_latest(registry).decode()
