@@ -93,11 +93,13 @@ def test_stops_hold_as_without_speculation(llama) -> None:
     assert llm.stats()["num_accepted_tokens"] > 0 and llm.stats()["kv_blocks_used"] == 0
 
 
-def test_sampled_and_logprob_requests_run_without_drafts_beside_drafted_ones(llama) -> None:
+def test_logprob_and_processed_requests_run_without_drafts_beside_drafted_ones(llama) -> None:
+    """Requests with logprobs, penalties or min_tokens get no drafts, so even a seeded sampled one keeps its tokens
+    (with drafts its draws would differ: test_speculative_sampled.py)."""
     batch = prompts()
     params = [
         GREEDY,
-        SamplingParams(temperature=0.8, seed=7, max_tokens=24, ignore_eos=True),
+        SamplingParams(temperature=0.8, seed=7, max_tokens=24, ignore_eos=True, min_tokens=2),
         SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2),
         SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, repetition_penalty=1.3),
         GREEDY,
