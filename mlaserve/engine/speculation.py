@@ -2,15 +2,16 @@
 
 Built so far: prompt-lookup (n-gram) drafts on the eager path, verified greedily for greedy requests (the plain
 engine's tokens exactly) and by rejection sampling for sampled ones, with temperature, top-k, top-p, min_p and seeds
-(the plain engine's distribution exactly; see runner/spec_verify.py). A seeded request with drafts is reproducible
-run to run under the same speculative config, but its tokens differ from the ones it gets without drafts: the
-verification draws from its generator too, so the draws differ while the distribution stays the same (as in vLLM).
-Its draft count also depends on the step's token budget, so other requests in the batch can change its draws.
+(the plain engine's distribution exactly; see runner/spec_verify.py), logit_bias included for both. A seeded
+request with drafts is reproducible run to run under the same speculative config, but its tokens differ from the
+ones it gets without drafts: the verification draws from its generator too, so the draws differ while the
+distribution stays the same (as in vLLM). Its draft count also depends on the step's token budget, so other
+requests in the batch can change its draws.
 
 Not yet: drafts for requests with logprobs (not computed at draft positions) or with logits processed from their
-history or state (penalties, min_tokens, grammars) or by logit_bias, which run without drafts; CUDA graphs for verify
-steps (a step with drafts runs eagerly); asynchronous scheduling with drafts and tensor parallelism (speculation is
-turned off, with a logged reason); the MTP method (refused by SpeculativeOptions).
+history or state (penalties, min_tokens, grammars), which run without drafts; CUDA graphs for verify steps (a step
+with drafts runs eagerly); asynchronous scheduling with drafts and tensor parallelism (speculation is turned off,
+with a logged reason); the MTP method (refused by SpeculativeOptions).
 """
 
 from __future__ import annotations
@@ -56,11 +57,10 @@ def build_proposer(
 def exact_under_drafts(params: SamplingParams) -> bool:
     """Whether verification keeps this request's output exactly as without drafts (its tokens if greedy, their
     distribution if sampled): no logprobs (not yet computed at draft positions), and nothing that changes the logits
-    but temperature, min_p, top-k and top-p, which draft rows get as the sampled row does."""
+    but logit_bias, temperature, min_p, top-k and top-p, which draft rows get as the sampled row does."""
     return (
         params.logprobs is None
         and not params.has_penalties
-        and params.logit_bias is None
         and params.min_tokens == 0
         and params.structured_outputs is None
     )

@@ -14,16 +14,19 @@ targets, then takes the first target that differs (or the bonus):
   it has a seed, else from the global one: a seeded request repeats itself run to run with the same drafts, but
   its tokens differ from those it gets without drafts (other draws, same distribution), as in vLLM.
 
-Only requests without logprobs, penalties, logit_bias, min_tokens or grammars get drafts (the engine decides), so
-the processing above is all that stands between a draft row's logits and its distribution.
+Only requests without logprobs, penalties, min_tokens or grammars get drafts (the engine decides), so a draft row's
+distribution is the sampled row's: logit_bias, which reads no history, is added here as process_logits adds it.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 
 from mlaserve.core.scheduler import ScheduledRequest
 from mlaserve.host_copy import queued_values
+from mlaserve.sampling.logits_processors import add_bias
 from mlaserve.sampling.sampler import exponential_noise, target_probs
 from mlaserve.spec_decode.accept import greedy_accept
 
@@ -48,7 +51,14 @@ def draft_targets(
     logits: torch.Tensor, drafted: list[ScheduledRequest], generators: dict[str, torch.Generator]
 ) -> torch.Tensor:
     """The target token of each draft row (logits: draft_rows' rows, in order), on the logits' device: the argmax
-    for a greedy request, rejection_targets for a sampled one."""
+    for a greedy request, rejection_targets for a sampled one, both after the request's logit_bias."""
+    biased = [(s.request.sampling_params.logit_bias, len(s.spec_token_ids)) for s in drafted]
+    if any(bias for bias, _ in biased):
+        # In float32, as the sampler adds a bias, and on a copy: the raw logits are not edited in place.
+        logits = logits.to(torch.float32, copy=True)
+        starts = itertools.accumulate((d for _, d in biased), initial=0)
+        rows_bias = [(start + j, bias) for start, (bias, d) in zip(starts, biased) if bias for j in range(d)]
+        add_bias(logits, rows_bias, logits.shape[1])
     targets = logits.argmax(dim=-1)
     rows: list[int] = []
     drafts: list[int] = []

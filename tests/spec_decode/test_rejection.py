@@ -72,3 +72,16 @@ def test_draft_targets_greedy_rows_take_the_argmax_and_seeded_rows_repeat() -> N
         n = num_accepted[s.request.request_id]
         assert s.spec_token_ids[:n] == targets[:n]
         assert token_ids[s.request.request_id] == (targets[n] if n < len(targets) else 9)
+
+
+def test_draft_targets_add_logit_bias() -> None:
+    """A bias that leaves a token a probability near e^-50: a sampled request's drafts of it are rejected and it is
+    never a target; a bias that makes a token the argmax: a greedy request's targets are all it."""
+    sampled = scheduled("s", SamplingParams(temperature=1.0, seed=0, logit_bias={4: -100.0}), [4, 4, 4])
+    greedy = scheduled("g", SamplingParams(temperature=0, logit_bias={2: 100.0}), [2, 1])
+    logits = torch.zeros(5, 6)
+    logits[:, 4] = 50.0  # the sampled request's likeliest token but for its bias
+    raw = logits.clone()
+    targets = draft_targets(logits, [sampled, greedy], {"s": torch.Generator().manual_seed(0)}).tolist()
+    assert 4 not in targets[:3] and targets[3:] == [2, 2]
+    assert torch.equal(logits, raw)  # the raw logits are not edited
