@@ -51,8 +51,8 @@ class Request:
     # False for a request that wants its prompt's logprobs: those need every prompt position's hidden state, so
     # it computes its whole prompt (its full blocks are still offered to the cache for others), as vLLM does.
     read_prefix_cache: bool = True
-    # The scheduler may give it speculative drafts to verify (set by the engine for requests whose tokens stay
-    # exactly the plain engine's under greedy verification: see spec_decode).
+    # The scheduler may give it speculative drafts to verify (set by the engine for requests whose output keeps
+    # exactly the plain engine's tokens, or their distribution, under verification: see runner/spec_verify.py).
     allow_drafts: bool = False
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

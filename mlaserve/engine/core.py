@@ -21,7 +21,7 @@ from mlaserve.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from mlaserve.engine.core_output import CoreOutput
 from mlaserve.engine.core_requests import final_output, new_request
 from mlaserve.engine.intake import PreparedRequest, RequestIntake
-from mlaserve.engine.speculation import build_proposer, exact_under_greedy_drafts, speculative_stats
+from mlaserve.engine.speculation import build_proposer, exact_under_drafts, speculative_stats
 from mlaserve.engine.step_trace import trace
 from mlaserve.executor.build_info import BuildInfo
 from mlaserve.executor.executor import Executor
@@ -91,7 +91,7 @@ class EngineCore:
         params = prepared.params
         request_id = request_id or str(next(self._ids))
         request = new_request(prepared, request_id, next(self._ids), self.model_config, self.tokenizer)
-        request.allow_drafts = self.scheduler.proposer is not None and exact_under_greedy_drafts(params)
+        request.allow_drafts = self.scheduler.proposer is not None and exact_under_drafts(params)
         grammar = None
         if params.structured_outputs is not None:
             grammar = self.grammar_compiler().new(params.structured_outputs)

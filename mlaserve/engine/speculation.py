@@ -1,10 +1,17 @@
 """Which engines and requests speculate, and what stats() says of it.
 
-Built so far: prompt-lookup (n-gram) drafts verified greedily, exact for greedy requests on the eager path. Not yet:
-rejection sampling for requests that sample (temperature > 0), so they run without drafts; drafts for requests with
-logprobs or processed logits (penalties, logit_bias, min_p, min_tokens, grammars), which run without them too;
-CUDA graphs for verify steps (a step with drafts runs eagerly); asynchronous scheduling with drafts and tensor
-parallelism (speculation is turned off, with a logged reason); the MTP method (refused by SpeculativeOptions).
+Built so far: prompt-lookup (n-gram) drafts on the eager path, verified greedily for greedy requests (the plain
+engine's tokens exactly) and by rejection sampling for sampled ones, with temperature, top-k, top-p, min_p and seeds
+(the plain engine's distribution exactly; see runner/spec_verify.py), logit_bias included for both. A seeded
+request with drafts is reproducible run to run under the same speculative config, but its tokens differ from the
+ones it gets without drafts: the verification draws from its generator too, so the draws differ while the
+distribution stays the same (as in vLLM). Its draft count also depends on the step's token budget, so other
+requests in the batch can change its draws.
+
+Not yet: drafts for requests with logprobs (not computed at draft positions) or with logits processed from their
+history or state (penalties, min_tokens, grammars), which run without drafts; CUDA graphs for verify steps (a step
+with drafts runs eagerly); asynchronous scheduling with drafts and tensor parallelism (speculation is turned off,
+with a logged reason); the MTP method (refused by SpeculativeOptions).
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ def build_proposer(
         logger.warning("speculative decoding (%s) is off: %s", spec.method, reason)
         return None
     logger.info(
-        "speculative decoding: %s, %d drafts per step, n-grams of %d to %d tokens, greedy requests only",
+        "speculative decoding: %s, %d drafts per step, n-grams of %d to %d tokens",
         spec.method,
         spec.num_speculative_tokens,
         spec.prompt_lookup_min,
@@ -47,10 +54,16 @@ def build_proposer(
     return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
 
 
-def exact_under_greedy_drafts(params: SamplingParams) -> bool:
-    """Whether greedy verification gives this request exactly the tokens it gets without drafts: greedy, no
-    logits processing, no logprobs (not yet computed at draft positions)."""
-    return params.is_greedy and params.logprobs is None and not params.needs_processing
+def exact_under_drafts(params: SamplingParams) -> bool:
+    """Whether verification keeps this request's output exactly as without drafts (its tokens if greedy, their
+    distribution if sampled): no logprobs (not yet computed at draft positions), and nothing that changes the logits
+    but logit_bias, temperature, min_p, top-k and top-p, which draft rows get as the sampled row does."""
+    return (
+        params.logprobs is None
+        and not params.has_penalties
+        and params.min_tokens == 0
+        and params.structured_outputs is None
+    )
 
 
 def speculative_stats(scheduler: Scheduler) -> dict[str, object]:

@@ -19,7 +19,7 @@ from mlaserve.models.base import CausalLM
 from mlaserve.parallel import SINGLE, ParallelContext
 from mlaserve.runner.batch import HostBatch, plan_batch, to_device
 from mlaserve.runner.prompt_logprobs import PromptSpan, ScoredSpan, prompt_spans, score_prompt_spans
-from mlaserve.runner.spec_verify import accept_drafts, draft_rows
+from mlaserve.runner.spec_verify import accept_drafts, draft_rows, draft_targets
 from mlaserve.sampling.logits_processors import PendingTokens, process_logits
 from mlaserve.sampling.sampler import LogprobTensors, Sampler
 from mlaserve.sampling.structured_output import Grammar
@@ -176,7 +176,7 @@ class ModelRunner:
             broadcast_object(
                 self.parallel, StepPlan(dataclasses.replace(host, order=[], sampled=[]), spans, source_rows)
             )
-        logits, scored, verified = self._forward(
+        logits, scored, verify_logits = self._forward(
             host, spans, source_rows, None if previous is None else previous.token_ids, verify_rows
         )
         if logits is None:
@@ -190,6 +190,8 @@ class ModelRunner:
         pending = pending_tokens(host.sampled, rows, previous.token_ids) if processing else None
         processed = process_logits(logits, params, requests, grammars, pending)
         token_ids = self.sampler.sample(processed, params, generators)
+        # After the sampler's draws: a seeded request's generator gives the bonus row's noise first, then the drafts'.
+        verified = None if verify_logits is None else draft_targets(verify_logits, drafted, self.generators)
         if self.parallel.distributed:  # the next lookahead step's inputs, on every rank
             import torch.distributed as dist
 
@@ -222,7 +224,7 @@ class ModelRunner:
         source_ids: torch.Tensor | None,
         verify_rows: list[int] | None = None,
     ) -> tuple[torch.Tensor | None, list[ScoredSpan], torch.Tensor | None]:
-        """The logits of the sampled rows (None when no row samples), the prompt logprobs asked for, and the argmax
+        """The logits of the sampled rows (None when no row samples), the prompt logprobs asked for, and the logits
         at verify_rows (speculative drafts' positions; None when there are none). A step with drafts runs eagerly:
         no CUDA graph is captured for it."""
         graphs, prefills = self.graphs, self.prefill_graphs
@@ -251,7 +253,7 @@ class ModelRunner:
         rows = torch.cat((batch.sample_rows, queued_values(verify_rows, torch.long, self.device)))
         logits = self.model.compute_logits(hidden[rows])
         num_sampled = len(host.sample_rows)
-        return logits[:num_sampled], scored, logits[num_sampled:].argmax(dim=-1)
+        return logits[:num_sampled], scored, logits[num_sampled:]
 
     def collect(self, step: "LaunchedStep") -> StepResult:
         """Waits for a launched step's tokens (and reads the logprobs asked for)."""
@@ -356,7 +358,7 @@ class LaunchedStep:
     drafted: list[ScheduledRequest] = field(
         default_factory=list
     )  # requests with speculative drafts, in batch order
-    verified: torch.Tensor | None = None  # the argmax at their drafts' positions (spec_verify.draft_rows)
+    verified: torch.Tensor | None = None  # each draft's target token (spec_verify.draft_targets)
 
     @property
     def needs_host(self) -> bool:

@@ -65,7 +65,7 @@ def process_logits(
         return logits
     out = logits.clone()
     device, vocab_size = logits.device, logits.shape[1]
-    _add_bias(out, [(i, params[i].logit_bias) for i in rows if params[i].logit_bias], vocab_size)
+    add_bias(out, [(i, params[i].logit_bias) for i in rows if params[i].logit_bias], vocab_size)
     banned = [
         (i, held_back_ids(requests[i]))
         for i in rows
@@ -91,7 +91,8 @@ def process_logits(
     return out
 
 
-def _add_bias(out: torch.Tensor, rows: list[tuple[int, dict[int, float]]], vocab_size: int) -> None:
+def add_bias(out: torch.Tensor, rows: list[tuple[int, dict[int, float]]], vocab_size: int) -> None:
+    """Adds each (row, {token: bias}) to out in place (also speculative draft rows: runner/spec_verify.py)."""
     entries = [(i, t, b) for i, bias in rows for t, b in bias.items() if t < vocab_size]
     if entries:
         r, t, b = zip(*entries, strict=True)

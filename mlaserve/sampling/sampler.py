@@ -129,11 +129,17 @@ class LogprobTensors:
 def _sample(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
 ) -> torch.Tensor:
+    probs = target_probs(logits, params)
+    noise = exponential_noise(probs, generators)
+    return probs.div_(noise).argmax(dim=-1)
+
+
+def target_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """The distribution each sampled row draws from: temperature, then min_p, top-k and top-p, softmaxed. Also
+    what speculative drafts of sampled requests are accepted against, so both see the same distribution."""
     temperature = queued_values([p.temperature for p in params], torch.float32, logits.device)
     scaled = _apply_top_k_top_p(_apply_min_p(logits / temperature.unsqueeze(1), params), params)
-    probs = scaled.softmax(dim=-1)
-    noise = _exponential_noise(probs, generators)
-    return probs.div_(noise).argmax(dim=-1)
+    return scaled.softmax(dim=-1)
 
 
 def _apply_min_p(scaled: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
@@ -173,7 +179,9 @@ def _apply_top_k_top_p(scaled: torch.Tensor, params: list[SamplingParams]) -> to
     return scaled.masked_fill_(mask, float("-inf"))
 
 
-def _exponential_noise(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+def exponential_noise(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """Exp(1) noise shaped like probs: row i from generators[i] where it has one (vocab_size values in vocab
+    order), else from the global generator."""
     noise = torch.empty_like(probs)
     unseeded = [i for i, g in enumerate(generators) if g is None]
     if len(unseeded) == len(generators):

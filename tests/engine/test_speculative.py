@@ -93,11 +93,13 @@ def test_stops_hold_as_without_speculation(llama) -> None:
     assert llm.stats()["num_accepted_tokens"] > 0 and llm.stats()["kv_blocks_used"] == 0
 
 
-def test_sampled_and_logprob_requests_run_without_drafts_beside_drafted_ones(llama) -> None:
+def test_logprob_and_processed_requests_run_without_drafts_beside_drafted_ones(llama) -> None:
+    """Requests with logprobs, penalties or min_tokens get no drafts, so even a seeded sampled one keeps its tokens
+    (with drafts its draws would differ: test_speculative_sampled.py)."""
     batch = prompts()
     params = [
         GREEDY,
-        SamplingParams(temperature=0.8, seed=7, max_tokens=24, ignore_eos=True),
+        SamplingParams(temperature=0.8, seed=7, max_tokens=24, ignore_eos=True, min_tokens=2),
         SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2),
         SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, repetition_penalty=1.3),
         GREEDY,
@@ -116,3 +118,12 @@ def test_async_scheduling_turns_speculation_off(llama, caplog) -> None:
     assert not llm.stats()["speculative_decoding"] and llm.stats()["num_draft_tokens"] == 0
     assert "asynchronous scheduling" in caplog.text
     assert tokens(outs) == tokens(generate(llama, prompts()[:2], GREEDY)[0])
+
+
+def test_logit_bias_requests_get_drafts_and_keep_their_tokens(llama) -> None:
+    batch = prompts()[:3]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logit_bias={7: 2.0, 100: -5.0})
+    want, _ = generate(llama, batch, params)
+    got, llm = generate(llama, batch, params, speculative_config=NGRAM)
+    assert tokens(got) == tokens(want)
+    assert llm.stats()["num_accepted_tokens"] > 0 and llm.stats()["kv_blocks_used"] == 0
