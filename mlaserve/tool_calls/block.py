@@ -41,6 +41,9 @@ class BlockStream(ToolCallStream):
         self._pre_ws = ""
         self._cursor = 0  # where in _buf the next element of the block starts
         self._calls_in_block = 0
+        # How far into the pending call the end marker is known absent, so a long call arriving in many small
+        # deltas is searched once rather than from its start on every delta.
+        self._searched = 0
 
     def _advance(self, final: bool) -> None:
         while True:
@@ -66,6 +69,7 @@ class BlockStream(ToolCallStream):
             self._buf = buf[i:]
             self._cursor = 0 if fmt.block_start == fmt.call_start else len(fmt.block_start)
             self._calls_in_block = 0
+            self._searched = 0
             self._state = _BLOCK
             return True
         if final:
@@ -85,8 +89,9 @@ class BlockStream(ToolCallStream):
         rest = self._buf[self._cursor :]
         body = rest.lstrip()
         if body.startswith(fmt.call_start):
-            end = body.find(fmt.call_end, len(fmt.call_start))
+            end = body.find(fmt.call_end, max(len(fmt.call_start), self._searched))
             if end < 0:
+                self._searched = max(len(body) - len(fmt.call_end) + 1, 0)
                 return self._fail() if final else False
             parsed = fmt.read_call(body[len(fmt.call_start) : end])
             if parsed is None:
@@ -95,6 +100,7 @@ class BlockStream(ToolCallStream):
             self._calls_in_block += 1
             self._buf = body[end + len(fmt.call_end) :]
             self._cursor = 0
+            self._searched = 0
             return True
         if fmt.block_end is not None and body.startswith(fmt.block_end):
             if self._calls_in_block == 0:
