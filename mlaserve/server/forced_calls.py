@@ -67,6 +67,10 @@ class RequiredCallsStream(ToolCallStream):
                 self._buf = self._buf[head.end() :]
                 self._in_args, self._depth = True, 0
                 continue
+            if self._depth == 0:  # blanks before the arguments' value may arrive after the head matched
+                self._buf = self._buf.lstrip()
+                if not self._buf:
+                    return
             end = self._scan()
             piece, self._buf = self._buf[:end], self._buf[end:]
             if piece:
