@@ -29,11 +29,15 @@ from mlaserve.config.deploy_yaml import read_deploy_yaml
 from mlaserve.config.engine_config import EngineConfig
 from mlaserve.config.server_settings import ServerSettings
 from mlaserve.config.speculative import SpeculativeOptionError, SpeculativeOptions
+from mlaserve.tool_calls import REASONING_PARSERS, TOOL_PARSERS
 
 __all__ = ["DeployConfig", "DeployConfigError", "load_deploy_config"]
 
 _ENGINE = EngineConfig().as_kwargs(keep_none=True)  # each engine option's default, by its flat name
 _SERVER = {f.name: f.default for f in dataclasses.fields(ServerSettings)}
+# The registries' names, so an unknown parser is a load-time error naming the key and listing the choices.
+ToolParserName = Literal[tuple(TOOL_PARSERS)]  # type: ignore[valid-type]
+ReasoningParserName = Literal[REASONING_PARSERS]  # type: ignore[valid-type]
 
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -207,6 +211,9 @@ class ServerSection(_Section):
     keep_alive_timeout_s: Annotated[float, Field(gt=0)] = _SERVER["keep_alive_timeout_s"]
     max_connections: PositiveInt = _SERVER["max_connections"]
     api_server_count: Annotated[int, Field(ge=1, le=64)] = _SERVER["api_server_count"]
+    tool_call_parser: ToolParserName | None = _SERVER["tool_call_parser"]
+    enable_auto_tool_choice: bool = _SERVER["enable_auto_tool_choice"]
+    reasoning_parser: ReasoningParserName | None = _SERVER["reasoning_parser"]
     # Read at validation time, so a DeployConfig can never exist with auth configured but keys unread.
     _api_keys: tuple[str, ...] = PrivateAttr(default=())
 
@@ -305,6 +312,9 @@ class DeployConfig(_Section):
             keep_alive_timeout_s=server.keep_alive_timeout_s,
             max_connections=server.max_connections,
             api_server_count=server.api_server_count,
+            tool_call_parser=server.tool_call_parser,
+            enable_auto_tool_choice=server.enable_auto_tool_choice,
+            reasoning_parser=server.reasoning_parser,
         )
 
 

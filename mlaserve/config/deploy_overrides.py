@@ -56,6 +56,9 @@ FLAG_KEYS: dict[str, str] = {
     "keep_alive_timeout_s": "server.keep_alive_timeout_s",
     "max_connections": "server.max_connections",
     "api_server_count": "server.api_server_count",
+    "tool_call_parser": "server.tool_call_parser",
+    "enable_auto_tool_choice": "server.enable_auto_tool_choice",
+    "reasoning_parser": "server.reasoning_parser",
 }
 
 

@@ -26,6 +26,11 @@ class ServerSettings:
     # streams for the connections it accepts; max_concurrent_requests and max_connections hold for all of them
     # together (counted across the processes), since the kernel does not spread connections evenly.
     api_server_count: int = 1
+    # Tool calls and reasoning in chat replies (vLLM's flags). tool_choice "auto" needs enable_auto_tool_choice and
+    # a parser: tool_call_parser, or the one the model's chat template or config names.
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+    reasoning_parser: str | None = None
     # Which of those processes this is (0: the one started first); set by serve(), not configured. With more than
     # one, generation responses name it in an X-Mlaserve-Api-Server header, so load spread can be seen.
     api_server_index: int = 0

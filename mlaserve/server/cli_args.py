@@ -12,6 +12,7 @@ import json
 import os
 
 from mlaserve.config.server_settings import ServerSettings
+from mlaserve.tool_calls import REASONING_PARSERS, TOOL_PARSERS
 
 
 def int_list(text: str) -> list[int]:
@@ -113,8 +114,20 @@ _SERVER_FLAGS = [
     ("--keep-alive-timeout-s", float, "idle keep-alive connections close after this (default 5)"),
     ("--max-connections", int, "open connections past this, server-wide, get a 503 (default 1024)"),
     ("--api-server-count", int, "HTTP processes in front of the engine core (default 1; vLLM's flag)"),
+    (
+        "--tool-call-parser",
+        str,
+        "how tool calls are read from replies: deepseek_v3/v31/v32/v4, hermes, llama3_json",
+    ),
+    (
+        "--enable-auto-tool-choice",
+        bool,
+        "serve tool_choice 'auto' (the parser: --tool-call-parser or the model's)",
+    ),
+    ("--reasoning-parser", str, "split <think> reasoning into reasoning_content: deepseek_r1"),
 ]
 _METAVARS = {"--api-keys-env": "NAME", "--api-keys-file": "PATH", "--speculative-config": "JSON"}
+_METAVARS |= {"--tool-call-parser": "NAME", "--reasoning-parser": "NAME"}
 _ENGINE_OPTIONS = (
     "model",
     "load_format",
@@ -139,7 +152,7 @@ _ENGINE_OPTIONS += ("sliding_window", "num_sink_tokens", "compress_ratio", "inde
 _SETTINGS = ("host", "port", "metrics_port", "served_model_name", "max_concurrent_requests")
 _SETTINGS += ("request_timeout_s", "shutdown_grace_s", "max_body_bytes")
 _SETTINGS += ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "max_connections")
-_SETTINGS += ("api_server_count",)
+_SETTINGS += ("api_server_count", "tool_call_parser", "enable_auto_tool_choice", "reasoning_parser")
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -192,6 +205,8 @@ def settings_and_options_from_args(args: argparse.Namespace) -> tuple[ServerSett
         ("keep_alive_timeout_s", lambda v: v > 0, "> 0"),
         ("max_connections", lambda v: v >= 1, ">= 1"),
         ("api_server_count", lambda v: 1 <= v <= 64, "in 1..64"),
+        ("tool_call_parser", lambda v: v in TOOL_PARSERS, f"one of {', '.join(TOOL_PARSERS)}"),
+        ("reasoning_parser", lambda v: v in REASONING_PARSERS, f"one of {', '.join(REASONING_PARSERS)}"),
     ]
     for name, ok, allowed in checks:
         if name in fields and not ok(fields[name]):

@@ -17,7 +17,8 @@ INFORMATIONAL = frozenset(
     {"user", "metadata", "safety_identifier", "prompt_cache_key", "parallel_tool_calls"}
 )
 
-# OpenAI fields this server does not implement, with the values that mean "not used".
+# OpenAI fields this server does not implement, with the values that mean "not used". Chat declares tools and
+# tool_choice itself, so those two entries only speak for /v1/completions.
 NOT_SUPPORTED: dict[str, tuple[object, ...]] = {
     "tools": (),
     "tool_choice": ("none",),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 TokenIds = list[int]
 
@@ -98,10 +98,26 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class MessageToolCall(_Strict):
+    """A call the assistant made in an earlier turn, sent back by the client with the conversation."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # assistant messages
+    tool_call_id: str | None = None  # tool messages: the call this result answers
+    reasoning_content: str | None = None  # echoed back by clients that keep the whole assistant message
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
@@ -115,6 +131,10 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None  # OpenAI's newer name; wins over max_tokens
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    # Checked field by field in tools.py, so each 400 names the exact member (tools[1].function.name).
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    chat_template_kwargs: dict | None = None  # vLLM's: extra variables for the chat template
 
 
 # ---- responses ------------------------------------------------------------------------------------------------
@@ -162,9 +182,24 @@ class ChatLogprobs(BaseModel):
     content: list[TokenLogprob] = Field(default_factory=list)
 
 
+def _drop_unset(handler: SerializerFunctionWrapHandler, model: BaseModel, names: tuple[str, ...]) -> dict:
+    """Fields only some responses carry are left out when unset, so a plain reply keeps its old shape."""
+    out = handler(model)
+    for name in names:
+        if out.get(name) is None:
+            out.pop(name, None)
+    return out
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # None when the reply is only tool calls, as OpenAI sends it
+    reasoning_content: str | None = None
+    tool_calls: list[dict] | None = None
+
+    @model_serializer(mode="wrap")
+    def _shape(self, handler: SerializerFunctionWrapHandler) -> dict:
+        return _drop_unset(handler, self, ("reasoning_content", "tool_calls"))
 
 
 class ChatChoice(BaseModel):
@@ -186,6 +221,12 @@ class ChatCompletionResponse(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict] | None = None
+
+    @model_serializer(mode="wrap")
+    def _shape(self, handler: SerializerFunctionWrapHandler) -> dict:
+        return _drop_unset(handler, self, ("reasoning_content", "tool_calls"))
 
 
 class ChatChunkChoice(BaseModel):

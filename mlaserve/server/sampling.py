@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from mlaserve.engine.intake import PreparedRequest, RequestIntake
 from mlaserve.sampling.grammar_error import GrammarError
 from mlaserve.sampling_params import SamplingParams, StructuredOutputsParams
+from mlaserve.server.chat_template import render
 from mlaserve.server.errors import OpenAIError, bad_request
 from mlaserve.server.fields import check_unread_fields
 from mlaserve.server.intake import ServerIntake
@@ -86,8 +87,11 @@ def build_params(
     logprobs: int | None,
     max_tokens_field: str = "max_tokens",
     prompt_logprobs: int | None = None,
+    tool_grammar: StructuredOutputsParams | None = None,
+    keep_special_tokens: bool = False,
 ) -> list[SamplingParams]:
-    """One SamplingParams per choice (n of them): seeds seed+i, so choices differ but runs repeat."""
+    """One SamplingParams per choice (n of them): seeds seed+i, so choices differ but runs repeat. tool_grammar
+    enforces a forced tool_choice; keep_special_tokens is the default where a tool parser reads them."""
     check_unread_fields(req)
     n = _or(req.n, 1)
     if not 1 <= n <= MAX_CHOICES:
@@ -99,6 +103,15 @@ def build_params(
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise bad_request(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {logprobs}", "logprobs")
     grammar = structured_outputs(req)
+    if tool_grammar is not None:
+        if grammar is not None:
+            raise bad_request(
+                f"tool_choice {req.tool_choice!r} already constrains the output; it cannot be combined with "
+                f"{constraint_field(req)}",
+                "tool_choice",
+            )
+        grammar = tool_grammar
+    skip_special = _or(req.skip_special_tokens, not keep_special_tokens)
     params = []
     for i in range(n):
         try:
@@ -120,7 +133,7 @@ def build_params(
                     frequency_penalty=_or(req.frequency_penalty, 0.0),
                     repetition_penalty=_or(req.repetition_penalty, 1.0),
                     logit_bias=req.logit_bias,
-                    skip_special_tokens=_or(req.skip_special_tokens, True),
+                    skip_special_tokens=skip_special,
                     include_stop_str_in_output=_or(req.include_stop_str_in_output, False),
                     structured_outputs=grammar,
                 )
@@ -173,13 +186,7 @@ def render_chat(
         raise ValueError(
             "this model's tokenizer has no chat template; use /v1/completions with a plain prompt"
         )
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-    try:
-        text = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=False
-        )
-    except Exception as e:  # noqa: BLE001 - a template that rejects these messages (raise_exception, ...)
-        raise ValueError(f"the chat template could not render these messages: {e}") from None
+    text = render(tokenizer, req, add_generation_prompt)
     return {"prompt": text, "prompt_token_ids": intake.encode(text, add_special_tokens=False)}
 
 

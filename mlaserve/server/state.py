@@ -12,6 +12,7 @@ from mlaserve.server.errors import OpenAIError
 from mlaserve.server.intake import ServerIntake
 from mlaserve.server.logprobs import TokenTexts
 from mlaserve.server.metrics import ServerMetrics
+from mlaserve.server.parsers import server_parsers
 from mlaserve.server.shared_count import ServerCounts
 
 _PARSE_INLINE_BYTES = 64 * 1024  # smaller bodies parse in well under a millisecond
@@ -45,6 +46,7 @@ class ServerState:
         # A core in its own process leaves the tokenizer to this process alone: no copy needed.
         self.intake = ServerIntake(engine, share_tokenizer=not hasattr(engine, "engine"))
         self.token_texts = TokenTexts(self.intake)
+        self.parsers = server_parsers(settings, engine.model_config, self.intake.tokenizer)
         self.connection_limits = None  # ConnectionLimits, set by serve() (tests may run without)
 
     @property

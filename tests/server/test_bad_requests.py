@@ -201,7 +201,15 @@ BAD_BODIES = [
         400,
         "max_tokens",
     ),
-    ("tools", "/v1/chat/completions", json.dumps({**CHAT, "tools": [TOOL]}).encode(), 400, "tools"),
+    # tool_choice "auto", the default with tools, needs a tool parser, which this server was not given
+    ("tools", "/v1/chat/completions", json.dumps({**CHAT, "tools": [TOOL]}).encode(), 400, "tool_choice"),
+    (
+        "tool with a bad name",
+        "/v1/chat/completions",
+        json.dumps({**CHAT, "tools": [{"type": "function", "function": {"name": "a b"}}]}).encode(),
+        400,
+        "tools[0].function.name",
+    ),
     (
         "tool_choice required",
         "/v1/chat/completions",

@@ -133,8 +133,6 @@ def test_response_format_gives_json(client, offline, kind):
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
-        ("tool_choice", "required"),
         ("audio", {"voice": "alloy", "format": "wav"}),
         ("modalities", ["text", "audio"]),
         ("prediction", {"type": "content", "content": "x"}),
@@ -235,7 +233,7 @@ def test_langchain_chat_openai(server, offline):
         structured.bind_tools(
             [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
         ).invoke("hi")
-    assert e.value.body["param"] == "tools"
+    assert e.value.body["param"] == "tool_choice"  # "auto" needs a tool parser; this server has none
 
 
 def test_continuous_usage_stats_puts_usage_in_every_chunk(client):
