@@ -16,8 +16,9 @@ class ServerSettings:
     shutdown_grace_s: float = 30.0
     max_body_bytes: int = 4 * 1024 * 1024
     # Connection limits (connections.py): a client gets this long to send its request line and headers, and its
-    # whole body; an idle keep-alive connection is closed after keep_alive_timeout_s; past max_connections open
-    # connections (capped below a process's open-files limit) a new one gets a 503 and is closed.
+    # whole body; an idle keep-alive connection is closed after keep_alive_timeout_s; at max_connections open
+    # connections to the API port (capped below a process's open-files limit) a new one closes the longest-idle one,
+    # or gets a 503 when none is idle. The ops port has a small budget of its own.
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     keep_alive_timeout_s: float = 5.0

@@ -3,9 +3,14 @@
 - A header deadline: a connection gets `header_timeout_s` to send a request line and headers, on a new connection
   and between requests on a kept-alive one. uvicorn closes idle kept-alive connections (its keep-alive timeout)
   but never a connection that sent nothing, or half a header: those used to stay open for good.
-- A cap on open connections, counted across every API-server process and kept below a process's open-files limit:
-  past it a new connection gets a 503 with Retry-After and is closed at once, so no process runs out of descriptors
-  (which stalled /health and filled the log with accept() tracebacks).
+- A cap on open connections, counted across every API-server process and kept below a process's open-files limit,
+  so no process runs out of descriptors (which stalled /health and filled the log with accept() tracebacks). At the
+  cap a new connection makes room by closing this process's oldest idle connection (one that has not sent a whole
+  request line and headers yet, or a kept-alive one between requests): refusing the newcomer instead let a client
+  that only opens connections hold the server, /health included, for each header window. Only when no idle
+  connection is left (every one is a request being served) does a new connection get a 503 with Retry-After.
+- The ops port (/health, /metrics) has a small budget of its own, so however many connections the API port holds, a
+  probe gets through.
 - Accept failures (EMFILE and friends) are logged at most once per interval, with a count.
 - Listening sockets are created with IPPROTO_TCP, so asyncio sets TCP_NODELAY on every accepted connection; with
   protocol 0 it does not, and each reply on a kept-alive connection waited for Nagle's algorithm.
@@ -36,6 +41,9 @@ except ImportError:  # httptools is not installed: h11, pure Python
 
 logger = logging.getLogger("mlaserve.server")
 
+# The ops port's connections, counted apart from the API port's: probes and scrapes open a few at a time, and an
+# idle flood on that port is answered by closing its oldest idle ones as on the API port.
+OPS_MAX_CONNECTIONS = 32
 # Descriptors kept free for everything that is not a client connection (model files, logs, the tokenizer...).
 _RESERVED_FDS = 128
 _BUSY_BODY = (
@@ -56,13 +64,38 @@ class ConnectionLimits:
     # so the cap is below each process's own open-files limit (connection_cap).
     max_connections: int
     count: SharedCount
-    refused: int = 0  # connections closed at once: the cap was reached
+    refused: int = 0  # connections closed at once: the cap was reached and none was idle
     timed_out: int = 0  # connections closed because headers did not arrive in time
+    evicted: int = 0  # idle connections closed to make room for a new one
     open: set = field(default_factory=set)  # the guarded connections open in this process (all its servers)
+    # The open connections waiting for a request, in the order they began to wait: the first is closed first.
+    idle: dict = field(default_factory=dict)
+
+    def make_room(self) -> bool:
+        """Close this process's longest-idle connection; False when none is idle."""
+        while self.idle:
+            guard = next(iter(self.idle))
+            if guard.evict():
+                self.evicted += 1
+                return True
+        return False
 
 
-def connection_cap(requested: int) -> int:
-    """`requested`, but below the open-files limit (raised to the hard limit first, as servers do)."""
+def port_limits(
+    header_timeout_s: float, max_connections: int, count: SharedCount
+) -> dict[str, ConnectionLimits]:
+    """The limits of each listener: the API port's cap is the server's (`count`, shared by the API-server
+    processes); the ops port, served by one process, counts its own connections under a small cap, so no number of
+    connections to the API port keeps a probe out."""
+    return {
+        "api": ConnectionLimits(header_timeout_s, connection_cap(max_connections), count),
+        "ops": ConnectionLimits(header_timeout_s, OPS_MAX_CONNECTIONS, SharedCount.in_process()),
+    }
+
+
+def connection_cap(requested: int, others: int = OPS_MAX_CONNECTIONS) -> int:
+    """`requested`, but below the open-files limit (raised to the hard limit first, as servers do), less `others`
+    (the ops port's connections, which have their own budget)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY or hard > soft:
         target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
@@ -71,7 +104,7 @@ def connection_cap(requested: int) -> int:
             soft = target
         except (ValueError, OSError):
             pass
-    return max(1, min(requested, soft - _RESERVED_FDS))
+    return max(1, min(requested, soft - _RESERVED_FDS - others))
 
 
 class _Guard:
@@ -88,7 +121,11 @@ class _Guard:
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         limits = self.limits
-        if not limits.count.try_acquire(1, limits.max_connections):
+        acquired = limits.count.try_acquire(1, limits.max_connections)
+        # Another process may take the place given back before this one does: then it is a refusal after all.
+        while not acquired and limits.make_room():
+            acquired = limits.count.try_acquire(1, limits.max_connections)
+        if not acquired:
             self._refused = True
             limits.refused += 1
             transport.write(_BUSY)
@@ -97,6 +134,7 @@ class _Guard:
         limits.open.add(self)
         super().connection_made(transport)
         self._arm()
+        self._wait_for_request()
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -109,14 +147,43 @@ class _Guard:
     def _headers_arrived(self) -> None:
         self._disarm()
         self._bytes_since_request = 0
+        self.limits.idle.pop(self, None)
+
+    def on_response_complete(self) -> None:
+        # Before uvicorn's: it may start a pipelined request at once (h11 parses it then, httptools has it queued).
+        if not self.transport.is_closing() and not getattr(self, "pipeline", None):
+            self._wait_for_request()
+        super().on_response_complete()
+
+    def _wait_for_request(self) -> None:
+        self.limits.idle.pop(self, None)
+        self.limits.idle[self] = None  # last in line to be closed
+
+    def evict(self) -> bool:
+        """Close this connection for a newer one if it is still waiting for a request; False (and out of the idle
+        line) otherwise. Its place in the count is given back now: the close itself completes on a later turn of the
+        loop, and the newcomer takes the place at once."""
+        self.limits.idle.pop(self, None)
+        if self.transport.is_closing() or (self.cycle is not None and not self.cycle.response_complete):
+            return False
+        self._disarm()
+        self._give_back()
+        if self._bytes_since_request:  # half a request: say why
+            self.transport.write(_BUSY)
+        self.transport.close()
+        return True
+
+    def _give_back(self) -> None:
+        self.limits.idle.pop(self, None)
+        if self in self.limits.open:  # the set makes giving the count back happen once
+            self.limits.open.remove(self)
+            self.limits.count.release(1)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused:
             return
         self._disarm()
-        if self in self.limits.open:  # the set makes giving the count back happen once
-            self.limits.open.remove(self)
-            self.limits.count.release(1)
+        self._give_back()
         super().connection_lost(exc)
 
     def _arm(self) -> None:

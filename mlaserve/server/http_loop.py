@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from mlaserve.config.server_settings import ServerSettings
 from mlaserve.engine.core_client import CoreClient
 from mlaserve.server.app import build_ops_app
-from mlaserve.server.connections import ConnectionLimits, connection_cap, quiet_accept_errors, uvicorn_config
+from mlaserve.server.connections import port_limits, quiet_accept_errors, uvicorn_config
 from mlaserve.server.state import ServerState
 
 logger = logging.getLogger("mlaserve.server")
@@ -64,15 +64,14 @@ async def serve_app(
     """Serve `app` (and the ops app on sockets[1]) until drained; `workers` are the extra API-server processes the
     first one watches and passes its signals to."""
     apps = [app] + ([build_ops_app(app)] if len(sockets) > 1 else [])
-    # One cap for all listeners and all API-server processes: the count is the server's.
-    cap = connection_cap(settings.max_connections)
-    limits = ConnectionLimits(settings.header_timeout_s, cap, app.state.server.counts.connections)
-    app.state.server.connection_limits = limits
+    # The API port's cap is the server's (all API-server processes); the ops port has its own budget.
+    limits = port_limits(
+        settings.header_timeout_s, settings.max_connections, app.state.server.counts.connections
+    )
+    app.state.server.connection_limits = limits["api"]
     servers = [
-        _Server(
-            uvicorn_config(a, settings, limits, timeout_graceful_shutdown=_CLOSE_TIMEOUT_S, log_config=None)
-        )
-        for a in apps
+        _Server(uvicorn_config(a, settings, lim, timeout_graceful_shutdown=_CLOSE_TIMEOUT_S, log_config=None))
+        for a, lim in zip(apps, (limits["api"], limits["ops"]))
     ]
     drain = _Drain(app.state.server, engine, servers, settings.shutdown_grace_s, workers)
     loop = asyncio.get_running_loop()

@@ -148,7 +148,7 @@ class _CountsCollector(Collector):
         )
         yield GaugeMetricFamily(
             "mlaserve_http_connections_open",
-            "Client connections open, all API-server processes and ports",
+            "Client connections open on the API port, all API-server processes",
             value=self._counts.connections.value,
         )
 

@@ -19,8 +19,9 @@ from mlaserve.config.engine_config import EngineConfig
 from mlaserve.config.server_settings import ServerSettings
 from mlaserve.engine.async_engine import AsyncEngine
 from mlaserve.engine.llm_engine import LLMEngine
-from mlaserve.server.app import build_app
-from mlaserve.server.connections import ConnectionLimits, connection_cap, listening_socket, uvicorn_config
+from mlaserve.server.app import build_app, build_ops_app
+from mlaserve.server.connections import listening_socket, port_limits, uvicorn_config
+from mlaserve.server.http_loop import run_event_loop
 from mlaserve.testing.tiny_models import build_tiny
 
 # Word-level: "w10 <content> w11" per message, then "w12" to prompt the answer.
@@ -68,36 +69,51 @@ def wait_for(predicate: object, timeout: float = 10.0, interval: float = 0.02) -
 
 class LiveServer:
     """uvicorn serving `app` on 127.0.0.1 (a free port) in a background thread, configured as serve() does
-    (the guarded protocol with the app's connection limits, TCP_NODELAY)."""
+    (the guarded protocol with the app's connection limits, TCP_NODELAY); with `ops`, the ops app too, on a port of
+    its own and the same event loop (`ops_url`)."""
 
-    def __init__(self, app: FastAPI) -> None:
-        self.sock = listening_socket("127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+    def __init__(self, app: FastAPI, ops: bool = False) -> None:
         state = app.state.server
         settings = state.settings
-        self.limits = ConnectionLimits(
-            settings.header_timeout_s, connection_cap(settings.max_connections), state.counts.connections
+        self.all_limits = port_limits(
+            settings.header_timeout_s, settings.max_connections, state.counts.connections
         )
+        self.limits, self.ops_limits = self.all_limits["api"], self.all_limits["ops"]
         app.state.server.connection_limits = self.limits
-        config = uvicorn_config(app, settings, self.limits, log_level="warning", timeout_graceful_shutdown=2)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        apps = [(app, self.limits)] + ([(build_ops_app(app), self.ops_limits)] if ops else [])
+        self.socks = [listening_socket("127.0.0.1", 0) for _ in apps]
+        self.sock = self.socks[0]
+        urls = [f"http://127.0.0.1:{s.getsockname()[1]}" for s in self.socks]
+        self.url, self.ops_url = urls[0], urls[-1] if ops else None
+        self.servers = [
+            uvicorn.Server(uvicorn_config(a, settings, lim, log_level="warning", timeout_graceful_shutdown=2))
+            for a, lim in apps
+        ]
+        self.server = self.servers[0]
+        self.thread = threading.Thread(target=lambda: run_event_loop(self._serve()), daemon=True)
+
+    async def _serve(self) -> None:
+        await asyncio.gather(*(s.serve(sockets=[sock]) for s, sock in zip(self.servers, self.socks)))
 
     def __enter__(self) -> LiveServer:
         self.thread.start()
-        if not wait_for(lambda: self.server.started, timeout=10):
+        if not wait_for(lambda: all(s.started for s in self.servers), timeout=10):
             raise RuntimeError("uvicorn did not start")
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
+        for server in self.servers:
+            server.should_exit = True
         self.thread.join(10)
-        self.sock.close()
+        for sock in self.socks:
+            sock.close()
 
 
-def live_server(engine: AsyncEngine, **settings: object) -> Iterator[tuple[LiveServer, FastAPI]]:
+def live_server(
+    engine: AsyncEngine, ops: bool = False, **settings: object
+) -> Iterator[tuple[LiveServer, FastAPI]]:
     app = build_app(engine, ServerSettings(**settings), {"test": True})
-    with LiveServer(app) as server:
+    with LiveServer(app, ops) as server:
         yield server, app
 
 

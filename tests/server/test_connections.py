@@ -21,6 +21,7 @@ import pytest
 import uvicorn
 
 from mlaserve.config.server_settings import ServerSettings
+from mlaserve.server import connections
 from mlaserve.server.connections import (
     ConnectionLimits,
     connection_cap,
@@ -110,8 +111,14 @@ def test_one_process_or_no_reuse_port_shares_one_socket(monkeypatch):
     socks[0].close()
 
 
+_RELEASE = threading.Event()  # holds every request to /hold until set
+_HOLD = b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
 async def _hello(scope: dict, receive: object, send: object) -> None:
     if scope["type"] == "http":
+        while scope["path"] == "/hold" and not _RELEASE.is_set():
+            await asyncio.sleep(0.02)
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok"})
 
@@ -132,15 +139,40 @@ def _guarded_server(limits: ConnectionLimits) -> Iterator[str]:
         sock.close()
 
 
+def _busy(url: str) -> socket.socket:
+    """A connection whose request is being served (until _RELEASE is set): never idle."""
+    sock = raw_connection(url)
+    sock.sendall(_HOLD)
+    return sock
+
+
+def _closed(sock: socket.socket, timeout: float = 2.0) -> bytes | None:
+    """What the server sent before closing `sock`, or None if it is still open after `timeout`."""
+    sock.settimeout(timeout)
+    answer = b""
+    try:
+        while chunk := sock.recv(65536):
+            answer += chunk
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        pass
+    return answer
+
+
 def test_servers_sharing_a_count_hold_one_connection_cap():
     """Two servers standing for two API-server processes (one count, as ServerCounts hands them): four connections
-    over both fill a cap of four, so the next is refused on either, even the one holding a single connection; one
-    closed on the first makes room on the second."""
+    being served over both fill a cap of four, so the next is refused on either, even the one holding a single
+    connection; one closed on the first makes room on the second."""
+    _RELEASE.clear()
     count = SharedCount.across_processes(multiprocessing.get_context("spawn"))
     limits = [ConnectionLimits(30.0, 4, count) for _ in range(2)]
     with _guarded_server(limits[0]) as first, _guarded_server(limits[1]) as second:
-        held = [raw_connection(first) for _ in range(3)] + [raw_connection(second)]
-        assert wait_for(lambda: count.value == 4 and len(limits[1].open) == 1, timeout=5)
+        held = [_busy(first) for _ in range(3)] + [_busy(second)]
+        assert wait_for(
+            lambda: count.value == 4 and len(limits[1].open) == 1 and not limits[1].idle, timeout=5
+        )
+        assert wait_for(lambda: not limits[0].idle, timeout=5)
         for url in (first, second):
             sock = raw_connection(url)
             answer = read_all(sock, timeout=5)
@@ -149,7 +181,48 @@ def test_servers_sharing_a_count_hold_one_connection_cap():
         assert limits[0].refused == limits[1].refused == 1
         held.pop(0).close()
         assert wait_for(lambda: count.value == 3, timeout=5)
+        _RELEASE.set()
         assert httpx.get(second, timeout=5).text == "ok"
         for sock in held:
             sock.close()
         assert wait_for(lambda: count.value == 0, timeout=5)  # every connection gave its place back once
+
+
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_at_the_cap_the_longest_idle_connection_is_closed_first(parser, monkeypatch):
+    """Cap 4: each connection past it closes the one that has waited longest for a request (a kept-alive one
+    waits from the end of its last response; one that sent half a header is told 503), never one being served;
+    over either of uvicorn's parsers."""
+    if parser == "h11":
+        monkeypatch.setattr(connections, "HttpToolsProtocol", None)
+    _RELEASE.clear()
+    limits = ConnectionLimits(30.0, 4, SharedCount.in_process())
+    with _guarded_server(limits) as url:
+        socks: dict[str, socket.socket] = {}
+
+        def connect(name: str, first_bytes: bytes = b"") -> None:
+            socks[name] = raw_connection(url)
+            if first_bytes:
+                socks[name].sendall(first_bytes)
+            assert wait_for(lambda: len(limits.open) + limits.evicted == len(socks), timeout=5)
+
+        connect("busy", _HOLD)
+        for name in "abc":
+            connect(name)
+        connect("d")  # past the cap: a goes
+        assert _closed(socks["a"]) == b"" and limits.evicted == 1
+        socks["b"].sendall(
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+        )  # b is served, then waits again: last in line
+        assert socks["b"].recv(1024).startswith(b"HTTP/1.1 200")
+        socks["c"].sendall(b"GET / HTTP/1.1\r\nHo")  # half a header: still idle, still in its place
+        connect("e")
+        assert _closed(socks["c"]).startswith(b"HTTP/1.1 503")
+        connect("f")
+        assert _closed(socks["d"]) == b""
+        assert _closed(socks["b"], 0.2) is None and _closed(socks["busy"], 0.2) is None
+        assert limits.evicted == 3 and limits.refused == 0 and limits.count.value == 4
+        _RELEASE.set()
+        for sock in socks.values():
+            sock.close()
+        assert wait_for(lambda: limits.count.value == 0 and not limits.idle, timeout=5)
