@@ -51,17 +51,21 @@ class PromptBound:
 
     def tokens_at_least(self, text: str, limit: int) -> int:
         """A count of the text's tokens that is at most the true count, and at least `limit` whenever the text
-        holds `limit` tokens or more and can be cut; pieces start at about `limit` characters and double."""
-        counted = 0
-        size = max(limit, 1024)
-        for start, end in _pieces(text, size, grow=True):
-            counted += len(self._count_ids(text[start:end]))
-            if counted >= limit:
+        holds `limit` tokens or more and can be cut. The first piece is `limit` characters; each next one is sized
+        from the characters per token seen so far to reach the limit, with a quarter more, so a text past the
+        limit is usually refused after two pieces."""
+        counted, start, size = 0, 0, max(limit, 1024)
+        while start < len(text) and counted < limit:
+            end = _cut(text, start + size)
+            if end is None:
                 break
+            counted += len(self._count_ids(text[start:end]))
+            start = end
+            size = max(1024, int((limit - counted) * start / max(counted, 1) * 1.25))
         return counted
 
 
-def _pieces(text: str, size: int, grow: bool = False) -> Iterator[tuple[int, int]]:
+def _pieces(text: str, size: int) -> Iterator[tuple[int, int]]:
     """(start, end) spans covering `text`, each ending at a cut (see the module docstring) at or past `size`
     characters from its start; the last one ends where the text does, or at a space-free stretch that is too long."""
     start = 0
@@ -71,7 +75,6 @@ def _pieces(text: str, size: int, grow: bool = False) -> Iterator[tuple[int, int
             return
         yield start, end
         start = end
-        size *= 2 if grow else 1
 
 
 def _cut(text: str, at: int) -> int | None:
