@@ -115,7 +115,8 @@ async def one(client: httpx.AsyncClient, kind: str, rng: random.Random) -> int:
             return r.status_code
         return (await client.post("/detokenize", json={"tokens": r.json()["tokens"]})).status_code
     body_bytes = rng.choice(BAD_BODIES)
-    return (await client.post("/v1/completions", content=body_bytes)).status_code
+    json_type = {"content-type": "application/json"}  # so the body reaches the parser
+    return (await client.post("/v1/completions", content=body_bytes, headers=json_type)).status_code
 
 
 async def drive(

@@ -168,10 +168,12 @@ class EngineCore:
             slots = self._prompt_logprobs.get(rid)
             if slots is not None:  # positions recomputed after a preemption overwrite equal values
                 slots[first : first + len(entries)] = entries
+        # A request whose grammar failed ends here, without the token its grammar could not take.
+        failed = self.abort_requests(sorted(result.grammar_failed), RequestStatus.FINISHED_ERROR)
         before = {s.request.request_id: s.request.num_output_tokens for s in output.scheduled}
         finished = self.scheduler.update_from_output(output, result.token_ids, result.num_accepted)
         finished_ids = {r.request_id for r in finished}
-        outputs = []
+        outputs = failed
         for s in output.scheduled:
             request = s.request
             rid = request.request_id

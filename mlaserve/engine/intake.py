@@ -4,7 +4,9 @@ The offline engine calls it in line; the server calls it on worker threads with 
 large prompt never delays a step. Hugging Face's fast tokenizers hold Python's GIL in `encode` but release it in
 their batch call, so text is tokenized as a batch of one: a 1 MB prompt then stalls no other thread (measured on
 SmolLM2's tokenizer: a Python loop in another thread waited 0.70 s with `encode`, 0.02 s with the batch call).
-A prompt whose UTF-8 length alone proves it is too long is refused before it is tokenized at all.
+A prompt whose UTF-8 length alone proves it is too long is refused before it is tokenized at all; a long one that
+passes that check is counted piece by piece (prompt_bound.py) and refused once the count reaches max_model_len, so
+a prompt of a megabyte costs about max_model_len tokens of work, not all of its own.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mlaserve.config.model_config import ModelConfig
+from mlaserve.engine.prompt_bound import PromptBound
 from mlaserve.sampling.structured_output import GrammarCompiler
 from mlaserve.sampling_params import SamplingParams
 
@@ -48,6 +51,7 @@ class RequestIntake:
         self.model_config = model_config
         self.grammar_compiler = grammar_compiler
         self._max_token_bytes = _max_token_bytes(tokenizer)
+        self._bound = PromptBound.for_tokenizer(tokenizer)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; never holds the GIL long (see the module docstring)."""
@@ -90,15 +94,22 @@ class RequestIntake:
         return PreparedRequest(text, ids, params)
 
     def _check_length_bound(self, text: str, limit: int) -> None:
-        if self._max_token_bytes is None:
-            return
-        num_bytes = len(text.encode("utf-8", "surrogatepass"))
-        at_least = -(-num_bytes // self._max_token_bytes)
-        if at_least >= limit:
-            raise ValueError(
-                f"the prompt has at least {at_least} tokens ({num_bytes} bytes, and no token covers more than "
-                f"{self._max_token_bytes}); it must be shorter than max_model_len={limit}"
-            )
+        if self._max_token_bytes is not None:
+            num_bytes = len(text.encode("utf-8", "surrogatepass"))
+            at_least = -(-num_bytes // self._max_token_bytes)
+            if at_least >= limit:
+                raise ValueError(
+                    f"the prompt has at least {at_least} tokens ({num_bytes} bytes, and no token covers more "
+                    f"than {self._max_token_bytes}); it must be shorter than max_model_len={limit}"
+                )
+        # A prompt of fewer characters than this rarely holds max_model_len tokens: it is tokenized once, whole.
+        if self._bound is not None and len(text) > 2 * limit:
+            at_least = self._bound.tokens_at_least(text, limit)
+            if at_least >= limit:
+                raise ValueError(
+                    f"the prompt has at least {at_least} tokens (counted up to the limit); it must be shorter "
+                    f"than max_model_len={limit}"
+                )
 
 
 def _max_token_bytes(tokenizer: object | None) -> int | None:

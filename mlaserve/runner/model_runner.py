@@ -73,6 +73,8 @@ class StepResult:
     prompt_logprobs: dict[str, tuple[int, list[dict[int, float]]]] = field(default_factory=dict)
     # request id -> drafts accepted, for requests that ran speculative drafts (their token_ids entry follows them)
     num_accepted: dict[str, int] = field(default_factory=dict)
+    # Requests whose grammar stopped accepting tokens: they end with an error rather than go on unconstrained.
+    grammar_failed: set[str] = field(default_factory=set)
 
 
 class ModelRunner:
@@ -266,7 +268,13 @@ class ModelRunner:
         else:
             token_list = step.token_ids.tolist()
         ids = [s.request.request_id for s in step.sampled]
-        self._advance_grammars(ids, token_list)
+        result = self._results(step, ids, token_list, prompt_logprobs)
+        result.grammar_failed = self._advance_grammars(ids, token_list)
+        return result
+
+    def _results(
+        self, step: "LaunchedStep", ids: list[str], token_list: list[int], prompt_logprobs: dict
+    ) -> StepResult:
         if step.drafted:  # requests with drafts have no grammar and no logprobs (the engine's choice)
             token_ids = dict(zip(ids, token_list))
             num_accepted = accept_drafts(step.drafted, step.verified.tolist(), token_ids)
@@ -281,16 +289,23 @@ class ModelRunner:
         logprobs = {i: lp for i, lp in zip(ids, result.logprobs) if lp is not None}
         return StepResult(dict(zip(ids, result.token_ids)), logprobs, prompt_logprobs)
 
-    def _advance_grammars(self, request_ids: list[str], token_ids: list[int]) -> None:
-        """Every sampled token is kept by its request (tokens of aborted requests go with their grammar)."""
+    def _advance_grammars(self, request_ids: list[str], token_ids: list[int]) -> set[str]:
+        """Every sampled token is kept by its request (tokens of aborted requests go with their grammar). Returns
+        the requests whose grammar could not take its token: the grammar engine hit a limit, or its mask left
+        nothing to sample. Going on without the grammar would return text the client ruled out."""
+        failed: set[str] = set()
         if not self.grammars:
-            return
+            return failed
         for rid, token in zip(request_ids, token_ids, strict=True):
             grammar = self.grammars.get(rid)
-            if grammar is not None and not grammar.accept(token):
-                # Only when the mask left nothing to sample: the request goes on, unconstrained from here.
-                logger.warning("request %s: token %d breaks its grammar (%s)", rid, token, grammar.error)
+            if grammar is not None and (not grammar.accept(token) or grammar.error is not None):
+                # The grammar's label, never its text or llguidance's message, which quotes the grammar.
+                logger.warning(
+                    "request %s: its grammar (%s) cannot go on; the request ends", rid, grammar.label
+                )
                 del self.grammars[rid]
+                failed.add(rid)
+        return failed
 
     def _copy_out(self, token_ids: torch.Tensor) -> tuple[torch.Tensor | None, torch.cuda.Event | None]:
         """Starts the copy of a CUDA step's token ids into pinned memory, with an event that marks it done.

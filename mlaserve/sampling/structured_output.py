@@ -13,6 +13,8 @@ the runner advances with every sampled token.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 import torch
@@ -67,12 +69,30 @@ def grammar_text(params: StructuredOutputsParams) -> str:
     return llg.grammar_from("lark", params.grammar)
 
 
+def source_text(params: StructuredOutputsParams) -> str:
+    """What the client wrote for its constraint, as one string (for its size and hash)."""
+    kind = params.kind
+    if kind == "json":
+        return params.json if isinstance(params.json, str) else json.dumps(params.json, sort_keys=True)
+    if kind == "choice":
+        return "\n".join(params.choice)
+    return {"regex": params.regex, "grammar": params.grammar}.get(kind) or ""
+
+
+def grammar_label(params: StructuredOutputsParams) -> str:
+    """How logs name a grammar: its kind, size and a short hash. Never its text: a grammar can be megabytes of a
+    client's data, and a log line per request would copy it."""
+    text = source_text(params).encode("utf-8", "surrogatepass")
+    return f"{params.kind}, {len(text)} bytes, sha256 {hashlib.sha256(text).hexdigest()[:12]}"
+
+
 class Grammar:
     """One request's matcher: which tokens may come next, advanced by each token the request keeps."""
 
-    def __init__(self, matcher: Any, words: int) -> None:
+    def __init__(self, matcher: Any, words: int, label: str = "") -> None:
         self._matcher = matcher
         self._words = words
+        self.label = label
 
     def allowed_bitmask(self, vocab_size: int) -> torch.Tensor:
         llg = _llguidance()
@@ -141,4 +161,4 @@ class GrammarCompiler:
         llg = _llguidance()
         matcher = self.compile(params)
         words = llg.torch.get_bitmask_shape(1, self._ll().vocab_size)[1]
-        return Grammar(matcher, words)
+        return Grammar(matcher, words, grammar_label(params))

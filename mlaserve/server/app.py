@@ -30,7 +30,8 @@ def build_app(
     """`counts`: what this app's limits are held to, shared with the server's other API-server processes (None:
     this app's own)."""
     state = ServerState(engine, settings, startup_report, counts)
-    app = FastAPI(title="mlaserve", version="0.1.0", docs_url=None, redoc_url=None)
+    # No docs pages, and the schema only behind the API key (below): it lists every route to someone probing.
+    app = FastAPI(title="mlaserve", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = state
     app.state.count_request = state.count_request
     install_error_handlers(app)
@@ -55,6 +56,10 @@ def build_app(
     async def tokenizer_info_route() -> dict:
         state.check_accepting()
         return await tokenizer_info(state)
+
+    @tokens.get("/openapi.json", include_in_schema=False)
+    async def openapi_route() -> JSONResponse:
+        return JSONResponse(app.openapi())
 
     @app.get("/version")
     async def version_route() -> dict:

@@ -75,6 +75,22 @@ def _too_large(size: int, max_bytes: int) -> OpenAIError:
     )
 
 
+def check_json_content_type(header: str | None) -> None:
+    """A 415 unless the body is declared as JSON: a form post (curl -d's default) or text/plain from a browser page
+    must not reach the JSON parser as if it were an API call. Any charset but UTF-8 is refused too, since the body
+    is decoded as UTF-8."""
+    media, *params = (part.strip().lower() for part in (header or "").split(";"))
+    charset = next((p.partition("=")[2].strip('" ') for p in params if p.startswith("charset=")), "utf-8")
+    if media == "application/json" and charset == "utf-8":
+        return
+    given = f"'{header[:100]}'" if header else "none"
+    raise OpenAIError(
+        415,
+        f"the request body must be sent with 'Content-Type: application/json' (got {given})",
+        code="unsupported_media_type",
+    )
+
+
 def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not valid JSON")
 

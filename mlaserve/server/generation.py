@@ -28,6 +28,10 @@ from mlaserve.server.protocol import Usage
 logger = logging.getLogger(__name__)
 
 SHUTDOWN_ABORT = "the server shut down before this request finished; it was aborted"
+GRAMMAR_STOPPED = (
+    "the structured-output constraint could not be enforced to the end (the grammar engine hit one of its limits); "
+    "the request was stopped rather than go on unconstrained: use a smaller or simpler grammar"
+)
 
 
 @dataclass(slots=True)
@@ -169,14 +173,19 @@ class Generation:
             deltas, stopped, finished = self._processor.process(outputs)
             self._stream.finish(stopped)  # stop strings: the core stops those requests
             batch = self._updates(deltas, finished)
-            aborted = next((i for i, u in enumerate(batch) if u.finish_reason == "abort"), None)
+            ended = ("abort", "error")
+            aborted = next((i for i, u in enumerate(batch) if u.finish_reason in ended), None)
             if aborted is None:
                 if batch:
                     yield batch
                 continue
-            # The server aborted a choice (shutdown grace over): what came before it is still delivered.
+            # The server aborted a choice (shutdown grace over, or a grammar it could not keep enforcing): what
+            # came before it is still delivered.
             if aborted:
                 yield batch[:aborted]
+            if batch[aborted].finish_reason == "error":
+                self.outcome = "error"
+                raise OpenAIError(500, GRAMMAR_STOPPED, code="grammar_not_enforced", status=None)
             raise OpenAIError(503, SHUTDOWN_ABORT, code="aborted", status=None)
 
     def _updates(self, deltas: list[RequestDelta], finished: dict) -> list[ChoiceUpdate]:

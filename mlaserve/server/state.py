@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from mlaserve.config.server_settings import ServerSettings
 from mlaserve.engine.async_engine import AsyncEngine
-from mlaserve.server.body import parse_json_object, read_body
+from mlaserve.server.body import check_json_content_type, parse_json_object, read_body
 from mlaserve.server.errors import OpenAIError
 from mlaserve.server.intake import ServerIntake
 from mlaserve.server.logprobs import TokenTexts
@@ -106,6 +106,8 @@ class ServerState:
         thread, so the event loop keeps streaming other requests' tokens meanwhile."""
         settings = self.settings
         raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
+        # Checked once the body is read, as every refusal is: a client still sending is never reset.
+        check_json_content_type(request.headers.get("content-type"))
         if len(raw) < _PARSE_INLINE_BYTES:
             return parse_json_object(raw)
         return await self.intake.run(lambda _: parse_json_object(raw))

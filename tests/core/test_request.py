@@ -11,10 +11,12 @@ def test_status_is_finished() -> None:
         RequestStatus.FINISHED_STOPPED,
         RequestStatus.FINISHED_LENGTH,
         RequestStatus.FINISHED_ABORTED,
+        RequestStatus.FINISHED_ERROR,
     }
     assert RequestStatus.FINISHED_STOPPED.finish_reason == "stop"
     assert RequestStatus.FINISHED_LENGTH.finish_reason == "length"
     assert RequestStatus.FINISHED_ABORTED.finish_reason == "abort"
+    assert RequestStatus.FINISHED_ERROR.finish_reason == "error"
     assert RequestStatus.RUNNING.finish_reason is None
 
 

@@ -441,6 +441,37 @@ def test_missing_or_wrong_api_key_is_401(server, headers):
     assert client.get("/metrics").status_code == 200
 
 
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "text/plain", "application/x-www-form-urlencoded", "application/json; charset=latin-1"],
+)
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"])
+def test_a_body_not_declared_as_json_is_415(server, path, content_type):
+    client, _ = server
+    headers = {**AUTH, **({"Content-Type": content_type} if content_type else {})}
+    error = assert_openai_error(client.post(path, content=b'{"prompt": "w1"}', headers=headers), 415)
+    assert "application/json" in error["message"] and error["code"] == "unsupported_media_type"
+
+
+@pytest.mark.parametrize(
+    "content_type", ["application/json; charset=utf-8", 'Application/JSON;charset="UTF-8"']
+)
+def test_json_with_a_utf8_charset_is_accepted(server, content_type):
+    client, _ = server
+    body = json.dumps({"model": "tiny", "prompt": "w4 w5", "max_tokens": 2}).encode()
+    r = client.post("/v1/completions", content=body, headers={**AUTH, "Content-Type": content_type})
+    assert r.status_code == 200, r.text
+
+
+def test_openapi_schema_is_behind_the_key_and_no_docs_pages(server):
+    client, _ = server
+    assert_openai_error(client.get("/openapi.json"), 401)
+    r = client.get("/openapi.json", headers=AUTH)
+    assert r.status_code == 200 and "/v1/completions" in r.json()["paths"]
+    for path in ("/docs", "/redoc"):
+        assert_openai_error(client.get(path), 404)
+
+
 def test_unknown_route_and_wrong_method_are_openai_errors(server):
     client, _ = server
     assert_openai_error(client.get("/v1/nothing", headers=AUTH), 404)

@@ -177,3 +177,38 @@ def test_an_engine_failure_is_a_500_of_one_line(server, monkeypatch, stream):
     assert_no_leak(body)
     monkeypatch.undo()
     assert completion(client, guided_choice=["yes", "no"]).status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_grammar_the_engine_cannot_keep_enforcing_ends_the_request(server, monkeypatch, caplog, stream):
+    """When llguidance stops accepting tokens mid-generation (an internal limit, as a long regex hit), the request
+    ends with an error naming why, never a 200 with text past the constraint; the log names the grammar by size
+    and hash, never by its text."""
+    from mlaserve.sampling.structured_output import Grammar
+
+    client, engine = server
+    accept = Grammar.accept
+    calls = {"n": 0}
+
+    def accept_twice(self: Grammar, token_id: int) -> bool:
+        calls["n"] += 1
+        return calls["n"] <= 2 and accept(self, token_id)
+
+    monkeypatch.setattr(Grammar, "accept", accept_twice)
+    secret = "a" * 40 + "[0-9]{1,3}"
+    with caplog.at_level("WARNING"):
+        r = completion(client, guided_regex=secret, max_tokens=12, stream=stream)
+    if stream:
+        assert r.status_code == 200, r.text
+        events = [line for line in r.text.splitlines() if line.startswith("data: ")]
+        assert any("grammar_not_enforced" in e for e in events), events
+        assert not any('"finish_reason":"length"' in e.replace(" ", "") for e in events), events
+    else:
+        assert r.status_code == 500, r.text
+        assert r.json()["error"]["code"] == "grammar_not_enforced"
+        assert "could not be enforced" in r.json()["error"]["message"]
+    logged = "\n".join(rec.getMessage() for rec in caplog.records)
+    assert "cannot go on" in logged and "sha256" in logged and secret not in logged
+    monkeypatch.undo()
+    assert fresh_stats(engine)["kv_blocks_used"] == 0
+    assert completion(client, guided_choice=["yes", "no"]).status_code == 200

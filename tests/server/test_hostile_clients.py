@@ -205,7 +205,8 @@ def test_lone_surrogates_are_a_400_naming_the_field(guarded, path, body, param):
     error = r.json()["error"]
     assert "surrogate" in error["message"] and error["param"] == param and error["code"] == "invalid_unicode"
     # A valid surrogate pair (one emoji) is text like any other.
-    ok = httpx.post(f"{live.url}/v1/completions", content=b'{"prompt": "w4 \\ud83d\\ude00", "max_tokens": 1}')
+    emoji = b'{"prompt": "w4 \\ud83d\\ude00", "max_tokens": 1}'
+    ok = httpx.post(f"{live.url}/v1/completions", content=emoji, headers={"content-type": "application/json"})
     assert ok.status_code == 200, ok.text
 
 
@@ -276,6 +277,55 @@ def app_in_flight(live) -> int:
 def long_context_model(tmp_path_factory):
     """The word-level tokenizer (no normalizer: the length bound applies) and a 65,536-token context."""
     return build_tiny("llama", tmp_path_factory.mktemp("long_llama"), max_position_embeddings=65536)
+
+
+@pytest.fixture(scope="module")
+def long_word_model(tmp_path_factory):
+    """The long-context model whose vocabulary holds one 300-character word: the bytes-per-token bound then
+    proves nothing about a 1 MB prompt, so only the piecewise count can refuse it early."""
+    path = build_tiny("llama", tmp_path_factory.mktemp("long_word"), max_position_embeddings=65536)
+    config_file = path / "tokenizer.json"
+    config = json.loads(config_file.read_text())
+    vocab = config["model"]["vocab"]
+    last = max(vocab, key=vocab.get)
+    vocab["x" * 300] = vocab.pop(last)
+    config_file.write_text(json.dumps(config))
+    return path
+
+
+def test_a_megabyte_prompt_is_counted_only_up_to_the_limit(long_word_model):
+    # SmolLM2's context: the count stops after about 8,192 of the prompt's 333,334 tokens.
+    engine = make_engine(long_word_model, num_kv_blocks=600, max_model_len=8192)
+    try:
+        with serving(engine, max_body_bytes=8 * 1024 * 1024) as (live, _):
+            arrivals: list[float] = []
+
+            def stream() -> None:
+                body = {"prompt": "w7 w8", "max_tokens": 300, "ignore_eos": True, "stream": True}
+                with httpx.stream("POST", f"{live.url}/v1/completions", json=body, timeout=60) as r:
+                    arrivals.extend(
+                        time.perf_counter() for line in r.iter_lines() if line.startswith("data: {")
+                    )
+
+            reader = threading.Thread(target=stream, daemon=True)
+            reader.start()
+            assert wait_for(lambda: len(arrivals) > 20, timeout=20)
+            prompt = ("w5 " * 340_000)[:1_000_000]
+            body = json.dumps({"prompt": prompt}).encode()
+            with httpx.Client(base_url=live.url, timeout=60) as client:
+                client.post("/tokenize", json={"prompt": "w5"})  # a warm connection and intake thread
+                started = time.perf_counter()
+                r = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+                elapsed = time.perf_counter() - started
+            assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+            assert "max_model_len=8192" in r.json()["error"]["message"]
+            assert elapsed < 0.1, elapsed
+            reader.join(60)
+            during = [t for t in arrivals if started - 0.05 <= t <= started + elapsed + 0.05]
+            gaps = [b - a for a, b in zip(during, during[1:])]
+            assert during and max(gaps, default=0.0) < 0.050, (elapsed, max(gaps))
+    finally:
+        engine.shutdown()
 
 
 def test_a_huge_prompt_does_not_delay_a_running_stream(long_context_model):
