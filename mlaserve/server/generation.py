@@ -58,6 +58,7 @@ class ChoiceResult:
 class _ChoiceState:
     num_tokens: int = 0
     last_token_at: float | None = None
+    counted: bool = False  # in vLLM's request_success_total (by its finish reason) already
 
 
 if TYPE_CHECKING:
@@ -215,6 +216,7 @@ class Generation:
                     self.outcome = "aborted"  # aborted by the server (shutdown grace over), not by the client
                 state = finished.get(delta.request_id)
                 if state is not None:
+                    choice.counted = True
                     self._metrics.request_finished(
                         self._prompt_lens[delta.request_id],
                         len(state.token_ids),
@@ -232,7 +234,7 @@ class Generation:
         if choice.last_token_at is not None:
             gap = (now - choice.last_token_at) / count  # tokens that arrived together share the gap
             for _ in range(count):
-                self._metrics.itl.observe(gap)
+                self._metrics.inter_token_latency(gap)
         choice.last_token_at = now
         self._metrics.generation_tokens.inc(count)
         self.completion_tokens += count
@@ -275,6 +277,11 @@ class Generation:
         self._closed = True
         self._stream.abort()
         self._metrics.count(self.outcome or "aborted")
+        # Choices cut short (client gone, timeout, failure) end as vLLM counts them: finished_reason="abort".
+        for rid, choice in zip(self._ids, self._choices):
+            if not choice.counted:
+                choice.counted = True
+                self._metrics.request_finished(self._prompt_lens[rid], choice.num_tokens, "abort", None)
         self._metrics.e2e.observe(time.monotonic() - self._arrival)
 
 
