@@ -89,7 +89,9 @@ class _EngineCollector(Collector):
         )
         yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage)
         # The name vLLM used before kv_cache_usage_perc, which older dashboards still read.
-        yield self._gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", usage)
+        yield self._gauge(
+            "vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", usage
+        )
         yield self._counter(
             "vllm:prefix_cache_queries",
             "Prefix cache queries, in queried tokens.",
@@ -208,7 +210,9 @@ class ServerMetrics:
         # vLLM's older name for the same inter-token gaps (it renamed, not redefined, the histogram); older
         # dashboards still read it. Not request_time_per_output_token, which is one average per request.
         self._itl_old_name = histogram(
-            "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", _ITL_BUCKETS
+            "vllm:time_per_output_token_seconds",
+            "Histogram of time per output token in seconds.",
+            _ITL_BUCKETS,
         )
         self.e2e = histogram(
             "vllm:e2e_request_latency_seconds",
