@@ -21,6 +21,7 @@ from mlaserve.engine.async_engine import AsyncEngine, EngineDeadError, EngineSte
 from mlaserve.engine.intake import PreparedRequest
 from mlaserve.engine.output_processor import OutputProcessor, RequestDelta
 from mlaserve.error_text import error_text
+from mlaserve.outputs import LogprobEntry
 from mlaserve.server.errors import OpenAIError
 from mlaserve.server.metrics import ServerMetrics
 from mlaserve.server.protocol import Usage
@@ -37,10 +38,10 @@ class ChoiceUpdate:
     index: int
     text: str
     token_ids: list[int]
-    logprobs: list[dict[int, float]] | None
+    logprobs: list[LogprobEntry] | None
     finish_reason: str | None
     # The prompt's logprobs (first entry None), in the first update after the prompt was computed.
-    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_logprobs: list[LogprobEntry | None] | None = None
 
 
 @dataclass(slots=True)
@@ -49,9 +50,9 @@ class ChoiceResult:
 
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    logprobs: list[dict[int, float]] | None = None
+    logprobs: list[LogprobEntry] | None = None
     finish_reason: str | None = None
-    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_logprobs: list[LogprobEntry | None] | None = None
 
 
 @dataclass(slots=True)
