@@ -101,7 +101,7 @@ def float32_tiny(tmp: Path) -> dict:
             del llm
             gc.collect()
         tokens = [o.token_ids for o in outs]
-        chosen = [[step[t] for step, t in zip(o.logprobs, o.token_ids, strict=True)] for o in outs]
+        chosen = [[step[t].logprob for step, t in zip(o.logprobs, o.token_ids, strict=True)] for o in outs]
         if reference is None:
             reference = tokens, chosen
         gap = (

@@ -93,8 +93,8 @@ def score(llm: LLM, seqs: list[list[int]]) -> tuple[list[float], list[int]]:
     logprobs, top1 = [], []
     for seq, out in zip(seqs, outs):
         for token, entry in zip(seq[1:], out.prompt_logprobs[1:]):
-            logprobs.append(entry[token])
-            top1.append(max(entry, key=entry.get))
+            logprobs.append(entry[token].logprob)
+            top1.append(max(entry, key=lambda t: entry[t].logprob))
     return logprobs, top1
 
 

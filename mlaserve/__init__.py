@@ -3,7 +3,7 @@
 from mlaserve.config.guide_options import ParallelConfig
 from mlaserve.engine.llm_engine import EngineArgs, LLMEngine
 from mlaserve.llm import LLM
-from mlaserve.outputs import CompletionOutput, RequestOutput
+from mlaserve.outputs import CompletionOutput, Logprob, RequestOutput
 from mlaserve.sampling_params import SamplingParams
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "SamplingParams",
     "RequestOutput",
     "CompletionOutput",
+    "Logprob",
     "EngineArgs",
     "LLMEngine",
     "ParallelConfig",

@@ -98,8 +98,9 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
-        if not _is_int(self.n) or self.n != 1:
-            raise ValueError(f"n must be 1 (only one completion per request is supported), got {self.n!r}")
+        # n > 1 is fanned out into n requests (engine/parallel_sampling.py); greedy n > 1 is allowed, as in vLLM.
+        if not _is_int(self.n) or self.n < 1:
+            raise ValueError(f"n must be an int >= 1 (samples of the prompt), got {self.n!r}")
         if not _is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(
                 f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}"

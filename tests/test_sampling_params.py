@@ -33,6 +33,7 @@ def test_stop_fields_are_normalised_to_lists() -> None:
         {"logprobs": 0},
         {"seed": 0},
         {"stop_token_ids": [0]},
+        {"n": 3, "temperature": 0},  # greedy n > 1 is allowed, as in vLLM
     ],
 )
 def test_edge_values_are_accepted(kwargs: dict) -> None:
@@ -42,7 +43,9 @@ def test_edge_values_are_accepted(kwargs: dict) -> None:
 @pytest.mark.parametrize(
     "field, value, allowed",
     [
-        ("n", 2, "must be 1"),
+        ("n", 0, ">= 1"),
+        ("n", 2.0, "int"),
+        ("n", True, "int"),
         ("temperature", -0.1, ">= 0"),
         ("temperature", math.inf, "finite"),
         ("temperature", math.nan, "finite"),

@@ -25,6 +25,7 @@ from mlaserve.engine.speculation import build_proposer, exact_under_drafts, spec
 from mlaserve.engine.step_trace import trace
 from mlaserve.executor.build_info import BuildInfo
 from mlaserve.executor.executor import Executor
+from mlaserve.outputs import LogprobEntry
 from mlaserve.runner.model_runner import LaunchedStep, StepResult
 from mlaserve.sampling.structured_output import GrammarCompiler
 from mlaserve.sampling_params import SamplingParams
@@ -53,7 +54,7 @@ class EngineCore:
             self.kv_manager,
             build_proposer(config, self.async_scheduling, self.executor.kv_cache.group_rules),
         )
-        self._prompt_logprobs: dict[str, list[dict[int, float] | None]] = {}
+        self._prompt_logprobs: dict[str, list[LogprobEntry | None]] = {}
         self._grammar_compiler: GrammarCompiler | None = None
         self.intake = RequestIntake(self.tokenizer, self.model_config, self.grammar_compiler)
         self._ids = itertools.count()
@@ -89,7 +90,11 @@ class EngineCore:
     def add_request(self, prepared: PreparedRequest, request_id: str | None = None) -> str:
         """Queue a prepared request; returns its id (a fresh one when none is given)."""
         params = prepared.params
-        request_id = request_id or str(next(self._ids))
+        if params.n != 1:  # the core runs one sequence per request; n is its callers' fan-out
+            raise ValueError(
+                f"the engine core takes n=1 requests; fan n={params.n} out with child_params first"
+            )
+        request_id = request_id or self.new_request_id()
         request = new_request(prepared, request_id, next(self._ids), self.model_config, self.tokenizer)
         request.allow_drafts = self.scheduler.proposer is not None and exact_under_drafts(params)
         grammar = None
@@ -100,6 +105,9 @@ class EngineCore:
         if params.prompt_logprobs is not None:
             self._prompt_logprobs[request_id] = [None] * len(prepared.prompt_token_ids)
         return request_id
+
+    def new_request_id(self) -> str:
+        return str(next(self._ids))
 
     def abort_requests(
         self, request_ids: list[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED

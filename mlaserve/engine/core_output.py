@@ -7,19 +7,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mlaserve.outputs import LogprobEntry
+
 
 @dataclass(slots=True)
 class CoreOutput:
     request_id: str
     new_token_ids: list[int]
     # One dict per new token (token id -> log-probability) when the request asked for logprobs.
-    new_logprobs: list[dict[int, float]] | None = None
+    new_logprobs: list[LogprobEntry] | None = None
     # Set on a request's last output: "stop" | "length" | "abort".
     finish_reason: str | None = None
     # The stop token id that ended it (a stop string is found, and named, by the reader of the text).
     stop_reason: int | None = None
     # With SamplingParams(prompt_logprobs=k): the prompt's logprobs, once, with the first new token.
-    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_logprobs: list[LogprobEntry | None] | None = None
     num_cached_tokens: int = 0
     metrics: dict | None = None  # on the last output: time.monotonic() stamps of the request's phases
 

@@ -9,6 +9,7 @@ from mlaserve.config.model_config import ModelConfig
 from mlaserve.core.request import Request, RequestStatus
 from mlaserve.engine.core_output import CoreOutput
 from mlaserve.engine.intake import PreparedRequest
+from mlaserve.outputs import LogprobEntry
 
 
 def new_request(
@@ -46,7 +47,7 @@ def new_request(
 def final_output(
     request: Request,
     new: list[int],
-    logprobs: list[dict[int, float]] | None = None,
+    logprobs: list[LogprobEntry] | None = None,
     prompt_logprobs: list | None = None,
 ) -> CoreOutput:
     """The last output of a finished request."""

@@ -11,6 +11,8 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from mlaserve.outputs import LogprobEntry
+
 # transformers' own decode for fast tokenizers: the Rust decode plus an optional space clean-up (handled apart).
 _PLAIN_DECODES = {
     "PreTrainedTokenizerBase.decode",
@@ -44,7 +46,7 @@ class RequestText:
     skip_special_tokens: bool
     text: str = ""
     stop_reason: str | None = None
-    logprobs: list[dict[int, float]] = field(default_factory=list)
+    logprobs: list[LogprobEntry] = field(default_factory=list)
     prefix_offset: int = 0  # the window starts here: ids whose text is already in `text`, kept for context
     read_offset: int = 0  # ids before this have their text in `text`
 

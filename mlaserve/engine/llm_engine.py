@@ -13,6 +13,7 @@ from mlaserve.core.request import RequestStatus
 from mlaserve.engine.core import EngineCore
 from mlaserve.engine.intake import PreparedRequest
 from mlaserve.engine.output_processor import OutputProcessor
+from mlaserve.engine.parallel_sampling import ParentRequests, child_params, child_request_id
 from mlaserve.executor.executor import Executor
 from mlaserve.outputs import RequestOutput
 from mlaserve.runner.model_runner import ModelRunner
@@ -37,7 +38,8 @@ class EngineArgs:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.core = EngineCore(config)
-        self.outputs = OutputProcessor(self.core.tokenizer)
+        self.outputs = OutputProcessor(self.core.tokenizer, decode_logprobs=True)
+        self.parents = ParentRequests()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
@@ -74,20 +76,32 @@ class LLMEngine:
         return self.core.prepare(prompt, params)
 
     def add_prepared(self, prepared: PreparedRequest, request_id: str | None = None) -> str:
-        request_id = self.core.add_request(prepared, request_id)
-        self.outputs.add(request_id, prepared)
-        return request_id
+        """Queue a request; with n > 1, its n children (one RequestOutput comes back for them all)."""
+        if prepared.params.n == 1:
+            request_id = self.core.add_request(prepared, request_id)
+            self.outputs.add(request_id, prepared)
+            return request_id
+        parent_id = request_id or self.core.new_request_id()
+        # One RequestOutput carries one prompt_logprobs, so the first child alone scores the prompt and the others
+        # read its blocks from the prefix cache.
+        children = child_params(prepared.params, score_prompt_once=True)
+        child_ids = [child_request_id(parent_id, i) for i in range(len(children))]
+        self.parents.add(parent_id, child_ids)
+        for child_id, params in zip(child_ids, children):
+            child = PreparedRequest(prepared.prompt, prepared.prompt_token_ids, params)
+            self.outputs.add(self.core.add_request(child, child_id), child)
+        return parent_id
 
     def add_request(self, prompt: str | dict, params: SamplingParams, request_id: str | None = None) -> str:
         return self.add_prepared(self.prepare(prompt, params), request_id)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
-        finals = self.core.abort_requests([request_id])
+        finals = self.core.abort_requests(self.parents.child_ids(request_id) or [request_id])
         if not finals:
             return None
         _, _, finished = self.outputs.process(finals)
-        state = finished.get(request_id)
-        return None if state is None else state.output(request_id)
+        outputs = self.parents.merge([s.output(rid) for rid, s in finished.items()], finished_only=True)
+        return next((out for out in outputs if out.request_id == request_id), None)
 
     def has_unfinished_requests(self) -> bool:
         return self.core.has_unfinished_requests()
@@ -104,7 +118,7 @@ class LLMEngine:
         if stream:
             progressed = [d.request_id for d in deltas if d.request_id not in finished]
             outputs = [self.outputs.states[rid].output(rid) for rid in progressed] + outputs
-        return outputs
+        return self.parents.merge(outputs, finished_only=not stream)
 
     # ---- lifetime and introspection -------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -8,12 +8,13 @@ the caller then finishes that request in the core (it may already have sampled a
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from mlaserve.engine.core_output import CoreOutput
 from mlaserve.engine.detokenizer import RequestText
 from mlaserve.engine.intake import PreparedRequest
-from mlaserve.outputs import CompletionOutput, RequestOutput
+from mlaserve.outputs import CompletionOutput, LogprobEntry, RequestOutput
 
 logger = logging.getLogger(__name__)
 
@@ -24,11 +25,11 @@ class RequestDelta:
 
     request_id: str
     new_token_ids: list[int]
-    new_logprobs: list[dict[int, float]] | None
+    new_logprobs: list[LogprobEntry] | None
     text: str  # new visible text (a stop string's possible start and half a UTF-8 character are held back)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_logprobs: list[LogprobEntry | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -40,8 +41,8 @@ class RequestState:
     prepared: PreparedRequest
     text: RequestText
     token_ids: list[int] = field(default_factory=list)
-    logprobs: list[dict[int, float]] | None = None
-    prompt_logprobs: list[dict[int, float] | None] | None = None
+    logprobs: list[LogprobEntry] | None = None
+    prompt_logprobs: list[LogprobEntry | None] | None = None
     sent_text: str = ""
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -54,7 +55,7 @@ class RequestState:
         logprobs = list(self.logprobs) if self.logprobs is not None else None
         cumulative = None
         if logprobs is not None:
-            cumulative = sum(lp[t] for lp, t in zip(logprobs, self.token_ids))
+            cumulative = sum(lp[t].logprob for lp, t in zip(logprobs, self.token_ids))
         completion = CompletionOutput(
             0,
             self.text.visible_text(finished),
@@ -79,9 +80,13 @@ class RequestState:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: object | None) -> None:
+    def __init__(self, tokenizer: object | None, decode_logprobs: bool = False) -> None:
+        """decode_logprobs: fill each Logprob's decoded_token (the offline API returns them; the server names
+        tokens from its own table of the vocabulary and skips this)."""
         self.tokenizer = tokenizer
         self.states: dict[str, RequestState] = {}
+        self._decode = decode_logprobs and tokenizer is not None
+        self._token_text: dict[int, str] = {}
 
     def add(self, request_id: str, prepared: PreparedRequest) -> None:
         params = prepared.params
@@ -109,6 +114,8 @@ class OutputProcessor:
                 continue
             if out.prompt_logprobs is not None:
                 state.prompt_logprobs = out.prompt_logprobs
+                if self._decode:
+                    self._name_tokens(e for e in out.prompt_logprobs if e is not None)
             finish, stop_reason = out.finish_reason, out.stop_reason
             new_ids = out.new_token_ids
             # Several tokens at once (speculative decoding) are read one at a time, so a stop string ends the
@@ -133,6 +140,8 @@ class OutputProcessor:
             new_logprobs = out.new_logprobs
             if new_logprobs is not None:
                 new_logprobs = new_logprobs[: len(new_ids)]
+                if self._decode:
+                    self._name_tokens(new_logprobs)
                 if state.logprobs is not None:
                     state.logprobs.extend(new_logprobs)
             if finish is not None:
@@ -153,6 +162,16 @@ class OutputProcessor:
                 )
             )
         return deltas, stopped, finished
+
+    def _name_tokens(self, entries: Iterable[LogprobEntry]) -> None:
+        """Set decoded_token as vLLM does: the token decoded alone (a piece of a UTF-8 character shows as U+FFFD)."""
+        texts, tokenizer = self._token_text, self.tokenizer
+        for entry in entries:
+            for token_id, logprob in entry.items():
+                text = texts.get(token_id)
+                if text is None:
+                    text = texts[token_id] = tokenizer.decode([token_id])
+                logprob.decoded_token = text
 
     @staticmethod
     def _text_delta(request_id: str, state: RequestState, finished: bool) -> str:

@@ -16,6 +16,7 @@ from mlaserve.core.scheduler import ScheduledRequest, SchedulerOutput
 from mlaserve.host_copy import queued_values
 from mlaserve.kvcache.spec import FULL, AttentionRule
 from mlaserve.models.base import CausalLM
+from mlaserve.outputs import LogprobEntry
 from mlaserve.parallel import SINGLE, ParallelContext
 from mlaserve.runner.batch import HostBatch, plan_batch, to_device
 from mlaserve.runner.prompt_logprobs import PromptSpan, ScoredSpan, prompt_spans, score_prompt_spans
@@ -68,9 +69,9 @@ def _rebuild_plan(
 @dataclass(slots=True)
 class StepResult:
     token_ids: dict[str, int]  # request id -> sampled token
-    logprobs: dict[str, dict[int, float]]  # request id -> logprobs of this token (when asked for)
+    logprobs: dict[str, LogprobEntry]  # request id -> logprobs of this token (when asked for)
     # request id -> (prompt position of the first token scored, one logprobs dict per scored prompt token)
-    prompt_logprobs: dict[str, tuple[int, list[dict[int, float]]]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, tuple[int, list[LogprobEntry]]] = field(default_factory=dict)
     # request id -> drafts accepted, for requests that ran speculative drafts (their token_ids entry follows them)
     num_accepted: dict[str, int] = field(default_factory=dict)
     # Requests whose grammar stopped accepting tokens: they end with an error rather than go on unconstrained.

@@ -15,6 +15,8 @@ import torch
 from mlaserve.core.scheduler import ScheduledRequest
 from mlaserve.host_copy import queued_values
 from mlaserve.models.base import CausalLM
+from mlaserve.outputs import LogprobEntry
+from mlaserve.sampling.sampler import logprob_entry, vocabulary_ranks
 
 # Rows of logits materialised at once: a 2,048-token prompt over a 129k vocabulary would be 1 GB in float32.
 _CHUNK_ROWS = 256
@@ -37,18 +39,17 @@ class ScoredSpan:
     target_logprobs: torch.Tensor  # [len(targets)] float32
     top_ids: torch.Tensor  # [len(targets), num_top]
     top_logprobs: torch.Tensor  # [len(targets), num_top]
+    target_ranks: torch.Tensor  # [len(targets)] each prompt token's rank in the vocabulary
 
-    def entries(self) -> list[dict[int, float]]:
+    def entries(self) -> list[LogprobEntry]:
         """One dict per scored token: the prompt's own token first, then the top tokens (vLLM's shape)."""
         targets = self.span.targets
-        values = self.target_logprobs.tolist()
+        values, ranks = self.target_logprobs.tolist(), self.target_ranks.tolist()
         top_ids, top_values = self.top_ids.tolist(), self.top_logprobs.tolist()
-        out = []
-        for i, token in enumerate(targets):
-            entry = {token: values[i]}
-            entry.update(zip(top_ids[i], top_values[i], strict=True))
-            out.append(entry)
-        return out
+        return [
+            logprob_entry(token, values[i], ranks[i], top_ids[i], top_values[i])
+            for i, token in enumerate(targets)
+        ]
 
 
 def prompt_spans(order: list[ScheduledRequest]) -> list[PromptSpan]:
@@ -75,15 +76,18 @@ def score_prompt_spans(model: CausalLM, hidden: torch.Tensor, spans: list[Prompt
     for span in spans:
         n = len(span.targets)
         targets = queued_values(span.targets, torch.long, hidden.device)
-        chosen, top_ids, top_values = [], [], []
+        chosen, top_ids, top_values, ranks = [], [], [], []
         for lo in range(0, n, _CHUNK_ROWS):
             hi = min(n, lo + _CHUNK_ROWS)
             logits = model.compute_logits(hidden[span.first_row + lo : span.first_row + hi]).float()
             logprobs = logits.log_softmax(dim=-1)
             chosen.append(logprobs.gather(1, targets[lo:hi, None]).squeeze(1))
+            ranks.append(vocabulary_ranks(logprobs, chosen[-1]))
             k = min(span.num_top, logprobs.shape[1])
             values, ids = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], targets[lo:hi, None][:, :0])
             top_ids.append(ids)
             top_values.append(values)
-        scored.append(ScoredSpan(span, torch.cat(chosen), torch.cat(top_ids), torch.cat(top_values)))
+        scored.append(
+            ScoredSpan(span, torch.cat(chosen), torch.cat(top_ids), torch.cat(top_values), torch.cat(ranks))
+        )
     return scored

@@ -13,14 +13,15 @@ from dataclasses import dataclass
 import torch
 
 from mlaserve.host_copy import copy_queued, queued_values
+from mlaserve.outputs import Logprob, LogprobEntry
 from mlaserve.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)
 class SamplerOutput:
     token_ids: list[int]
-    # Per row: token id -> log-probability (top `logprobs` tokens plus the sampled one), or None if not asked.
-    logprobs: list[dict[int, float] | None]
+    # Per row: token id -> Logprob (top `logprobs` tokens plus the sampled one), or None if not asked.
+    logprobs: list[LogprobEntry | None]
 
 
 class Sampler:
@@ -82,48 +83,67 @@ class Sampler:
         # describe the model, not the sampling settings.
         logprobs = logits[row_index].log_softmax(dim=-1)
         sampled = logprobs.gather(1, token_ids[row_index].unsqueeze(1)).squeeze(1)
+        ranks = vocabulary_ranks(logprobs, sampled)
         num_top = min(max(params[i].logprobs for i in rows), logits.shape[1])
         if num_top:
             values, ids = logprobs.topk(num_top, dim=-1)
         else:  # logprobs=0 everywhere: the sampled token's alone
             values = ids = sampled.new_empty(len(rows), 0)
-        return LogprobTensors(rows, sampled, values, ids)
+        return LogprobTensors(rows, sampled, values, ids, ranks)
 
     def finish(
         self, params: list[SamplingParams], token_id_list: list[int], logprobs: LogprobTensors | None
     ) -> SamplerOutput:
         """The host side: the ids as a list and the logprobs of the rows that asked (LogprobTensors on the host,
         or on a device, where reading them waits for it)."""
-        out: list[dict[int, float] | None] = [None] * len(params)
+        out: list[LogprobEntry | None] = [None] * len(params)
         if logprobs is not None:
-            sampled, top_values, top_ids = (
-                t.tolist() for t in (logprobs.sampled, logprobs.top_values, logprobs.top_ids)
+            sampled, top_values, top_ids, ranks = (
+                t.tolist() for t in (logprobs.sampled, logprobs.top_values, logprobs.top_ids, logprobs.ranks)
             )
             for j, i in enumerate(logprobs.rows):
                 k = params[i].logprobs  # the columns hold the most any row asked for, at most the vocabulary
-                # Sampled token first (as vLLM orders it); it may also be among the top-k, with the same value.
-                row = {token_id_list[i]: sampled[j]}
-                row.update(zip(top_ids[j][:k], top_values[j][:k], strict=True))
-                out[i] = row
+                out[i] = logprob_entry(
+                    token_id_list[i], sampled[j], ranks[j], top_ids[j][:k], top_values[j][:k]
+                )
         return SamplerOutput(token_id_list, out)
 
 
 @dataclass(slots=True)
 class LogprobTensors:
     """Logprobs of the rows that asked, before they become dicts: rows (their indices in the batch), the sampled
-    token's logprob [len(rows)], and the top `most logprobs asked` values and ids [len(rows), k]."""
+    token's logprob [len(rows)], the top `most logprobs asked` values and ids [len(rows), k], and the sampled
+    token's rank in the vocabulary [len(rows)]."""
 
     rows: list[int]
     sampled: torch.Tensor
     top_values: torch.Tensor
     top_ids: torch.Tensor
+    ranks: torch.Tensor
 
     def to_host(self) -> LogprobTensors:
         """Copies queued behind the work so far (into pinned memory, not waiting): valid once that work is done."""
-        sampled, values, ids = (
-            t.to("cpu", non_blocking=True) for t in (self.sampled, self.top_values, self.top_ids)
+        sampled, values, ids, ranks = (
+            t.to("cpu", non_blocking=True) for t in (self.sampled, self.top_values, self.top_ids, self.ranks)
         )
-        return LogprobTensors(self.rows, sampled, values, ids)
+        return LogprobTensors(self.rows, sampled, values, ids, ranks)
+
+
+def vocabulary_ranks(logprobs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """Each row's chosen token's 1-based rank among the vocabulary, counted as vLLM counts it: the tokens at
+    least as likely, itself included (so tied tokens share the lower rank). logprobs [rows, vocab], chosen [rows]."""
+    return (logprobs >= chosen.unsqueeze(1)).sum(dim=1)
+
+
+def logprob_entry(
+    token: int, value: float, rank: int, top_ids: list[int], top_values: list[float]
+) -> LogprobEntry:
+    """vLLM's dict for one position: the chosen token first, then the top tokens ranked 1, 2, ... (a chosen token
+    that is also a top token keeps the top token's entry, with the same value, as in vLLM)."""
+    entry = {token: Logprob(value, rank)}
+    for position, (top_id, top_value) in enumerate(zip(top_ids, top_values, strict=True), start=1):
+        entry[top_id] = Logprob(top_value, position)
+    return entry
 
 
 def _sample(

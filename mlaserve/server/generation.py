@@ -21,6 +21,7 @@ from mlaserve.engine.async_engine import AsyncEngine, EngineDeadError, EngineSte
 from mlaserve.engine.intake import PreparedRequest
 from mlaserve.engine.output_processor import OutputProcessor, RequestDelta
 from mlaserve.error_text import error_text
+from mlaserve.outputs import LogprobEntry
 from mlaserve.server.errors import OpenAIError
 from mlaserve.server.metrics import ServerMetrics
 from mlaserve.server.protocol import Usage
@@ -41,10 +42,10 @@ class ChoiceUpdate:
     index: int
     text: str
     token_ids: list[int]
-    logprobs: list[dict[int, float]] | None
+    logprobs: list[LogprobEntry] | None
     finish_reason: str | None
     # The prompt's logprobs (first entry None), in the first update after the prompt was computed.
-    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_logprobs: list[LogprobEntry | None] | None = None
 
 
 @dataclass(slots=True)
@@ -53,15 +54,16 @@ class ChoiceResult:
 
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    logprobs: list[dict[int, float]] | None = None
+    logprobs: list[LogprobEntry] | None = None
     finish_reason: str | None = None
-    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_logprobs: list[LogprobEntry | None] | None = None
 
 
 @dataclass(slots=True)
 class _ChoiceState:
     num_tokens: int = 0
     last_token_at: float | None = None
+    counted: bool = False  # in vLLM's request_success_total (by its finish reason) already
 
 
 if TYPE_CHECKING:
@@ -224,6 +226,7 @@ class Generation:
                     self.outcome = "aborted"  # aborted by the server (shutdown grace over), not by the client
                 state = finished.get(delta.request_id)
                 if state is not None:
+                    choice.counted = True
                     self._metrics.request_finished(
                         self._prompt_lens[delta.request_id],
                         len(state.token_ids),
@@ -241,7 +244,7 @@ class Generation:
         if choice.last_token_at is not None:
             gap = (now - choice.last_token_at) / count  # tokens that arrived together share the gap
             for _ in range(count):
-                self._metrics.itl.observe(gap)
+                self._metrics.inter_token_latency(gap)
         choice.last_token_at = now
         self._metrics.generation_tokens.inc(count)
         self.completion_tokens += count
@@ -284,6 +287,11 @@ class Generation:
         self._closed = True
         self._stream.abort()
         self._metrics.count(self.outcome or "aborted")
+        # Choices cut short (client gone, timeout, failure) end as vLLM counts them: finished_reason="abort".
+        for rid, choice in zip(self._ids, self._choices):
+            if not choice.counted:
+                choice.counted = True
+                self._metrics.request_finished(self._prompt_lens[rid], choice.num_tokens, "abort", None)
         self._metrics.e2e.observe(time.monotonic() - self._arrival)
 
 

@@ -1,4 +1,4 @@
-"""Engine logprobs (one {token_id: logprob} dict per token) in the two OpenAI shapes.
+"""Engine logprobs (one {token_id: Logprob} dict per token) in the two OpenAI shapes.
 
 Token strings come from a table of the whole vocabulary decoded once, on an intake thread, the first time a
 request asks for logprobs; after that formatting never touches the tokenizer.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from mlaserve.engine.intake import RequestIntake
+from mlaserve.outputs import LogprobEntry
 from mlaserve.server.intake import ServerIntake
 from mlaserve.server.protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
 
@@ -44,13 +45,18 @@ def _finite(value: float) -> float:
     return value if math.isfinite(value) else -9999.0
 
 
-def _ranked(entry: dict[int, float]) -> list[tuple[int, float]]:
-    return sorted(entry.items(), key=lambda item: -item[1])
+def _ranked(entry: LogprobEntry) -> list[tuple[int, float]]:
+    return sorted(((t, lp.logprob) for t, lp in entry.items()), key=lambda item: -item[1])
+
+
+def _value(entry: LogprobEntry, token_id: int) -> float:
+    found = entry.get(token_id)
+    return -math.inf if found is None else found.logprob
 
 
 def completion_logprobs(
     token_ids: list[int],
-    logprobs: list[dict[int, float] | None],
+    logprobs: list[LogprobEntry | None],
     table: list[str],
     text_offset: int,
     out: CompletionLogprobs | None = None,
@@ -67,7 +73,7 @@ def completion_logprobs(
             out.token_logprobs.append(None)
             out.top_logprobs.append(None)
         else:
-            out.token_logprobs.append(_finite(entry.get(token_id, -math.inf)))
+            out.token_logprobs.append(_finite(_value(entry, token_id)))
             out.top_logprobs.append({_text(table, t): _finite(lp) for t, lp in _ranked(entry)})
         out.text_offset.append(offset)
         offset += len(text)
@@ -75,7 +81,7 @@ def completion_logprobs(
 
 
 def chat_logprobs(
-    token_ids: list[int], logprobs: list[dict[int, float]], table: list[str], top_logprobs: int
+    token_ids: list[int], logprobs: list[LogprobEntry], table: list[str], top_logprobs: int
 ) -> ChatLogprobs:
     out = ChatLogprobs()
     for token_id, entry in zip(token_ids, logprobs):
@@ -87,7 +93,7 @@ def chat_logprobs(
         out.content.append(
             TokenLogprob(
                 token=text,
-                logprob=_finite(entry.get(token_id, -math.inf)),
+                logprob=_finite(_value(entry, token_id)),
                 bytes=list(text.encode()),
                 top_logprobs=top,
             )

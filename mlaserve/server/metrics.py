@@ -88,6 +88,10 @@ class _EngineCollector(Collector):
             s.get("num_waiting", 0),
         )
         yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage)
+        # The name vLLM used before kv_cache_usage_perc, which older dashboards still read.
+        yield self._gauge(
+            "vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", usage
+        )
         yield self._counter(
             "vllm:prefix_cache_queries",
             "Prefix cache queries, in queried tokens.",
@@ -200,8 +204,15 @@ class ServerMetrics:
         self.ttft = histogram(
             "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", _TTFT_BUCKETS
         )
-        self.itl = histogram(
+        self._itl = histogram(
             "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", _ITL_BUCKETS
+        )
+        # vLLM's older name for the same inter-token gaps (it renamed, not redefined, the histogram); older
+        # dashboards still read it. Not request_time_per_output_token, which is one average per request.
+        self._itl_old_name = histogram(
+            "vllm:time_per_output_token_seconds",
+            "Histogram of time per output token in seconds.",
+            _ITL_BUCKETS,
         )
         self.e2e = histogram(
             "vllm:e2e_request_latency_seconds",
@@ -248,6 +259,10 @@ class ServerMetrics:
 
     def count(self, status: str) -> None:
         self.requests.labels(status).inc()
+
+    def inter_token_latency(self, gap: float) -> None:
+        self._itl.observe(gap)
+        self._itl_old_name.observe(gap)
 
     def request_started(self, n: int, max_tokens: int | None) -> None:
         self._n.observe(n)

@@ -9,6 +9,7 @@ import re
 from collections.abc import Sequence
 
 from mlaserve.engine.intake import PreparedRequest, RequestIntake
+from mlaserve.engine.parallel_sampling import child_params
 from mlaserve.sampling.grammar_error import GrammarError
 from mlaserve.sampling_params import SamplingParams, StructuredOutputsParams
 from mlaserve.server.chat_template import render
@@ -112,41 +113,40 @@ def build_params(
             )
         grammar = tool_grammar
     skip_special = _or(req.skip_special_tokens, not keep_special_tokens)
-    params = []
-    for i in range(n):
-        try:
-            params.append(
-                SamplingParams(
-                    temperature=_or(req.temperature, 1.0),
-                    top_p=_or(req.top_p, 1.0),
-                    top_k=_or(req.top_k, 0),
-                    min_p=_or(req.min_p, 0.0),
-                    max_tokens=max_tokens,
-                    min_tokens=_or(req.min_tokens, 0),
-                    stop=req.stop,
-                    stop_token_ids=req.stop_token_ids,
-                    seed=None if req.seed is None else req.seed + i,
-                    logprobs=logprobs,
-                    prompt_logprobs=prompt_logprobs,
-                    ignore_eos=_or(req.ignore_eos, False),
-                    presence_penalty=_or(req.presence_penalty, 0.0),
-                    frequency_penalty=_or(req.frequency_penalty, 0.0),
-                    repetition_penalty=_or(req.repetition_penalty, 1.0),
-                    logit_bias=req.logit_bias,
-                    skip_special_tokens=skip_special,
-                    include_stop_str_in_output=_or(req.include_stop_str_in_output, False),
-                    structured_outputs=grammar,
-                )
-            )
-        except (ValueError, TypeError) as e:
-            message = str(e)
-            param = message.split(" ", 1)[0]
-            if param == "min_tokens" and "max_tokens" in message and max_tokens_field != "max_tokens":
-                message = message.replace("max_tokens", max_tokens_field)
-            if param == "max_tokens" and max_tokens_field != param:  # chat's max_completion_tokens
-                message, param = message.replace("max_tokens", max_tokens_field, 1), max_tokens_field
-            raise bad_request(message, param if param in _PARAM_FIELDS else None) from None
-    return params
+    try:
+        params = SamplingParams(
+            n=n,
+            temperature=_or(req.temperature, 1.0),
+            top_p=_or(req.top_p, 1.0),
+            top_k=_or(req.top_k, 0),
+            min_p=_or(req.min_p, 0.0),
+            max_tokens=max_tokens,
+            min_tokens=_or(req.min_tokens, 0),
+            stop=req.stop,
+            stop_token_ids=req.stop_token_ids,
+            seed=req.seed,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            ignore_eos=_or(req.ignore_eos, False),
+            presence_penalty=_or(req.presence_penalty, 0.0),
+            frequency_penalty=_or(req.frequency_penalty, 0.0),
+            repetition_penalty=_or(req.repetition_penalty, 1.0),
+            logit_bias=req.logit_bias,
+            skip_special_tokens=skip_special,
+            include_stop_str_in_output=_or(req.include_stop_str_in_output, False),
+            structured_outputs=grammar,
+        )
+    except (ValueError, TypeError) as e:
+        message = str(e)
+        param = message.split(" ", 1)[0]
+        if param == "min_tokens" and "max_tokens" in message and max_tokens_field != "max_tokens":
+            message = message.replace("max_tokens", max_tokens_field)
+        if param == "max_tokens" and max_tokens_field != param:  # chat's max_completion_tokens
+            message, param = message.replace("max_tokens", max_tokens_field, 1), max_tokens_field
+        raise bad_request(message, param if param in _PARAM_FIELDS else None) from None
+    # The offline API's fan-out, so a seeded request samples the same choices here and in LLM.generate. Every
+    # choice scores the prompt: an echoed choice shows its own prompt logprobs.
+    return child_params(params)
 
 
 def completion_prompts(req: CompletionRequest) -> list[str | dict]:

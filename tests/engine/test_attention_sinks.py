@@ -33,7 +33,7 @@ def check_against_reference(path, batch, outs, window: int, sinks: int) -> None:
         tokens = out.outputs[0].token_ids
         ref = masked_reference(path, ids + tokens, window, sinks)[len(ids) - 1 : -1]
         assert tokens == ref.argmax(-1).tolist()
-        got = torch.tensor([lp[t] for lp, t in zip(out.outputs[0].logprobs, tokens)])
+        got = torch.tensor([lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, tokens)])
         torch.testing.assert_close(got, ref.gather(1, torch.tensor(tokens)[:, None])[:, 0], atol=1e-4, rtol=0)
 
 

@@ -105,7 +105,8 @@ def test_stop_token_ids_max_tokens_and_logprobs(llama):
     assert len(lps) == len(out.outputs[0].token_ids) <= 4
     for lp, tok in zip(lps, out.outputs[0].token_ids):
         assert tok in lp and len(lp) >= 3
-        assert max(lp.values()) == lp[tok]  # greedy picks the most likely token
+        assert max(v.logprob for v in lp.values()) == lp[tok].logprob  # greedy picks the most likely token
+        assert lp[tok].rank == 1 and [v.rank for t, v in lp.items() if t != tok] == [2, 3]
 
 
 def test_stop_strings_cut_the_text(llama):

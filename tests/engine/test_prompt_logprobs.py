@@ -27,10 +27,15 @@ def check(out, ids: list[int], ref: torch.Tensor, k: int) -> None:
     for i in range(1, len(ids)):
         entry = got[i]
         assert next(iter(entry)) == ids[i]  # the prompt's own token first, as vLLM orders it
-        assert abs(entry[ids[i]] - ref[i - 1, ids[i]].item()) < TOL, i
+        value = ref[i - 1, ids[i]].item()
+        assert abs(entry[ids[i]].logprob - value) < TOL, i
+        # rank: the tokens at least as likely, itself included (allowing for the reference's rounding)
+        rank = entry[ids[i]].rank
+        assert int((ref[i - 1] > value + TOL).sum()) + 1 <= rank <= int((ref[i - 1] >= value - TOL).sum()), i
         top = ref[i - 1].topk(k)
-        for token, value in zip(top.indices.tolist(), top.values.tolist()):
-            assert abs(entry[token] - value) < TOL
+        for position, (token, value) in enumerate(zip(top.indices.tolist(), top.values.tolist()), start=1):
+            assert abs(entry[token].logprob - value) < TOL
+            assert entry[token].rank == position or token == ids[i]
         assert len(entry) in (k, k + 1)
 
 

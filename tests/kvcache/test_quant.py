@@ -44,5 +44,5 @@ def test_engine_on_an_8bit_latent_cache(tmp_path, kv_dtype):
         # The first token comes from a prefill over dequantized rows; its logprob moves only slightly.
         assert g.outputs[0].token_ids[0] == w.outputs[0].token_ids[0]
         first = w.outputs[0].token_ids[0]
-        assert abs(g.outputs[0].logprobs[0][first] - w.outputs[0].logprobs[0][first]) < 0.05
+        assert abs(g.outputs[0].logprobs[0][first].logprob - w.outputs[0].logprobs[0][first].logprob) < 0.05
     assert small.stats()["kv_blocks_used"] == 0

@@ -74,7 +74,7 @@ def assert_matches_reference(outs, batch: list[list[int]], folder: Path) -> None
             if want != got:
                 assert top2[0] - top2[1] < 0.05, f"prompt of {len(prompt)}: step {step} is no near-tie"
                 break
-            assert abs(out.outputs[0].logprobs[step][got] - logprobs[step, got].item()) < 0.05
+            assert abs(out.outputs[0].logprobs[step][got].logprob - logprobs[step, got].item()) < 0.05
 
 
 def test_deepseek_fp8_checkpoint_matches_transformers_on_its_dequantized_weights(checkpoints):
@@ -104,7 +104,7 @@ def test_online_fp8_quantizes_a_float_checkpoint_into_the_same_format(checkpoint
     for a, b in zip(online, stored, strict=True):  # the same weights as the checkpoint quantized offline
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         for token, x, y in zip(a.outputs[0].token_ids, a.outputs[0].logprobs, b.outputs[0].logprobs):
-            assert abs(x[token] - y[token]) < 1e-5
+            assert abs(x[token].logprob - y[token].logprob) < 1e-5
 
 
 def test_batched_chunked_and_prefix_hits_give_the_same_tokens(checkpoints):

@@ -49,7 +49,7 @@ def test_greedy_tokens_and_logprobs_match_transformers(tiny):
         ours = out.outputs[0].token_ids
         assert ours == reference_greedy(hf, prompt), f"{name}: prompt of {len(prompt)} tokens"
         want = reference_logprobs(hf, prompt, ours)
-        got = torch.tensor([lp[t] for lp, t in zip(out.outputs[0].logprobs, ours)])
+        got = torch.tensor([lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, ours)])
         torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
     assert llm.stats()["kv_blocks_used"] == 0
 

@@ -168,14 +168,21 @@ def test_logprobs_hold_top_tokens_and_sampled_token_from_raw_logits() -> None:
     out = Sampler()(logits, params, generators)
     raw = logits.float().log_softmax(dim=-1)  # raw: no temperature, no top-k/top-p
     assert out.logprobs[2] is None
-    assert out.logprobs[1] == {out.token_ids[1]: pytest.approx(raw[1, out.token_ids[1]].item())}
+    greedy = out.token_ids[1]
+    assert list(out.logprobs[1]) == [greedy]
+    assert (
+        out.logprobs[1][greedy].logprob == pytest.approx(raw[1, greedy].item())
+        and out.logprobs[1][greedy].rank == 1
+    )
     for i, k in [(0, 3), (3, 5)]:
         row = out.logprobs[i]
         top = raw[i].topk(k).indices.tolist()
         assert out.token_ids[i] in row
         assert set(top) <= set(row) and len(row) in (k, k + 1)
         for token, value in row.items():
-            assert value == pytest.approx(raw[i, token].item(), abs=1e-6)
+            assert value.logprob == pytest.approx(raw[i, token].item(), abs=1e-6)
+            # vLLM's rank: the tokens at least as likely, itself included
+            assert value.rank == int((raw[i] >= raw[i, token]).sum())
 
 
 def test_logprobs_larger_than_vocab_is_capped() -> None:

@@ -15,6 +15,7 @@ from tests.server.conftest import (
     make_engine,
     metric,
     sse_events,
+    vllm_samples,
     wait_for,
 )
 
@@ -80,4 +81,8 @@ def test_64_streams_8_disconnect_blocks_freed_and_aborts_counted(server, tiny_mo
     assert metric(page, 'mlaserve_requests_total{status="aborted"}') == NUM_DISCONNECTS
     assert metric(page, 'mlaserve_requests_total{status="ok"}') == NUM_STREAMS - NUM_DISCONNECTS
     assert metric(page, "mlaserve_http_requests_in_flight") == 0
+    # vLLM's dashboards count a hang-up as a request finished by abort.
+    vllm = vllm_samples(page)
+    assert vllm["vllm:request_success_total{finished_reason=abort}"] == NUM_DISCONNECTS
+    assert vllm["vllm:request_success_total{finished_reason=length}"] == NUM_STREAMS - NUM_DISCONNECTS
     assert wait_for(lambda: metric(httpx.get(f"{live.url}/metrics").text, "mlaserve_kv_blocks_used") == 0)

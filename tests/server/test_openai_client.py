@@ -134,7 +134,7 @@ def test_completion_logprobs(client, offline):
     tokens = offline.get_tokenizer().convert_ids_to_tokens(want.outputs[0].token_ids)
     assert lp.tokens == tokens
     for got, expect, token_id in zip(lp.token_logprobs, want.outputs[0].logprobs, want.outputs[0].token_ids):
-        assert math.isclose(got, expect[token_id], abs_tol=1e-5)
+        assert math.isclose(got, expect[token_id].logprob, abs_tol=1e-5)
     assert all(len(top) == 3 for top in lp.top_logprobs)
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
 

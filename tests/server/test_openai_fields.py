@@ -181,11 +181,11 @@ def test_echo_returns_the_prompt_and_its_logprobs(client, offline):
     assert len(lp.tokens) == n + 3 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
     for i in range(1, n):
         assert math.isclose(
-            lp.token_logprobs[i], want.prompt_logprobs[i][want.prompt_token_ids[i]], abs_tol=1e-5
+            lp.token_logprobs[i], want.prompt_logprobs[i][want.prompt_token_ids[i]].logprob, abs_tol=1e-5
         )
     generated = want.outputs[0]
     for j, token in enumerate(generated.token_ids):
-        assert math.isclose(lp.token_logprobs[n + j], generated.logprobs[j][token], abs_tol=1e-5)
+        assert math.isclose(lp.token_logprobs[n + j], generated.logprobs[j][token].logprob, abs_tol=1e-5)
     assert lp.text_offset[0] == 0 and lp.text_offset[n] == len(PROMPT)
     # max_tokens 0: the prompt alone, scored (what lm-eval's loglikelihood requests need).
     only = client.completions.create(

@@ -115,12 +115,18 @@ def test_vllm_named_metrics_count_a_request(server):
         assert grew(f"{histogram}_count") == 1, histogram
     assert grew("vllm:request_generation_tokens_sum") == 5
     assert grew("vllm:inter_token_latency_seconds_count") >= 1
+    # the older names vLLM dashboards read: the same gaps, the same usage
+    assert grew("vllm:time_per_output_token_seconds_count") == grew("vllm:inter_token_latency_seconds_count")
+    assert grew("vllm:time_per_output_token_seconds_sum") == grew("vllm:inter_token_latency_seconds_sum")
+    assert after["vllm:gpu_cache_usage_perc"] == after["vllm:kv_cache_usage_perc"]
     assert after["vllm:num_requests_running"] == 0 and after["vllm:num_requests_waiting"] == 0
     assert after["vllm:kv_cache_usage_perc"] == 0.0
     assert "vllm:prefix_cache_queries_total" in after and "vllm:num_preemptions_total" in after
     types = {f.name: f.type for f in text_string_to_metric_families(text)}
     assert types["vllm:time_to_first_token_seconds"] == "histogram"
     assert types["vllm:prompt_tokens"] == "counter" and types["vllm:kv_cache_usage_perc"] == "gauge"
+    assert types["vllm:time_per_output_token_seconds"] == "histogram"
+    assert types["vllm:gpu_cache_usage_perc"] == "gauge"
     info = next(f for f in text_string_to_metric_families(text) if f.name == "vllm:cache_config_info")
     assert info.samples[0].labels["block_size"] == str(engine.engine.config.cache.block_size)
 
