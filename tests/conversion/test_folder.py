@@ -38,7 +38,7 @@ def test_a_converted_folder_serves_as_the_load_time_conversion(llama, tmp_path, 
     for got, want in zip(run(served, batch), run(converted, batch)):
         assert got.token_ids == want.token_ids
         for step, (token, a, b) in enumerate(zip(got.token_ids, got.logprobs, want.logprobs)):
-            assert abs(a[token] - b[token]) < 1e-5, step
+            assert abs(a[token].logprob - b[token].logprob) < 1e-5, step
     with pytest.raises(ValueError, match="takes no conversion options of its own"):
         LLM(str(dst), **OPTIONS, enable_mla=True, mla_latent_dim=8)
 
@@ -110,7 +110,7 @@ def test_the_deepseek_v2_format_loads_in_transformers_with_our_tokens(tmp_path, 
     for got, out in zip(run(served, batch), want, strict=True):
         assert got.token_ids == out.token_ids
         for token, a, b in zip(got.token_ids, got.logprobs, out.logprobs, strict=True):
-            assert abs(a[token] - b[token]) < 1e-4
+            assert abs(a[token].logprob - b[token].logprob) < 1e-4
 
 
 def test_the_deepseek_v2_format_refuses_what_it_cannot_hold(llama, tmp_path, capsys):

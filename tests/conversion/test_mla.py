@@ -55,7 +55,7 @@ def test_reduced_rank_decode_and_prefill_agree(llama):
         tokens = out.outputs[0].token_ids
         scored = llm.generate([{"prompt_token_ids": ids + tokens}], params, use_tqdm=False)[0].prompt_logprobs
         for i, token in enumerate(tokens):
-            assert abs(scored[len(ids) + i][token] - out.outputs[0].logprobs[i][token]) < 1e-4
+            assert abs(scored[len(ids) + i][token].logprob - out.outputs[0].logprobs[i][token].logprob) < 1e-4
     chunked = generate(llama, enable_chunked_prefill=True, max_num_batched_tokens=16)[2]
     assert [o.outputs[0].token_ids for o in chunked] == [o.outputs[0].token_ids for o in outs]
 
@@ -97,7 +97,7 @@ def test_reduced_rank_with_a_skipped_layer_decodes_as_it_prefills(llama):
         full = ids + out.outputs[0].token_ids
         scored = llm.generate([{"prompt_token_ids": full}], params, use_tqdm=False)[0].prompt_logprobs
         for position, (token, step) in enumerate(zip(out.outputs[0].token_ids, out.outputs[0].logprobs)):
-            assert abs(scored[len(ids) + position][token] - step[token]) < 1e-3
+            assert abs(scored[len(ids) + position][token].logprob - step[token].logprob) < 1e-3
 
 
 @pytest.mark.parametrize(
