@@ -27,6 +27,14 @@ def tolerance(dtype: torch.dtype) -> float:
     return 1e-4 if dtype == torch.float32 else 3e-2
 
 
+def w8a8_tolerance(dtype: torch.dtype, want: torch.Tensor) -> dict[str, float]:
+    """A float32 W8A8 GEMM on a GPU sums its fp8 products in the tensor cores' narrower accumulator, not in
+    float32 as the reference (and the interpreter) does, so its error grows with the outputs' magnitude."""
+    if dtype == torch.float32 and GPU:
+        return {"atol": 2e-3 * want.abs().amax().item(), "rtol": 1e-3}
+    return {"atol": tolerance(dtype), "rtol": tolerance(dtype)}
+
+
 def fp8_weight(n: int, k: int, group_n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """A block-FP8 weight whose blocks span very different magnitudes, so a scale applied to the wrong block
     shows."""
@@ -88,8 +96,7 @@ def test_prefill_w8a8_matches_the_quantized_reference(device, dtype, group_n, ro
     bias = torch.randn(n, generator=gen, device=device).to(dtype)
     got = block_fp8_linear(x, w, s, group_n, bias, fuse_quant=fuse_quant)
     want = ref.linear_reference(x, w, s, group_n, bias, quantize_activations=True)
-    tol = tolerance(dtype)
-    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+    torch.testing.assert_close(got.float(), want.float(), **w8a8_tolerance(dtype, want.float()))
 
 
 @pytest.mark.parametrize("fuse_quant", [False, True])
@@ -100,7 +107,7 @@ def test_prefill_with_power_of_two_scales(device, fuse_quant):
     q, qs = ref.quantize_per_token_group(x, pow2_scale=True)
     want = F.linear(q.float() * qs.repeat_interleave(128, dim=-1)[:, :300], ref.dequantize(w, s, 128))
     got = block_fp8_linear(x, w, s, 128, fuse_quant=fuse_quant, pow2_scale=True)
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got, want, **w8a8_tolerance(torch.float32, want))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
