@@ -23,6 +23,15 @@ def tolerance(dtype: torch.dtype) -> float:
     return 1e-4 if dtype == torch.float32 else 3e-2
 
 
+def bf16_aware_tolerance(dtype: torch.dtype, want: torch.Tensor) -> dict[str, float]:
+    """The kernels hand the gated activations from one GEMM to the next in x's dtype. Blocks two decades apart
+    make those activations large, so in bf16 (8-bit mantissa) their rounding reaches small outputs as an absolute
+    error of about a bf16 step at the largest output's scale."""
+    tol = tolerance(dtype)
+    atol = max(tol, 2**-7 * want.abs().amax().item()) if dtype == torch.bfloat16 else tol
+    return {"atol": atol, "rtol": tol}
+
+
 def fp8_experts(experts: int, group_n: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
     """(w13, w13_scale, w2, w2_scale): fp8 experts whose blocks span two decades, so a misplaced scale shows."""
     dev = gen.device
@@ -56,8 +65,8 @@ def test_fp8_experts_match_the_dequantized_reference(device, dtype, group_n, tok
         x.float(), dequantize(w13, s13, group_n), dequantize(w2, s2, group_n), weights, ids, F.silu
     )
     got = fused_experts(x, w13, w2, weights, ids, F.silu, block_m, shared, s13, s2, group_n)
-    tol = tolerance(dtype)
-    torch.testing.assert_close(got.float(), want + shared.float(), atol=tol, rtol=tol)
+    want = want + shared.float()
+    torch.testing.assert_close(got.float(), want, **bf16_aware_tolerance(dtype, want))
 
 
 @pytest.mark.parametrize("group_n", [1, 128])
