@@ -71,6 +71,7 @@ def test_tokens_and_logprobs_equal_transformers(model):
     assert llm.stats()["kv_blocks_used"] == 0
 
 
+@pytest.mark.slow  # 4,096 decode steps of the torch reference attention: minutes a config on CPU
 def test_a_4096_token_generation_holds_what_kv_bytes_per_token_says(model):
     path, cfg = model
     block_size, step = 16, 64
