@@ -1,5 +1,6 @@
-"""Block tables for every cache group of a model (full latent, later sliding window, compressed, indexer
-keys), all drawing from one BlockPool. The scheduler talks only to KVCacheManager."""
+"""Block tables for every cache group of a model (full latent, sliding window, compressed entries), drawing from one
+BlockPool shared by the groups or from a pool per group (groups whose pages differ in size: DeepSeek-V4's windows and
+compressed entries). The scheduler talks only to KVCacheManager."""
 
 from __future__ import annotations
 
@@ -209,12 +210,17 @@ MANAGER_KINDS: dict[str, type[SingleTypeManager]] = {
 
 
 class KVCacheManager:
-    """Allocates, prefix-caches and frees the blocks of every cache group for each request."""
+    """Allocates, prefix-caches and frees the blocks of every cache group for each request.
+
+    num_blocks as an int: one pool that every group draws from (every layer's tensor has a row per block id). As a
+    list, one per group: each group has a pool of its own, so a group's block ids index only its own tensors and its
+    pages can be sized to its own layers' rows; a request is admitted when every pool can give its group's blocks.
+    """
 
     def __init__(
         self,
         groups: list[CacheGroupSpec],
-        num_blocks: int,
+        num_blocks: int | list[int],
         enable_caching: bool,
         max_chunk_tokens: int | None = None,
     ) -> None:
@@ -225,8 +231,20 @@ class KVCacheManager:
             raise ValueError(f"CacheGroupSpec.group_id must be unique across groups, got {group_ids}")
         self.groups = list(groups)
         self.enable_caching = enable_caching
-        self.block_pool = BlockPool(num_blocks, enable_caching)
-        self.managers = [MANAGER_KINDS[g.kind](g, self.block_pool, max_chunk_tokens) for g in self.groups]
+        if isinstance(num_blocks, list):
+            if len(num_blocks) != len(groups):
+                raise ValueError(
+                    f"num_blocks needs one count per cache group ({len(groups)}), got {num_blocks}"
+                )
+            self.pools = [BlockPool(n, enable_caching) for n in num_blocks]
+        else:
+            self.pools = [BlockPool(num_blocks, enable_caching)]
+        self.block_pool = self.pools[0]  # the shared pool, or the first group's
+        group_pools = self.pools if len(self.pools) == len(groups) else self.pools * len(groups)
+        self.managers = [
+            MANAGER_KINDS[g.kind](g, pool, max_chunk_tokens)
+            for g, pool in zip(self.groups, group_pools, strict=True)
+        ]
         # A hit must end on a block boundary of every group.
         self._hit_granularity = math.lcm(*(g.block_size for g in self.groups))
         self._num_queries = 0
@@ -237,22 +255,32 @@ class KVCacheManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return self.block_pool.num_free_blocks
+        return sum(pool.num_free_blocks for pool in self.pools)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.block_pool.num_used_blocks
+        return sum(pool.num_used_blocks for pool in self.pools)
 
     @property
     def num_total_blocks(self) -> int:
-        return self.block_pool.num_blocks - 1
+        return sum(pool.num_blocks - 1 for pool in self.pools)
 
     @property
     def usage(self) -> float:
-        return self.block_pool.usage
+        """The fullest pool's share in use: the one that refuses the next request first."""
+        return max(pool.usage for pool in self.pools)
 
     def max_blocks_per_request(self, num_tokens: int) -> int:
         return sum(m.max_blocks_per_request(num_tokens) for m in self.managers)
+
+    def shortfall(self, num_tokens: int) -> list[tuple[int, int]]:
+        """(blocks needed, usable blocks) of each pool that cannot hold one request of num_tokens tokens alone."""
+        out = []
+        for pool in self.pools:
+            needed = sum(m.max_blocks_per_request(num_tokens) for m in self.managers if m.pool is pool)
+            if needed > pool.num_blocks - 1:
+                out.append((needed, pool.num_blocks - 1))
+        return out
 
     def get_computed_blocks(self, request: Request) -> tuple[list[list[KVBlock]], int]:
         """Longest prefix-cache hit per group (not yet touched) and the number of tokens it covers.
@@ -314,16 +342,18 @@ class KVCacheManager:
         # Giving back out-of-window blocks first is safe even if we then fail: nobody needs them.
         for manager in self.managers:
             manager.remove_skipped_blocks(request_id, num_computed)
-        needed = 0
+        needed = dict.fromkeys(map(id, self.pools), 0)
         for i, manager in enumerate(self.managers):
-            needed += manager.num_blocks_to_allocate(request_id, num_tokens, hits[i] if hits else ())
-        if needed > self.block_pool.num_free_blocks:
+            needed[id(manager.pool)] += manager.num_blocks_to_allocate(
+                request_id, num_tokens, hits[i] if hits else ()
+            )
+        if any(needed[id(pool)] > pool.num_free_blocks for pool in self.pools):
             return None
         if hits:
             # Touch every group's hits before allocating anything, or an allocation could evict a hit.
             for manager, group_hits in zip(self.managers, hits, strict=True):
                 if group_hits:
-                    self.block_pool.touch(group_hits)
+                    manager.pool.touch(group_hits)
                     manager.add_computed_blocks(request_id, group_hits)
         for manager in self.managers:
             manager.allocate_new_blocks(request_id, num_tokens)
@@ -369,11 +399,14 @@ class KVCacheManager:
         return [m.block_ids(request_id) for m in self.managers]
 
     def blocks_per_group(self) -> list[int]:
-        """Blocks each group's tables hold now (one pool serves them all)."""
+        """Blocks each group's tables hold now."""
         return [m.num_held_blocks for m in self.managers]
 
     def prefix_cache_stats(self) -> dict[str, int]:
         return {"queries": self._num_queries, "hits": self._num_hits}
 
     def reset_prefix_cache(self) -> bool:
-        return self.block_pool.reset_prefix_cache()
+        # All pools or none: a half-reset cache would still hit on the other pools' old hashes.
+        if any(pool.num_used_blocks for pool in self.pools):
+            return False
+        return all([pool.reset_prefix_cache() for pool in self.pools])

@@ -102,7 +102,14 @@ class Executor:
         self.max_num_batched_tokens = step_token_budget(config.scheduler, max_len)
         block_size = config.cache.block_size
         self.kv_cache: KVCache = build_kv_cache(
-            config.cache, self.model, dtype, max_len, self.max_num_batched_tokens, self.device, self.parallel
+            config.cache,
+            self.model,
+            dtype,
+            max_len,
+            self.max_num_batched_tokens,
+            self.device,
+            self.parallel,
+            config.scheduler.max_num_seqs,
         )
         self.attention_kernel = attention_kernel(
             self.backend, self.model, self.kv_cache.dtype, block_size, self.device, dtype
@@ -224,7 +231,7 @@ class Executor:
         stats = {
             "kv_cache_groups": cache.group_descriptions(),
             "kv_bytes_per_token": cache.bytes_per_token,
-            "kv_capacity_tokens": cache.num_blocks * cache.block_size,
+            "kv_capacity_tokens": cache.capacity_tokens,
             "block_size": cache.block_size,
             "attention_backend": self.backend.name,
             "attention_kernel": self.attention_kernel,

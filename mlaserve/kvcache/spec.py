@@ -48,6 +48,13 @@ class LayerCacheSpec:
     sinks: int = 0  # with a window: the sequence's first `sinks` tokens stay visible (attention sinks)
     # DeepSeek-V3.2: an indexer key of this width per token, kept in the same blocks as the latent row.
     index_head_dim: int | None = None
+    # DeepSeek-V4: one compressed entry of this width per `entry_ratio` tokens, in the entry group of that ratio
+    # (KVCacheSpec.entry_rules), stored apart from the layer's per-token rows.
+    entry_dim: int = 0
+    entry_ratio: int | None = None
+
+    def entry_bytes(self, dtype: torch.dtype) -> int:
+        return row_width(self.entry_dim, dtype) * dtype.itemsize if self.entry_dim else 0
 
     def index_bytes_per_token(self, dtype: torch.dtype) -> int:
         return row_width(self.index_head_dim, dtype) * dtype.itemsize if self.index_head_dim else 0
@@ -66,20 +73,43 @@ class KVCacheSpec:
     is_mla: bool
     # Elements per token per layer that per-head K/V would cache (MLA models only): heads x (qk_head + v_head).
     mha_elements_per_layer: int = 0
-    # Groups of compressed entries the model makes itself (DeepSeek-V4), after the layers' own groups. Each layer's
-    # cache tensor serves every group: an entry is stored in its layer's tensor at a slot of its group's blocks.
+    # Groups of compressed entries the model makes itself (DeepSeek-V4), after the layers' own groups. Such a spec
+    # has a block pool per group: a layer keeps its rows in a tensor of its own group's blocks and its entries in
+    # one of its entry group's blocks, each page as wide as what its layers store.
     entry_rules: tuple[AttentionRule, ...] = ()
+
+    @property
+    def pool_per_group(self) -> bool:
+        return bool(self.entry_rules)
+
+    def entry_group(self, layer: LayerCacheSpec) -> int | None:
+        """The group of a layer's compressed entries (an index into group_rules()), None for a layer without."""
+        if layer.entry_ratio is None:
+            return None
+        rule = next(r for r in self.entry_rules if r.ratio == layer.entry_ratio)
+        return len(self.group_rules()) - len(self.entry_rules) + self.entry_rules.index(rule)
+
+    def group_slot_bytes(self, dtype: torch.dtype) -> list[int]:
+        """Bytes of one slot of each group, its layers together: a token's rows, or an entry group's entries."""
+        out = self.group_bytes_per_token(dtype)
+        for layer in self.layers:
+            group = self.entry_group(layer)
+            if group is not None:
+                out[group] += layer.entry_bytes(dtype)
+        return out
 
     def bytes_per_token(self, dtype: torch.dtype) -> int:
         """Bytes of one cache slot: a row of every layer (what a block costs, per token it holds)."""
         return sum(layer.bytes_per_token(dtype) for layer in self.layers)
 
     def context_bytes_per_token(self, dtype: torch.dtype) -> float:
-        """What the cache grows by per token of a long sequence. With entry groups, a slot per `ratio` tokens of each
-        (the windows hold a fixed number of rows per request and grow by nothing); otherwise a slot per token."""
+        """What the cache grows by per token of a long sequence. With entry groups, each group's entries (of its own
+        layers) per `ratio` tokens: the windows hold a fixed number of rows per request and grow by nothing.
+        Otherwise a slot per token."""
         if not self.entry_rules:
             return self.bytes_per_token(dtype)
-        return round(self.bytes_per_token(dtype) * sum(1 / rule.ratio for rule in self.entry_rules), 2)
+        sizes, first = self.group_slot_bytes(dtype), len(self.group_rules()) - len(self.entry_rules)
+        return round(sum(sizes[first + i] / rule.ratio for i, rule in enumerate(self.entry_rules)), 2)
 
     def mha_bytes_per_token(self, dtype: torch.dtype) -> int:
         return len(self.layers) * self.mha_elements_per_layer * dtype.itemsize

@@ -13,9 +13,10 @@ projections of its compressor and its indexer, layers/compressor.py), whose wind
 attention window and every compressor's span; its blocks go back to the pool as they leave it. Each compression rate
 has a group of its own (KVCacheSpec.entry_rules), one slot per `rate` tokens: a layer's compressed entry (then its
 indexer key) is made once, by the step that computes the entry's last token, from the rows the window group still
-holds, and stored in the layer's cache tensor at its entry slot. So a long sequence's cache grows by a slot per
-`rate` tokens of each rate, not one per token (kv_bytes_per_token says how much); every block holds rows of every
-layer, so a block of one rate's entries also reserves room in the layers that do not use it.
+holds, and stored in the layer's entry tensor at its entry slot. So a long sequence's cache grows by a slot per
+`rate` tokens of each rate, not one per token (kv_bytes_per_token says how much). Each group has a pool of its own:
+a compressing layer's cache is (rows, entries), its entries in a tensor of its entry group's blocks and only as wide
+as an entry (kv, then the indexer key), so an entry block costs only what that rate's layers store.
 """
 
 import re
@@ -124,9 +125,17 @@ class V4Attention(nn.Module):
             width += self.indexer.compressor.state_width
         return width
 
+    @property
+    def entry_width(self) -> int:
+        """Features one compressed entry stores: its kv, then its indexer key (0: a layer without entries)."""
+        if self.compressor is None:
+            return 0
+        return self.head_dim + (self.indexer.head_dim if self.indexer is not None else 0)
+
     def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
+        self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache, meta: AttentionMetadata
     ) -> torch.Tensor:
+        """kv_cache: the rows' tensor, or (rows, entries) for a compressing layer (a pool per cache group)."""
         num_tokens = hidden.shape[0]
         cos, sin = self.rotary.cos_sin(positions)
         q_resid = self.q_norm(self.wq_a(hidden))
@@ -137,15 +146,19 @@ class V4Attention(nn.Module):
             rows.append(self.compressor.state(hidden))
         if self.indexer is not None:
             rows.append(self.indexer.compressor.state(hidden))
-        write_to_cache(kv_cache, meta.slot_mapping, torch.cat(rows, dim=-1)[:, None])  # group 0: the rows
-        cached = kv_cache.view(-1, kv_cache.shape[-1])
-        entries = None
+        row_cache, entry_cache = kv_cache if self.compressor is not None else (kv_cache, None)
+        write_to_cache(row_cache, meta.slot_mapping, torch.cat(rows, dim=-1)[:, None])  # group 0: the rows
+        cached = row_cache.view(-1, row_cache.shape[-1])
+        entries = stored = None
         if self.compressor is not None and meta.groups is not None:  # None: the runner's warm-up pass
             entries = meta.groups[self.entry_group]
-            self._write_entries(kv_cache, cached, entries)
+            stored = entry_cache.view(-1, entry_cache.shape[-1])
+            self._write_entries(entry_cache, cached, entries)
         out, nd = torch.empty_like(q), meta.num_decodes
         if nd:
-            out[:nd] = self._decode(q[:nd], q_resid[:nd], hidden[:nd], positions[:nd], cached, meta, entries)
+            out[:nd] = self._decode(
+                q[:nd], q_resid[:nd], hidden[:nd], positions[:nd], cached, meta, entries, stored
+            )
         start = nd
         for i in range(nd, meta.num_seqs):
             q_len, n = meta.query_lens[i], meta.host_seq_lens[i]
@@ -153,7 +166,7 @@ class V4Attention(nn.Module):
             window = cached[slot_indices(meta.block_tables[i], n, meta.block_size, first), : self.head_dim]
             made = None
             if entries is not None and n // self.compressor.rate:
-                made = cached[
+                made = stored[
                     slot_indices(entries.block_tables[i], n // self.compressor.rate, meta.block_size)
                 ]
             part = slice(start, start + q_len)
@@ -165,9 +178,10 @@ class V4Attention(nn.Module):
         return self.wo_b(self.wo_a(out.reshape(num_tokens, self.o_groups, -1)))
 
     def _write_entries(
-        self, kv_cache: torch.Tensor, cached: torch.Tensor, entries: AttentionMetadata
+        self, entry_cache: torch.Tensor, cached: torch.Tensor, entries: AttentionMetadata
     ) -> None:
-        """The entries this step completes (and their indexer keys), from their tokens' rows, at their slots."""
+        """The entries this step completes (and their indexer keys), from their tokens' rows (cached), at their
+        slots of the entries' own tensor."""
         sources = entries.pooled_sources
         if not sources.shape[0]:
             return
@@ -177,12 +191,10 @@ class V4Attention(nn.Module):
         row = [self.compressor.pool(states[..., self.head_dim : split], valid, cos, sin)]
         if self.indexer is not None:
             row.append(self.indexer.compressor.pool(states[..., split:], valid, cos, sin))
-        row = torch.cat(row, dim=-1)
-        row = F.pad(row, (0, cached.shape[-1] - row.shape[-1]))  # an entry fills the front of its slot's row
-        write_to_cache(kv_cache, entries.slot_mapping, row[:, None])
+        write_to_cache(entry_cache, entries.slot_mapping, torch.cat(row, dim=-1)[:, None])
 
     def _decode(
-        self, q, q_resid, hidden, positions, cached, meta: AttentionMetadata, entries
+        self, q, q_resid, hidden, positions, cached, meta: AttentionMetadata, entries, stored
     ) -> torch.Tensor:
         """The decode rows [B, H, D] at once: each query over the window's kv and its complete entries, gathered
         through the tables to widths fixed by the longest context the step allows (max_model_len in a captured
@@ -198,8 +210,7 @@ class V4Attention(nn.Module):
         if count:
             e = torch.arange(count, device=q.device)
             slots = entries.block_tables[:b].long()[:, e // bs] * bs + e % bs
-            width = d + (self.indexer.head_dim if self.indexer is not None else 0)
-            made = cached[slots, :width]  # [B, count, entry (+ indexer key)]: not the rows' full width
+            made = stored[slots]  # [B, count, entry (+ indexer key)]
             complete = e[None, :] < (n // self.compressor.rate)[:, None]
             keys = torch.cat((keys, made[..., :d]), dim=1)
             visible = torch.cat(
@@ -407,7 +418,15 @@ class DeepseekV4ForCausalLM(CausalLM):
         spans = entry_spans(self.cfg)
         window = max(self.cfg.sliding_window, *spans.values())  # the rows every compressor still reads
         layers = tuple(
-            LayerCacheSpec(1, layer.attn.row_width, False, window=window) for layer in self.model.layers
+            LayerCacheSpec(
+                1,
+                layer.attn.row_width,
+                False,
+                window=window,
+                entry_dim=layer.attn.entry_width,
+                entry_ratio=layer.attn.compressor.rate if layer.attn.compressor is not None else None,
+            )
+            for layer in self.model.layers
         )
         rules = tuple(AttentionRule(window, 0, rate, span) for rate, span in spans.items())
         return KVCacheSpec(layers, is_mla=False, entry_rules=rules)

@@ -34,8 +34,8 @@ def v4(tmp_path_factory):
             enable_chunked_prefill=True, max_num_batched_tokens=13
         ),  # 13: chunks end inside windows of 4 and 8
         dict(
-            block_size=4, num_kv_blocks=48, max_num_batched_tokens=32, max_model_len=128
-        ),  # requests preempted
+            block_size=4, num_kv_blocks=13, max_num_batched_tokens=32, max_model_len=128
+        ),  # requests preempted: num_kv_blocks sizes each group's pool; the 4:1 entries' pool holds 208 tokens
     ],
     ids=["batched", "chunked", "preempted"],
 )
@@ -142,15 +142,16 @@ def test_deepseeks_own_checkpoint_names_load(v4, tmp_path):
     assert [o.outputs[0].token_ids for o in got] == want
 
 
-def test_kv_bytes_per_token_counts_a_slot_per_ratio_tokens(v4):
+def test_kv_bytes_per_token_counts_each_rates_own_entries(v4):
     llm = LLM(str(v4), **OPTIONS, num_kv_blocks=16, max_model_len=128)
     cfg = json.loads((v4 / "config.json").read_text())
     d, i = cfg["head_dim"], cfg["index_head_dim"]
-    # A slot: window kv; + the 8:1 compressor's kv and gate; + the 4:1 compressor's two series and the indexer's.
-    slot = (d + (d + 2 * d) + (d + 4 * d + 4 * i)) * 4
-    assert llm.stats()["kv_bytes_per_token"] == slot / 4 + slot / 8
-    assert llm.stats()["kv_cache_groups"][1:] == [f"pooled 1:4 of group 0: {slot} bytes/entry",
-                                                  f"pooled 1:8 of group 0: {slot} bytes/entry"]  # fmt: skip
+    # An entry of the 4:1 layer: its kv and indexer key; of the 8:1 layer: its kv. The window's rows (every layer's
+    # kv and compressor projections) are a fixed number per request and do not count.
+    sparse, heavy = (d + i) * 4, d * 4
+    assert llm.stats()["kv_bytes_per_token"] == sparse / 4 + heavy / 8
+    assert llm.stats()["kv_cache_groups"][1:] == [f"pooled 1:4 of group 0: {sparse} bytes/entry",
+                                                  f"pooled 1:8 of group 0: {heavy} bytes/entry"]  # fmt: skip
 
 
 def test_a_long_generation_holds_the_window_and_a_slot_per_ratio_tokens(v4):
