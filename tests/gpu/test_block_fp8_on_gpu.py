@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from mlaserve.kernels.block_fp8 import block_fp8_linear
 from mlaserve.kernels.fp8_quant import quantize_per_token_group
-from mlaserve.kernels.moe.dispatch import fused_experts
+from mlaserve.kernels.moe.dispatch import W8A8_PAIRS_PER_EXPERT, fused_experts
 from mlaserve.kernels.registry import BLOCK_FP8_LINEAR, FUSED_MOE
 from mlaserve.layers import block_fp8 as ref
 from mlaserve.layers.moe import experts_reference
@@ -113,7 +113,8 @@ def v3_experts(experts: int, group_n: int) -> tuple[torch.Tensor, ...]:
 @pytest.mark.parametrize("group_n", [1, 128])
 @pytest.mark.parametrize("tokens", [1, 4, 64, 512])
 def test_fp8_experts_at_v3_shapes(group_n, tokens):
-    """V3's expert widths (hidden 7168, I 2048), 16 experts, top-8: pair tiles, and sorted tiles of each height."""
+    """V3's expert widths (hidden 7168, I 2048), 16 experts, top-8: pair tiles, sorted tiles of each height, and the
+    W8A8 tiles against the reference that quantizes activations (the table's choice from W8A8_PAIRS_PER_EXPERT)."""
     experts, top_k = 16, 8
     w13, s13, w2, s2 = v3_experts(experts, group_n)
     gen = torch.Generator(device="cuda").manual_seed(tokens)
@@ -125,7 +126,13 @@ def test_fp8_experts_at_v3_shapes(group_n, tokens):
     want = experts_reference(
         x.float(), ref.dequantize(w13, s13, group_n), ref.dequantize(w2, s2, group_n), weights, ids, F.silu
     )
-    assert relative_error(fused_experts(x, w13, w2, weights, ids, F.silu, **fp8), want) < 1e-2
+    dequantized = (ref.dequantize(w13, s13, group_n), ref.dequantize(w2, s2, group_n))
+    quantized = experts_reference(x, *dequantized, weights, ids, F.silu, quantize_activations=True)
+    w8a8 = fused_experts(x, w13, w2, weights, ids, F.silu, kernel="fp8_w8a8_tiles", **fp8)
+    assert relative_error(w8a8, quantized) < 1e-2
+    table_w8a8 = tokens * top_k >= W8A8_PAIRS_PER_EXPERT * experts
+    got = fused_experts(x, w13, w2, weights, ids, F.silu, **fp8)
+    assert relative_error(got, quantized if table_w8a8 else want) < 1e-2
     for block_m in (16, 64, 128):
         got = fused_experts(x, w13, w2, weights, ids, F.silu, block_m=block_m, **fp8)
         assert relative_error(got, want) < 1e-2, block_m
