@@ -112,7 +112,17 @@ def suggestions(dense_winners: dict, moe_rows: list[dict]) -> dict:
     }
 
 
-def fp8_paths(ceilings: dict, bench_graph: Callable) -> dict:
+def fp8_paths(
+    ceilings: dict,
+    bench_graph: Callable,
+    device: str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+    dense_shapes: list[tuple[str, int, int]] = DENSE_SHAPES,
+    path_rows: tuple[int, ...] = PATH_ROWS,
+    moe_shapes: list[tuple[str, int, int, int, int]] = MOE_SHAPES,
+    moe_tokens: tuple[int, ...] = MOE_TOKENS,
+) -> dict:
+    """The section; device, dtype and the sizes are the suite's unless a CPU test shrinks them."""
     from mlaserve.kernels.block_fp8 import dense_path
     from mlaserve.kernels.fp8_torch import blockwise_check
     from mlaserve.layers.block_fp8 import dequantize, linear_reference, quantize
@@ -120,16 +130,18 @@ def fp8_paths(ceilings: dict, bench_graph: Callable) -> dict:
     if not ceilings:
         raise ValueError("the fp8_paths section needs the ceilings section in the same run")
     time_it = partial(bench_graph, **TIMING)
-    device = torch.device("cuda", torch.cuda.current_device())
-    checks = {f"group_n {g}": blockwise_check(device, g) for g in (1, 128)}
+    checks = {"skipped": "not CUDA"}
+    if device == "cuda":
+        here = torch.device("cuda", torch.cuda.current_device())
+        checks = {f"group_n {g}": blockwise_check(here, g) for g in (1, 128)}
     print("fp8_paths torch blockwise check", json.dumps(checks), flush=True)
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=device).manual_seed(0)
     dense = []
-    for name, n, k in DENSE_SHAPES:
-        w, s = quantize(torch.randn(n, k, device="cuda", generator=gen) / k**0.5)
-        bf16 = dequantize(w, s, 128).to(torch.bfloat16)
-        for rows in PATH_ROWS:
-            x = torch.randn(rows, k, device="cuda", generator=gen, dtype=torch.bfloat16)
+    for name, n, k in dense_shapes:
+        w, s = quantize(torch.randn(n, k, device=device, generator=gen) / k**0.5)
+        bf16 = dequantize(w, s, 128).to(dtype)
+        for rows in path_rows:
+            x = torch.randn(rows, k, device=device, generator=gen, dtype=dtype)
             plain = linear_reference(x, w, s, 128)
             quantized = linear_reference(x, w, s, 128, quantize_activations=True)
             paths = {"bf16": measure(partial(_bf16_linear, x, bf16), plain, time_it)}
@@ -140,27 +152,50 @@ def fp8_paths(ceilings: dict, bench_graph: Callable) -> dict:
                 paths[path] = measure(_dense_call(path, x, w, s), want, time_it)
             row = {"shape": name, "N": n, "K": k, "rows": rows, "table": dense_path(x, w, 128), "paths": paths,
                    "fastest": fastest(paths, DENSE_FP8_PATHS)}  # fmt: skip
-            if row["fastest"] is not None and "ms" in paths["bf16"]:
-                row["bf16_over_fastest"] = paths["bf16"]["ms"] / paths[row["fastest"]]["ms"]
+            if row["fastest"] is not None:
+                ms = paths[row["fastest"]]["ms"]
+                # the weight's bytes over the copy ceiling (what bounds decode), FLOPs (what bounds prefill)
+                row["fastest_pct_of_copy"] = (
+                    100 * (w.numel() + 4 * s.numel()) / ms / 1e6 / ceilings["copy_GBps"]
+                )
+                row["fastest_TFLOPs"] = 2 * rows * n * k / ms / 1e9
+                if "ms" in paths["bf16"]:
+                    row["bf16_over_fastest"] = paths["bf16"]["ms"] / ms
             if "ms" in paths.get(row["table"], {}) and "ms" in paths["bf16"]:
                 row["bf16_over_table"] = paths["bf16"]["ms"] / paths[row["table"]]["ms"]
             print(json.dumps(row), flush=True)
             dense.append(row)
         w = s = bf16 = None
-        gc.collect()
-        torch.cuda.empty_cache()
+        _release(device)
     dense_winners = winners_by_rows(dense, "rows")
-    moe = _moe_paths(gen, time_it)
+    print("fp8_paths dense winners by rows", json.dumps(dense_winners), flush=True)
+    moe = _moe_paths(gen, time_it, device, dtype, moe_shapes, moe_tokens)
+    suggested = suggestions(dense_winners, moe)
+    print("fp8_paths suggested", json.dumps(suggested), flush=True)
     return {
         "torch_blockwise_check": checks,
         "dense": dense,
         "dense_winners_by_rows": dense_winners,
         "moe": moe,
-        "suggested": suggestions(dense_winners, moe),
+        "suggested": suggested,
     }
 
 
-def _moe_paths(gen: torch.Generator, time_it: Callable) -> list[dict]:
+def _release(device: str) -> None:
+    """Memory of the shape just measured back to the device before the next is drawn."""
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _moe_paths(
+    gen: torch.Generator,
+    time_it: Callable,
+    device: str,
+    dtype: torch.dtype,
+    moe_shapes: list[tuple[str, int, int, int, int]],
+    moe_tokens: tuple[int, ...],
+) -> list[dict]:
     from mlaserve.kernels.kernel import first
     from mlaserve.kernels.moe.dispatch import MOE_KERNELS, fused_experts, pair_tiles_pay
     from mlaserve.kernels.moe.tiled import Fp8Scales
@@ -168,25 +203,25 @@ def _moe_paths(gen: torch.Generator, time_it: Callable) -> list[dict]:
     from mlaserve.layers.moe import experts_reference
 
     def experts_fp8(count: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        w = torch.empty(count, n, k, dtype=torch.float8_e4m3fn, device="cuda")
-        s = torch.empty(count, -(-n // 128), -(-k // 128), device="cuda")
-        b = torch.empty(count, n, k, dtype=torch.bfloat16, device="cuda")
+        w = torch.empty(count, n, k, dtype=torch.float8_e4m3fn, device=device)
+        s = torch.empty(count, -(-n // 128), -(-k // 128), device=device)
+        b = torch.empty(count, n, k, dtype=dtype, device=device)
         for e in range(count):  # one expert at a time: float32 draws of all of V3's would not fit beside them
-            w[e], s[e] = quantize(torch.randn(n, k, device="cuda", generator=gen) / k**0.5)
+            w[e], s[e] = quantize(torch.randn(n, k, device=device, generator=gen) / k**0.5)
             b[e] = dequantize(w[e], s[e], 128)
         return w, s, b
 
     rows = []
-    for name, experts, hidden, inter, top_k in MOE_SHAPES:
+    for name, experts, hidden, inter, top_k in moe_shapes:
         w13, s13, b13 = experts_fp8(experts, 2 * inter, hidden)
         w2, s2, b2 = experts_fp8(experts, hidden, inter)
         scales = {"w13_scale": s13, "w2_scale": s2, "group_n": 128}
-        for tokens in MOE_TOKENS:
-            x = torch.randn(tokens, hidden, device="cuda", generator=gen, dtype=torch.bfloat16)
+        for tokens in moe_tokens:
+            x = torch.randn(tokens, hidden, device=device, generator=gen, dtype=dtype)
             ids = torch.stack(
-                [torch.randperm(experts, device="cuda", generator=gen)[:top_k] for _ in range(tokens)]
+                [torch.randperm(experts, device=device, generator=gen)[:top_k] for _ in range(tokens)]
             )
-            weights = torch.rand(tokens, top_k, device="cuda", generator=gen)
+            weights = torch.rand(tokens, top_k, device=device, generator=gen)
             route = (x, w13, w2, weights, ids, F.silu)
             w8a16 = "pair_tiles" if pair_tiles_pay(ids.numel(), experts) else "sorted_tiles"
             calls = {
@@ -209,6 +244,5 @@ def _moe_paths(gen: torch.Generator, time_it: Callable) -> list[dict]:
             print(json.dumps(row), flush=True)
             rows.append(row)
         w13 = w2 = b13 = b2 = s13 = s2 = scales = None  # before the next shape's experts are drawn
-        gc.collect()
-        torch.cuda.empty_cache()
+        _release(device)
     return rows

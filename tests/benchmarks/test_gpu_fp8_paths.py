@@ -58,3 +58,37 @@ def test_only_paths_near_their_reference_can_be_fastest():
              "torch_blockwise": {"error": "RuntimeError: no"}, "bf16": {"ms": 0.1, "relative_error": 0.0}}  # fmt: skip
     assert section.fastest(paths, section.DENSE_FP8_PATHS) == "w8a16"
     assert section.fastest({}, section.DENSE_FP8_PATHS) is None
+
+
+def test_the_whole_section_runs_at_tiny_sizes_on_cpu(capsys):
+    """Every dense and MoE path through the section's own loop (float32 under the interpreter; torch's blockwise
+    GEMM declines on CPU and is kept with its reason), the timer stubbed: rows, winners and suggestions come out."""
+    timed = []
+
+    def bench_graph(call, **options: float) -> float:
+        timed.append(options)
+        return 1.0 + len(timed) % 3
+
+    report = section.fp8_paths(
+        {"copy_GBps": 1000.0}, bench_graph, device="cpu", dtype=torch.float32,
+        dense_shapes=[("tiny", 80, 256)], path_rows=(1, 20),
+        moe_shapes=[("tiny moe", 4, 256, 128, 2)], moe_tokens=(1, 40),
+    )  # fmt: skip
+    assert report["torch_blockwise_check"] == {"skipped": "not CUDA"}
+    assert [r["rows"] for r in report["dense"]] == [1, 20]
+    one, twenty = report["dense"]
+    assert set(one["paths"]) == {"bf16", *section.DENSE_FP8_PATHS} and "w8a16" not in twenty["paths"]
+    assert (one["table"], twenty["table"]) == ("w8a16", "w8a8")
+    assert "needs a CUDA device" in one["paths"]["torch_blockwise"]["error"]
+    for row in report["dense"]:
+        for path, result in row["paths"].items():
+            assert "error" in result or result["relative_error"] < 1e-3, (row["rows"], path, result)
+        assert row["fastest"] in section.DENSE_FP8_PATHS
+    assert [r["tokens"] for r in report["moe"]] == [1, 40]
+    for row in report["moe"]:
+        assert set(row["paths"]) == set(section.MOE_PATHS) and row["checked_against"] == "reference"
+        for path, result in row["paths"].items():
+            assert result["relative_error"] < 1e-3, (row["tokens"], path, result)
+    assert set(report["suggested"]) >= {"W8A16_MAX_ROWS", "W8A8_PAIRS_PER_EXPERT"}
+    assert all(options == section.TIMING for options in timed)
+    assert "fp8_paths suggested" in capsys.readouterr().out
