@@ -2,9 +2,10 @@
 Triton kernels for CUDA; registry.BLOCK_FP8_LINEAR says where they run.
 
 The paths, chosen by row count (dense_path; the constants below are what the fp8_paths section of the GPU suite,
-benchmarks/gpu_fp8.py, measures and sets):
+benchmarks/gpu_fp8_paths.py, measures and sets):
 - w8a16: decode batches (up to W8A16_MAX_ROWS) stream the fp8 weight through fp8_decode.py's kernels; x stays in
-  its dtype and only the weight is widened, in registers.
+  its dtype and only the weight is widened, in registers. The kernels take any row count (taller row tiles past
+  16 rows), so a measurement may move the threshold up.
 - w8a8: fp8_prefill.py's GEMM: x quantized per token in groups of 128 columns (fp8_quant.py, or inside the GEMM with
   fuse_quant) and the dot on fp8 operands.
 - torch_blockwise: the same product through torch._scaled_mm's blockwise scaling (fp8_torch.py), where this torch
@@ -30,7 +31,7 @@ __all__ = ["block_fp8_linear", "dense_path", "quantize_per_token_group"]
 
 W8A16, W8A8, TORCH_BLOCKWISE, DEQUANT_CUBLAS = "w8a16", "w8a8", "torch_blockwise", "dequant_cublas"
 DENSE_PATHS = (W8A16, W8A8, TORCH_BLOCKWISE, DEQUANT_CUBLAS)
-# Up to this many rows x stays in its dtype (w8a16); fp8_decode.py's kernels take one 16-row tile at most.
+# Up to this many rows x stays in its dtype (w8a16): one 16-row tile of fp8_decode.py's tile kernel.
 W8A16_MAX_ROWS = SKINNY_MAX_ROWS
 # From this many rows torch's blockwise-scaled GEMM replaces the W8A8 Triton GEMM where its check passed; None:
 # never. Off until fp8_paths has timed it against the Triton GEMM on the GPU the engine serves from.
@@ -113,8 +114,6 @@ def block_fp8_linear(
         return out.zero_() if bias is None else out.copy_(bias.expand(rows, n))
     path = path or dense_path(x, weight, group_n)
     if path == W8A16:
-        if rows > W8A16_MAX_ROWS:
-            raise ValueError(f"block_fp8_linear: w8a16 takes up to {W8A16_MAX_ROWS} rows, not {rows}")
         return w8a16_linear(x, weight, scale, group_n, bias, out, tile)
     if path == TORCH_BLOCKWISE:
         layout = torch_blockwise_layout(x, weight, group_n)

@@ -98,7 +98,7 @@ def _run_check(device: torch.device, group_n: int) -> str:
     for layout in LAYOUTS:
         try:
             got = torch_blockwise_linear(x, weight, scale, group_n, layout=layout).float()
-        except (RuntimeError, ValueError) as error:  # torch's refusals of an unsupported scaling
+        except Exception as error:  # noqa: BLE001 - however this torch refuses, the path stays off
             reasons.append(f"{layout}: {str(error).splitlines()[0]}")
             continue
         error = ((got - want).abs().max() / want.abs().max()).item()

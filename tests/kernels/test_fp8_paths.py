@@ -82,8 +82,6 @@ def test_forced_paths_that_cannot_take_a_call_say_why():
     assert torch_blockwise_problem(torch.zeros(32, 256).bfloat16(), w, 128) == "needs a CUDA device"
     with pytest.raises(ValueError, match="torch_blockwise cannot take this call: needs a CUDA device"):
         block_fp8_linear(torch.zeros(32, 256), w, s, 128, path="torch_blockwise")
-    with pytest.raises(ValueError, match="w8a16 takes up to 16 rows, not 17"):
-        block_fp8_linear(torch.zeros(17, 256), w, s, 128, path="w8a16")
     with pytest.raises(ValueError, match="path 'fast'"):
         block_fp8_linear(torch.zeros(17, 256), w, s, 128, path="fast")
 
@@ -103,3 +101,18 @@ def test_torch_blockwise_path_matches_the_quantized_reference(group_n, rows):
     got = block_fp8_linear(x, w, s, group_n, path="torch_blockwise")
     want = ref.linear_reference(x, w, s, group_n, quantize_activations=True).float()
     torch.testing.assert_close(got.float(), want, atol=2e-2 * want.abs().max().item(), rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("group_n", [1, 128])
+@pytest.mark.parametrize("rows", [17, 40, 130])
+def test_w8a16_past_one_tile_matches_the_reference(device, dtype, group_n, rows):
+    """The decode tile kernel in 32- and 64-row tiles, several row blocks: x as is, so the unquantized reference."""
+    gen = torch.Generator(device=device).manual_seed(rows + group_n)
+    w, s = fp8_weight(200, 300, group_n, gen)
+    x = torch.randn(rows, 300, generator=gen, device=device).to(dtype)
+    bias = torch.randn(200, generator=gen, device=device).to(dtype)
+    got = block_fp8_linear(x, w, s, group_n, bias, path="w8a16")
+    want = ref.linear_reference(x.float(), w, s, group_n, bias.float())
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
