@@ -5,7 +5,9 @@ from one run.
 Dense, each of gpu_fp8.DENSE_SHAPES at rows 1 to 4,096: w8a16 (the decode kernels, to 128 rows), w8a8 (the Triton
 GEMM; and w8a8_fused_quant, quantizing inside it), torch_blockwise (torch._scaled_mm's blockwise scaling, where this
 torch and GPU pass its check), dequant_cublas (the weight dequantized per call, then cuBLAS), and bf16 weights as
-the yardstick. Fused MoE at gpu_fp8.MOE_SHAPES, 1 to 4,096 tokens: bf16 experts, fp8 W8A16 tiles, fp8 W8A8 tiles.
+the yardstick. Fused MoE at gpu_fp8.MOE_SHAPES, 1 to 4,096 tokens: bf16 experts, fp8 W8A16 tiles, fp8 W8A8 tiles,
+and (where the bf16 copy is small enough to sit in a captured graph's memory) the experts dequantized per call
+then run as bf16 experts.
 Every path is first checked against its torch reference (layers/block_fp8.linear_reference, moe.experts_reference;
 with quantized activations for the W8A8 paths) and its relative error kept; a path that raises is kept with its
 error and not timed. Then each is timed from a CUDA graph (gpu_suite.bench_graph, shorter runs than the default to
@@ -31,7 +33,11 @@ from benchmarks.gpu_fp8 import DENSE_SHAPES, MOE_SHAPES, _bf16_linear, _relative
 PATH_ROWS = (1, 4, 8, 16, 32, 64, 128, 512, 4096)
 MOE_TOKENS = (1, 8, 32, 128, 512, 4096)
 DENSE_FP8_PATHS = ("w8a16", "w8a8", "w8a8_fused_quant", "torch_blockwise", "dequant_cublas")
-MOE_PATHS = ("bf16", "fp8_w8a16", "fp8_w8a8")
+MOE_PATHS = ("bf16", "fp8_w8a16", "fp8_w8a8", "fp8_dequant_bf16")
+MOE_FP8_PATHS = MOE_PATHS[1:]
+# Dequantizing experts per call allocates their bf16 copy inside the captured graph's memory pool; past this many
+# bytes (V3's 22 GB would sit beside the bf16 experts already held) the candidate is skipped.
+MOE_DEQUANT_MAX_BYTES = 4 << 30
 W8A8_KINDS = frozenset({"w8a8", "w8a8_fused_quant", "torch_blockwise", "fp8_w8a8"})
 # A path further than this from its reference (max abs error over max abs output) is never the fastest: W8A8's
 # activation rounding is a few 1e-2 at most on these random inputs.
@@ -111,6 +117,7 @@ def suggestions(dense_winners: dict, moe_rows: list[dict]) -> dict:
         "DEQUANT_MIN_ROWS": smallest_from_which(dense_winners, "dequant_cublas"),
         "W8A8_FUSED_QUANT_MIN_ROWS": smallest_from_which(dense_winners, "w8a8_fused_quant"),
         "W8A8_PAIRS_PER_EXPERT": smallest_from_which(moe_winners, "fp8_w8a8"),
+        "MOE_DEQUANT_PAIRS_PER_EXPERT": smallest_from_which(moe_winners, "fp8_dequant_bf16"),
     }
 
 
@@ -236,11 +243,18 @@ def _moe_paths(
             if tokens <= MOE_REFERENCE_MAX_TOKENS:
                 refs = {q: experts_reference(x, b13, b2, weights, ids, F.silu, quantize_activations=q)
                         for q in (False, True)}  # fmt: skip
-            paths = {p: measure(calls[p], refs[p in W8A8_KINDS], time_it) for p in MOE_PATHS}
+            dequant_bytes = 2 * (w13.numel() + w2.numel())
+            whole_blocks = w13.shape[1] % 128 == 0 and w2.shape[1] % 128 == 0
+            if dequant_bytes <= MOE_DEQUANT_MAX_BYTES and whole_blocks:
+                calls["fp8_dequant_bf16"] = partial(_dequant_experts, x, w13, s13, w2, s2, weights, ids)
+            paths = {p: measure(calls[p], refs[p in W8A8_KINDS], time_it) for p in calls}
+            if "fp8_dequant_bf16" not in paths:
+                why = f"{dequant_bytes / 2**30:.1f} GiB of bf16 experts per call, or widths in part blocks"
+                paths["fp8_dequant_bf16"] = {"skipped": why}
             table = first(MOE_KERNELS, *route, None, Fp8Scales(s13, s2, 128)).name
             row = {"shape": name, "tokens": tokens, "pairs_per_expert": tokens * top_k / experts,
                    "checked_against": "reference" if tokens <= MOE_REFERENCE_MAX_TOKENS else "bf16 experts",
-                   "fp8_table": table, "paths": paths, "fastest_fp8": fastest(paths, ("fp8_w8a16", "fp8_w8a8"))}  # fmt: skip
+                   "fp8_table": table, "paths": paths, "fastest_fp8": fastest(paths, MOE_FP8_PATHS)}  # fmt: skip
             if row["fastest_fp8"] is not None and "ms" in paths["bf16"]:
                 row["bf16_over_fastest_fp8"] = paths["bf16"]["ms"] / paths[row["fastest_fp8"]]["ms"]
             print(json.dumps(row), flush=True)
@@ -248,3 +262,22 @@ def _moe_paths(
         w13 = w2 = b13 = b2 = s13 = s2 = scales = None  # before the next shape's experts are drawn
         _release(device)
     return rows
+
+
+def _dequant_experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    s13: torch.Tensor,
+    w2: torch.Tensor,
+    s2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+) -> torch.Tensor:
+    """The fp8 experts dequantized to x's dtype (all experts as one weight: their widths are whole 128-row blocks),
+    then the table's bf16 path."""
+    from mlaserve.kernels.fp8_dequant import dequantize_weight
+    from mlaserve.kernels.moe.dispatch import fused_experts
+
+    b13 = dequantize_weight(w13.flatten(0, 1), s13.flatten(0, 1), 128, x.dtype).view(w13.shape)
+    b2 = dequantize_weight(w2.flatten(0, 1), s2.flatten(0, 1), 128, x.dtype).view(w2.shape)
+    return fused_experts(x, b13, b2, weights, ids, F.silu)
