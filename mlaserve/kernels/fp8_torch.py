@@ -6,7 +6,8 @@ go there (never on CPU, never on a torch without torch._scaled_mm), and `blockwi
 device and scale grouping, once, against layers/block_fp8.linear_reference. The check also finds the weight scale's
 layout this torch wants: torch releases differ on whether a 128x128 scale's rows are padded to four columns. A
 device that fails the check is never used. kernels/block_fp8.py's table says from which row count it runs (off
-until measured).
+until measured). Each call lays the weight scale out as torch wants it (a small copy for one scale per weight row or
+the padded layout); were the path to win, the loader could store the scale that way once.
 """
 
 import torch
