@@ -14,6 +14,7 @@ against bf16 weights, side by side in one run.
                graphs against the torch backend run eagerly, greedy tokens and logprobs), then decode tok/s at batch
                1, 32 and 128 (decode-only steps, benchmarks/step_timer.py) and each layer part's share of an eager
                decode step (CUDA events around attention, dense MLP and MoE modules)
+  fp8_paths    every dense and MoE block-FP8 path forced at each batch size (benchmarks/gpu_fp8_paths.py)
 
     python -m benchmarks.gpu_suite --sections ceilings,fp8_kernels,fp8_engine --out benchmarks/results/h200-fp8-DATE.json
     python -m benchmarks.gpu_suite --sections fp8_v3 --out benchmarks/results/h200-fp8-v3-DATE.json

@@ -31,6 +31,9 @@ Sections:
             of the quality table: decode tok/s at batch 32 and 8,000-token contexts (benchmarks/gpu_conversion.py)
   fp8_kernels, fp8_engine, fp8_v3  DeepSeek's block-FP8 weights against bf16: the GEMMs and fused MoE, the V2-Lite
             engine (lite and mixed workloads), DeepSeek-V3's widths at 4 layers (benchmarks/gpu_fp8.py)
+  fp8_paths every block-FP8 path forced (dense: W8A16, W8A8, torch's blockwise scaled_mm, dequantize + cuBLAS; MoE:
+            W8A16 and W8A8 tiles) beside bf16 weights at rows 1 to 4,096, checked then timed; the fastest per row and
+            the table thresholds they suggest (benchmarks/gpu_fp8_paths.py; needs ceilings)
   tp        the V2-Lite shape per tensor-parallel layout the machine allows (one process; the process group of one;
             N GPUs tensor and expert parallel): greedy tokens against the first layout, decode tok/s at batch 1 and
             32, 256 x (1,000 + 100) requests/s, the collectives' share of a decode step (benchmarks/gpu_tp.py)
@@ -51,7 +54,16 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import gpu_conversion, gpu_flashinfer, gpu_fp8, gpu_mixed, gpu_sparse, gpu_tp, gpu_v4
+from benchmarks import (
+    gpu_conversion,
+    gpu_flashinfer,
+    gpu_fp8,
+    gpu_fp8_paths,
+    gpu_mixed,
+    gpu_sparse,
+    gpu_tp,
+    gpu_v4,
+)
 from benchmarks.step_timer import DecodeStepTimer
 from mlaserve.attention.torch_ref import TorchBackend
 from mlaserve.kvcache.quant import QUANTIZED, quantize_rows
@@ -139,7 +151,7 @@ def bench_dirty(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def bench_graph(fn) -> float:
+def bench_graph(fn, **bench_options: float) -> float:
     """Median milliseconds of fn replayed from a CUDA graph (as the engine runs decode): the timed span holds the
     kernels only. Eager timing of a 0.1 ms kernel also times the host's launch work whenever the host falls
     behind: three rounds of one run timed the (64, 16, 4,096) decode at 0.106-0.141 ms eagerly and 0.105 ms from a
@@ -149,7 +161,7 @@ def bench_graph(fn) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return bench(graph.replay)
+    return bench(graph.replay, **bench_options)
 
 
 def ceilings() -> dict:
@@ -524,7 +536,8 @@ def main() -> None:
                          ("fp8_kernels", lambda: gpu_fp8.fp8_kernels(ceil, bench, bench_graph)),
                          ("fp8_engine", lambda: gpu_fp8.fp8_engine(Path(tmp), ceil, lite_llm, lite_workload, timed_walls,
                                                                    lambda folder, ceil_, runs: gpu_mixed.mixed(folder, ceil_, lite_llm, V2_LITE, DecodeStepTimer, runs))),
-                         ("fp8_v3", lambda: gpu_fp8.fp8_v3(Path(tmp), DecodeStepTimer))]:  # fmt: skip
+                         ("fp8_v3", lambda: gpu_fp8.fp8_v3(Path(tmp), DecodeStepTimer)),
+                         ("fp8_paths", lambda: gpu_fp8_paths.fp8_paths(ceil, bench_graph))]:  # fmt: skip
             if name in sections:
                 t = time.perf_counter()
                 try:

@@ -1,24 +1,43 @@
 """Linear layers over block-FP8 weights as DeepSeek publishes them (layers/block_fp8.py describes the layout), as
 Triton kernels for CUDA; registry.BLOCK_FP8_LINEAR says where they run.
 
-Decode batches (up to SKINNY_MAX_ROWS rows) stream the fp8 weight through fp8_decode.py's W8A16 kernels: x stays
-in its dtype and only the weight is widened, in registers. Larger batches take fp8_prefill.py's W8A8 GEMM: x is
-quantized per token in groups of 128 columns (fp8_quant.py, or inside the GEMM with fuse_quant) and the dot runs on
-fp8 operands. Every launch is asynchronous and sized from shapes alone, so the calls can be captured in CUDA graphs.
+The paths, chosen by row count (dense_path; the constants below are what the fp8_paths section of the GPU suite,
+benchmarks/gpu_fp8_paths.py, measures and sets):
+- w8a16: decode batches (up to W8A16_MAX_ROWS) stream the fp8 weight through fp8_decode.py's kernels; x stays in
+  its dtype and only the weight is widened, in registers. The kernels take any row count (taller row tiles past
+  16 rows), so a measurement may move the threshold up.
+- w8a8: fp8_prefill.py's GEMM: x quantized per token in groups of 128 columns (fp8_quant.py, or inside the GEMM with
+  fuse_quant) and the dot on fp8 operands.
+- torch_blockwise: the same product through torch._scaled_mm's blockwise scaling (fp8_torch.py), where this torch
+  and device have it (a one-time check on the device); off until measured.
+- dequant_cublas: the weight dequantized to x's dtype for the call (fp8_dequant.py), then cuBLAS; off until measured.
+Every launch is asynchronous and sized from shapes alone, so the calls can be captured in CUDA graphs.
 
-layers/block_fp8.linear_reference is what both are tested against: as is for the W8A16 kernels, and with
-quantize_activations=True for the W8A8 GEMM.
+layers/block_fp8.linear_reference is what all are tested against: as is for w8a16 and dequant_cublas, with
+quantize_activations=True for the two W8A8 paths.
 """
 
 import torch
 
 from mlaserve.kernels.fit import GemmTile
 from mlaserve.kernels.fp8_decode import w8a16_linear
+from mlaserve.kernels.fp8_dequant import dequant_linear
 from mlaserve.kernels.fp8_prefill import w8a8_linear
 from mlaserve.kernels.fp8_quant import FP8, GROUP, quantize_per_token_group
+from mlaserve.kernels.fp8_torch import blockwise_check, torch_blockwise_linear, torch_blockwise_problem
 from mlaserve.kernels.registry import SKINNY_MAX_ROWS
 
-__all__ = ["block_fp8_linear", "quantize_per_token_group"]
+__all__ = ["block_fp8_linear", "dense_path", "quantize_per_token_group"]
+
+W8A16, W8A8, TORCH_BLOCKWISE, DEQUANT_CUBLAS = "w8a16", "w8a8", "torch_blockwise", "dequant_cublas"
+DENSE_PATHS = (W8A16, W8A8, TORCH_BLOCKWISE, DEQUANT_CUBLAS)
+# Up to this many rows x stays in its dtype (w8a16): one 16-row tile of fp8_decode.py's tile kernel.
+W8A16_MAX_ROWS = SKINNY_MAX_ROWS
+# From this many rows torch's blockwise-scaled GEMM replaces the W8A8 Triton GEMM where its check passed; None:
+# never. Off until fp8_paths has timed it against the Triton GEMM on the GPU the engine serves from.
+TORCH_BLOCKWISE_MIN_ROWS: int | None = None
+# From this many rows the weight is dequantized per call and cuBLAS multiplies (dequant_cublas); None: never.
+DEQUANT_MIN_ROWS: int | None = None
 
 
 def check_block_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, group_n: int) -> None:
@@ -39,6 +58,28 @@ def check_block_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
         )
 
 
+def torch_blockwise_layout(x: torch.Tensor, weight: torch.Tensor, group_n: int) -> str | None:
+    """The weight scale layout for torch's blockwise GEMM where it can take this call and passed its one-time
+    check on x's device; else None."""
+    if torch_blockwise_problem(x, weight, group_n) is not None:
+        return None
+    layout = blockwise_check(x.device, group_n)
+    return layout if layout in ("plain", "padded") else None
+
+
+def dense_path(x: torch.Tensor, weight: torch.Tensor, group_n: int) -> str:
+    """The path block_fp8_linear takes for a call it was not told a path for."""
+    rows = x.shape[0]
+    if rows <= W8A16_MAX_ROWS:
+        return W8A16
+    if TORCH_BLOCKWISE_MIN_ROWS is not None and rows >= TORCH_BLOCKWISE_MIN_ROWS:
+        if torch_blockwise_layout(x, weight, group_n) is not None:
+            return TORCH_BLOCKWISE
+    if DEQUANT_MIN_ROWS is not None and rows >= DEQUANT_MIN_ROWS:
+        return DEQUANT_CUBLAS
+    return W8A8
+
+
 def block_fp8_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -48,12 +89,14 @@ def block_fp8_linear(
     fuse_quant: bool = False,
     pow2_scale: bool = False,
     tile: GemmTile | None = None,
+    path: str | None = None,
 ) -> torch.Tensor:
     """x [M, K] @ dequantize(weight [N, K], scale, group_n)^T (+ bias [N]) -> [M, N] in x's dtype.
 
-    Up to SKINNY_MAX_ROWS rows x is used as is (W8A16); beyond, x goes through per-token-group FP8 first (W8A8),
-    quantized inside the GEMM with fuse_quant, with power-of-two scales with pow2_scale (ue8m0 checkpoints).
-    tile forces the decode tile kernel's tile (sweeps, tests)."""
+    The path is dense_path's unless `path` forces one of DENSE_PATHS (benchmarks, tests; ValueError where it cannot
+    take the call). Up to W8A16_MAX_ROWS rows x is used as is (W8A16); beyond, x goes through per-token-group FP8
+    first (W8A8), quantized inside the GEMM with fuse_quant, with power-of-two scales with pow2_scale (ue8m0
+    checkpoints). tile forces the decode tile kernel's tile (sweeps, tests)."""
     check_block_fp8(x, weight, scale, group_n)
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -62,11 +105,22 @@ def block_fp8_linear(
     if scale.stride(-1) != 1:
         scale = scale.contiguous()
     rows, n = x.shape[0], weight.shape[0]
+    if path is not None and path not in DENSE_PATHS:
+        raise ValueError(f"block_fp8_linear: path {path!r}, not one of {DENSE_PATHS}")
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if rows == 0 or n == 0:  # a zero-size grid is not a valid launch
         return out
     if x.shape[1] == 0:
         return out.zero_() if bias is None else out.copy_(bias.expand(rows, n))
-    if rows <= SKINNY_MAX_ROWS:
+    path = path or dense_path(x, weight, group_n)
+    if path == W8A16:
         return w8a16_linear(x, weight, scale, group_n, bias, out, tile)
+    if path == TORCH_BLOCKWISE:
+        layout = torch_blockwise_layout(x, weight, group_n)
+        if layout is None:
+            why = torch_blockwise_problem(x, weight, group_n) or blockwise_check(x.device, group_n)
+            raise ValueError(f"block_fp8_linear: torch_blockwise cannot take this call: {why}")
+        return torch_blockwise_linear(x, weight, scale, group_n, bias, pow2_scale, layout)
+    if path == DEQUANT_CUBLAS:
+        return dequant_linear(x, weight, scale, group_n, bias)
     return w8a8_linear(x, weight, scale, group_n, bias, out, fuse_quant, pow2_scale)

@@ -6,6 +6,8 @@ up to GEMV_MAX_ROWS rows `_fp8_gemv_kernel` loads blocks of a few whole weight r
 block while it sums this one) as [rows, chunks, 128] tiles, sums every input row against each 128-wide chunk in
 registers and scales the chunk sums by their [rows, chunks] scales; from 5 to 16 rows `_fp8_tile_kernel` takes all
 rows as one 16-row tensor-core tile and steps K by at most 128 (one scale column per step), scaling each step's dot.
+Past 16 rows the same tile kernel takes 32- or 64-row tiles, one program per row block and column block: a
+candidate beside the W8A8 GEMM for small batches, which block_fp8.py's table takes where measured faster.
 Activations are not quantized, so the result differs from the dequantized weight's product only by summation order.
 """
 
@@ -75,14 +77,14 @@ def gemv_blocks(n: int, k: int) -> tuple[int, int]:
 def _fp8_tile_kernel(
     X, W, S, Bias, Out, M, N, K, stride_xm, stride_wn, stride_sn, stride_om,
     GROUP_N: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SCALE_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+    SCALE_K: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_enter(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
-    m = tl.arange(0, 16)
+    m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = m < M
-    acc = tl.zeros([16, BLOCK_N], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     w_cols = W + n[None, :].to(tl.int64) * stride_wn  # int64: an LM head's rows times K pass 2**31
     s_cols = S + (n // GROUP_N).to(tl.int64) * stride_sn
     for k0 in range(0, K, BLOCK_K):  # BLOCK_K divides SCALE_K: each step lies in one scale column
@@ -101,20 +103,30 @@ def _fp8_tile_kernel(
     )
 
 
-def tile_for(n: int) -> GemmTile:
-    """skinny.py's tiles with K steps of one scale column: 16 output columns, 64 for LM-head widths."""
+def tile_for(n: int, block_m: int = SKINNY_MAX_ROWS) -> GemmTile:
+    """skinny.py's tiles with K steps of one scale column: 16 output columns, 64 for LM-head widths; 64 columns
+    for row tiles taller than 16, where more rows share each weight tile."""
     if n >= LM_HEAD_WIDTH:
         return GemmTile(64, SCALE_K, 4, 4)
+    if block_m > SKINNY_MAX_ROWS:
+        return GemmTile(64, SCALE_K, 4, 3)
     return GemmTile(16, SCALE_K, 4, 4)
 
 
+def block_m_for(rows: int) -> int:
+    """Rows per tile: one 16-row tile up to 16 rows, 32 up to 32, 64 beyond."""
+    return min(64, max(SKINNY_MAX_ROWS, triton.next_power_of_2(rows)))
+
+
 @functools.lru_cache(maxsize=1024)
-def tile_ladder(first: GemmTile, k: int, elem_bytes: int, limit: int) -> tuple[GemmTile, ...]:
+def tile_ladder(
+    first: GemmTile, k: int, elem_bytes: int, limit: int, block_m: int = SKINNY_MAX_ROWS
+) -> tuple[GemmTile, ...]:
     """`first` with its K step no deeper than one scale column or K, then smaller tiles (each K step still divides
-    the scale column), from the first whose 16-row input tile and weight tile per stage fit `limit`; the weight
-    is counted at the input's element size, which is what it widens to."""
+    the scale column), from the first whose block_m-row input tile and weight tile per stage fit `limit`; the
+    weight is counted at the input's element size, which is what it widens to."""
     depth = min(first.block_k, SCALE_K, triton.next_power_of_2(max(k, 16)))
-    return gemm_tiles(first._replace(block_k=depth), SKINNY_MAX_ROWS, elem_bytes, 1, limit)
+    return gemm_tiles(first._replace(block_k=depth), block_m, elem_bytes, 1, limit)
 
 
 def w8a16_linear(
@@ -126,8 +138,8 @@ def w8a16_linear(
     out: torch.Tensor,
     tile: GemmTile | None = None,
 ) -> torch.Tensor:
-    """out [M <= 16, N] = x @ (weight * scale)^T (+ bias), x and weight contiguous in their last dimension; the
-    GEMV up to GEMV_MAX_ROWS rows, the tile kernel above (or whenever `tile` is given)."""
+    """out [M, N] = x @ (weight * scale)^T (+ bias), x and weight contiguous in their last dimension; the GEMV up
+    to GEMV_MAX_ROWS rows, the tile kernel above (or whenever `tile` is given), in row tiles of block_m_for(M)."""
     rows, k = x.shape
     n = weight.shape[0]
     common = (x, weight, scale, bias if bias is not None else out, out, rows, n, k)
@@ -139,13 +151,15 @@ def w8a16_linear(
             CHUNKS=chunks, SCALE_K=SCALE_K, num_warps=4, **pdl_launch(x),
         )  # fmt: skip
         return out
-    tiles = tile_ladder(GemmTile(*(tile or tile_for(n))), k, x.element_size(), shared_memory_limit(x.device))
+    block_m = block_m_for(rows)
+    first = GemmTile(*(tile or tile_for(n, block_m)))
+    tiles = tile_ladder(first, k, x.element_size(), shared_memory_limit(x.device), block_m)
 
     def launch(t: GemmTile) -> None:
-        _fp8_tile_kernel[(triton.cdiv(n, t.block_n),)](
+        _fp8_tile_kernel[(triton.cdiv(n, t.block_n), triton.cdiv(rows, block_m))](
             *common, *strides, GROUP_N=group_n, HAS_BIAS=bias is not None, BLOCK_N=t.block_n,
             BLOCK_K=t.block_k, SCALE_K=SCALE_K, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-            num_warps=t.warps, num_stages=t.stages, **pdl_launch(x),
+            BLOCK_M=block_m, num_warps=t.warps, num_stages=t.stages, **pdl_launch(x),
         )  # fmt: skip
 
     first_that_builds("fp8_w8a16", tiles, launch)

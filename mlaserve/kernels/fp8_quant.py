@@ -52,7 +52,7 @@ def quantize_rows(x, FP8_MAX: tl.constexpr, POW2: tl.constexpr):
 # The row count changes every step; specializing on it would compile mid-serving.
 @triton.jit(do_not_specialize=["M"])
 def _act_quant_kernel(
-    X, Q, S, M, K, stride_xm, stride_qm, stride_sm, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+    X, Q, S, M, K, stride_xm, stride_qm, stride_sm, stride_sg, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_G: tl.constexpr, FP8_MAX: tl.constexpr, POW2: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_enter(PDL)
@@ -66,14 +66,15 @@ def _act_quant_kernel(
     x = tl.load(X + rows * stride_xm + k[None, :], mask=ok, other=0.0).to(tl.float32)
     q, scale = quantize_rows(x, FP8_MAX, POW2)
     tl.store(Q + rows * stride_qm + k[None, :], q, mask=ok)
-    tl.store(S + m.to(tl.int64) * stride_sm + g, scale, mask=m_ok)
+    tl.store(S + m.to(tl.int64) * stride_sm + g * stride_sg, scale, mask=m_ok)
 
 
 def quantize_per_token_group(
-    x: torch.Tensor, group: int = GROUP, pow2_scale: bool = False
+    x: torch.Tensor, group: int = GROUP, pow2_scale: bool = False, column_major_scale: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp8 [M, K], float32 scale [M, ceil(K/group)]) of a 2-D float x, one scale per token per `group` columns;
-    pow2_scale rounds each scale up to a power of two (checkpoints with scale_fmt ue8m0)."""
+    pow2_scale rounds each scale up to a power of two (checkpoints with scale_fmt ue8m0). column_major_scale lays
+    the scale out with its token dimension contiguous (strides 1, M), as cuBLASLt's 1x128 block scaling reads it."""
     if x.dim() != 2:
         raise ValueError(f"quantize_per_token_group: takes 2-D x, not {tuple(x.shape)}")
     if x.stride(-1) != 1:
@@ -81,13 +82,16 @@ def quantize_per_token_group(
     rows, k = x.shape
     groups = triton.cdiv(k, group)
     q = torch.empty(rows, k, dtype=FP8, device=x.device)
-    scale = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
+    if column_major_scale:
+        scale = torch.empty(groups, rows, dtype=torch.float32, device=x.device).t()
+    else:
+        scale = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
     if rows == 0 or k == 0:
         return q, scale
     block_g = triton.next_power_of_2(group)
     block_m = max(1, min(16, 4096 // block_g))  # a few rows per program: the groups of one row are few
     _act_quant_kernel[(triton.cdiv(rows, block_m), groups)](
-        x, q, scale, rows, k, x.stride(0), q.stride(0), scale.stride(0), GROUP=group, BLOCK_M=block_m,
+        x, q, scale, rows, k, x.stride(0), q.stride(0), scale.stride(0), scale.stride(1), GROUP=group, BLOCK_M=block_m,
         BLOCK_G=block_g, FP8_MAX=FP8_MAX, POW2=pow2_scale, num_warps=4, **pdl_launch(x),
     )  # fmt: skip
     return q, scale

@@ -70,6 +70,12 @@ def quantize_per_token_group(
     return q.view(*x.shape[:-1], kb * group)[..., :k].contiguous(), scale
 
 
+def fake_quantize_per_token_group(x: torch.Tensor) -> torch.Tensor:
+    """x through per-token-group FP8 and back, in x's dtype: what a W8A8 kernel's dot sees of its activations."""
+    q, s = quantize_per_token_group(x)
+    return (q.float() * s.repeat_interleave(BLOCK_K, dim=-1)[..., : x.shape[-1]]).to(x.dtype)
+
+
 def linear_reference(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -80,9 +86,6 @@ def linear_reference(
 ) -> torch.Tensor:
     """x @ dequantize(weight)^T (+ bias) in float32, returned in x's dtype; with quantize_activations, x first
     goes through per-token-group FP8 (what a W8A8 kernel computes)."""
-    xf = x.float()
-    if quantize_activations:
-        q, s = quantize_per_token_group(x)
-        xf = q.float() * s.repeat_interleave(BLOCK_K, dim=-1)[..., : x.shape[-1]]
+    xf = (fake_quantize_per_token_group(x) if quantize_activations else x).float()
     out = F.linear(xf, dequantize(weight, scale, group_n), None if bias is None else bias.float())
     return out.to(x.dtype)

@@ -7,6 +7,8 @@ GEMM per projection runs the routed and the shared experts (SGLang's shared-expe
 MLP of three more launches per layer.
 """
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -14,7 +16,7 @@ from torch import nn
 from mlaserve.config.quantization import BlockFP8Config
 from mlaserve.kernels.registry import FUSED_MOE, GATE_LOGITS, ROUTE_GREEDY
 from mlaserve.layers.activation import get_act_fn
-from mlaserve.layers.block_fp8 import FP8, dequantize
+from mlaserve.layers.block_fp8 import FP8, dequantize, fake_quantize_per_token_group
 from mlaserve.layers.fp8_params import (
     Part,
     check_column_split,
@@ -313,10 +315,23 @@ class FusedExperts(nn.Module):
 
 
 def experts_reference(
-    x, w13, w2, weights, ids, act, w13_scale=None, w2_scale=None, group_n=128
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    act: Callable[[torch.Tensor], torch.Tensor],
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    group_n: int = 128,
+    quantize_activations: bool = False,
 ) -> torch.Tensor:
     """Tokens sorted by expert, one GEMM pair per expert that was hit; routes with id -1 (another rank's expert)
-    are skipped. With scales, w13 and w2 are block FP8, each expert dequantized as it is hit."""
+    are skipped. With scales, w13 and w2 are block FP8, each expert dequantized as it is hit. quantize_activations:
+    each GEMM's input first goes through per-token-group FP8 (x per token, the gated activations per pair), what
+    the W8A8 experts compute."""
+    if quantize_activations:
+        x = fake_quantize_per_token_group(x)
     out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32, device=x.device)
     num_experts = w13.shape[0]
     flat_ids = torch.where(
@@ -336,7 +351,8 @@ def experts_reference(
             w_in = dequantize(w_in, w13_scale[expert], group_n).to(x.dtype)
             w_out = dequantize(w_out, w2_scale[expert], group_n).to(x.dtype)
         gate, up = F.linear(x[tokens], w_in).chunk(2, dim=-1)
-        y = F.linear(act(gate) * up, w_out)
+        hidden = act(gate) * up
+        y = F.linear(fake_quantize_per_token_group(hidden) if quantize_activations else hidden, w_out)
         out.index_add_(0, tokens, y.float() * weights.flatten()[sel, None])
         start += count
     return out.to(x.dtype)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from mlaserve.kernels.block_fp8 import block_fp8_linear
 from mlaserve.kernels.fp8_quant import quantize_per_token_group
-from mlaserve.kernels.moe.dispatch import fused_experts
+from mlaserve.kernels.moe.dispatch import W8A8_PAIRS_PER_EXPERT, fused_experts
 from mlaserve.kernels.registry import BLOCK_FP8_LINEAR, FUSED_MOE
 from mlaserve.layers import block_fp8 as ref
 from mlaserve.layers.moe import experts_reference
@@ -113,7 +113,8 @@ def v3_experts(experts: int, group_n: int) -> tuple[torch.Tensor, ...]:
 @pytest.mark.parametrize("group_n", [1, 128])
 @pytest.mark.parametrize("tokens", [1, 4, 64, 512])
 def test_fp8_experts_at_v3_shapes(group_n, tokens):
-    """V3's expert widths (hidden 7168, I 2048), 16 experts, top-8: pair tiles, and sorted tiles of each height."""
+    """V3's expert widths (hidden 7168, I 2048), 16 experts, top-8: pair tiles, sorted tiles of each height, and the
+    W8A8 tiles against the reference that quantizes activations (the table's choice from W8A8_PAIRS_PER_EXPERT)."""
     experts, top_k = 16, 8
     w13, s13, w2, s2 = v3_experts(experts, group_n)
     gen = torch.Generator(device="cuda").manual_seed(tokens)
@@ -125,7 +126,13 @@ def test_fp8_experts_at_v3_shapes(group_n, tokens):
     want = experts_reference(
         x.float(), ref.dequantize(w13, s13, group_n), ref.dequantize(w2, s2, group_n), weights, ids, F.silu
     )
-    assert relative_error(fused_experts(x, w13, w2, weights, ids, F.silu, **fp8), want) < 1e-2
+    dequantized = (ref.dequantize(w13, s13, group_n), ref.dequantize(w2, s2, group_n))
+    quantized = experts_reference(x.float(), *dequantized, weights, ids, F.silu, quantize_activations=True)
+    w8a8 = fused_experts(x, w13, w2, weights, ids, F.silu, kernel="fp8_w8a8_tiles", **fp8)
+    assert relative_error(w8a8, quantized) < 1e-2
+    table_w8a8 = tokens * top_k >= W8A8_PAIRS_PER_EXPERT * experts
+    got = fused_experts(x, w13, w2, weights, ids, F.silu, **fp8)
+    assert relative_error(got, quantized if table_w8a8 else want) < 1e-2
     for block_m in (16, 64, 128):
         got = fused_experts(x, w13, w2, weights, ids, F.silu, block_m=block_m, **fp8)
         assert relative_error(got, want) < 1e-2, block_m
@@ -153,3 +160,53 @@ def test_fp8_experts_in_a_cuda_graph(tokens):
             x.float(), ref.dequantize(w13, s13, 128), ref.dequantize(w2, s2, 128), weights, ids, F.silu
         )
         assert relative_error(replay(*args), want) < 1e-2
+
+
+@pytest.mark.parametrize(
+    "path, rows", [("w8a16", 64), ("w8a16", 130), ("dequant_cublas", 256), ("torch_blockwise", 256)]
+)
+@pytest.mark.parametrize("n, k, group_n", SHAPES[:3])
+def test_forced_dense_paths_eagerly_and_in_a_cuda_graph(path, rows, n, k, group_n):
+    """The candidates fp8_paths times (kernels/block_fp8.py's table), each against its reference, and replayed
+    from a graph on a new input. torch's blockwise GEMM only where its one-time check passed on this GPU."""
+    from mlaserve.kernels.block_fp8 import torch_blockwise_layout
+
+    w, s = fp8_weight(n, k, group_n, n + k)
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    first, second = (torch.randn(rows, k, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in "ab")
+    if path == "torch_blockwise" and torch_blockwise_layout(first, w, group_n) is None:
+        pytest.skip("torch's blockwise GEMM declines this call on this torch and GPU")
+
+    def linear(x: torch.Tensor) -> torch.Tensor:
+        return block_fp8_linear(x, w, s, group_n, path=path)
+
+    replay = graphed(linear, first)
+    for x in (second, first):
+        want = ref.linear_reference(x, w, s, group_n, quantize_activations=path == "torch_blockwise")
+        assert relative_error(linear(x), want) < 1e-2
+        assert relative_error(replay(x), want) < 1e-2
+
+
+def test_w8a8_experts_in_a_cuda_graph():
+    """The W8A8 tiles at a prompt's size (both stages' activation quantization inside the graph), replayed on new
+    routes against the reference that quantizes activations."""
+    experts, top_k, tokens = 16, 8, 300
+    w13, s13, w2, s2 = v3_experts(experts, 128)
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+
+    def step(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return fused_experts(
+            x, w13, w2, weights, ids, F.silu, w13_scale=s13, w2_scale=s2, group_n=128, kernel="fp8_w8a8_tiles"
+        )
+
+    def inputs() -> tuple[torch.Tensor, ...]:
+        x = torch.randn(tokens, 7168, device="cuda", generator=gen, dtype=torch.bfloat16)
+        ids = torch.rand(tokens, experts, device="cuda", generator=gen).topk(top_k, dim=-1)[1]
+        return x, ids, torch.rand(tokens, top_k, device="cuda", generator=gen)
+
+    first, second = inputs(), inputs()
+    replay = graphed(step, *first)
+    dequantized = (ref.dequantize(w13, s13, 128), ref.dequantize(w2, s2, 128))
+    for x, ids, weights in (second, first):
+        want = experts_reference(x.float(), *dequantized, weights, ids, F.silu, quantize_activations=True)
+        assert relative_error(replay(x, ids, weights), want) < 1e-2

@@ -2,13 +2,16 @@
 
 - grouped_mm: torch's grouped GEMM over unpadded expert runs (grouped_mm.py), for long prompts in bf16: from
   GROUPED_MM_PAIRS_PER_EXPERT pairs per expert it beat the Triton GEMMs, which won below that.
+- fp8_w8a8_tiles: block-FP8 experts from W8A8_PAIRS_PER_EXPERT pairs per expert: sorted tiles whose GEMMs take
+  activations quantized per token group (tiled.w8a8_tile_experts), fp8 x fp8 on the tensor cores; below that the
+  experts' weight bytes are the cost, and the W8A16 tiles that leave x as it is are as fast and more exact.
 - pair_tiles: one pair per tile, no sort (tiled.py), where a handful of pairs spread over many experts rarely
   share an expert (small decode batches).
 - sorted_tiles: pairs sorted by expert into tiles of one expert each (tiled.py), for everything else.
 
 Each entry's supports and pays take fused_experts' arguments (with block-FP8 scales gathered into one Fp8Scales
 after `add`). moe.experts_reference (layers/) is the plain per-expert loop all of them are tested against; for
-block-FP8 experts, on layers/block_fp8.dequantize's weights.
+block-FP8 experts, on layers/block_fp8.dequantize's weights (and with quantize_activations for fp8_w8a8_tiles).
 """
 
 import functools
@@ -18,12 +21,22 @@ import torch
 
 from mlaserve.kernels.kernel import Kernel, always, first
 from mlaserve.kernels.moe.grouped_mm import grouped_mm_experts
-from mlaserve.kernels.moe.tiled import Fp8Scales, pair_tile_experts, sorted_tile_experts, sorted_tile_rows
+from mlaserve.kernels.moe.tiled import (
+    Fp8Scales,
+    pair_tile_experts,
+    sorted_tile_experts,
+    sorted_tile_rows,
+    w8a8_tile_experts,
+)
 from mlaserve.kernels.registry import expert_scales_problem
 
 # From this many (token, expert) pairs per expert torch's grouped GEMM replaces the Triton one for long prompts; the
 # two were even at about this count at V2-Lite's shape, torch's faster above and slower below it.
 GROUPED_MM_PAIRS_PER_EXPERT = 256
+# From this many pairs per expert block-FP8 experts run W8A8 (fp8_w8a8_tiles) instead of W8A16. A first guess, where
+# sorted tiles reach their tallest (128 rows) and the GEMMs stop being weight-bound; the fp8_paths section of the GPU
+# suite (benchmarks/gpu_fp8.py) times both at every batch size, and its fastest path per row is what sets this.
+W8A8_PAIRS_PER_EXPERT = 128
 
 
 def _grouped_mm_supports(
@@ -62,6 +75,23 @@ def _grouped_mm_pays(
     return ids.numel() >= GROUPED_MM_PAIRS_PER_EXPERT * w13.shape[0]
 
 
+def _w8a8_supports(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, *rest: object) -> str | None:
+    if not any(isinstance(r, Fp8Scales) for r in rest):
+        return "takes block-FP8 experts"
+    return None
+
+
+def _w8a8_pays(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    *rest: object,
+) -> bool:
+    return ids.numel() >= W8A8_PAIRS_PER_EXPERT * w13.shape[0]
+
+
 def pair_tiles_pay(num_pairs: int, num_experts: int) -> bool:
     """Whether pairs rarely share an expert: no more than one pair per four experts."""
     return num_pairs * 4 <= num_experts
@@ -84,10 +114,12 @@ def _anywhere(*args: object, **kwargs: object) -> str | None:
 
 
 GROUPED_MM = Kernel("grouped_mm", _grouped_mm_supports, grouped_mm_experts, pays=_grouped_mm_pays)
+W8A8_TILES = Kernel("fp8_w8a8_tiles", _w8a8_supports, w8a8_tile_experts, pays=_w8a8_pays)
 PAIR_TILES = Kernel("pair_tiles", _anywhere, pair_tile_experts, pays=_pair_tiles_pay)
 SORTED_TILES = Kernel("sorted_tiles", _anywhere, sorted_tile_experts, pays=always)
 MOE_KERNELS: tuple[Kernel, ...] = (
     GROUPED_MM,
+    W8A8_TILES,
     PAIR_TILES,
     SORTED_TILES,
 )  # ordered: the first that fits and pays
@@ -112,6 +144,7 @@ def fused_experts(
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     group_n: int = 128,
+    kernel: str | None = None,
 ) -> torch.Tensor:
     """Same contract as moe.experts_reference: x [T, hidden], w13 [E, 2I, hidden], w2 [E, hidden, I], weights and
     ids [T, top_k]; plus `add` ([T, hidden], e.g. the shared experts' output) added to the result in the same kernel.
@@ -119,7 +152,8 @@ def fused_experts(
     Block-FP8 experts: w13 and w2 float8_e4m3fn with float32 scales w13_scale [E, ceil(2I/group_n), ceil(hidden/128)]
     and w2_scale [E, ceil(hidden/group_n), ceil(I/128)] (layers/block_fp8.py's layout); x stays in its dtype.
 
-    block_m forces sorted tiles of that height (tests, sweeps); None lets the table choose."""
+    block_m forces W8A16 sorted tiles of that height (tests, sweeps); else kernel forces the table's entry of that
+    name wherever it supports the call (benchmarks); with neither the table chooses."""
     problem = expert_scales_problem(w13, w2, w13_scale, w2_scale, group_n)
     if problem is not None:
         raise ValueError(f"fused_experts: {problem}")
@@ -127,4 +161,11 @@ def fused_experts(
     if block_m is not None:
         return sorted_tile_experts(x, w13, w2, weights, ids, act, add, fp8, block_m)
     args = (x, w13, w2, weights, ids, act, add) + ((fp8,) if fp8 is not None else ())
-    return first(MOE_KERNELS, *args).launch(*args)
+    if kernel is None:
+        return first(MOE_KERNELS, *args).launch(*args)
+    chosen = next((k for k in MOE_KERNELS if k.name == kernel), None)
+    if chosen is None:
+        raise ValueError(f"fused_experts: kernel {kernel!r}; the table has {[k.name for k in MOE_KERNELS]}")
+    if (reason := chosen.supports(*args)) is not None:
+        raise ValueError(f"fused_experts: {kernel} {reason}")
+    return chosen.launch(*args)

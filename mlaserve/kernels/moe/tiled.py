@@ -2,7 +2,8 @@
 (sort.py), or, for a handful of pairs over many experts, one pair per tile and no sort at all. The routing stays on
 the device, so a decode step can be captured in a CUDA graph. moe.experts_reference (layers/) is the plain
 per-expert loop they are tested against. Block-FP8 expert weights come with their scales (Fp8Scales) and run
-W8A16 in the same GEMMs.
+W8A16 in the same GEMMs, or W8A8 (w8a8_tile_experts): each GEMM's input quantized per token in groups of 128
+columns first (fp8_quant.py), x once per token and the gated activations once per pair, and the dots on fp8.
 """
 
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from mlaserve.kernels.fp8_quant import GROUP, quantize_per_token_group
 from mlaserve.kernels.moe.combine import combine
 from mlaserve.kernels.moe.gated import act_and_mul
 from mlaserve.kernels.moe.grouped_gemm import grouped_gemm
@@ -49,20 +51,27 @@ def _experts(
     sorted_ids: torch.Tensor | None,
     tile_expert: torch.Tensor,
     fp8: Fp8Scales | None,
+    w8a8: bool = False,
 ) -> torch.Tensor:
     num_pairs, top_k = ids.numel(), ids.shape[1]
     group_n = fp8.group_n if fp8 is not None else 128
     up_scale, down_scale = (fp8.w13, fp8.w2) if fp8 is not None else (None, None)
     gated = act is F.silu
+    a, a_scale = quantize_per_token_group(x, GROUP) if w8a8 else (x, None)
     hidden = grouped_gemm(
-        x, w13, sorted_ids, tile_expert, num_pairs, top_k, None, block_m, gated, None, up_scale, group_n
-    )
+        a, w13, sorted_ids, tile_expert, num_pairs, top_k, None, block_m, gated, None, up_scale, group_n,
+        a_scale, x.dtype,
+    )  # fmt: skip
     if not gated:
         hidden = act_and_mul(hidden, act)
+    h_scale = None
+    if w8a8:
+        hidden, h_scale = quantize_per_token_group(hidden, GROUP)
     route = weights.flatten().float().contiguous()
     down = grouped_gemm(
-        hidden, w2, sorted_ids, tile_expert, num_pairs, 1, route, block_m, False, None, down_scale, group_n
-    )
+        hidden, w2, sorted_ids, tile_expert, num_pairs, 1, route, block_m, False, None, down_scale, group_n,
+        h_scale, x.dtype,
+    )  # fmt: skip
     return combine(down, top_k, add)
 
 
@@ -96,3 +105,21 @@ def sorted_tile_experts(
     block_m = block_m or sorted_tile_rows(ids.numel(), w13.shape[0])
     sorted_ids, tile_expert = sort_by_expert(ids, w13.shape[0], block_m)
     return _experts(x, w13, w2, weights, ids, act, add, block_m, sorted_ids, tile_expert, fp8)
+
+
+def w8a8_tile_experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    act: Callable[[torch.Tensor], torch.Tensor],
+    add: torch.Tensor | None,
+    fp8: Fp8Scales,
+    block_m: int | None = None,
+) -> torch.Tensor:
+    """sorted_tile_experts over block-FP8 experts with fp8 activations (W8A8): what a W8A8 GEMM computes, so
+    moe.experts_reference with quantize_activations=True is its reference."""
+    block_m = block_m or sorted_tile_rows(ids.numel(), w13.shape[0])
+    sorted_ids, tile_expert = sort_by_expert(ids, w13.shape[0], block_m)
+    return _experts(x, w13, w2, weights, ids, act, add, block_m, sorted_ids, tile_expert, fp8, w8a8=True)
