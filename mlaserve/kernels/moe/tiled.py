@@ -6,6 +6,7 @@ W8A16 in the same GEMMs, or W8A8 (w8a8_tile_experts): each GEMM's input quantize
 columns first (fp8_quant.py), x once per token and the gated activations once per pair, and the dots on fp8.
 """
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -99,27 +100,15 @@ def sorted_tile_experts(
     add: torch.Tensor | None = None,
     fp8: Fp8Scales | None = None,
     block_m: int | None = None,
+    w8a8: bool = False,
 ) -> torch.Tensor:
     """dispatch.fused_experts' contract over pairs sorted by expert into tiles of block_m rows (sorted_tile_rows'
-    where None)."""
+    where None). w8a8: block-FP8 experts with fp8 activations, what moe.experts_reference computes with
+    quantize_activations=True."""
     block_m = block_m or sorted_tile_rows(ids.numel(), w13.shape[0])
     sorted_ids, tile_expert = sort_by_expert(ids, w13.shape[0], block_m)
-    return _experts(x, w13, w2, weights, ids, act, add, block_m, sorted_ids, tile_expert, fp8)
+    return _experts(x, w13, w2, weights, ids, act, add, block_m, sorted_ids, tile_expert, fp8, w8a8)
 
 
-def w8a8_tile_experts(
-    x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    weights: torch.Tensor,
-    ids: torch.Tensor,
-    act: Callable[[torch.Tensor], torch.Tensor],
-    add: torch.Tensor | None,
-    fp8: Fp8Scales,
-    block_m: int | None = None,
-) -> torch.Tensor:
-    """sorted_tile_experts over block-FP8 experts with fp8 activations (W8A8): what a W8A8 GEMM computes, so
-    moe.experts_reference with quantize_activations=True is its reference."""
-    block_m = block_m or sorted_tile_rows(ids.numel(), w13.shape[0])
-    sorted_ids, tile_expert = sort_by_expert(ids, w13.shape[0], block_m)
-    return _experts(x, w13, w2, weights, ids, act, add, block_m, sorted_ids, tile_expert, fp8, w8a8=True)
+# Block-FP8 experts with fp8 activations (W8A8): the tensor cores' fp8 rate once the GEMMs are compute-bound.
+w8a8_tile_experts = functools.partial(sorted_tile_experts, w8a8=True)
