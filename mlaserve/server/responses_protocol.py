@@ -167,6 +167,7 @@ OutputItem = MessageItem | FunctionCallOutput | ReasoningItem
 
 class InputTokensDetails(BaseModel):
     cached_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 class OutputTokensDetails(BaseModel):
