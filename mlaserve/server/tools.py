@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from mlaserve.sampling_params import StructuredOutputsParams
 from mlaserve.server.errors import bad_request
 from mlaserve.server.protocol import ChatCompletionRequest, ChatMessage
+from mlaserve.server.tool_schema import closed
 
 # OpenAI's rule for function names.
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -35,9 +36,10 @@ class ToolMode:
         return self.kind in ("required", "named")
 
     def grammar(self, parallel: bool) -> StructuredOutputsParams | None:
-        """The constraint that enforces a forced mode; None for the others."""
+        """The constraint that enforces a forced mode (arguments hold only declared parameters unless the schema
+        says otherwise: tool_schema.py); None for the others."""
         if self.kind == "named":
-            return StructuredOutputsParams(json=self.parameters(self.name))
+            return StructuredOutputsParams(json=closed(self.parameters(self.name)))
         if self.kind == "required":
             return StructuredOutputsParams(json=required_schema(self.tools, parallel))
         return None
@@ -58,7 +60,7 @@ def required_schema(tools: list[dict], parallel: bool) -> dict:
             "type": "object",
             "properties": {
                 "name": {"const": tool["function"]["name"]},
-                "arguments": tool["function"].get("parameters") or _EMPTY_PARAMETERS,
+                "arguments": closed(tool["function"].get("parameters") or _EMPTY_PARAMETERS),
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,
