@@ -175,16 +175,19 @@ def tool_mode(req: ChatCompletionRequest, tools: list[dict], auto_parser: str | 
     return ToolMode(choice, tools)
 
 
-def template_message(message: ChatMessage, index: int) -> dict:
+def template_message(message: ChatMessage, index: int, arguments_as_text: bool = False) -> dict:
     """One message as Hugging Face chat templates read it: content always a string (templates concatenate it),
-    call arguments as objects (Llama's and Qwen's templates write them with tojson)."""
+    call arguments as objects (Llama's and Qwen's templates write them with tojson), or as the client's JSON text
+    for templates that join them into a string (DeepSeek's)."""
     out: dict = {"role": message.role, "content": message.text()}
     if message.name is not None:
         out["name"] = message.name
     if message.tool_calls:
         if message.role != "assistant":
             raise bad_request("only assistant messages carry tool_calls", f"messages[{index}].tool_calls")
-        out["tool_calls"] = [_template_call(c, index, j) for j, c in enumerate(message.tool_calls)]
+        out["tool_calls"] = [
+            _template_call(c, index, j, arguments_as_text) for j, c in enumerate(message.tool_calls)
+        ]
     if message.role == "tool":
         if message.tool_call_id is None:
             raise bad_request("a tool message needs tool_call_id", f"messages[{index}].tool_call_id")
@@ -194,11 +197,11 @@ def template_message(message: ChatMessage, index: int) -> dict:
     return out
 
 
-def _template_call(call: object, index: int, j: int) -> dict:
+def _template_call(call: object, index: int, j: int, as_text: bool) -> dict:
     try:
         arguments = json.loads(call.function.arguments)
     except ValueError:
         where = f"messages[{index}].tool_calls[{j}].function.arguments"
         raise bad_request(f"{where} is not valid JSON", where) from None
-    function = {"name": call.function.name, "arguments": arguments}
+    function = {"name": call.function.name, "arguments": call.function.arguments if as_text else arguments}
     return {"id": call.id, "type": "function", "function": function}
