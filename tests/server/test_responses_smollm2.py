@@ -6,10 +6,12 @@ items back, and malformed requests are 400s naming the Responses field."""
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import jsonschema
 import openai
 import pytest
+from pydantic import BaseModel, Field
 
 from mlaserve.config.engine_config import EngineConfig
 from mlaserve.engine.async_engine import AsyncEngine
@@ -39,6 +41,11 @@ TOOLS = [
 ]
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
 ASK = "What is the weather in Paris, in celsius?"
+
+
+class Weather(BaseModel):
+    city: str = Field(max_length=12)
+    unit: Literal["celsius", "fahrenheit"]
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +173,7 @@ def test_follow_up_turn_sends_the_output_items_back(client):
     assert [item.type for item in none.output] == ["message"] and none.output_text
 
 
-def test_text_format_json_schema_gives_json_that_fits(client):
+def test_text_format_json_schema_gives_json_that_fits_and_parse_reads_it(client):
     schema = {
         **WEATHER,
         "properties": {"city": {"type": "string", "maxLength": 12}, "unit": WEATHER["properties"]["unit"]},
@@ -179,6 +186,13 @@ def test_text_format_json_schema_gives_json_that_fits(client):
         temperature=0,
     )
     jsonschema.validate(json.loads(out.output_text), schema)
+    parsed = client.responses.parse(
+        model="smollm2", input=ASK, text_format=Weather, max_output_tokens=60, temperature=0
+    )
+    assert isinstance(parsed.output_parsed, Weather) and parsed.output_parsed.unit in (
+        "celsius",
+        "fahrenheit",
+    )
 
 
 @pytest.mark.parametrize(
