@@ -22,7 +22,8 @@ _RESERVED = frozenset(
 
 # Arguments joined into a string with + or ~ (DeepSeek's templates: '```json' + '\n' + tool['function']['arguments']),
 # where an object would fail; templates that write them with tojson get the object.
-_JOINS_ARGUMENTS = re.compile(r"""[+~]\s*[\w.\[\]'"]*arguments['"]?\]?|arguments['"]?\]?\s*[+~]""")
+_ARGUMENTS = r"""\w[\w.]*(?:\[['"]\w+['"]\])*(?:\.arguments|\[['"]arguments['"]\])"""
+_JOINS_ARGUMENTS = re.compile(rf"[+~]\s*{_ARGUMENTS}(?!\s*\|)|{_ARGUMENTS}\s*[+~]")
 
 
 def template_kwargs(req: ChatCompletionRequest) -> dict:

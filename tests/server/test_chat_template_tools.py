@@ -10,7 +10,7 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from mlaserve.server.chat_template import render
+from mlaserve.server.chat_template import _JOINS_ARGUMENTS, render
 from mlaserve.server.protocol import ChatCompletionRequest
 from mlaserve.server.tool_prompts import reads_tools
 from mlaserve.testing.tiny_models import save_byte_tokenizer
@@ -142,3 +142,19 @@ def test_reads_tools_looks_at_the_variable_not_the_word():
     assert reads_tools("{% if tools %}{{ tools | length }}{% endif %}")
     assert not reads_tools("{{ 'tools are listed below' }}{% for m in messages %}{{ m.content }}{% endfor %}")
     assert not reads_tools(_deepseek_style(V3_CALL))
+
+
+@pytest.mark.parametrize(
+    "snippet, joins",
+    [
+        ("'```json' + '\\n' + tool['function']['arguments'] + '\\n```'", True),  # DeepSeek-V3
+        ("tool['function']['name'] + '<sep>' + tool['function']['arguments']", True),  # DeepSeek-V3.1
+        ("'args: ' ~ tool_call.arguments", True),
+        ("{{- tool_call.arguments | tojson }}", False),  # Qwen, Llama
+        ("', \"arguments\": ' + tool_call.function.arguments|tojson", False),  # Mistral's
+        ("{{- '\"arguments\": ' + x | tojson }}", False),  # the key's name, not the value
+        ("{% if tool_call.arguments is string %}{{ tool_call.arguments }}{% endif %}", False),
+    ],
+)
+def test_arguments_go_as_text_only_to_templates_that_join_them(snippet, joins):
+    assert bool(_JOINS_ARGUMENTS.search(snippet)) == joins
