@@ -24,6 +24,8 @@ _RESERVED = frozenset(
 # where an object would fail; templates that write them with tojson get the object.
 _ARGUMENTS = r"""\w[\w.]*(?:\[['"]\w+['"]\])*(?:\.arguments|\[['"]arguments['"]\])"""
 _JOINS_ARGUMENTS = re.compile(rf"[+~]\s*{_ARGUMENTS}(?!\s*\|)|{_ARGUMENTS}\s*[+~]")
+# DeepSeek-R1's template (and its distills') writes an assistant turn's calls only when its content is None.
+_CONTENT_IS_NONE = re.compile(r"content['\"]?\]?\s+is\s+none")
 
 
 def template_kwargs(req: ChatCompletionRequest) -> dict:
@@ -39,6 +41,10 @@ def template_kwargs(req: ChatCompletionRequest) -> dict:
 def template_messages(req: ChatCompletionRequest, template: str) -> list[dict]:
     as_text = bool(_JOINS_ARGUMENTS.search(template))
     messages = [template_message(m, i, as_text) for i, m in enumerate(req.messages)]
+    if _CONTENT_IS_NONE.search(template):
+        messages = [
+            {**m, "content": None} if m.get("tool_calls") and not m["content"] else m for m in messages
+        ]
     if req.tools and not reads_tools(template):
         prompt = tools_system_prompt(req.tools, template)
         if messages and messages[0]["role"] == "system":
@@ -57,8 +63,29 @@ def render(tokenizer: object, req: ChatCompletionRequest, add_generation_prompt:
     if req.tools:
         kwargs["tools"] = req.tools
     try:
+        if any(m["content"] is None for m in messages):
+            return _render_keeping_none(tokenizer, messages, add_generation_prompt, kwargs)
         return tokenizer.apply_chat_template(
             messages, add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs
         )
     except Exception as e:  # noqa: BLE001 - a template that rejects these messages (raise_exception, ...)
         raise ValueError(f"the chat template could not render these messages: {e}") from None
+
+
+def _render_keeping_none(
+    tokenizer: object, messages: list[dict], add_generation_prompt: bool, kwargs: dict
+) -> str:
+    """apply_chat_template without its first step, which drops every None value: a template that tests
+    `content is none` then never sees None. The rest is what apply_chat_template does for tokenize=False (the
+    template chosen for these tools, the special tokens as variables)."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    tools = kwargs.pop("tools", None)
+    rendered, _ = render_jinja_template(
+        conversations=[messages],
+        tools=tools,
+        chat_template=tokenizer.get_chat_template(None, tools),
+        add_generation_prompt=add_generation_prompt,
+        **{**tokenizer.special_tokens_map, **kwargs},
+    )
+    return rendered[0]

@@ -10,7 +10,7 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from mlaserve.server.chat_template import _JOINS_ARGUMENTS, render
+from mlaserve.server.chat_template import _JOINS_ARGUMENTS, _render_keeping_none, render
 from mlaserve.server.protocol import ChatCompletionRequest
 from mlaserve.server.tool_prompts import reads_tools
 from mlaserve.testing.tiny_models import save_byte_tokenizer
@@ -34,11 +34,15 @@ _TURNS = """{%- for message in messages -%}
 {%- elif message['role'] == 'tool' -%}{{ '<OUT>' + message['content'] + '</OUT>' }}
 {%- endif -%}{%- endfor -%}{%- if add_generation_prompt -%}{{ '<A>' }}{%- endif -%}"""
 V3_CALL = "'CB' + tool['type'] + 'SEP' + tool['function']['name'] + '\\n```json\\n' + tool['function']['arguments'] + '\\n```CE'"
+# DeepSeek-R1's shape: the calls are written only for a turn whose content is None.
+R1_TURNS = _TURNS.replace("and 'tool_calls' in message", "and message['content'] is none").replace(
+    "'<A>' + message['content'] + 'TCB'", "'<A>TCB'"
+)
 V31_CALL = "'CB' + tool['function']['name'] + 'SEP' + tool['function']['arguments'] + 'CE'"
 
 
-def _deepseek_style(call: str) -> str:
-    template = _TURNS.replace("CALL", call).replace("EOS", repr(END_OF_SENTENCE))
+def _deepseek_style(call: str, turns: str = _TURNS) -> str:
+    template = turns.replace("CALL", call).replace("EOS", repr(END_OF_SENTENCE))
     for name in ("TCB", "TCE", "CB", "CE", "SEP"):  # longest names first: TCB holds CB
         template = template.replace(name, _TOKENS[name])
     return template
@@ -158,3 +162,19 @@ def test_reads_tools_looks_at_the_variable_not_the_word():
 )
 def test_arguments_go_as_text_only_to_templates_that_join_them(snippet, joins):
     assert bool(_JOINS_ARGUMENTS.search(snippet)) == joins
+
+
+def test_a_template_that_writes_calls_only_for_none_content_gets_none(tokenizer):
+    template = _deepseek_style(V3_CALL, R1_TURNS)
+    assert "message['content'] is none" in template
+    prompt = rendered(tokenizer, template)
+    assert f"<A>{TOOL_CALLS_BEGIN}{TOOL_CALL_BEGIN}function{TOOL_SEP}get_weather\n```json\n{ARGS}" in prompt
+    assert prompt.startswith("Be brief.\n\n## Tools") and prompt.endswith("<OUT>sunny</OUT><A>")
+
+
+def test_rendering_that_keeps_none_is_apply_chat_template_otherwise(tokenizer):
+    plain = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    for template in (SMOLLM2_STYLE, LLAMA_STYLE, _deepseek_style(V3_CALL)):
+        tokenizer.chat_template = template
+        want = tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False, tools=TOOLS)
+        assert _render_keeping_none(tokenizer, plain, True, {"tools": TOOLS}) == want
