@@ -16,6 +16,7 @@ from mlaserve.server.body import sequences_asked
 from mlaserve.server.chat import create_chat_completion
 from mlaserve.server.completions import create_completion
 from mlaserve.server.errors import install_error_handlers
+from mlaserve.server.responses import create_response
 from mlaserve.server.shared_count import ServerCounts
 from mlaserve.server.sse import EventStreamResponse
 from mlaserve.server.state import ServerState
@@ -85,6 +86,10 @@ def build_app(
     @v1.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await _generate(state, request, create_chat_completion)
+
+    @v1.post("/responses")
+    async def responses(request: Request) -> Response:
+        return await _generate(state, request, create_response)
 
     app.include_router(v1)
     app.include_router(tokens)

@@ -174,11 +174,12 @@ def _path_text(path: tuple) -> str:
     return _escape(text) or "the body"
 
 
-def validate(model: type[M], body: dict) -> M:
+def validate(model: type[M], body: dict, where: str = "") -> M:
+    """`where`: the path of `body` inside the request (input[2]), for a member validated on its own."""
     try:
         return model.model_validate(body)
     except ValidationError as e:
-        raise bad_request(*_describe(e)) from None
+        raise bad_request(*_describe(e, where)) from None
 
 
 _UNION_TAGS = {"str", "int", "float", "bool", "none"}
@@ -187,21 +188,24 @@ _UNION_HINTS = {
     "prompt": "a string, a list of strings, a list of token ids or a list of lists of token ids",
     "stop": "a string or a list of strings",
     "content": "a string or a list of text parts {'type': 'text', 'text': ...}",
+    "input": "a string or a list of input items",  # /v1/responses
 }
 
 
-def _describe(error: ValidationError) -> tuple[str, str | None]:
+def _describe(error: ValidationError, where: str = "") -> tuple[str, str | None]:
     """One message naming the field: union members and list indexes are dropped from pydantic's loc."""
     first = error.errors()[0]
     loc = first["loc"]
-    param = str(loc[0]) if loc else None
-    path = ""
+    param = where or (str(loc[0]) if loc else None)
+    path = where
     for part in loc:
         if isinstance(part, int):
             path += f"[{part}]"
         elif part not in _UNION_TAGS and "[" not in part and not part[:1].isupper():  # not a union member
             path += f".{part}" if path else part
     path = path or param
+    if where:  # a member checked on its own is named whole: input[2].call_id
+        param = path
     shown = repr(first.get("input"))
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     if first["type"] == "missing":

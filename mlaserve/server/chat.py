@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -38,10 +39,26 @@ from mlaserve.server.tools import tool_mode, validate_tools
 from mlaserve.tool_calls import StreamDelta, collect
 
 
-async def create_chat_completion(
-    state: ServerState, request: Request, body: dict, arrival: float
-) -> Response:
-    req = validate(ChatCompletionRequest, body)
+@dataclass
+class ChatRun:
+    """A chat request admitted to the engine: its generation, how its choices' text is read, and its ids.
+    /v1/responses runs through this too, so both endpoints share the template, tools, grammars and limits."""
+
+    req: ChatCompletionRequest
+    gen: Generation
+    parsing: OutputParsing
+    num_choices: int
+    request_id: str
+    created: int
+    model: str
+    top: int | None
+    table: list[str]
+
+
+async def start_chat(
+    state: ServerState, req: ChatCompletionRequest, arrival: float, request_id: str
+) -> ChatRun:
+    """Raises a 400 naming the field for anything the request cannot have, before the engine sees it."""
     state.check_model(req.model)
     created = int(time.time())
     if not req.messages:
@@ -69,12 +86,23 @@ async def create_chat_completion(
         getattr(tokenizer, "eos_token", None) if params[0].skip_special_tokens is False else None,
     )
     table = await state.token_texts.table() if top is not None else []
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
     gen = Generation.for_request(state, prepared, request_id, prompt_tokens, arrival)
     model = state.settings.served_model_name
+    return ChatRun(req, gen, parsing, len(prepared), request_id, created, model, top, table)
+
+
+async def create_chat_completion(
+    state: ServerState, request: Request, body: dict, arrival: float
+) -> Response:
+    req = validate(ChatCompletionRequest, body)
+    run = await start_chat(state, req, arrival, f"chatcmpl-{uuid.uuid4().hex}")
+    gen, parsing, top, table = run.gen, run.parsing, run.top, run.table
+    request_id, created, model = run.request_id, run.created, run.model
     if req.stream:
         continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
-        events = _events(gen, len(prepared), request_id, created, model, table, top or 0, continuous, parsing)
+        events = _events(
+            gen, run.num_choices, request_id, created, model, table, top or 0, continuous, parsing
+        )
         return EventStreamResponse(events, gen.close)
     try:
         results = await gen.collect(request)

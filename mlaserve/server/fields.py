@@ -36,13 +36,18 @@ NOT_SUPPORTED: dict[str, tuple[object, ...]] = {
 }
 
 
-def check_unread_fields(request: BaseModel) -> None:
-    """Raises a 400 naming the first field that would be ignored although it asks for something."""
+def check_unread_fields(
+    request: BaseModel,
+    informational: frozenset[str] = INFORMATIONAL,
+    not_supported: dict[str, tuple[object, ...]] = NOT_SUPPORTED,
+) -> None:
+    """Raises a 400 naming the first field that would be ignored although it asks for something. The tables are
+    chat's and completions'; /v1/responses passes its own."""
     for name, value in (request.model_extra or {}).items():
-        if value is None or name in INFORMATIONAL:
+        if value is None or name in informational:
             continue
-        if name in NOT_SUPPORTED:
-            if any(value == neutral and type(value) is type(neutral) for neutral in NOT_SUPPORTED[name]):
+        if name in not_supported:
+            if any(value == neutral and type(value) is type(neutral) for neutral in not_supported[name]):
                 continue
             raise bad_request(f"'{name}' is not supported by this server (got {_short(value)})", name)
         raise bad_request(f"unknown field '{name}': this server does not read it", name)

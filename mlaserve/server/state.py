@@ -16,7 +16,7 @@ from mlaserve.server.parsers import server_parsers
 from mlaserve.server.shared_count import ServerCounts
 
 _PARSE_INLINE_BYTES = 64 * 1024  # smaller bodies parse in well under a millisecond
-GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses"})
 
 
 class ServerState:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from mlaserve.sampling_params import StructuredOutputsParams
 from mlaserve.server.errors import bad_request
 from mlaserve.server.protocol import ChatCompletionRequest, ChatMessage
+from mlaserve.server.tool_schema import closed
 
 # OpenAI's rule for function names.
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -35,9 +36,10 @@ class ToolMode:
         return self.kind in ("required", "named")
 
     def grammar(self, parallel: bool) -> StructuredOutputsParams | None:
-        """The constraint that enforces a forced mode; None for the others."""
+        """The constraint that enforces a forced mode (arguments hold only declared parameters unless the schema
+        says otherwise: tool_schema.py); None for the others."""
         if self.kind == "named":
-            return StructuredOutputsParams(json=self.parameters(self.name))
+            return StructuredOutputsParams(json=closed(self.parameters(self.name)))
         if self.kind == "required":
             return StructuredOutputsParams(json=required_schema(self.tools, parallel))
         return None
@@ -58,7 +60,7 @@ def required_schema(tools: list[dict], parallel: bool) -> dict:
             "type": "object",
             "properties": {
                 "name": {"const": tool["function"]["name"]},
-                "arguments": tool["function"].get("parameters") or _EMPTY_PARAMETERS,
+                "arguments": closed(tool["function"].get("parameters") or _EMPTY_PARAMETERS),
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,
@@ -173,16 +175,19 @@ def tool_mode(req: ChatCompletionRequest, tools: list[dict], auto_parser: str | 
     return ToolMode(choice, tools)
 
 
-def template_message(message: ChatMessage, index: int) -> dict:
+def template_message(message: ChatMessage, index: int, arguments_as_text: bool = False) -> dict:
     """One message as Hugging Face chat templates read it: content always a string (templates concatenate it),
-    call arguments as objects (Llama's and Qwen's templates write them with tojson)."""
+    call arguments as objects (Llama's and Qwen's templates write them with tojson), or as the client's JSON text
+    for templates that join them into a string (DeepSeek's)."""
     out: dict = {"role": message.role, "content": message.text()}
     if message.name is not None:
         out["name"] = message.name
     if message.tool_calls:
         if message.role != "assistant":
             raise bad_request("only assistant messages carry tool_calls", f"messages[{index}].tool_calls")
-        out["tool_calls"] = [_template_call(c, index, j) for j, c in enumerate(message.tool_calls)]
+        out["tool_calls"] = [
+            _template_call(c, index, j, arguments_as_text) for j, c in enumerate(message.tool_calls)
+        ]
     if message.role == "tool":
         if message.tool_call_id is None:
             raise bad_request("a tool message needs tool_call_id", f"messages[{index}].tool_call_id")
@@ -192,11 +197,11 @@ def template_message(message: ChatMessage, index: int) -> dict:
     return out
 
 
-def _template_call(call: object, index: int, j: int) -> dict:
+def _template_call(call: object, index: int, j: int, as_text: bool) -> dict:
     try:
         arguments = json.loads(call.function.arguments)
     except ValueError:
         where = f"messages[{index}].tool_calls[{j}].function.arguments"
         raise bad_request(f"{where} is not valid JSON", where) from None
-    function = {"name": call.function.name, "arguments": arguments}
+    function = {"name": call.function.name, "arguments": call.function.arguments if as_text else arguments}
     return {"id": call.id, "type": "function", "function": function}

@@ -63,6 +63,35 @@ def test_required_schema_lists_each_tool_and_caps_parallel_calls():
     ]  # name first, for streaming
 
 
+def test_forced_call_grammars_close_objects_the_schema_leaves_open():
+    nested = {
+        "type": "object",
+        "properties": {
+            "where": {"$ref": "#/$defs/Place"},
+            "tags": {"type": "array", "items": {"type": "object", "properties": {"k": {"type": "string"}}}},
+            "extra": {"type": "object", "properties": {}, "additionalProperties": {"type": "string"}},
+            "free": {"type": "object"},
+            "both": {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]},
+        },
+        "$defs": {"Place": {"properties": {"city": {"type": "string"}}}},
+    }
+    tools = [{"type": "function", "function": {"name": "f", "parameters": nested}}]
+    original = json.dumps(nested, sort_keys=True)
+    for schema in (
+        ToolMode("named", tools, "f").grammar(True).json,
+        ToolMode("required", tools).grammar(True).json["items"]["anyOf"][0]["properties"]["arguments"],
+    ):
+        assert schema["additionalProperties"] is False
+        assert schema["$defs"]["Place"]["additionalProperties"] is False
+        assert schema["properties"]["tags"]["items"]["additionalProperties"] is False
+        assert schema["properties"]["extra"]["additionalProperties"] == {
+            "type": "string"
+        }  # said by the schema
+        assert "additionalProperties" not in schema["properties"]["free"]  # a free-form map stays one
+        assert all("additionalProperties" not in part for part in schema["properties"]["both"]["allOf"])
+    assert json.dumps(nested, sort_keys=True) == original  # the client's tools are echoed unchanged
+
+
 @pytest.mark.parametrize("starts_in_reasoning", [True, False])
 def test_reasoning_split_whole_and_streamed(starts_in_reasoning):
     reasoning = get_reasoning_parser("deepseek_r1")
