@@ -1,4 +1,5 @@
 """A chat request rendered by the model's chat template: messages, tools and the client's template variables.
+Models that publish a Python encoder instead of a template (DeepSeek-V3.2, V4) are rendered by it (encoders/).
 
 Templates that never read `tools` (SmolLM2's, DeepSeek-V3's) would leave the model blind to them, so the tool list
 is then added to the system message in the call format the template writes (tool_prompts.py).
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 
+from mlaserve.server.encoders import chat_encoder
 from mlaserve.server.errors import bad_request
 from mlaserve.server.protocol import ChatCompletionRequest
 from mlaserve.server.tool_prompts import reads_tools, tools_system_prompt
@@ -54,8 +56,29 @@ def template_messages(req: ChatCompletionRequest, template: str) -> list[dict]:
     return messages
 
 
-def render(tokenizer: object, req: ChatCompletionRequest, add_generation_prompt: bool) -> str:
-    """The prompt text; ValueError (a 400 naming messages) where the template refuses these messages."""
+def can_render(tokenizer: object, model_config: object | None = None) -> bool:
+    """Whether chat requests have a prompt writer: a chat template, or an encoder for this model."""
+    return (
+        bool(getattr(tokenizer, "chat_template", None)) or chat_encoder(tokenizer, model_config) is not None
+    )
+
+
+def render(
+    tokenizer: object,
+    req: ChatCompletionRequest,
+    add_generation_prompt: bool,
+    model_config: object | None = None,
+) -> str:
+    """The prompt text; ValueError (a 400 naming messages) where the template refuses these messages.
+    model_config: the served model's, which picks an encoder for models without a template."""
+    encoder = chat_encoder(tokenizer, model_config)
+    if encoder is not None:
+        # The encoders end every prompt where the assistant writes next: add_generation_prompt has no part there.
+        messages = [template_message(m, i, True) for i, m in enumerate(req.messages)]
+        try:
+            return encoder(messages, req.tools, template_kwargs(req))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"these messages do not fit the model's prompt format: {e}") from None
     template = tokenizer.chat_template
     template_text = template if isinstance(template, str) else json.dumps(template)
     messages = template_messages(req, template_text)

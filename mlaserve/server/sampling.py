@@ -12,7 +12,7 @@ from mlaserve.engine.intake import PreparedRequest, RequestIntake
 from mlaserve.engine.parallel_sampling import child_params
 from mlaserve.sampling.grammar_error import GrammarError
 from mlaserve.sampling_params import SamplingParams, StructuredOutputsParams
-from mlaserve.server.chat_template import render
+from mlaserve.server.chat_template import can_render, render
 from mlaserve.server.errors import OpenAIError, bad_request
 from mlaserve.server.fields import check_unread_fields
 from mlaserve.server.intake import ServerIntake
@@ -182,11 +182,11 @@ def render_chat(
 ) -> dict:
     """The chat template applied to the messages, then tokenized (on an intake thread, never the engine's)."""
     tokenizer = intake.tokenizer
-    if not getattr(tokenizer, "chat_template", None):
+    if not can_render(tokenizer, intake.model_config):
         raise ValueError(
             "this model's tokenizer has no chat template; use /v1/completions with a plain prompt"
         )
-    text = render(tokenizer, req, add_generation_prompt)
+    text = render(tokenizer, req, add_generation_prompt, intake.model_config)
     return {"prompt": text, "prompt_token_ids": intake.encode(text, add_special_tokens=False)}
 
 
