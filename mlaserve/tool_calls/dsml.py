@@ -10,9 +10,9 @@
 Each argument is its own parameter: string="true" carries a string verbatim (no JSON quoting or escaping),
 string="false" any other value as JSON. Lines are joined by single newlines.
 
-Sources: V3.2's encoder is DeepSeek's encoding/encoding_dsv32.py (also vendored in vLLM). V4's was read only in
-copies vendored by other projects (sglang, dynamo's test data), not in DeepSeek's own repository, so the V4 block
-name rests on those. Some of those copies also carry a later encoder whose tag names begin with a space
+Sources: V3.2's encoder is DeepSeek's encoding/encoding_dsv32.py (also vendored in vLLM). V4's was read in copies
+of DeepSeek's release (encoding/encoding_dsv4.py with its golden test files) and in sglang's; the prompt encoders in
+mlaserve/server/encoders/ reproduce both byte for byte. Some of those copies also carry a later encoder whose tag names begin with a space
 ("< calls>", "< invoke>", "< parameter>" after the DSML token); that variant is not confirmed and not parsed.
 """
 
