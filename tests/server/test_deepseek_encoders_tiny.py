@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -17,6 +18,7 @@ from mlaserve.loader.tokenizer import load_tokenizer
 from mlaserve.server.protocol import ChatCompletionRequest
 from mlaserve.server.sampling import render_chat
 from mlaserve.testing.tiny_models import build_tiny
+from tests.server.conftest import live_server, make_engine
 
 CASES = {
     c["name"]: c
@@ -62,3 +64,25 @@ def test_v32_checkpoint_with_a_template_uses_the_template(v32_folder: Path, tmp_
     config_file.write_text(json.dumps(config))
     req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}])
     assert render_chat(intake_for(folder), req)["prompt"] == "[hi]"
+
+
+def test_chat_completion_on_the_v32_checkpoint(v32_folder: Path) -> None:
+    """/v1/chat/completions end to end: the prompt the model reads is the encoder's (its token count says so)."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    prompt = "<｜begin▁of▁sentence｜>Be brief.<｜User｜>hi<｜Assistant｜><think>"
+    engine = make_engine(v32_folder)
+    try:
+        for live, _ in live_server(engine, served_model_name="tiny"):
+            body = {
+                "model": "tiny",
+                "messages": messages,
+                "max_tokens": 2,
+                "temperature": 0,
+                "chat_template_kwargs": {"thinking": True},
+            }
+            r = httpx.post(f"{live.url}/v1/chat/completions", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            expected = intake_for(v32_folder).tokenizer.encode(prompt, add_special_tokens=False)
+            assert r.json()["usage"]["prompt_tokens"] == len(expected)
+    finally:
+        engine.shutdown()
