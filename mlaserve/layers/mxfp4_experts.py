@@ -4,9 +4,9 @@ w13: [E, 2I, hidden / 2] (w1, the gate, rows then w3, the up projection), w2: [E
 scales [..., width / 32]. Every expert's three checkpoint tensors arrive apart (experts.N.w1 / w2 / w3, each with
 its `.scale`); each lands in its rows, so a missing one is reported by name (expected_shards).
 
-Compute: each expert the step routes to is dequantized as it runs (experts_reference), on any device, so the
-weights stay at half a byte per value in memory. A grouped GEMM that reads the packed bytes is the fast path to
-come; until then a GPU step pays the dequantization of the experts it hits.
+Compute: on a GPU, a weight-only grouped GEMM that reads the packed bytes and scales (kernels/moe/mxfp4_gemm.py);
+elsewhere each expert the step routes to is dequantized as it runs (experts_reference, the kernel's reference).
+Either way the weights stay at half a byte per value in memory.
 """
 
 from collections.abc import Hashable
@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mlaserve.kernels.registry import MXFP4_MOE
 from mlaserve.layers.mxfp4 import GROUP, as_bytes, dequantize
 from mlaserve.loader.checkpoint_slice import ShapeMismatch, read, slice_aware
 
@@ -112,7 +113,9 @@ class MXFP4Experts(nn.Module):
         target.copy_(as_bytes(tensor))
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        args = (x, self.w13, self.w13_scale, self.w2, self.w2_scale, ids, weights, self.limit)
+        kernel = MXFP4_MOE.choose(*args)  # the GPU's weight-only grouped GEMM over the packed bytes
+        if kernel is not None:
+            return kernel(*args)
         every = x.is_cuda and torch.cuda.is_current_stream_capturing()
-        return experts_reference(
-            x, self.w13, self.w13_scale, self.w2, self.w2_scale, ids, weights, self.limit, every
-        )
+        return experts_reference(*args, every_expert=every)
