@@ -158,3 +158,36 @@ def test_fp4_experts_are_refused_where_the_model_has_none(tmp_path):
     (fp8 / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="does not take MXFP4 experts"):
         LLM(str(fp8), **OPTIONS)
+
+
+def test_online_fp8_matches_transformers_on_the_weights_it_made(checkpoints, tmp_path):
+    """quantization="fp8" on V4's float checkpoint: every projection DeepSeek ships in FP8, and the experts (FP8, as
+    a block-FP8 checkpoint without expert_dtype has them), quantized on load; transformers runs what they hold."""
+    src = checkpoints["src"]
+    llm = LLM(str(src), quantization="fp8", **OPTIONS)
+    model = llm.engine.runner.model
+    made = {
+        name + ".weight": module.dequantized_weight(torch.float32)
+        for name, module in model.named_modules()
+        if getattr(module, "quant", None) is not None
+    }
+    assert any(".experts.0.w1." in name for name in made) and any(".attn.wo_a." in name for name in made)
+    ref = tmp_path / "online_ref"
+    shutil.copytree(src, ref)
+    tensors = load_file(str(ref / "model.safetensors"))
+    assert set(made) <= set(tensors)
+    save_file({**tensors, **made}, str(ref / "model.safetensors"), metadata={"format": "pt"})
+    batch = prompts(seed=5, lengths=(9, 33))
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
+    assert_matches_reference(
+        llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False), batch, ref
+    )
+
+
+def test_dummy_weights_fill_the_packed_experts(checkpoints):
+    llm = LLM(str(checkpoints["published"]), load_format="dummy", **OPTIONS)
+    experts = llm.engine.runner.model.model.layers[1].ffn.experts
+    assert experts.w13.float().std() > 0 and (experts.w13_scale == 127 - 8).all()
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=0)
+    out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], params, use_tqdm=False)[0].outputs[0]
+    assert all(torch.isfinite(torch.tensor(lp[t].logprob)) for lp, t in zip(out.logprobs, out.token_ids))
