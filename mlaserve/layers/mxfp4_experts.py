@@ -94,11 +94,12 @@ class MXFP4Experts(nn.Module):
     @slice_aware
     def load(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable) -> None:
         """shard_id: (expert, 0 for w1 / 1 for w3) for w13 and its scales, the expert for w2 and its scales."""
-        if isinstance(shard_id, tuple):
-            expert, which = shard_id
-            target = param.data[expert].narrow(0, which * self.inter, self.inter)
-        else:
-            target = param.data[shard_id]
+        expert, which = shard_id if isinstance(shard_id, tuple) else (shard_id, None)
+        if not 0 <= expert < param.shape[0]:
+            raise ShapeMismatch(f"expert {expert}: the model has {param.shape[0]} routed experts")
+        target = param.data[expert]
+        if which is not None:
+            target = target.narrow(0, which * self.inter, self.inter)
         is_scale = param is self.w13_scale or param is self.w2_scale
         what = "e8m0 scales" if is_scale else "packed FP4 weight (two values per byte)"
         if tuple(loaded.shape) != tuple(target.shape):

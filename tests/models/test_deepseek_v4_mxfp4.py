@@ -117,8 +117,19 @@ def _edit(name: str, change):
             lambda t, n: t.pop(n),
             r"missing \(1\): model.layers.0.attn.wq_a.weight_scale_inv",
         ),
+        (
+            "layers.1.ffn.experts.3.w1.weight",  # a ninth expert where config.json says eight
+            lambda t, n: t.__setitem__(n.replace(".3.", ".8."), t[n].clone()),
+            r"layers.1.ffn.experts.8.w1.weight \(expert 8: the model has 8 routed experts\)",
+        ),
     ],
-    ids=["missing-expert-scale", "unpacked-expert", "fp8-expert", "missing-linear-scale"],
+    ids=[
+        "missing-expert-scale",
+        "unpacked-expert",
+        "fp8-expert",
+        "missing-linear-scale",
+        "expert-past-the-end",
+    ],
 )
 def test_broken_checkpoints_name_the_tensor(checkpoints, tmp_path, name, change, message):
     folder = _broken(checkpoints, tmp_path, _edit(name, change))
