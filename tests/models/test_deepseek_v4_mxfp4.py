@@ -202,3 +202,25 @@ def test_dummy_weights_fill_the_packed_experts(checkpoints):
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=0)
     out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], params, use_tqdm=False)[0].outputs[0]
     assert all(torch.isfinite(torch.tensor(lp[t].logprob)) for lp, t in zip(out.logprobs, out.token_ids))
+
+
+def test_the_gpu_memory_check_sizes_the_packed_experts(checkpoints):
+    """check_weights_fit builds the model on the meta device: there it must take the bytes the loaded model has."""
+    from transformers import AutoConfig
+
+    from mlaserve.config.quantization import quant_config
+    from mlaserve.models.base import ModelInit
+    from mlaserve.models.deepseek_v4 import DeepseekV4ForCausalLM
+
+    folder = checkpoints["published"]
+    config = json.loads((folder / "config.json").read_text())
+    init = ModelInit(AutoConfig.from_pretrained(str(folder)), None, quant=quant_config(config))
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        with torch.device("meta"):
+            meta = DeepseekV4ForCausalLM(init)
+    finally:
+        torch.set_default_dtype(previous)
+    need = sum(p.numel() * p.element_size() for p in meta.parameters())
+    assert need == LLM(str(folder), **OPTIONS).stats()["weight_bytes"]
