@@ -17,6 +17,8 @@ from typing import Any
 SERVED_QUANT_METHODS: tuple[str, ...] = ("fp8",)
 # What `quantization=` (LLM keyword, model.quantization, --quantization) can ask of an unquantized checkpoint.
 ONLINE_METHODS: tuple[str, ...] = ("fp8",)
+# The routed experts' formats a block-FP8 checkpoint may state: FP8 blocks like its linears, or MXFP4.
+EXPERT_DTYPES: tuple[str, ...] = ("fp8", "fp4")
 # The block width every FP8 kernel's inner loop takes: one weight scale and one activation scale per 128 columns.
 KERNEL_BLOCK_K = 128
 
@@ -36,6 +38,8 @@ class BlockFP8Config:
     pow2_scales: bool = (
         False  # scale_fmt ue8m0 (DeepSeek-V3.1): activation scales rounded up to powers of two
     )
+    # the routed experts' format: "fp8" like the linears, or "fp4" (DeepSeek-V4: MXFP4, layers/mxfp4.py)
+    expert_dtype: str = "fp8"
 
     @property
     def name(self) -> str:
@@ -67,6 +71,11 @@ def quant_config(config_dict: dict[str, Any], requested: str | None = None) -> B
         )
     method = quant_method(config_dict)
     if method is None:
+        if config_dict.get("expert_dtype") not in (None, "bf16", "bfloat16"):
+            raise ValueError(
+                f"model config expert_dtype={config_dict['expert_dtype']!r} without a quantization_config: "
+                "quantized experts are read only with the block-FP8 section that describes the other weights"
+            )
         return BlockFP8Config() if requested == "fp8" else None
     if method not in SERVED_QUANT_METHODS:
         named = "unknown (quantization_config has no quant_method)" if method == "unknown" else repr(method)
@@ -76,10 +85,13 @@ def quant_config(config_dict: dict[str, Any], requested: str | None = None) -> B
         )
     if requested is not None and requested != method:
         raise ValueError(f"quantization={requested!r} asked for a checkpoint already quantized as {method!r}")
-    return _block_fp8(config_dict["quantization_config"])
+    return _block_fp8(config_dict["quantization_config"], config_dict.get("expert_dtype"))
 
 
-def _block_fp8(section: dict[str, Any]) -> BlockFP8Config:
+def _block_fp8(section: dict[str, Any], top_level_expert_dtype: object = None) -> BlockFP8Config:
+    """top_level_expert_dtype: config.json's own expert_dtype, where DeepSeek-V4-Flash states its experts' format
+    (later releases state it inside quantization_config, which wins where both are given)."""
+
     def bad(key: str, value: object, want: str) -> ValueError:
         return ValueError(f"model config quantization_config.{key}={value!r} is not served: {want}")
 
@@ -107,4 +119,14 @@ def _block_fp8(section: dict[str, Any]) -> BlockFP8Config:
     scale_fmt = section.get("scale_fmt")
     if scale_fmt not in (None, "ue8m0"):
         raise bad("scale_fmt", scale_fmt, "float32 scales (no scale_fmt) or 'ue8m0'")
-    return BlockFP8Config(block[0], block[1], True, scale_fmt == "ue8m0")
+    key = "expert_dtype" if "expert_dtype" in section else None
+    expert_dtype = section.get("expert_dtype", top_level_expert_dtype)
+    if expert_dtype is None:
+        expert_dtype = "fp8"
+    if expert_dtype not in EXPERT_DTYPES:
+        where = "quantization_config.expert_dtype" if key else "expert_dtype"
+        raise ValueError(
+            f"model config {where}={expert_dtype!r} is not served: routed experts are read as "
+            f"{' or '.join(repr(d) for d in EXPERT_DTYPES)}"
+        )
+    return BlockFP8Config(block[0], block[1], True, scale_fmt == "ue8m0", expert_dtype)

@@ -85,6 +85,11 @@ def build_model(build: ModelBuild) -> tuple[CausalLM, LoadReport]:
     quant = model_config.quant
     if quant is not None and not cls.supports_block_fp8:
         raise ValueError(f"{model_config.architecture} does not take block-FP8 weights (quantization fp8)")
+    if quant is not None and quant.expert_dtype == "fp4" and not cls.supports_mxfp4_experts:
+        raise ValueError(
+            f"{model_config.architecture} does not take MXFP4 experts (quantization_config expert_dtype 'fp4'); "
+            "DeepSeek-V4 does"
+        )
     if quant is not None and mla.enable_mla:
         raise ValueError(
             "enable_mla converts unquantized weights; it cannot be combined with fp8 quantization"

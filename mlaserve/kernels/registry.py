@@ -156,6 +156,20 @@ def _block_fp8_linear(
     return problem
 
 
+def _mxfp4_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor,
+    *rest: object,
+) -> str | None:
+    """MXFP4 experts as loaded (layers/mxfp4_experts.py): contiguous packed bytes and e8m0 scales, all uint8."""
+    if any(t.dtype != torch.uint8 or not t.is_contiguous() for t in (w13, w13_scale, w2, w2_scale)):
+        return "takes contiguous uint8 packed weights and e8m0 scales"
+    return on_cuda(x)
+
+
 SILU_AND_MUL = Kernel("silu_and_mul", _silu_and_mul, Lazy("mlaserve.kernels.act", "silu_and_mul"))
 RMS_NORM = Kernel("rms_norm", _rms_norm, Lazy("mlaserve.kernels.norm", "rms_norm"))
 ROTARY = Kernel("rotary", _rotary, Lazy("mlaserve.kernels.rotary", "rotary"))
@@ -168,6 +182,7 @@ SKINNY_LINEAR = Kernel(
 GATE_LOGITS = Kernel("gate_logits", _gate_logits, Lazy("mlaserve.kernels.router", "gate_logits"))
 ROUTE_GREEDY = Kernel("route_greedy", _on_cuda_device, Lazy("mlaserve.kernels.router", "route_greedy"))
 FUSED_MOE = Kernel("fused_moe", _fused_moe, Lazy("mlaserve.kernels.moe.dispatch", "fused_experts"))
+MXFP4_MOE = Kernel("mxfp4_moe", _mxfp4_moe, Lazy("mlaserve.kernels.moe.mxfp4_gemm", "mxfp4_experts"))
 BLOCK_FP8_LINEAR = Kernel(
     "block_fp8_linear", _block_fp8_linear, Lazy("mlaserve.kernels.block_fp8", "block_fp8_linear")
 )
@@ -185,6 +200,7 @@ KERNELS: dict[str, Kernel] = {
         GATE_LOGITS,
         ROUTE_GREEDY,
         FUSED_MOE,
+        MXFP4_MOE,
         BLOCK_FP8_LINEAR,
     )
 }

@@ -21,6 +21,8 @@ sum over its heads of weight[h] * relu(q[h] . key) * index_head_dim^-0.5; a quer
 import torch
 from torch import nn
 
+from mlaserve.config.quantization import BlockFP8Config
+from mlaserve.layers.linear import ReplicatedLinear
 from mlaserve.layers.norm import Float32RMSNorm
 from mlaserve.layers.rotary import rotate_trailing_pairs
 
@@ -92,11 +94,17 @@ class CompressedIndexer(nn.Module):
         rate: int,
         topk: int,
         eps: float,
+        quant: BlockFP8Config | None = None,
     ) -> None:
         super().__init__()
         self.num_heads, self.head_dim, self.topk = num_heads, head_dim, topk
         self.compressor = Compressor(hidden_size, head_dim, rate, True, eps)
-        self.wq_b = nn.Linear(q_lora_rank, num_heads * head_dim, bias=False)
+        # FP8 in a block-FP8 checkpoint; the compressors and weights_proj ship unquantized
+        self.wq_b = (
+            nn.Linear(q_lora_rank, num_heads * head_dim, bias=False)
+            if quant is None
+            else ReplicatedLinear(q_lora_rank, num_heads * head_dim, quant=quant)
+        )
         self.weights_proj = nn.Linear(hidden_size, num_heads, bias=False)
 
     def select(

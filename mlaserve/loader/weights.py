@@ -55,7 +55,11 @@ def weight_bytes_by_kind(model: nn.Module) -> dict[str, int]:
     packed copy counted in place of the weight it replaced)."""
     kinds: dict[str, int] = {}
     for param in model.parameters():  # each shared parameter once
-        kind = "fp8 scales" if hasattr(param, "filled_shards") else str(param.dtype).removeprefix("torch.")
+        kind = getattr(param, "bytes_kind", None)  # packed formats name themselves (MXFP4 bytes and scales)
+        if kind is None:
+            kind = (
+                "fp8 scales" if hasattr(param, "filled_shards") else str(param.dtype).removeprefix("torch.")
+            )
         kinds[kind] = kinds.get(kind, 0) + param.numel() * param.element_size()
     for module in model.modules():
         packed = getattr(module, "packed", None)
@@ -111,7 +115,12 @@ def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> Lo
     report = LoadReport()
     for name, param in model.named_parameters():
         gen = generators.setdefault(param.device, torch.Generator(device=param.device).manual_seed(seed))
-        if not param.is_floating_point():
+        kind = getattr(param, "bytes_kind", None)
+        if kind == "mxfp4":  # random e2m1 codes (values up to 6) ...
+            param.random_(0, 256, generator=gen)
+        elif kind == "mxfp4 scales":  # ... times 2^-8: magnitudes near std
+            param.fill_(127 - 8)
+        elif not param.is_floating_point():
             pass  # integer tables (DeepSeek-V4's hash routing) keep the model's own construction
         elif hasattr(param, "filled_shards"):  # block-FP8 scales: unit-variance FP8 values times std
             param.fill_(std)

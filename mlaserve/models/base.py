@@ -52,6 +52,8 @@ class CausalLM(nn.Module):
     supports_tensor_parallel = False
     # whether its linear layers and experts take block-FP8 weights (ModelInit.quant)
     supports_block_fp8 = False
+    # whether its routed experts take MXFP4 weights (a block-FP8 checkpoint with expert_dtype "fp4")
+    supports_mxfp4_experts = False
     stacked_params: tuple[StackedParam, ...] = ()
     # Checkpoint names containing any of these are not weights (rotary caches, multi-token-prediction heads).
     ignored_fragments: tuple[str, ...] = ("rotary_emb.inv_freq",)

@@ -22,11 +22,11 @@ as an entry (kv, then the indexer key), so an entry block costs only what that r
 import re
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mlaserve.attention.backend import write_to_cache
 from mlaserve.attention.metadata import AttentionMetadata, slot_indices
+from mlaserve.config.quantization import BlockFP8Config
 from mlaserve.kvcache.spec import AttentionRule, KVCacheSpec, LayerCacheSpec
 from mlaserve.layers.compressor import CompressedIndexer, Compressor
 from mlaserve.layers.embedding import VocabParallelEmbedding
@@ -34,9 +34,12 @@ from mlaserve.layers.hyper_connection import HyperConnection, HyperHead, unweigh
 from mlaserve.layers.norm import Float32RMSNorm
 from mlaserve.layers.rotary import RotaryEmbedding, rotate_trailing_pairs
 from mlaserve.models.base import CausalLM, ModelInit
+from mlaserve.models.deepseek_v4_ffn import GroupedLinear, V4MoE, v4_linear
 from mlaserve.parallel import ParallelContext
 
 _HC = re.compile(r"\.hc_(attn|ffn)_(fn|base|scale)$")
+_SCALE = re.compile(r"\.scale$")
+_EXPERT = re.compile(r"\.experts\.(\d+)\.(w[123])\.(weight|weight_scale_inv)$")
 _RENAMES = {"embed.weight": "model.embed_tokens.weight", "head.weight": "lm_head.weight"}
 SLIDING, HEAVY, SPARSE = "sliding_attention", "heavily_compressed_attention", "compressed_sparse_attention"
 
@@ -57,20 +60,6 @@ def v4_rope(cfg: object, kind: str) -> torch.Tensor:
     return inv_freq.float()
 
 
-class GroupedLinear(nn.Module):
-    """o_a_proj: each of n_groups groups of heads projected on its own to out_features / n_groups."""
-
-    def __init__(self, in_per_group: int, out_features: int, n_groups: int) -> None:
-        super().__init__()
-        self.n_groups = n_groups
-        self.weight = nn.Parameter(torch.empty(out_features, in_per_group))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, n_groups, in_per_group] -> [T, out_features]"""
-        w = self.weight.view(self.n_groups, -1, self.weight.shape[-1]).transpose(1, 2)
-        return torch.bmm(x.transpose(0, 1), w).transpose(0, 1).flatten(1)
-
-
 def entry_spans(cfg: object) -> dict[int, int]:
     """Each compression rate of the model's layers -> the tokens an entry of that rate pools (2 x rate where a
     compressed-sparse layer's overlapping compressors use it), in increasing rate: entry group 1, 2, ..."""
@@ -83,21 +72,24 @@ def entry_spans(cfg: object) -> dict[int, int]:
 
 
 class V4Attention(nn.Module):
-    def __init__(self, cfg: object, layer_type: str) -> None:
+    def __init__(self, cfg: object, layer_type: str, quant: BlockFP8Config | None = None) -> None:
         super().__init__()
         self.num_heads, self.head_dim, self.window = cfg.num_attention_heads, cfg.head_dim, cfg.sliding_window
         self.o_groups, self.eps, self.scale = cfg.o_groups, cfg.rms_norm_eps, cfg.head_dim**-0.5
         # DeepSeek's checkpoint names: wq_a / q_norm / wq_b the low-rank query path, wkv / norm the shared kv,
         # wo_a / wo_b the grouped output projection, attn_sink each head's sink logit
-        self.wq_a = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=False)
+        self.wq_a = v4_linear(cfg.hidden_size, cfg.q_lora_rank, quant)
         self.q_norm = Float32RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
-        self.wq_b = nn.Linear(cfg.q_lora_rank, self.num_heads * self.head_dim, bias=False)
-        self.wkv = nn.Linear(cfg.hidden_size, self.head_dim, bias=False)
+        self.wq_b = v4_linear(cfg.q_lora_rank, self.num_heads * self.head_dim, quant)
+        self.wkv = v4_linear(cfg.hidden_size, self.head_dim, quant)
         self.norm = Float32RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.wo_a = GroupedLinear(
-            self.num_heads * self.head_dim // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, cfg.o_groups
+            self.num_heads * self.head_dim // cfg.o_groups,
+            cfg.o_groups * cfg.o_lora_rank,
+            cfg.o_groups,
+            quant,
         )
-        self.wo_b = nn.Linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, bias=False)
+        self.wo_b = v4_linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, quant)
         self.attn_sink = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32))
         self.rotary = RotaryEmbedding(v4_rope(cfg, "main" if layer_type == SLIDING else "compress"))
         self.compressor: Compressor | None = None
@@ -112,7 +104,7 @@ class V4Attention(nn.Module):
         if layer_type == SPARSE:
             self.indexer = CompressedIndexer(
                 cfg.hidden_size, cfg.q_lora_rank, cfg.index_n_heads, cfg.index_head_dim, rate, cfg.index_topk,
-                cfg.rms_norm_eps,
+                cfg.rms_norm_eps, quant,
             )  # fmt: skip
 
     @property
@@ -264,103 +256,11 @@ class V4Attention(nn.Module):
         return torch.softmax(logits - logits.amax(dim=-1, keepdim=True), dim=-1)[..., :-1]
 
 
-class V4MLP(nn.Module):
-    """SwiGLU (w1 gate, w3 up, w2 down: DeepSeek's names) with the gate clamped from above and the up projection on
-    both sides (swiglu_limit)."""
-
-    def __init__(self, hidden_size: int, intermediate_size: int, limit: float) -> None:
-        super().__init__()
-        self.limit = limit
-        self.w1 = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.w3 = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.w2 = nn.Linear(intermediate_size, hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate = self.w1(x).clamp(max=self.limit)
-        return self.w2(F.silu(gate) * self.w3(x).clamp(-self.limit, self.limit))
-
-
-def run_experts(
-    experts: nn.ModuleList, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
-) -> torch.Tensor:
-    """Each routed expert over its tokens (a reference loop), weighted and summed per token."""
-    if x.is_cuda and torch.cuda.is_current_stream_capturing():
-        return run_every_expert(experts, x, ids, weights)
-    out = torch.zeros_like(x)
-    for expert in ids.unique().tolist():
-        token, slot = torch.where(ids == expert)
-        out.index_add_(0, token, (experts[expert](x[token]) * weights[token, slot, None]).to(x.dtype))
-    return out
-
-
-def run_every_expert(
-    experts: nn.ModuleList, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
-) -> torch.Tensor:
-    """run_experts without asking the device which experts were picked, as a captured decode step must: every
-    expert over every token, weighted 0 where it was not routed (a small batch's cost, not a large one's)."""
-    out = torch.zeros_like(x, dtype=torch.float32)
-    for e, expert in enumerate(experts):
-        weight = (weights * (ids == e)).sum(dim=-1, keepdim=True)
-        out += expert(x).float() * weight
-    return out.to(x.dtype)
-
-
-class V4Router(nn.Module):
-    """Experts by score plus a correction bias or, in hash layers, by a fixed token-id table; the chosen experts'
-    scores, normalised, weight them."""
-
-    def __init__(self, cfg: object, hashed: bool) -> None:
-        super().__init__()
-        self.top_k, self.scoring, self.factor = (
-            cfg.num_experts_per_tok,
-            cfg.scoring_func,
-            cfg.routed_scaling_factor,
-        )
-        self.weight = nn.Parameter(torch.empty(cfg.n_routed_experts, cfg.hidden_size))
-        if hashed:
-            # a checkpoint's table replaces this; a dummy model spreads token ids over the experts
-            table = torch.arange(cfg.vocab_size * self.top_k).view(-1, self.top_k) % cfg.n_routed_experts
-            self.tid2eid = nn.Parameter(table, requires_grad=False)
-        else:
-            self.bias = nn.Parameter(
-                torch.zeros(cfg.n_routed_experts, dtype=torch.float32)
-            )  # score correction
-
-    def scores(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.scoring == "sqrtsoftplus":
-            return F.softplus(logits).sqrt()
-        if self.scoring == "sigmoid":
-            return logits.sigmoid()
-        return logits.softmax(dim=-1)
-
-    def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        scores = self.scores(F.linear(x, self.weight))
-        if hasattr(self, "tid2eid"):
-            ids = self.tid2eid[input_ids].long()
-        else:
-            ids = torch.topk(scores + self.bias, self.top_k, dim=-1, sorted=False).indices
-        weights = scores.gather(1, ids)
-        return weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * self.factor, ids
-
-
-class V4MoE(nn.Module):
-    def __init__(self, cfg: object, hashed: bool) -> None:
-        super().__init__()
-        self.gate = V4Router(cfg, hashed)
-        mlp = (cfg.hidden_size, cfg.moe_intermediate_size, cfg.swiglu_limit)
-        self.experts = nn.ModuleList(V4MLP(*mlp) for _ in range(cfg.n_routed_experts))
-        self.shared_experts = V4MLP(*mlp)
-
-    def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.gate(x, input_ids)
-        return run_experts(self.experts, x, ids, weights) + self.shared_experts(x)
-
-
 class V4DecoderLayer(nn.Module):
-    def __init__(self, cfg: object, idx: int) -> None:
+    def __init__(self, cfg: object, idx: int, quant: BlockFP8Config | None = None) -> None:
         super().__init__()
-        self.attn = V4Attention(cfg, cfg.layer_types[idx])
-        self.ffn = V4MoE(cfg, cfg.mlp_layer_types[idx] == "hash_moe")
+        self.attn = V4Attention(cfg, cfg.layer_types[idx], quant)
+        self.ffn = V4MoE(cfg, cfg.mlp_layer_types[idx] == "hash_moe", quant)
         self.attn_norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.ffn_norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         hc = (cfg.hc_mult, cfg.hidden_size, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
@@ -376,11 +276,11 @@ class V4DecoderLayer(nn.Module):
 
 
 class V4Model(nn.Module):
-    def __init__(self, cfg: object, ctx: ParallelContext) -> None:
+    def __init__(self, cfg: object, ctx: ParallelContext, quant: BlockFP8Config | None = None) -> None:
         super().__init__()
         self.hc_mult = cfg.hc_mult
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
-        self.layers = nn.ModuleList(V4DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(V4DecoderLayer(cfg, i, quant) for i in range(cfg.num_hidden_layers))
         self.hc_head = HyperHead(cfg.hc_mult, cfg.hidden_size, cfg.hc_eps, cfg.rms_norm_eps)
         self.norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -397,12 +297,15 @@ class DeepseekV4ForCausalLM(CausalLM):
     supports_cuda_graphs = True
     supports_prefill_graphs = False  # prefills loop over their sequences on the host
     training_free_window = False  # its cached rows feed the compressors: a window would drop what they need
+    supports_block_fp8 = True  # FP8 projections; MXFP4 routed experts with expert_dtype "fp4"
+    supports_mxfp4_experts = True
     ignored_fragments = ("rotary_emb.inv_freq", "mtp.")
 
     def __init__(self, init: ModelInit) -> None:
         super().__init__()
         self.cfg = init.hf_config
-        self.model = V4Model(self.cfg, init.ctx)
+        self.model = V4Model(self.cfg, init.ctx, init.quant)
+        self.fp4_experts = init.quant is not None and init.quant.expert_dtype == "fp4"
         self.build_lm_head(self.cfg, init.ctx)
 
     def map_checkpoint_name(self, name: str) -> tuple[str, object] | None:
@@ -411,7 +314,15 @@ class DeepseekV4ForCausalLM(CausalLM):
         if name.startswith(("layers.", "norm.", "embed.", "hc_head_")):
             name = "model." + name
         name = _RENAMES.get(name.removeprefix("model."), name)
+        # a quantized weight's scales: `.scale` as DeepSeek ships them, `.weight_scale_inv` as transformers names
+        # them (before the hyper-connections' own `scale` appears below)
+        name = _SCALE.sub(".weight_scale_inv", name)
         name = _HC.sub(r".\1_hc.\2", name).replace("model.hc_head_", "model.hc_head.hc_")
+        if self.fp4_experts and (expert := _EXPERT.search(name)) is not None:
+            index, proj, kind = int(expert[1]), expert[2], expert[3]
+            param = ("w2" if proj == "w2" else "w13") + ("_scale" if kind == "weight_scale_inv" else "")
+            shard = index if proj == "w2" else (index, 0 if proj == "w1" else 1)
+            return name[: expert.start()] + ".experts." + param, shard
         return super().map_checkpoint_name(name)
 
     def kv_cache_spec(self) -> KVCacheSpec:

@@ -189,3 +189,36 @@ def test_serve_exits_with_the_message(tiny_llama: Path, tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert "quant_method 'awq' is not served; served methods: 'fp8'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+V4_SECTION = {
+    "activation_scheme": "dynamic",
+    "fmt": "e4m3",
+    "quant_method": "fp8",
+    "scale_fmt": "ue8m0",
+    "weight_block_size": [128, 128],
+}
+
+
+@pytest.mark.parametrize(
+    "config, want",
+    [
+        ({"quantization_config": V4_SECTION}, "fp8"),
+        ({"quantization_config": V4_SECTION, "expert_dtype": "fp4"}, "fp4"),  # V4-Flash: at the top level
+        ({"quantization_config": {**V4_SECTION, "expert_dtype": "fp4"}}, "fp4"),  # inside the section
+        ({"quantization_config": {**V4_SECTION, "expert_dtype": "fp8"}, "expert_dtype": "fp4"}, "fp8"),
+    ],
+    ids=["default", "top-level", "in-section", "section-wins"],
+)
+def test_deepseek_v4_expert_dtype(config, want):
+    quant = quant_config(config)
+    assert quant == BlockFP8Config(128, 128, True, True, want)
+
+
+def test_expert_dtype_names_its_key():
+    with pytest.raises(ValueError, match=r"quantization_config.expert_dtype='int4' is not served"):
+        quant_config({"quantization_config": {**V4_SECTION, "expert_dtype": "int4"}})
+    with pytest.raises(ValueError, match=r"model config expert_dtype='mxfp8' is not served"):
+        quant_config({"quantization_config": V4_SECTION, "expert_dtype": "mxfp8"})
+    with pytest.raises(ValueError, match=r"expert_dtype='fp4' without a quantization_config"):
+        quant_config({"expert_dtype": "fp4"})

@@ -26,6 +26,13 @@ def test_every_entry_declines_cpu_tensors_with_a_reason():
         "route_greedy": (torch.zeros(2, 4), None, 2, True, 1.0),
         "fused_moe": (x, torch.zeros(3, 8, 8), torch.zeros(3, 8, 4), torch.ones(2, 1), torch.zeros(2, 1)),
         "block_fp8_linear": (x, w.to(torch.float8_e4m3fn), torch.ones(1, 1), 128),
+        "mxfp4_moe": (
+            x,
+            *(torch.zeros(3, *shape, dtype=torch.uint8) for shape in ((8, 4), (8, 1), (8, 2), (8, 1))),
+            torch.zeros(2, 1, dtype=torch.long),
+            torch.ones(2, 1),
+            1.0,
+        ),
     }
     assert set(calls) == set(registry.KERNELS)
     for name, args in calls.items():

@@ -230,7 +230,7 @@ def test_every_expert_weighted_by_its_routing_equals_the_routed_loop():
     """The MoE path a captured decode step takes (no device-to-host read of the picked experts) against the loop."""
     from torch import nn
 
-    from mlaserve.models.deepseek_v4 import V4MLP, run_every_expert, run_experts
+    from mlaserve.models.deepseek_v4_ffn import V4MLP, run_every_expert, run_experts
 
     torch.manual_seed(3)
     experts = nn.ModuleList(V4MLP(16, 8, 1.5) for _ in range(6))

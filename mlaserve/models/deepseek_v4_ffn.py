@@ -1,0 +1,144 @@
+"""DeepSeek-V4's projections and feed-forward: the grouped output projection, the SwiGLU experts, the hash- or
+score-routed MoE; torch reference.
+
+With a block-FP8 checkpoint (DeepSeek-V4-Flash as published) the projections DeepSeek stores in FP8 (the attention's
+wq_a, wq_b, wkv, wo_a, wo_b, the indexer's wq_b, the shared expert) take the engine's FP8 linear layers, and the
+routed experts its MXFP4 experts where the config says expert_dtype "fp4". The compressors' wkv / wgate, the
+indexer's weights_proj and the router stay in the model's dtype: the checkpoint ships them unquantized.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mlaserve.config.quantization import BlockFP8Config
+from mlaserve.layers.linear import ReplicatedLinear
+from mlaserve.layers.mxfp4_experts import MXFP4Experts, swiglu_limited
+
+
+def v4_linear(in_features: int, out_features: int, quant: BlockFP8Config | None) -> nn.Module:
+    """A bias-free projection: block FP8 where the checkpoint quantizes it, else a plain linear layer."""
+    if quant is None:
+        return nn.Linear(in_features, out_features, bias=False)
+    return ReplicatedLinear(in_features, out_features, quant=quant)
+
+
+class GroupedLinear(ReplicatedLinear):
+    """wo_a: each of n_groups groups of heads projected on its own to out_features / n_groups. A block-FP8 weight
+    is dequantized as the step runs (its groups are one batched GEMM, which no FP8 kernel here takes)."""
+
+    def __init__(
+        self, in_per_group: int, out_features: int, n_groups: int, quant: BlockFP8Config | None = None
+    ) -> None:
+        super().__init__(in_per_group, out_features, quant=quant)
+        self.n_groups = n_groups
+
+    def pack_weights(self) -> None:
+        """The batched GEMM reads the weight itself: no packed copy."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, n_groups, in_per_group] -> [T, out_features]"""
+        weight = self.dequantized_weight(x.dtype)
+        w = weight.view(self.n_groups, -1, weight.shape[-1]).transpose(1, 2)
+        return torch.bmm(x.transpose(0, 1), w).transpose(0, 1).flatten(1)
+
+
+class V4MLP(nn.Module):
+    """SwiGLU (w1 gate, w3 up, w2 down: DeepSeek's names) with the gate clamped from above and the up projection on
+    both sides (swiglu_limit)."""
+
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, limit: float, quant: BlockFP8Config | None = None
+    ) -> None:
+        super().__init__()
+        self.limit = limit
+        self.w1 = v4_linear(hidden_size, intermediate_size, quant)
+        self.w3 = v4_linear(hidden_size, intermediate_size, quant)
+        self.w2 = v4_linear(intermediate_size, hidden_size, quant)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(swiglu_limited(self.w1(x), self.w3(x), self.limit))
+
+
+def run_experts(
+    experts: nn.ModuleList, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """Each routed expert over its tokens (a reference loop), weighted and summed per token."""
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        return run_every_expert(experts, x, ids, weights)
+    out = torch.zeros_like(x)
+    for expert in ids.unique().tolist():
+        token, slot = torch.where(ids == expert)
+        out.index_add_(0, token, (experts[expert](x[token]) * weights[token, slot, None]).to(x.dtype))
+    return out
+
+
+def run_every_expert(
+    experts: nn.ModuleList, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """run_experts without asking the device which experts were picked, as a captured decode step must: every
+    expert over every token, weighted 0 where it was not routed (a small batch's cost, not a large one's)."""
+    out = torch.zeros_like(x, dtype=torch.float32)
+    for e, expert in enumerate(experts):
+        weight = (weights * (ids == e)).sum(dim=-1, keepdim=True)
+        out += expert(x).float() * weight
+    return out.to(x.dtype)
+
+
+class V4Router(nn.Module):
+    """Experts by score plus a correction bias or, in hash layers, by a fixed token-id table; the chosen experts'
+    scores, normalised, weight them."""
+
+    def __init__(self, cfg: object, hashed: bool) -> None:
+        super().__init__()
+        self.top_k, self.scoring, self.factor = (
+            cfg.num_experts_per_tok,
+            cfg.scoring_func,
+            cfg.routed_scaling_factor,
+        )
+        self.weight = nn.Parameter(torch.empty(cfg.n_routed_experts, cfg.hidden_size))
+        if hashed:
+            # a checkpoint's table replaces this; a dummy model spreads token ids over the experts
+            table = torch.arange(cfg.vocab_size * self.top_k).view(-1, self.top_k) % cfg.n_routed_experts
+            self.tid2eid = nn.Parameter(table, requires_grad=False)
+        else:
+            self.bias = nn.Parameter(
+                torch.zeros(cfg.n_routed_experts, dtype=torch.float32)
+            )  # score correction
+
+    def scores(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.scoring == "sqrtsoftplus":
+            return F.softplus(logits).sqrt()
+        if self.scoring == "sigmoid":
+            return logits.sigmoid()
+        return logits.softmax(dim=-1)
+
+    def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = self.scores(F.linear(x, self.weight))
+        if hasattr(self, "tid2eid"):
+            ids = self.tid2eid[input_ids].long()
+        else:
+            ids = torch.topk(scores + self.bias, self.top_k, dim=-1, sorted=False).indices
+        weights = scores.gather(1, ids)
+        return weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * self.factor, ids
+
+
+class V4MoE(nn.Module):
+    def __init__(self, cfg: object, hashed: bool, quant: BlockFP8Config | None = None) -> None:
+        super().__init__()
+        self.gate = V4Router(cfg, hashed)
+        mlp = (cfg.hidden_size, cfg.moe_intermediate_size, cfg.swiglu_limit)
+        self.experts: nn.Module
+        if quant is not None and quant.expert_dtype == "fp4":
+            self.experts = MXFP4Experts(cfg.n_routed_experts, *mlp)
+        else:
+            self.experts = nn.ModuleList(V4MLP(*mlp, quant) for _ in range(cfg.n_routed_experts))
+        self.shared_experts = V4MLP(*mlp, quant)
+
+    def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x, input_ids)
+        if isinstance(self.experts, MXFP4Experts):
+            routed = self.experts(x, ids, weights)
+        else:
+            routed = run_experts(self.experts, x, ids, weights)
+        return routed + self.shared_experts(x)
