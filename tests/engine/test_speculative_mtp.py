@@ -119,10 +119,20 @@ def test_sampled_requests_run_with_drafts(echo) -> None:
     assert stats["num_draft_tokens"] > 0 and stats["kv_blocks_used"] == 0
 
 
-def test_drafts_equal_the_plain_reference(with_mtp, monkeypatch) -> None:
-    """Every drafts list the scheduler takes equals transformers' MTP layer run on the whole sequence."""
+@pytest.fixture(scope="module")
+def reference(with_mtp):
     from mlaserve.testing.mtp_reference import MtpReference
 
+    return MtpReference(with_mtp[0])
+
+
+SHORT = dict(max_num_batched_tokens=12, num_kv_blocks=20, max_model_len=64)
+
+
+@pytest.mark.parametrize("options", [{}, SHORT], ids=["batched", "chunked_preempted_hits"])
+def test_drafts_equal_the_plain_reference(with_mtp, reference, monkeypatch, options: dict) -> None:
+    """Every drafts list the scheduler takes equals transformers' MTP layer run on the whole sequence: the
+    layer's cached rows are right after chunked prompts, recomputation and prefix hits (a second run)."""
     path, _ = with_mtp
     seen: list[tuple[list[int], list[int]]] = []
     take = ModelDrafts.drafts_for
@@ -133,10 +143,14 @@ def test_drafts_equal_the_plain_reference(with_mtp, monkeypatch) -> None:
         return take(self, request, max_tokens)
 
     monkeypatch.setattr(ModelDrafts, "drafts_for", record)
-    generate(path, prompts(lengths=(5, 17)), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
-             speculative_config=mtp(3))  # fmt: skip
+    batch = prompts() if options else prompts(lengths=(5, 17))
+    params = GREEDY if options else SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    _, llm = generate(path, batch, params, speculative_config=mtp(3), **options)
+    if options:
+        llm.generate(batch, params, use_tqdm=False)
+        stats = llm.stats()
+        assert stats["num_preemptions"] > 0 and stats["prefix_cache_hits"] > 0
     assert len(seen) > 4
-    reference = MtpReference(path)
     for known, drafts in seen:
         assert drafts == reference.drafts(known, len(drafts)), known
     assert any(len(drafts) == 3 for _, drafts in seen)
@@ -160,3 +174,25 @@ def test_refused_without_the_layer(plain_v3, tmp_path) -> None:
 def test_refused_for_models_without_mtp(llama) -> None:
     with pytest.raises(ValueError, match="LlamaForCausalLM has none"):
         LLM(str(llama), **BASE, speculative_config=mtp(1))
+
+
+@pytest.mark.parametrize("variant", ["deepseek_v32", "block_fp8"])
+def test_v32_and_block_fp8_checkpoints(plain_v3, tmp_path, variant: str) -> None:
+    """DeepSeek-V3.2 (its MTP layer has an indexer too) and DeepSeek's block-FP8 layout (the MTP layer's
+    projections and experts in FP8 with their scales): tokens exact with a random layer, drafts held in the echo
+    case."""
+    from mlaserve.testing.fp8_checkpoint import save_block_fp8
+
+    source = build_tiny("deepseek_v32", tmp_path / "src") if variant == "deepseek_v32" else plain_v3
+    batch = prompts(lengths=(5, 30))
+    for echo in (False, True):
+        path = add_mtp_layer(source, tmp_path / f"mtp_{echo}", echo=echo)
+        if variant == "block_fp8":
+            path = save_block_fp8(path, tmp_path / f"fp8_{echo}")
+        want = tokens(generate(path, batch, GREEDY)[0])
+        outs, llm = generate(path, batch, GREEDY, speculative_config=mtp(2))
+        assert tokens(outs) == want, echo
+        stats = llm.stats()
+        assert stats["num_draft_tokens"] > 0 and stats["kv_blocks_used"] == 0
+        if echo:
+            assert stats["num_accepted_tokens"] == stats["num_draft_tokens"]
