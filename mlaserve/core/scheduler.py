@@ -14,6 +14,7 @@ Speculative decoding (with a proposer): a decoding request that allows drafts ru
 drafts in one step, like a short prompt chunk on its cached context, within the token budget and only when the
 pool has their slots (never preempting for drafts). update_from_output keeps the drafts the runner accepted, gives
 back the slots of the rejected ones, and applies the stops token by token, so tokens past a stop are dropped.
+A draft model's drafts (ModelDrafts) also take slots past the step's tokens, where its chained drafts' rows go.
 """
 
 from __future__ import annotations
