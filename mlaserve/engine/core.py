@@ -40,9 +40,7 @@ class EngineCore:
         # The executor's start-up line, from here: serve() keeps this module quiet and its report says it again.
         logger.info(self.executor.describe_kv_cache())
         # Off on CPU by default: there the host and the "device" are the same cores, so nothing overlaps.
-        auto = self.executor.device.type == "cuda"
-        chosen = config.scheduler.async_scheduling
-        self.async_scheduling = auto if chosen is None else chosen
+        self.async_scheduling = config.scheduler.async_on(self.executor.device.type)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 config.scheduler.max_num_seqs,
