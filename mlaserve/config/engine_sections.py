@@ -174,6 +174,10 @@ class SchedulerOptions:
     # Queue the next step before reading this one's tokens (vLLM's async_scheduling); None = on for CUDA.
     async_scheduling: bool | None = None
 
+    def async_on(self, device_type: str) -> bool:
+        """Whether steps are queued ahead on a device of this type (the None default resolved)."""
+        return device_type == "cuda" if self.async_scheduling is None else self.async_scheduling
+
     def __post_init__(self) -> None:
         checks = [("max_num_seqs", self.max_num_seqs > 0, "positive")]
         _raise_first(self, checks + _positive(self, "max_num_batched_tokens"))

@@ -1,7 +1,8 @@
 """SpeculativeOptions: vLLM's `speculative_config`, the engine's speculative decoding as a typed section.
 
-Only the prompt-lookup (n-gram) method is built: drafts come from the request's own tokens, no draft model. The
-method field leaves room for "mtp" (DeepSeek-V3's multi-token-prediction layer), which is refused until it runs.
+Two methods: prompt lookup ("ngram"), whose drafts come from the request's own tokens, and "mtp" (DeepSeek-V3's
+multi-token-prediction layer, shipped in its checkpoints, run as the draft model; vLLM's name "deepseek_mtp" is
+taken for it). The lookup bounds belong to "ngram" alone.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "mtp")
+ALIASES = {"deepseek_mtp": "mtp"}
 # vLLM's defaults when neither prompt_lookup bound is given (its SpeculativeConfig picks the same value).
 _DEFAULT_LOOKUP = 5
 
@@ -38,7 +40,7 @@ class SpeculativeOptions:
     """None of them set: no speculation. The lookup bounds, as vLLM resolves them: both unset take its default,
     one unset takes the other's value."""
 
-    method: str | None = None  # "ngram"
+    method: str | None = None  # "ngram" | "mtp"
     num_speculative_tokens: int | None = None  # drafts proposed per request per step
     prompt_lookup_min: int | None = None  # shortest suffix n-gram that is looked up
     prompt_lookup_max: int | None = None  # longest, tried first
@@ -82,12 +84,18 @@ class SpeculativeOptions:
                 if getattr(self, name) is not None:
                     raise _problem("method", None, f"one of {list(METHODS)} when {name} is set")
             return
-        if method == "mtp":
-            raise _problem("method", method, f"one of {list(METHODS)} (the MTP method is not built yet)")
+        if method in ALIASES:
+            method = ALIASES[method]
+            object.__setattr__(self, "method", method)
         if method not in METHODS:
-            raise _problem("method", method, f"one of {list(METHODS)}")
+            raise _problem("method", method, f"one of {list(METHODS)} (or {list(ALIASES)})")
         if not _is_int(k) or k < 1:
             raise _problem("num_speculative_tokens", k, "an int >= 1")
+        if method == "mtp":
+            for name, value in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
+                if value is not None:
+                    raise _problem(name, value, "unset with method 'mtp' (it bounds the n-gram lookup)")
+            return
         for name, value in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
             if value is not None and (not _is_int(value) or value < 1):
                 raise _problem(name, value, "an int >= 1")

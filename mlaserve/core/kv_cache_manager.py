@@ -252,6 +252,10 @@ class KVCacheManager:
         # Lookups count towards the stats only once the request is admitted with them: a request that
         # waits for memory is looked up every step and would otherwise flood the hit rate.
         self._pending_lookups: dict[str, tuple[int, int]] = {}
+        # A draft layer's cache row at a position is made from the token after it (DeepSeek's MTP): the last row of
+        # a hit was made with the next block's first token, which the request may not share, so hits stop a
+        # block short and that block is recomputed.
+        self.drop_last_hit_block = False
 
     @property
     def num_free_blocks(self) -> int:
@@ -306,6 +310,9 @@ class KVCacheManager:
             # Groups disagree: ask all of them again at the shortest length (a later sliding-window group
             # may not hit at a shorter length even if it did at a longer one).
             max_hit_tokens = hit_tokens
+        if self.drop_last_hit_block and hit_tokens:
+            hit_tokens -= step
+            hits = [h[: hit_tokens // m.block_size] for h, m in zip(hits, self.managers, strict=True)]
         self._pending_lookups[request.request_id] = (request.num_tokens, hit_tokens)
         return (hits if hit_tokens else empty), hit_tokens
 

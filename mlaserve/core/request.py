@@ -62,6 +62,10 @@ class Request:
     # The scheduler may give it speculative drafts to verify (set by the engine for requests whose output keeps
     # exactly the plain engine's tokens, or their distribution, under verification: see runner/spec_verify.py).
     allow_drafts: bool = False
+    # A draft model's proposals (the runner's MTP pass), made when the request had drafts_at tokens: they follow
+    # those tokens, so the scheduler takes them only while the request still has exactly that many.
+    draft_token_ids: list[int] = field(default_factory=list)
+    drafts_at: int = -1
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1

@@ -14,6 +14,7 @@ Speculative decoding (with a proposer): a decoding request that allows drafts ru
 drafts in one step, like a short prompt chunk on its cached context, within the token budget and only when the
 pool has their slots (never preempting for drafts). update_from_output keeps the drafts the runner accepted, gives
 back the slots of the rejected ones, and applies the stops token by token, so tokens past a stop are dropped.
+A draft model's drafts (ModelDrafts) also take slots past the step's tokens, where its chained drafts' rows go.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 
 from mlaserve.core.kv_cache_manager import KVCacheManager
 from mlaserve.core.request import Request, RequestStatus
+from mlaserve.spec_decode.model_drafts import ModelDrafts
 from mlaserve.spec_decode.ngram import NgramProposer
 
 
@@ -86,13 +88,18 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(
-        self, config: SchedulerConfig, kv_cache_manager: KVCacheManager, proposer: NgramProposer | None = None
+        self,
+        config: SchedulerConfig,
+        kv_cache_manager: KVCacheManager,
+        proposer: NgramProposer | ModelDrafts | None = None,
     ) -> None:
         self.config = config
         self.kv_cache_manager = kv_cache_manager
         self.proposer = proposer  # drafts for requests that allow them; None: no speculation
         self.num_draft_tokens = 0  # drafts verified
         self.num_accepted_tokens = 0  # of those, the ones the model agreed with
+        # accepted drafts by their place in the step's drafts (vLLM's num_accepted_tokens_per_pos)
+        self.num_accepted_per_pos = [0] * (proposer.num_speculative_tokens if proposer else 0)
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.waiting: deque[Request] = deque()  # FCFS; preempted requests go back to the front
         # Kept sorted by arrival_index: the front gets the budget first, the back is preempted first.
@@ -208,11 +215,14 @@ class Scheduler:
             if ahead:  # the blocks that leave its window in `previous`, as schedule() would find them
                 kv.free_skipped(request, ahead)
             drafts = self._drafts(request, num_new, budget) if previous is None else []
-            block_ids = kv.allocate_slots(request, num_new + len(drafts)) if drafts else None
+            extra = self._lookahead(request, computed + num_new) if previous is None else 0
+            block_ids = kv.allocate_slots(request, num_new + len(drafts) + extra) if drafts else None
             if block_ids is None:  # no drafts, or no slots for them: a plain step (which may preempt)
                 drafts = []
                 # A lookahead may still give up below: its blocks join the prefix cache once it cannot.
-                block_ids = kv.allocate_slots(request, ahead + num_new, cache=previous is None)
+                block_ids = kv.allocate_slots(request, ahead + num_new + extra, cache=previous is None)
+                if block_ids is None and extra:
+                    block_ids = kv.allocate_slots(request, num_new)
             if block_ids is None and not decodes:
                 break  # a prompt chunk never preempts a stream here; the decode-first pass below may
             if block_ids is None and previous is not None:
@@ -247,7 +257,9 @@ class Scheduler:
             if not chunked and num_new > budget:
                 break
             num_new = min(num_new, budget)
-            block_ids = kv.allocate_slots(request, num_new, hits)
+            extra = self._lookahead(request, request.num_computed_tokens + num_hit_tokens + num_new)
+            block_ids = kv.allocate_slots(request, num_new + extra, hits) if extra else None
+            block_ids = block_ids or kv.allocate_slots(request, num_new, hits)
             if block_ids is None:
                 break
             self.waiting.popleft()
@@ -281,7 +293,14 @@ class Scheduler:
             request.max_tokens - request.num_output_tokens - 1,
             self.config.max_model_len - request.num_tokens - 1,
         )
-        return self.proposer.propose(request.all_token_ids, room) if room > 0 else []
+        return self.proposer.drafts_for(request, room) if room > 0 else []
+
+    def _lookahead(self, request: Request, end: int) -> int:
+        """Slots past a step's last token (end) for a draft model's rows of its own drafts, when the step ends
+        where the request's known tokens do (up to max_model_len; without them the drafts come out shorter)."""
+        if self.proposer is None or not request.allow_drafts or end != request.num_tokens:
+            return 0
+        return max(0, min(self.proposer.num_lookahead_slots, self.config.max_model_len - end))
 
     def update_from_output(
         self,
@@ -309,6 +328,10 @@ class Scheduler:
                 accepted = drafts[: (num_accepted or {}).get(request.request_id, 0)]
                 self.num_draft_tokens += len(drafts)
                 self.num_accepted_tokens += len(accepted)
+                per_pos = self.num_accepted_per_pos
+                per_pos.extend([0] * (len(accepted) - len(per_pos)))
+                for pos in range(len(accepted)):
+                    per_pos[pos] += 1
             # The rejected drafts' KV is garbage: they are not computed, and a later step overwrites their slots.
             request.num_computed_tokens += item.num_new_tokens - (len(drafts) - len(accepted))
             self.kv_cache_manager.free_skipped(request)

@@ -40,9 +40,7 @@ class EngineCore:
         # The executor's start-up line, from here: serve() keeps this module quiet and its report says it again.
         logger.info(self.executor.describe_kv_cache())
         # Off on CPU by default: there the host and the "device" are the same cores, so nothing overlaps.
-        auto = self.executor.device.type == "cuda"
-        chosen = config.scheduler.async_scheduling
-        self.async_scheduling = auto if chosen is None else chosen
+        self.async_scheduling = config.scheduler.async_on(self.executor.device.type)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 config.scheduler.max_num_seqs,
@@ -54,6 +52,10 @@ class EngineCore:
             self.kv_manager,
             build_proposer(config, self.async_scheduling, self.executor.kv_cache.group_rules),
         )
+        proposer = self.scheduler.proposer
+        if proposer is None:  # speculation off here (logged): no draft-layer pass either
+            self.executor.runner.drafter = None
+        self.kv_manager.drop_last_hit_block = proposer is not None and proposer.reads_next_token
         self._prompt_logprobs: dict[str, list[LogprobEntry | None]] = {}
         self._grammar_compiler: GrammarCompiler | None = None
         self.intake = RequestIntake(self.tokenizer, self.model_config, self.grammar_compiler)
@@ -179,6 +181,10 @@ class EngineCore:
         # A request whose grammar failed ends here, without the token its grammar could not take.
         failed = self.abort_requests(sorted(result.grammar_failed), RequestStatus.FINISHED_ERROR)
         before = {s.request.request_id: s.request.num_output_tokens for s in output.scheduled}
+        for s in output.scheduled:  # a draft model's drafts for the next step (Request.drafts_at)
+            made = result.drafts.get(s.request.request_id)
+            if made is not None:
+                s.request.drafts_at, s.request.draft_token_ids = made
         finished = self.scheduler.update_from_output(output, result.token_ids, result.num_accepted)
         finished_ids = {r.request_id for r in finished}
         outputs = failed

@@ -1,6 +1,7 @@
 """Which engines and requests speculate, and what stats() says of it.
 
-Built so far: prompt-lookup (n-gram) drafts on the eager path, verified greedily for greedy requests (the plain
+Built so far: prompt-lookup (n-gram) drafts, and DeepSeek-V3's multi-token-prediction layer as a draft model
+("mtp": runner/mtp_draft.py makes each step's drafts for the next), on the eager path, verified greedily for greedy requests (the plain
 engine's tokens exactly) and by rejection sampling for sampled ones, with temperature, top-k, top-p, min_p and seeds
 (the plain engine's distribution exactly; see runner/spec_verify.py), logit_bias included for both. A seeded
 request with drafts is reproducible run to run under the same speculative config, but its tokens differ from the
@@ -11,7 +12,7 @@ requests in the batch can change its draws.
 Not yet: drafts for requests with logprobs (not computed at draft positions) or with logits processed from their
 history or state (penalties, min_tokens, grammars), which run without drafts; CUDA graphs for verify steps (a step
 with drafts runs eagerly); asynchronous scheduling with drafts and tensor parallelism (speculation is turned off,
-with a logged reason); the MTP method (refused by SpeculativeOptions).
+with a logged reason); MTP drafts under a training-free window or pooling (off, with a logged reason).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import logging
 
 from mlaserve.config.engine_config import EngineConfig
 from mlaserve.core.scheduler import Scheduler
-from mlaserve.kvcache.spec import AttentionRule
+from mlaserve.kvcache.spec import FULL, AttentionRule
 from mlaserve.sampling_params import SamplingParams
+from mlaserve.spec_decode.model_drafts import ModelDrafts
 from mlaserve.spec_decode.ngram import NgramProposer
 
 logger = logging.getLogger(__name__)
@@ -29,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 def build_proposer(
     config: EngineConfig, async_scheduling: bool, group_rules: list[AttentionRule]
-) -> NgramProposer | None:
+) -> NgramProposer | ModelDrafts | None:
     """The drafts' proposer, or None when speculation is off or cannot run on this engine (logged, with why)."""
     spec = config.speculative
     if not spec.enabled:
@@ -41,9 +43,14 @@ def build_proposer(
         reason = "drafts are verified on rank 0 alone, not yet across tensor-parallel ranks"
     elif any(rule.ratio is not None for rule in group_rules):
         reason = "pooled cache entries (compress_ratio, DeepSeek-V4) would be built from rejected drafts"
+    elif spec.method == "mtp" and group_rules != [FULL]:
+        reason = "the draft layer attends over the full cache, not a window's"
     if reason is not None:
         logger.warning("speculative decoding (%s) is off: %s", spec.method, reason)
         return None
+    if spec.method == "mtp":
+        logger.info("speculative decoding: mtp, %d drafts per step", spec.num_speculative_tokens)
+        return ModelDrafts(spec.num_speculative_tokens)
     logger.info(
         "speculative decoding: %s, %d drafts per step, n-grams of %d to %d tokens",
         spec.method,
@@ -68,9 +75,13 @@ def exact_under_drafts(params: SamplingParams) -> bool:
 
 def speculative_stats(scheduler: Scheduler) -> dict[str, object]:
     drafted, accepted = scheduler.num_draft_tokens, scheduler.num_accepted_tokens
+    per_pos = list(scheduler.num_accepted_per_pos)
+    k = scheduler.proposer.num_speculative_tokens if scheduler.proposer is not None else 0
     return {
         "speculative_decoding": scheduler.proposer is not None,
         "num_draft_tokens": drafted,
         "num_accepted_tokens": accepted,
         "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
+        # accepted drafts by place: [0] counts steps whose first draft held, [1] the second, ...
+        "num_accepted_tokens_per_pos": per_pos + [0] * (k - len(per_pos)),
     }

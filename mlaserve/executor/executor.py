@@ -122,9 +122,17 @@ class Executor:
             self.kv_cache.group_rules,
             self.parallel,
         )
+        if getattr(self.model, "mtp", None):  # built for speculative method "mtp" (models/mtp.py)
+            from mlaserve.runner.mtp_draft import MtpDrafter
+
+            k = config.speculative.num_speculative_tokens
+            self.runner.drafter = MtpDrafter(self.model, self.kv_cache.tensors, block_size, k)
         if self.device.type == "cuda":
             self.runner.warm_up(self.max_num_batched_tokens, max_len)
-        graphable = decode_graphs_apply(self.model, self.backend, self.kv_cache.spec)
+        # Every step of an MTP engine runs eagerly (the drafter reads hidden states a graph does not keep).
+        graphable = self.runner.drafter is None and decode_graphs_apply(
+            self.model, self.backend, self.kv_cache.spec
+        )
         if self.device.type == "cuda" and not config.model.enforce_eager and graphable:
             prefill = prefill_graph_tokens(self.model, dtype, self.max_num_batched_tokens)
             self.runner.enable_cuda_graphs(max_len, config.scheduler.max_num_seqs, prefill)

@@ -11,6 +11,7 @@ from mlaserve.config.model_config import ModelConfig
 from mlaserve.loader.model_files import ModelFiles
 from mlaserve.loader.weights import LoadReport, init_dummy_weights, load_weights, weight_bytes_by_kind
 from mlaserve.models.base import CausalLM, ModelInit
+from mlaserve.models.mtp import check_mtp_weights
 from mlaserve.models.registry import get_model_class
 from mlaserve.parallel import SINGLE, ParallelContext
 
@@ -67,6 +68,7 @@ class ModelBuild:
     model: ModelOptions = field(default_factory=ModelOptions)
     mla: MLAOptions = field(default_factory=MLAOptions)
     parallel: ParallelContext = SINGLE  # this rank's slice (its layers take their part of each weight)
+    mtp_layers: int = 0  # multi-token-prediction layers to build (models/mtp.py)
 
 
 def build_model(build: ModelBuild) -> tuple[CausalLM, LoadReport]:
@@ -102,6 +104,7 @@ def build_model(build: ModelBuild) -> tuple[CausalLM, LoadReport]:
         enable_mla=mla.enable_mla,
         mla_skip_layers=tuple(mla.mla_skip_layers) if mla.enable_mla else (),
         quant=quant,
+        mtp_layers=build.mtp_layers,
     )
     previous = torch.get_default_dtype()
     torch.set_default_dtype(model_config.dtype)
@@ -116,6 +119,8 @@ def build_model(build: ModelBuild) -> tuple[CausalLM, LoadReport]:
         report = init_dummy_weights(model, build.model.seed)
     else:
         report = load_weights(model, checkpoint_tensors(files))
+        if build.mtp_layers:
+            check_mtp_weights(report.missing, model_config.hf_config.num_hidden_layers)
         report.raise_if_bad(files.path)
     model.process_weights_after_loading()
     pack_cpu_weights(model)

@@ -16,6 +16,8 @@ from mlaserve.executor.load_model import ModelBuild, build_model
 from mlaserve.loader.model_files import ModelFiles
 from mlaserve.loader.weights import LoadReport
 from mlaserve.models.base import CausalLM
+from mlaserve.models.mtp import mtp_layers_to_build
+from mlaserve.models.registry import get_model_class
 from mlaserve.parallel import ParallelContext
 
 logger = logging.getLogger(__name__)
@@ -45,8 +47,12 @@ def load_model(
     tokenizer: object | None,
 ) -> tuple[CausalLM, LoadReport]:
     """saved: the conversion section of a converted folder's config.json, when it is one."""
+    cls = get_model_class(model_config.architecture)
+    mtp = mtp_layers_to_build(cls, model_config.architecture, model_config.hf_config, config.speculative)
+    if config.scheduler.async_on(device.type) or config.parallel.distributed:
+        mtp = 0  # speculation turns itself off there (engine/speculation.py logs why): no layer to hold
     model, report = build_model(
-        ModelBuild(model_config, files, backend, device, config.model, config.mla, parallel)
+        ModelBuild(model_config, files, backend, device, config.model, config.mla, parallel, mtp)
     )
     if saved is not None:
         apply_saved_conversion(model, files.path)

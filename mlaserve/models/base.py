@@ -54,6 +54,8 @@ class CausalLM(nn.Module):
     supports_block_fp8 = False
     # whether its routed experts take MXFP4 weights (a block-FP8 checkpoint with expert_dtype "fp4")
     supports_mxfp4_experts = False
+    # whether its checkpoints' multi-token-prediction layers can serve as the draft model (speculative "mtp")
+    supports_mtp = False
     stacked_params: tuple[StackedParam, ...] = ()
     # Checkpoint names containing any of these are not weights (rotary caches, multi-token-prediction heads).
     ignored_fragments: tuple[str, ...] = ("rotary_emb.inv_freq",)
@@ -76,6 +78,16 @@ class CausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         return self.model(input_ids, positions, kv_caches, meta)
+
+    def forward_with_prenorm(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(forward's hidden states, the same before the final norm), for a draft layer that reads the latter."""
+        return self.model.forward_with_prenorm(input_ids, positions, kv_caches, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)
@@ -106,10 +118,14 @@ class CausalLM(nn.Module):
 
     def set_cache_groups(self, layer_groups: list[int]) -> None:
         """Tell each layer's attention which cache group (block tables, window) it reads (KVCacheSpec.layer_groups)."""
-        for layer, group in zip(self.model.layers, layer_groups, strict=True):
+        for layer, group in zip(self.cached_layers(), layer_groups, strict=True):
             for module in layer.modules():
                 if hasattr(module, "cache_group"):
                     module.cache_group = group
+
+    def cached_layers(self) -> list[nn.Module]:
+        """The layers with a cache of their own, in the order of kv_cache_spec's layers."""
+        return list(self.model.layers)
 
     def set_block_topk(self, topk: int) -> None:
         """The engine's training-free index_topk, on every paged attention layer (per-head K/V caches)."""
@@ -156,9 +172,15 @@ class DecoderStack(nn.Module):
     """Embedding, the layers (each with its own cache), final norm; subclasses build the three."""
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
+        return self.forward_with_prenorm(input_ids, positions, kv_caches, meta)[0]
+
+    def forward_with_prenorm(
+        self, input_ids, positions, kv_caches, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the final norm's output, its input: the residual stream after the last layer)."""
         hidden, residual = self.embed_tokens(input_ids), None
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
         if residual is None:  # no layers
-            return self.norm(hidden)
-        return self.norm.forward_with_residual(hidden, residual)[0]
+            return self.norm(hidden), hidden
+        return self.norm.forward_with_residual(hidden, residual)

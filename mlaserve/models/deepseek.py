@@ -5,6 +5,7 @@ import re
 import torch
 from torch import nn
 
+from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.config.quantization import BlockFP8Config
 from mlaserve.kvcache.spec import KVCacheSpec, LayerCacheSpec
 from mlaserve.layers.embedding import VocabParallelEmbedding
@@ -84,8 +85,8 @@ class DeepseekDecoderLayer(PreNormDecoderLayer):
 class DeepseekMTP(nn.Module):
     """A multi-token-prediction module of DeepSeek-V3's checkpoints (checkpoint layer num_hidden_layers + k): the
     next token's embedding and the main model's last hidden state, each normed, joined by eh_proj, then one decoder
-    layer and its own final norm before the shared LM head. Its weights load here; speculative decoding runs it.
-    Its embedding and head are the main model's (the checkpoint's copies are not read)."""
+    layer and its own final norm before the shared LM head. Speculative decoding runs it as the draft model
+    (runner/mtp_draft.py). Its embedding and head are the main model's (the checkpoint's copies are not read)."""
 
     def __init__(self, init: ModelInit, idx: int, sigmoid: bool) -> None:
         super().__init__()
@@ -98,6 +99,21 @@ class DeepseekMTP(nn.Module):
         self.block = DeepseekDecoderLayer(init, idx, sigmoid)
         self.shared_head = nn.Module()
         self.shared_head.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        embedded: torch.Tensor,
+        positions: torch.Tensor,
+        previous: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Per row, the hidden state (before shared_head.norm) at a position, from the embedding of the token after
+        it and the hidden state there before any final norm: the main model's, or this layer's own output for a
+        later draft."""
+        joined = torch.cat((self.enorm(embedded), self.hnorm(previous)), dim=-1)
+        hidden, residual = self.block(positions, self.eh_proj(joined), None, kv_cache, meta)
+        return hidden + residual
 
 
 class DeepseekModel(DecoderStack):
@@ -139,6 +155,27 @@ class DeepseekV2ForCausalLM(CausalLM):
             DeepseekMTP(init, layers + k, self.sigmoid_routing) for k in range(init.mtp_layers)
         )
 
+    def mtp_forward(
+        self,
+        k: int,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        previous: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Multi-token-prediction module k over a batch: its hidden states before its head's norm. Its cache is
+        the layer after the main model's (kv_cache_spec)."""
+        embedded = self.model.embed_tokens(input_ids)
+        cache = kv_caches[self.cfg.num_hidden_layers + k]
+        return self.mtp[k](embedded, positions, previous, cache, meta)
+
+    def mtp_logits(self, k: int, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.compute_logits(self.mtp[k].shared_head.norm(hidden))
+
+    def cached_layers(self) -> list[nn.Module]:
+        return [*self.model.layers, *(m.block for m in self.mtp)]
+
     def latent_attention_shape(self) -> tuple[int, int, int] | None:
         if self.mla_disable:
             return None
@@ -152,10 +189,16 @@ class DeepseekV2ForCausalLM(CausalLM):
             expanded = LayerCacheSpec(
                 heads, cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, True, cfg.v_head_dim
             )
-            return KVCacheSpec(tuple(expanded for _ in range(cfg.num_hidden_layers)), False)
+            return KVCacheSpec(tuple(expanded for _ in range(self.num_cached_layers)), False)
         index = getattr(cfg, "index_head_dim", None) if getattr(cfg, "index_topk", None) else None
         latent = LayerCacheSpec(1, cfg.kv_lora_rank + cfg.qk_rope_head_dim, False, index_head_dim=index)
-        return KVCacheSpec(tuple(latent for _ in range(cfg.num_hidden_layers)), True, per_head)
+        return KVCacheSpec(tuple(latent for _ in range(self.num_cached_layers)), True, per_head)
+
+    @property
+    def num_cached_layers(self) -> int:
+        """The decoder layers, then any multi-token-prediction layers: each caches as a decoder layer does, in
+        the same blocks (a draft layer's rows follow the sequence's)."""
+        return self.cfg.num_hidden_layers + len(self.mtp)
 
     def map_checkpoint_name(self, name: str) -> tuple[str, object] | None:
         layer = _LAYER.match(name)
@@ -195,12 +238,13 @@ class DeepseekV2ForCausalLM(CausalLM):
         return f"mtp.{k}." + ("" if own else "block.") + rest
 
     def process_weights_after_loading(self) -> None:
-        for layer in [*self.model.layers, *(m.block for m in self.mtp)]:
+        for layer in self.cached_layers():
             layer.self_attn.process_weights_after_loading()
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
     sigmoid_routing = True
+    supports_mtp = True  # its checkpoints carry num_nextn_predict_layers multi-token-prediction layers
 
 
 class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):

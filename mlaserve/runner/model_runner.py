@@ -19,6 +19,7 @@ from mlaserve.models.base import CausalLM
 from mlaserve.outputs import LogprobEntry
 from mlaserve.parallel import SINGLE, ParallelContext
 from mlaserve.runner.batch import HostBatch, plan_batch, to_device
+from mlaserve.runner.mtp_draft import MtpDrafter, draft_spans
 from mlaserve.runner.prompt_logprobs import PromptSpan, ScoredSpan, prompt_spans, score_prompt_spans
 from mlaserve.runner.spec_verify import accept_drafts, draft_rows, draft_targets
 from mlaserve.sampling.logits_processors import PendingTokens, process_logits
@@ -76,6 +77,8 @@ class StepResult:
     num_accepted: dict[str, int] = field(default_factory=dict)
     # Requests whose grammar stopped accepting tokens: they end with an error rather than go on unconstrained.
     grammar_failed: set[str] = field(default_factory=set)
+    # request id -> (the token count they follow, drafts) from a draft model, for the next step (mtp_draft.py)
+    drafts: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -100,6 +103,7 @@ class ModelRunner:
         self.grammars: dict[str, Grammar] = {}  # structured-output requests' matchers
         self.graphs = None  # DecodeGraphs, when enabled
         self.prefill_graphs = None  # PrefillGraphs, when enabled
+        self.drafter: MtpDrafter | None = None  # MTP drafts after every step (speculative method "mtp")
         self._turn = 0
         if device.type == "cuda":
             self._host_ids = [torch.empty(256, dtype=torch.long, pin_memory=True) for _ in range(2)]
@@ -179,10 +183,12 @@ class ModelRunner:
             broadcast_object(
                 self.parallel, StepPlan(dataclasses.replace(host, order=[], sampled=[]), spans, source_rows)
             )
-        logits, scored, verify_logits = self._forward(
+        logits, scored, verify_logits, prenorm = self._forward(
             host, spans, source_rows, None if previous is None else previous.token_ids, verify_rows
         )
         if logits is None:
+            if prenorm is not None:  # a prompt chunk's draft-layer rows
+                self.drafter.propose(draft_spans(host, {}, {}), prenorm)
             return LaunchedStep(output, [], [], None, None, None, None, scored)
         params = [s.request.sampling_params for s in host.sampled]
         generators = [self.generators.get(s.request.request_id) for s in host.sampled]
@@ -206,6 +212,7 @@ class ModelRunner:
         host_ids, done = self._copy_out(token_ids)
         step = LaunchedStep(output, host.sampled, params, logprobs, token_ids, host_ids, done, scored)
         step.drafted, step.verified = drafted, verified
+        step.host, step.prenorm = host, prenorm
         return step
 
     @torch.inference_mode()
@@ -226,17 +233,18 @@ class ModelRunner:
         source_rows: list[int] | None,
         source_ids: torch.Tensor | None,
         verify_rows: list[int] | None = None,
-    ) -> tuple[torch.Tensor | None, list[ScoredSpan], torch.Tensor | None]:
-        """The logits of the sampled rows (None when no row samples), the prompt logprobs asked for, and the logits
-        at verify_rows (speculative drafts' positions; None when there are none). A step with drafts runs eagerly:
-        no CUDA graph is captured for it."""
+    ) -> tuple[torch.Tensor | None, list[ScoredSpan], torch.Tensor | None, torch.Tensor | None]:
+        """The logits of the sampled rows (None when no row samples), the prompt logprobs asked for, the logits
+        at verify_rows (speculative drafts' positions; None when there are none) and, with an MTP drafter, every
+        row's hidden state before the final norm. A step with drafts, or with a drafter, runs eagerly: no CUDA
+        graph is captured for it."""
         graphs, prefills = self.graphs, self.prefill_graphs
         source = None if source_rows is None else lookahead_source(source_ids, source_rows, host.ids)
-        eager = bool(spans or verify_rows)
+        eager = bool(spans or verify_rows) or self.drafter is not None
         if graphs is not None and not eager and graphs.can_run(host):
-            return graphs.run(host, source), [], None  # every decode row samples, in row order
+            return graphs.run(host, source), [], None, None  # every decode row samples, in row order
         if prefills is not None and not eager and host.sample_rows and prefills.can_run(host):
-            return prefills.run(host), [], None  # the sampled sequences' rows, in order
+            return prefills.run(host), [], None, None  # the sampled sequences' rows, in order
         batch = to_device(
             host,
             self.block_size,
@@ -246,17 +254,23 @@ class ModelRunner:
         )
         if source is not None:  # one index per token
             batch.input_ids = source[0].index_select(0, queued_values(source[1], torch.long, self.device))
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
+        prenorm = None
+        if self.drafter is not None:
+            hidden, prenorm = self.model.forward_with_prenorm(
+                batch.input_ids, batch.positions, self.kv_caches, batch.meta
+            )
+        else:
+            hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
         scored = score_prompt_spans(self.model, hidden, spans)
         if not host.sample_rows:
-            return None, scored, None
+            return None, scored, None, prenorm
         if not verify_rows:
-            return self.model.compute_logits(hidden[batch.sample_rows]), scored, None
+            return self.model.compute_logits(hidden[batch.sample_rows]), scored, None, prenorm
         # One head call for the sampled and the draft rows: every row's logits come from the same GEMM.
         rows = torch.cat((batch.sample_rows, queued_values(verify_rows, torch.long, self.device)))
         logits = self.model.compute_logits(hidden[rows])
         num_sampled = len(host.sample_rows)
-        return logits[:num_sampled], scored, logits[num_sampled:]
+        return logits[:num_sampled], scored, logits[num_sampled:], prenorm
 
     def collect(self, step: "LaunchedStep") -> StepResult:
         """Waits for a launched step's tokens (and reads the logprobs asked for)."""
@@ -271,6 +285,9 @@ class ModelRunner:
         ids = [s.request.request_id for s in step.sampled]
         result = self._results(step, ids, token_list, prompt_logprobs)
         result.grammar_failed = self._advance_grammars(ids, token_list)
+        if step.prenorm is not None:  # the layer's rows for this step's tokens, and the next step's drafts
+            spans = draft_spans(step.host, result.token_ids, result.num_accepted)
+            result.drafts = self.drafter.propose(spans, step.prenorm)
         return result
 
     def _results(
@@ -375,6 +392,8 @@ class LaunchedStep:
         default_factory=list
     )  # requests with speculative drafts, in batch order
     verified: torch.Tensor | None = None  # each draft's target token (spec_verify.draft_targets)
+    host: HostBatch | None = None  # the batch, for an MTP drafter's pass after the step
+    prenorm: torch.Tensor | None = None  # with an MTP drafter: every row's hidden state before the final norm
 
     @property
     def needs_host(self) -> bool:

@@ -68,6 +68,17 @@ class _EngineCollector(Collector):
         family.add_metric(list(labels.values()), float(value))
         return family
 
+    def _per_position(self, counts: list[int]) -> CounterMetricFamily:
+        """vLLM's accepted drafts by their place in the step's drafts: one sample per position, labelled."""
+        family = CounterMetricFamily(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            labels=[*self._labels, "position"],
+        )
+        for position, count in enumerate(counts):
+            family.add_metric([*self._labels.values(), str(position)], float(count))
+        return family
+
     def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
         family = CounterMetricFamily(name, doc, labels=list(self._labels))
         family.add_metric(list(self._labels.values()), float(value))
@@ -112,6 +123,7 @@ class _EngineCollector(Collector):
                 "Number of accepted tokens.",
                 s.get("num_accepted_tokens", 0),
             )
+            yield self._per_position(s.get("num_accepted_tokens_per_pos", []))
         info = {
             **self._labels,
             "block_size": str(s.get("block_size", "")),

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlaserve.core.request import Request
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,13 @@ class NgramProposer:
     def __post_init__(self) -> None:
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max or self.num_speculative_tokens < 1:
             raise ValueError(f"NgramProposer needs 1 <= min <= max and k >= 1, got {self}")
+
+    # No cache rows of its own: nothing past the drafts' slots, and any prefix-cache hit serves.
+    num_lookahead_slots = 0
+    reads_next_token = False
+
+    def drafts_for(self, request: Request, max_tokens: int) -> list[int]:
+        return self.propose(request.all_token_ids, max_tokens)
 
     def propose(self, token_ids: Sequence[int], max_tokens: int | None = None) -> list[int]:
         """Up to min(k, max_tokens) drafts to follow token_ids; empty when no suffix n-gram recurs."""

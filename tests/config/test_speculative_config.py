@@ -38,7 +38,8 @@ def test_round_trip_through_flat_options() -> None:
         ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
         ({"method": "ngram", "num_speculative_tokens": True}, "num_speculative_tokens"),
         ({"method": "eagle", "num_speculative_tokens": 1}, "method"),
-        ({"method": "mtp", "num_speculative_tokens": 1}, "method"),
+        ({"method": "mtp"}, "num_speculative_tokens"),
+        ({"method": "mtp", "num_speculative_tokens": 1, "prompt_lookup_max": 3}, "prompt_lookup_max"),
         ({"num_speculative_tokens": 2}, "method"),
         ({"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_min": 0}, "prompt_lookup_min"),
         ({"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_min": 3, "prompt_lookup_max": 2},
@@ -48,6 +49,14 @@ def test_round_trip_through_flat_options() -> None:
 def test_bad_values_name_the_field(value: dict, field: str) -> None:
     with pytest.raises(ValueError, match=rf"speculative_config\['{field}'\]"):
         EngineConfig.from_kwargs(speculative_config=value)
+
+
+def test_mtp_and_its_vllm_alias() -> None:
+    config = EngineConfig.from_kwargs(
+        speculative_config={"method": "deepseek_mtp", "num_speculative_tokens": 2}
+    )
+    assert config.speculative.method == "mtp"
+    assert config.speculative.as_dict() == {"method": "mtp", "num_speculative_tokens": 2}
 
 
 def test_unknown_keys_and_types() -> None:

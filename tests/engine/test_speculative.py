@@ -48,6 +48,9 @@ def test_greedy_tokens_equal_the_plain_engines(model, k: int) -> None:
     assert stats["speculative_decoding"] and stats["kv_blocks_used"] == 0
     assert stats["num_draft_tokens"] > 0 and 0 < stats["num_accepted_tokens"] <= stats["num_draft_tokens"]
     assert stats["draft_acceptance_rate"] == stats["num_accepted_tokens"] / stats["num_draft_tokens"]
+    per_pos = stats["num_accepted_tokens_per_pos"]
+    assert len(per_pos) == k and sum(per_pos) == stats["num_accepted_tokens"] and per_pos[0] > 0
+    assert per_pos == sorted(per_pos, reverse=True)  # a draft is accepted only after every one before it
     assert stats["num_generated_tokens"] == sum(len(t) for t in want)
 
 

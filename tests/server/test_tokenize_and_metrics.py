@@ -137,12 +137,25 @@ def test_speculative_decoding_counts_under_vllms_names():
 
     from mlaserve.server.metrics import _EngineCollector
 
-    stats = {"speculative_decoding": True, "num_draft_tokens": 12, "num_accepted_tokens": 9}
+    stats = {
+        "speculative_decoding": True,
+        "num_draft_tokens": 12,
+        "num_accepted_tokens": 9,
+        "num_accepted_tokens_per_pos": [6, 3],
+    }
     registry = CollectorRegistry()
     registry.register(_EngineCollector(lambda: stats, lambda: True, {"model_name": "tiny", "engine": "0"}))
     samples = vllm_samples(generate_latest(registry).decode(), "tiny")
     assert samples["vllm:spec_decode_num_draft_tokens_total"] == 12
     assert samples["vllm:spec_decode_num_accepted_tokens_total"] == 9
+    text = generate_latest(registry).decode()
+    family = next(
+        f
+        for f in text_string_to_metric_families(text)
+        if f.name == "vllm:spec_decode_num_accepted_tokens_per_pos"
+    )
+    per_pos = {s.labels["position"]: s.value for s in family.samples if s.name.endswith("_total")}
+    assert per_pos == {"0": 6.0, "1": 3.0} and family.type == "counter"
     registry = CollectorRegistry()
     registry.register(_EngineCollector(lambda: {}, lambda: True, {"model_name": "tiny", "engine": "0"}))
     assert "vllm:spec_decode_num_draft_tokens_total" not in generate_latest(registry).decode()

@@ -1,0 +1,65 @@
+"""The scheduler with a draft model's drafts (ModelDrafts, the MTP method), torch-free: drafts taken only for the
+tokens they were made after, slots past the step for the chained drafts' own rows, prefix hits a block short,
+accepted drafts counted by position."""
+
+from __future__ import annotations
+
+from mlaserve.spec_decode.model_drafts import ModelDrafts
+
+from .conftest import make_scheduler
+
+
+def drafting(k: int = 3, **options):
+    sched = make_scheduler(**options)
+    sched.proposer = ModelDrafts(k)
+    sched.num_accepted_per_pos = [0] * k
+    return sched
+
+
+def test_lookahead_slots_and_drafts_for_the_tokens_they_follow(make_request) -> None:
+    sched = drafting()
+    request = make_request(list(range(10, 18)), allow_drafts=True)
+    sched.add_request(request)
+    out = sched.schedule()
+    (item,) = out.scheduled
+    # 8 prompt tokens and 2 slots for the second and third drafts' rows: 10 slots, 3 blocks of 4
+    assert item.num_new_tokens == 8 and len(item.block_ids[0]) == 3
+    sched.update_from_output(out, {request.request_id: 5})
+    request.drafts_at, request.draft_token_ids = 9, [1, 2, 3]
+    out = sched.schedule()
+    (item,) = out.scheduled
+    # the last token and 3 drafts from position 8, then 2 lookahead slots: 14 slots, 4 blocks
+    assert item.spec_token_ids == [1, 2, 3] and item.num_new_tokens == 4 and len(item.block_ids[0]) == 4
+    sched.update_from_output(out, {request.request_id: 7}, {request.request_id: 1})
+    assert request.output_token_ids == [5, 1, 7] and request.num_computed_tokens == 10
+    assert sched.num_accepted_per_pos == [1, 0, 0]
+    # The drafts were made after 9 tokens; the request has 11 now: none are taken.
+    (item,) = sched.schedule().scheduled
+    assert item.spec_token_ids == [] and item.num_new_tokens == 1
+
+
+def test_lookahead_stops_at_max_model_len(make_request) -> None:
+    sched = drafting(max_model_len=9)
+    request = make_request(list(range(10, 18)), max_tokens=1, allow_drafts=True)
+    sched.add_request(request)
+    (item,) = sched.schedule().scheduled
+    assert len(item.block_ids[0]) == 3  # 8 tokens and the one slot left before max_model_len
+    sched = drafting()
+    other = make_request(list(range(10, 18)))  # no drafts: no lookahead
+    sched.add_request(other)
+    assert len(sched.schedule().scheduled[0].block_ids[0]) == 2
+
+
+def test_prefix_hits_stop_a_block_short(make_request) -> None:
+    """The draft layer's row at a position was made with the token after it: the last hit block's final row
+    read the next block's first token, which the new request may not share."""
+    for drop, want in ((False, 12), (True, 8)):
+        sched = drafting()
+        sched.kv_cache_manager.drop_last_hit_block = drop
+        first = make_request(list(range(10, 23)), max_tokens=1)
+        sched.add_request(first)
+        sched.update_from_output(sched.schedule(), {first.request_id: 3})
+        second = make_request(list(range(10, 22)) + [99])
+        sched.add_request(second)
+        (item,) = sched.schedule().scheduled
+        assert item.num_computed_tokens == want, drop
