@@ -28,6 +28,7 @@ from mlaserve.engine.core_output import CoreOutput
 from mlaserve.engine.core_threads import CoreThreads
 from mlaserve.engine.grammar_builds import GrammarBuilds, needs_build
 from mlaserve.engine.heap import freeze_start_up_objects
+from mlaserve.engine.host_malloc import HostMalloc
 from mlaserve.engine.step_trace import trace
 from mlaserve.error_text import error_text
 from mlaserve.executor.workers import WorkerDied
@@ -56,6 +57,7 @@ def core_main(
     from mlaserve.config.engine_config import EngineConfig
     from mlaserve.engine.core import EngineCore
 
+    malloc = HostMalloc()  # first: the arena cap holds only for threads not yet started
     try:
         config = EngineConfig.from_kwargs(**options)
         core = EngineCore(config)
@@ -75,7 +77,7 @@ def core_main(
         _send(conn, ("ready", info))
     freeze_start_up_objects()  # the model's modules, the scheduler: they live as long as the process
     try:
-        _CoreLoop(core, conns, threads).run()
+        _CoreLoop(core, conns, threads, malloc).run()
     finally:
         core.close()  # a tensor-parallel engine's other ranks
 
@@ -89,9 +91,12 @@ def _send(conn: Connection, message: tuple) -> bool:
 
 
 class _CoreLoop:
-    def __init__(self, core: Any, conns: list[Connection], threads: CoreThreads) -> None:
+    def __init__(
+        self, core: Any, conns: list[Connection], threads: CoreThreads, malloc: HostMalloc | None = None
+    ) -> None:
         self.core = core
         self.threads = threads
+        self.malloc = malloc
         self.main = conns[0]
         self.conns = list(conns)
         self.owner: dict[str, Connection] = {}  # request id -> the pipe of the API server that added it
@@ -110,6 +115,8 @@ class _CoreLoop:
                 return
             if not self.core.has_unfinished_requests():
                 self._send_stats()
+                if self.malloc is not None:
+                    self.malloc.trim_when_idle()  # no stream waits on an idle core
                 continue
             try:
                 trace("core_step_start")
