@@ -7,7 +7,10 @@ request left running, and the server's resident memory flat after the warm-up (g
 the end of the first fifth of the requests to the end).
 
 The default model is a tiny random Llama (mlaserve/testing/tiny_models.py) so that 10,000 requests take minutes, not hours;
---model serves any other folder.
+--model serves any other folder. --varied-prompts draws each completion's prompt length from 1 word up to most of
+--max-model-len (uniform in its logarithm), so the engine core sees many tensor shapes: what the allocator's
+fragmentation and any per-shape cache show up under. The engine core's resident memory is sampled beside the
+API server's, and both growths are reported and held to --rss-bound-mib.
 
     python benchmarks/soak.py                      # writes benchmarks/results/soak-<date>.json
 """
@@ -18,6 +21,7 @@ import argparse
 import asyncio
 import datetime
 import json
+import math
 import os
 import platform
 import random
@@ -77,14 +81,35 @@ def metric(text: str, name: str) -> float:
     raise KeyError(name)
 
 
+def core_pid(server_pid: int) -> int | None:
+    """The engine core: the server's child process named mlaserve-engine-core (multiprocessing sets the name)."""
+    for task in Path(f"/proc/{server_pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"multiprocessing.spawn" in cmdline:  # not its resource tracker
+                return int(child)
+    return None
+
+
 def words(rng: random.Random, n: int) -> str:
     return " ".join(f"w{rng.randrange(3, 250)}" for _ in range(n))
 
 
-async def one(client: httpx.AsyncClient, kind: str, rng: random.Random) -> int:
+def prompt_words(rng: random.Random, varied_up_to: int | None) -> int:
+    if varied_up_to is None:
+        return rng.randrange(1, 60)
+    return max(1, int(math.exp(rng.uniform(0.0, math.log(varied_up_to)))))
+
+
+async def one(
+    client: httpx.AsyncClient, kind: str, rng: random.Random, varied_up_to: int | None = None
+) -> int:
     """Sends one request of `kind`; returns the HTTP status (0 for an abandoned stream)."""
     if kind == "completion":
-        body = {"prompt": words(rng, rng.randrange(1, 60)), "max_tokens": rng.randrange(1, 16)}
+        body = {"prompt": words(rng, prompt_words(rng, varied_up_to)), "max_tokens": rng.randrange(1, 16)}
         if rng.random() < 0.3:
             body.update(temperature=0.8, seed=rng.randrange(1000), n=rng.randrange(1, 3))
         return (await client.post("/v1/completions", json=body)).status_code
@@ -120,7 +145,14 @@ async def one(client: httpx.AsyncClient, kind: str, rng: random.Random) -> int:
 
 
 async def drive(
-    url: str, total: int, concurrency: int, seed: int, pid: int, samples: list, only: set[str] | None = None
+    url: str,
+    total: int,
+    concurrency: int,
+    seed: int,
+    pid: int,
+    samples: list,
+    only: set[str] | None = None,
+    varied_up_to: int | None = None,
 ) -> dict:
     rng = random.Random(seed)
     kinds = [k for k, w in KINDS for _ in range(w) if only is None or k in only]
@@ -141,7 +173,7 @@ async def drive(
             while not queue.empty():
                 _, kind = queue.get_nowait()
                 try:
-                    status = await one(client, kind, wrng)
+                    status = await one(client, kind, wrng, varied_up_to)
                 except httpx.HTTPError as e:
                     errors.append(f"{kind}: {type(e).__name__}: {e}")
                     status = -1
@@ -149,17 +181,26 @@ async def drive(
                 per_kind[str(status)] = per_kind.get(str(status), 0) + 1
                 done += 1
 
+    core = core_pid(pid)
+
+    def sample() -> dict:
+        core_rss = rss_mib(core) if core is not None else None
+        return {
+            "t_s": round(time.monotonic() - started, 2),
+            "done": done,
+            "rss_mib": rss_mib(pid),
+            "core_rss_mib": core_rss,
+        }
+
     async def sampler() -> None:
         while done < total:
-            samples.append(
-                {"t_s": round(time.monotonic() - started, 2), "done": done, "rss_mib": rss_mib(pid)}
-            )
+            samples.append(sample())
             await asyncio.sleep(0.5)
 
     sampling = asyncio.create_task(sampler())
     await asyncio.gather(*(worker(i) for i in range(concurrency)))
     sampling.cancel()
-    samples.append({"t_s": round(time.monotonic() - started, 2), "done": done, "rss_mib": rss_mib(pid)})
+    samples.append(sample())
     return {
         "statuses": statuses,
         "errors": errors[:20],
@@ -177,6 +218,15 @@ def main() -> int:
     parser.add_argument("--rss-bound-mib", type=float, default=64.0)
     parser.add_argument("--output", default=None)
     parser.add_argument("--kinds", default=None, help="only these request kinds, comma-separated (to bisect)")
+    parser.add_argument("--max-model-len", type=int, default=256)
+    parser.add_argument(
+        "--varied-prompts",
+        action="store_true",
+        help="completion prompts from 1 word to most of max-model-len",
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="requests before growth is measured (a fifth)"
+    )
     args = parser.parse_args()
 
     model = args.model
@@ -190,7 +240,8 @@ def main() -> int:
         model = str(path)
     port = free_port()
     cmd = [sys.executable, "-m", "mlaserve.cli", "serve", "--model", model, "--port", str(port)]
-    cmd += ["--dtype", "float32", "--device", "cpu", "--max-model-len", "256", "--num-kv-blocks", "512"]
+    cmd += ["--dtype", "float32", "--device", "cpu", "--max-model-len", str(args.max_model_len)]
+    cmd += ["--num-kv-blocks", str(max(512, 2 * args.max_model_len))]
     cmd += ["--max-concurrent-requests", "64", "--served-model-name", "soak"]
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
@@ -208,8 +259,10 @@ def main() -> int:
             time.sleep(0.3)
         samples: list[dict] = []
         only = set(args.kinds.split(",")) if args.kinds else None
+        # Words of this tokenizer-agnostic kind are a few tokens each: a third of the context leaves room to spare.
+        varied = args.max_model_len // 3 if args.varied_prompts else None
         result = asyncio.run(
-            drive(url, args.requests, args.concurrency, args.seed, server.pid, samples, only)
+            drive(url, args.requests, args.concurrency, args.seed, server.pid, samples, only, varied)
         )
         time.sleep(1.0)  # aborted streams are freed on the engine's next loop
         page = httpx.get(f"{url}/metrics", timeout=10).text
@@ -220,9 +273,12 @@ def main() -> int:
         server.terminate()
         server.wait(30)
 
-    warm = next(s for s in samples if s["done"] >= args.requests // 5)
+    warmup = args.warmup if args.warmup is not None else args.requests // 5
+    warm = next(s for s in samples if s["done"] >= warmup)
     after = [s["rss_mib"] for s in samples if s["done"] >= warm["done"]]
     growth = max(after) - warm["rss_mib"]
+    core_after = [s["core_rss_mib"] for s in samples if s["done"] >= warm["done"] and s["core_rss_mib"]]
+    core_growth = max(core_after) - warm["core_rss_mib"] if core_after and warm["core_rss_mib"] else None
     five_xx = {k: n for kind in result["statuses"].values() for k, n in kind.items() if k.startswith("5")}
     report = {
         "date": datetime.date.today().isoformat(),
@@ -241,6 +297,9 @@ def main() -> int:
         "rss_mib_after_warmup": warm["rss_mib"],
         "rss_mib_max_after_warmup": max(after),
         "rss_growth_after_warmup_mib": round(growth, 1),
+        "core_rss_mib_after_warmup": warm["core_rss_mib"],
+        "core_rss_growth_after_warmup_mib": None if core_growth is None else round(core_growth, 1),
+        "warmup_requests": warmup,
         "rss_bound_mib": args.rss_bound_mib,
         "rss_samples": samples,
     }
@@ -250,6 +309,7 @@ def main() -> int:
         and kv_used == 0
         and running == 0
         and growth < args.rss_bound_mib
+        and (core_growth is None or core_growth < args.rss_bound_mib)
     )
     output = Path(args.output or REPO / "benchmarks" / "results" / f"soak-{report['date']}.json")
     output.write_text(json.dumps(report, indent=2) + "\n")

@@ -210,6 +210,10 @@ class ServerSection(_Section):
     body_timeout_s: Annotated[float, Field(gt=0)] = _SERVER["body_timeout_s"]
     keep_alive_timeout_s: Annotated[float, Field(gt=0)] = _SERVER["keep_alive_timeout_s"]
     max_connections: PositiveInt = _SERVER["max_connections"]
+    grammar_max_choices: PositiveInt = _SERVER["grammar_max_choices"]
+    grammar_max_choice_bytes: PositiveInt = _SERVER["grammar_max_choice_bytes"]
+    grammar_max_bytes: PositiveInt = _SERVER["grammar_max_bytes"]
+    grammar_compile_timeout_s: Annotated[float, Field(gt=0)] = _SERVER["grammar_compile_timeout_s"]
     api_server_count: Annotated[int, Field(ge=1, le=64)] = _SERVER["api_server_count"]
     tool_call_parser: ToolParserName | None = _SERVER["tool_call_parser"]
     enable_auto_tool_choice: bool = _SERVER["enable_auto_tool_choice"]
@@ -217,7 +221,7 @@ class ServerSection(_Section):
     # Read at validation time, so a DeployConfig can never exist with auth configured but keys unread.
     _api_keys: tuple[str, ...] = PrivateAttr(default=())
 
-    @field_validator("max_body_bytes", mode="before")
+    @field_validator("max_body_bytes", "grammar_max_choice_bytes", "grammar_max_bytes", mode="before")
     @classmethod
     def _size(cls, value: object) -> object:
         return parse_bytes(value)
@@ -311,6 +315,10 @@ class DeployConfig(_Section):
             body_timeout_s=server.body_timeout_s,
             keep_alive_timeout_s=server.keep_alive_timeout_s,
             max_connections=server.max_connections,
+            grammar_max_choices=server.grammar_max_choices,
+            grammar_max_choice_bytes=server.grammar_max_choice_bytes,
+            grammar_max_bytes=server.grammar_max_bytes,
+            grammar_compile_timeout_s=server.grammar_compile_timeout_s,
             api_server_count=server.api_server_count,
             tool_call_parser=server.tool_call_parser,
             enable_auto_tool_choice=server.enable_auto_tool_choice,

@@ -23,6 +23,12 @@ class ServerSettings:
     body_timeout_s: float = 30.0
     keep_alive_timeout_s: float = 5.0
     max_connections: int = 1024
+    # Structured-output constraints (sampling/grammar_limits.py): past a cap a request is refused before any compile,
+    # and one whose compile outlasts the deadline gets a 400 too; both name the request's field.
+    grammar_max_choices: int = 10_000
+    grammar_max_choice_bytes: int = 256 * 1024
+    grammar_max_bytes: int = 256 * 1024
+    grammar_compile_timeout_s: float = 5.0
     # HTTP processes in front of the one engine core (vLLM's --api-server-count): each parses, detokenizes and
     # streams for the connections it accepts; max_concurrent_requests and max_connections hold for all of them
     # together (counted across the processes), since the kernel does not spread connections evenly.

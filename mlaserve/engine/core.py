@@ -101,7 +101,10 @@ class EngineCore:
         request.allow_drafts = self.scheduler.proposer is not None and exact_under_drafts(params)
         grammar = None
         if params.structured_outputs is not None:
-            grammar = self.grammar_compiler().new(params.structured_outputs)
+            compiled = prepared.grammar
+            if compiled is None:  # prepared by hand, not by prepare(): compiled here, still within the caps
+                compiled = self.grammar_compiler().compile(params.structured_outputs)
+            grammar = self.grammar_compiler().new(compiled)
         self.scheduler.add_request(request)  # first: it rejects a duplicate id before any state is replaced
         self.executor.add_request(request_id, params.seed, grammar)
         if params.prompt_logprobs is not None:
@@ -218,7 +221,9 @@ class EngineCore:
 
     # ---- lifetime and introspection -------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop a tensor-parallel engine's other ranks; idempotent."""
+        """Stop a tensor-parallel engine's other ranks, and the grammar compiler's workers; idempotent."""
+        if self._grammar_compiler is not None:
+            self._grammar_compiler.shutdown()
         self.executor.close()
 
     def capture_mla_graph(self, max_seq_len: int | None = None) -> int:

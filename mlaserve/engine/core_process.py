@@ -26,7 +26,9 @@ from typing import Any
 from mlaserve.core.request import RequestStatus
 from mlaserve.engine.core_output import CoreOutput
 from mlaserve.engine.core_threads import CoreThreads
+from mlaserve.engine.grammar_builds import GrammarBuilds, needs_build
 from mlaserve.engine.heap import freeze_start_up_objects
+from mlaserve.engine.host_malloc import HostMalloc
 from mlaserve.engine.step_trace import trace
 from mlaserve.error_text import error_text
 from mlaserve.executor.workers import WorkerDied
@@ -55,6 +57,7 @@ def core_main(
     from mlaserve.config.engine_config import EngineConfig
     from mlaserve.engine.core import EngineCore
 
+    malloc = HostMalloc()  # first: the arena cap holds only for threads not yet started
     try:
         config = EngineConfig.from_kwargs(**options)
         core = EngineCore(config)
@@ -74,7 +77,7 @@ def core_main(
         _send(conn, ("ready", info))
     freeze_start_up_objects()  # the model's modules, the scheduler: they live as long as the process
     try:
-        _CoreLoop(core, conns, threads).run()
+        _CoreLoop(core, conns, threads, malloc).run()
     finally:
         core.close()  # a tensor-parallel engine's other ranks
 
@@ -88,16 +91,21 @@ def _send(conn: Connection, message: tuple) -> bool:
 
 
 class _CoreLoop:
-    def __init__(self, core: Any, conns: list[Connection], threads: CoreThreads) -> None:
+    def __init__(
+        self, core: Any, conns: list[Connection], threads: CoreThreads, malloc: HostMalloc | None = None
+    ) -> None:
         self.core = core
         self.threads = threads
+        self.malloc = malloc
         self.main = conns[0]
         self.conns = list(conns)
         self.owner: dict[str, Connection] = {}  # request id -> the pipe of the API server that added it
         self.last_stats = 0.0
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.builds = GrammarBuilds(self.inbox)
 
     def run(self) -> None:
-        inbox: queue.SimpleQueue = queue.SimpleQueue()
+        inbox = self.inbox
         reader = threading.Thread(target=_read_pipes, args=(list(self.conns), inbox), daemon=True)
         reader.start()
         errors = 0
@@ -107,6 +115,8 @@ class _CoreLoop:
                 return
             if not self.core.has_unfinished_requests():
                 self._send_stats()
+                if self.malloc is not None:
+                    self.malloc.trim_when_idle()  # no stream waits on an idle core
                 continue
             try:
                 trace("core_step_start")
@@ -159,6 +169,7 @@ class _CoreLoop:
             return False
         self.conns.remove(conn)
         self.threads.forget(conn)
+        self.builds.forget(conn)
         conn.close()
         gone = sorted(rid for rid, owner in self.owner.items() if owner is conn)
         for rid in gone:
@@ -171,10 +182,17 @@ class _CoreLoop:
         kind = message[0]
         if kind == "add":
             for request_id, prepared in message[1]:
-                try:
-                    self.core.add_request(prepared, request_id)
-                    self.owner[request_id] = conn
-                except Exception as error:  # noqa: BLE001 - a bad request fails alone
+                if needs_build(prepared):  # its grammar is built off this loop; "built" adds it
+                    self.builds.start(self.core.grammar_compiler(), conn, request_id, prepared)
+                else:
+                    self._add(conn, request_id, prepared)
+        elif kind == "built":
+            _, request_id, prepared, future = message
+            if self.builds.finish(request_id, prepared):
+                error = future.exception()
+                if error is None:
+                    self._add(conn, request_id, prepared)
+                else:
                     _send(conn, ("add_failed", [request_id], f"{type(error).__name__}: {error}"))
         elif kind == "abort":
             # None: every request of the API server that asks (the end of its shutdown grace)
@@ -182,12 +200,22 @@ class _CoreLoop:
             status = (
                 RequestStatus.FINISHED_STOPPED if message[2] == "stop" else RequestStatus.FINISHED_ABORTED
             )
+            unbuilt = self.builds.abort(conn, message[1], status.finish_reason)
+            if unbuilt:
+                _send(conn, ("out", unbuilt, None))
             self._send_outputs(self.core.abort_requests(ids, status))
         elif kind == "load":
             self.threads.report(conn, message[1])
         elif kind == "stop":
             return False
         return True
+
+    def _add(self, conn: Connection, request_id: str, prepared: Any) -> None:
+        try:
+            self.core.add_request(prepared, request_id)
+            self.owner[request_id] = conn
+        except Exception as error:  # noqa: BLE001 - a bad request fails alone
+            _send(conn, ("add_failed", [request_id], f"{type(error).__name__}: {error}"))
 
     def _send_outputs(self, outputs: list[CoreOutput]) -> None:
         """The step's deltas first; then the finished requests' blocks go back to the pool and, when due, the

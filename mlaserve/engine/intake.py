@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from mlaserve.config.model_config import ModelConfig
 from mlaserve.engine.prompt_bound import PromptBound
-from mlaserve.sampling.structured_output import GrammarCompiler
+from mlaserve.sampling.grammar_limits import GrammarLimits
+from mlaserve.sampling.structured_output import CompiledGrammar, GrammarCompiler
 from mlaserve.sampling_params import SamplingParams
 
 
@@ -38,6 +39,8 @@ class PreparedRequest:
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
+    # Set when params has structured_outputs: compiled here, so the engine's loop only copies its matcher.
+    grammar: CompiledGrammar | None = None
 
 
 class RequestIntake:
@@ -46,10 +49,12 @@ class RequestIntake:
         tokenizer: object | None,
         model_config: ModelConfig,
         grammar_compiler: Callable[[], GrammarCompiler],
+        grammar_limits: GrammarLimits | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.model_config = model_config
         self.grammar_compiler = grammar_compiler
+        self.grammar_limits = grammar_limits or GrammarLimits()
         self._max_token_bytes = _max_token_bytes(tokenizer)
         self._bound = PromptBound.for_tokenizer(tokenizer)
 
@@ -89,9 +94,10 @@ class RequestIntake:
         bad = [t for t in (params.logit_bias or {}) if t >= vocab]
         if bad:
             raise ValueError(f"logit_bias token ids out of range [0, {vocab}): {bad[:5]}")
+        grammar = None
         if params.structured_outputs is not None:
-            self.grammar_compiler().validate(params.structured_outputs)
-        return PreparedRequest(text, ids, params)
+            grammar = self.grammar_compiler().compile(params.structured_outputs, self.grammar_limits)
+        return PreparedRequest(text, ids, params, grammar)
 
     def _check_length_bound(self, text: str, limit: int) -> None:
         if self._max_token_bytes is not None:

@@ -88,7 +88,7 @@ class LLMEngine:
         child_ids = [child_request_id(parent_id, i) for i in range(len(children))]
         self.parents.add(parent_id, child_ids)
         for child_id, params in zip(child_ids, children):
-            child = PreparedRequest(prepared.prompt, prepared.prompt_token_ids, params)
+            child = PreparedRequest(prepared.prompt, prepared.prompt_token_ids, params, prepared.grammar)
             self.outputs.add(self.core.add_request(child, child_id), child)
         return parent_id
 

@@ -5,21 +5,29 @@ grammar and the tokenizer's trie, with no per-schema mask tables to wait for or 
 regex and Lark grammars through one interface; it is one of the backends vLLM and SGLang ship; and it is a small
 abi3 wheel with no torch or CUDA dependency, so the same wheel serves every Python and either machine.
 
-The grammar is compiled when a request is prepared, so one that cannot be compiled (a bad schema or regex, a
-Lark grammar with an unknown rule or too large for llguidance, a choice list past MAX_CHOICE_ENTRIES) is the
-client's error, raised as GrammarError before anything is queued; each request then gets its own matcher, which
-the runner advances with every sampled token.
+The grammar is compiled when a request is prepared (on an intake thread in the server, never the engine's loop),
+within the size caps and the deadline of grammar_limits.py; one that cannot be compiled (a bad schema or regex, a
+Lark grammar with an unknown rule or too large for llguidance, a list past a cap) is the client's error, raised as
+GrammarError before anything is queued. The prepared request carries a CompiledGrammar: llguidance's serialized
+grammar and, in the process that compiled it, the matcher, which each request the engine adds copies. An engine
+core in another process gets the text alone and rebuilds the matcher on the compiler's worker threads (llguidance
+releases the GIL while it builds), so its step loop never compiles.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import torch
 
 from mlaserve.sampling.grammar_error import GrammarError, compile_error
+from mlaserve.sampling.grammar_limits import MAX_CHOICE_ENTRIES, GrammarLimits
 from mlaserve.sampling_params import StructuredOutputsParams
 
 
@@ -36,9 +44,6 @@ def _llguidance() -> Any:
     return llguidance
 
 
-# A choice list is compiled as one regex alternation (choice_regex), whose compile time grows with its length; the
-# engine core compiles each request's grammar on its own thread, so a longer list would pause every stream.
-MAX_CHOICE_ENTRIES = 10_000
 # Rust regex's metacharacters outside a character class; every other character stands for itself.
 _REGEX_META = frozenset("\\.+*?()|[]{}^$")
 
@@ -109,8 +114,54 @@ class Grammar:
         return self._matcher.get_error() if self._matcher.is_error() else None
 
 
+class CompiledGrammar:
+    """A request's compiled grammar. Its text (llguidance's serialized grammar) crosses a process boundary; the
+    matcher built from it does not pickle, so it stays in the process that built it (`ready` says whether it is
+    here). The template matcher is never advanced: each request gets its own copy, which costs far less than a
+    compile (an n > 1 request shares one compile)."""
+
+    __slots__ = ("kind", "text", "label", "_template")
+
+    def __init__(self, kind: str, text: str, label: str, template: Any = None) -> None:
+        self.kind = kind
+        self.text = text
+        self.label = label
+        self._template = template
+
+    @property
+    def ready(self) -> bool:
+        return self._template is not None
+
+    def matcher(self) -> Any:
+        return self._template.deep_copy()
+
+    def __getstate__(self) -> tuple[str, str, str]:
+        return (self.kind, self.text, self.label)
+
+    def __setstate__(self, state: tuple[str, str, str]) -> None:
+        self.kind, self.text, self.label = state
+        self._template = None
+
+
+# Compiles run here, off the thread that asked (an intake thread, or the engine core's loop): two at a time, so a
+# burst of costly grammars queues here rather than taking every core from the model's step.
+_COMPILE_WORKERS = 2
+# On a CPU engine the step's threads and a compile share the cores; the step's threads wait for each other, so one
+# of them losing its core to a compile stalls every stream. Nice compile workers yield the core (their deadline
+# still holds), and no priority is raised anywhere.
+_COMPILE_NICENESS = 10
+
+
+def _lower_priority() -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _COMPILE_NICENESS)  # this thread alone
+    except (AttributeError, OSError):
+        pass  # not Linux, or not allowed: the compile runs at the process's priority
+
+
 class GrammarCompiler:
-    """Builds llguidance's view of the tokenizer once (about a second for a 50k vocabulary), on first use."""
+    """Compiles grammars on its own worker threads. Builds llguidance's view of the tokenizer once (about a
+    second for a 50k vocabulary), on first use."""
 
     def __init__(self, tokenizer: object | None, vocab_size: int) -> None:
         if tokenizer is None:
@@ -120,6 +171,9 @@ class GrammarCompiler:
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._ll_tokenizer: Any = None
+        self._pool = ThreadPoolExecutor(
+            _COMPILE_WORKERS, thread_name_prefix="mlaserve-grammar", initializer=_lower_priority
+        )
 
     def _ll(self) -> Any:
         if self._ll_tokenizer is None:
@@ -132,33 +186,58 @@ class GrammarCompiler:
                 ) from None
         return self._ll_tokenizer
 
-    def compile(self, params: StructuredOutputsParams) -> Any:
-        """llguidance's matcher for this grammar; GrammarError (a ValueError) naming the problem if it cannot be
-        built. Building the matcher is the whole compile: llguidance's validate_grammar passes grammars whose
-        symbol table then overflows here."""
+    def compile(
+        self, params: StructuredOutputsParams, limits: GrammarLimits | None = None
+    ) -> CompiledGrammar:
+        """The compiled grammar; GrammarError (a ValueError) naming the problem if it is past a cap of `limits`,
+        cannot be built, or is not built within their deadline. The caller waits; the compile runs on a worker."""
+        limits = limits or GrammarLimits()
+        limits.check(params)
+        future = self._pool.submit(self._compile, params)
+        try:
+            return future.result(timeout=limits.compile_timeout_s)
+        except FutureTimeout:
+            future.cancel()  # one still queued never starts; a started one ends on its worker, unread
+            raise limits.deadline_error(params.kind) from None
+
+    def _compile(self, params: StructuredOutputsParams) -> CompiledGrammar:
         kind = params.kind
-        if kind == "choice" and len(params.choice) > MAX_CHOICE_ENTRIES:
-            raise GrammarError(
-                kind,
-                f"{len(params.choice)} entries is more than the {MAX_CHOICE_ENTRIES} a choice list may hold",
-            )
+        try:
+            text = grammar_text(params)
+        except (ValueError, TypeError, RuntimeError) as e:
+            raise compile_error(kind, str(e)) from None
+        compiled = CompiledGrammar(kind, text, grammar_label(params))
+        self._build(compiled)
+        return compiled
+
+    def _build(self, compiled: CompiledGrammar) -> None:
+        """The matcher from the serialized text. Building it is the whole compile: llguidance's validate_grammar
+        passes grammars whose symbol table then overflows here."""
+        if compiled.ready:
+            return
         llg = _llguidance()
         tokenizer = self._ll()
         try:
-            text = grammar_text(params)
-            matcher = llg.LLMatcher(tokenizer, text)
+            matcher = llg.LLMatcher(tokenizer, compiled.text)
         except (ValueError, TypeError, RuntimeError) as e:
-            raise compile_error(kind, str(e)) from None
+            raise compile_error(compiled.kind, str(e)) from None
         if matcher.is_error():
-            raise compile_error(kind, matcher.get_error())
-        return matcher
+            raise compile_error(compiled.kind, matcher.get_error())
+        compiled._template = matcher
 
-    def validate(self, params: StructuredOutputsParams) -> None:
-        """Raises GrammarError naming the problem if the grammar cannot be used."""
-        self.compile(params)
+    def build_async(self, compiled: CompiledGrammar) -> Future:
+        """Rebuild the matcher of a grammar compiled in another process (its text already passed the caps and
+        the deadline there), on a worker; the future's result is None, or the GrammarError."""
+        return self._pool.submit(self._build, compiled)
 
-    def new(self, params: StructuredOutputsParams) -> Grammar:
-        llg = _llguidance()
-        matcher = self.compile(params)
-        words = llg.torch.get_bitmask_shape(1, self._ll().vocab_size)[1]
-        return Grammar(matcher, words, grammar_label(params))
+    def new(self, compiled: CompiledGrammar) -> Grammar:
+        """A request's own matcher; builds it here if `compiled` came from another process."""
+        self._build(compiled)
+        words = _llguidance().torch.get_bitmask_shape(1, self._ll().vocab_size)[1]
+        return Grammar(compiled.matcher(), words, compiled.label)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+__all__ = ["MAX_CHOICE_ENTRIES", "CompiledGrammar", "Grammar", "GrammarCompiler", "GrammarError"]

@@ -113,6 +113,10 @@ _SERVER_FLAGS = [
     ("--body-timeout-s", float, "time to send the whole body (default 30)"),
     ("--keep-alive-timeout-s", float, "idle keep-alive connections close after this (default 5)"),
     ("--max-connections", int, "open connections past this, server-wide, get a 503 (default 1024)"),
+    ("--grammar-max-choices", int, "longer choice lists get 400 (default 10000)"),
+    ("--grammar-max-choice-bytes", int, "choice lists holding more bytes get 400 (default 256 KiB)"),
+    ("--grammar-max-bytes", int, "larger schemas, regexes and grammars get 400 (default 256 KiB)"),
+    ("--grammar-compile-timeout-s", float, "constraints compiling longer get 400 (default 5)"),
     ("--api-server-count", int, "HTTP processes in front of the engine core (default 1; vLLM's flag)"),
     (
         "--tool-call-parser",
@@ -152,6 +156,8 @@ _ENGINE_OPTIONS += ("sliding_window", "num_sink_tokens", "compress_ratio", "inde
 _SETTINGS = ("host", "port", "metrics_port", "served_model_name", "max_concurrent_requests")
 _SETTINGS += ("request_timeout_s", "shutdown_grace_s", "max_body_bytes")
 _SETTINGS += ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "max_connections")
+_SETTINGS += ("grammar_max_choices", "grammar_max_choice_bytes", "grammar_max_bytes")
+_SETTINGS += ("grammar_compile_timeout_s",)
 _SETTINGS += ("api_server_count", "tool_call_parser", "enable_auto_tool_choice", "reasoning_parser")
 
 
@@ -204,6 +210,10 @@ def settings_and_options_from_args(args: argparse.Namespace) -> tuple[ServerSett
         ("body_timeout_s", lambda v: v > 0, "> 0"),
         ("keep_alive_timeout_s", lambda v: v > 0, "> 0"),
         ("max_connections", lambda v: v >= 1, ">= 1"),
+        ("grammar_max_choices", lambda v: v >= 1, ">= 1"),
+        ("grammar_max_choice_bytes", lambda v: v >= 1, ">= 1"),
+        ("grammar_max_bytes", lambda v: v >= 1, ">= 1"),
+        ("grammar_compile_timeout_s", lambda v: v > 0, "> 0"),
         ("api_server_count", lambda v: 1 <= v <= 64, "in 1..64"),
         ("tool_call_parser", lambda v: v in TOOL_PARSERS, f"one of {', '.join(TOOL_PARSERS)}"),
         ("reasoning_parser", lambda v: v in REASONING_PARSERS, f"one of {', '.join(REASONING_PARSERS)}"),

@@ -70,6 +70,8 @@ class ConnectionLimits:
     open: set = field(default_factory=set)  # the guarded connections open in this process (all its servers)
     # The open connections waiting for a request, in the order they began to wait: the first is closed first.
     idle: dict = field(default_factory=dict)
+    # Told each connection the limits close, by why ("evicted", "refused", "header_timeout"): the metrics' counter.
+    on_close: Callable[[str], None] | None = None
 
     def make_room(self) -> bool:
         """Close this process's longest-idle connection; False when none is idle."""
@@ -77,18 +79,27 @@ class ConnectionLimits:
             guard = next(iter(self.idle))
             if guard.evict():
                 self.evicted += 1
+                self.closed("evicted")
                 return True
         return False
 
+    def closed(self, reason: str) -> None:
+        if self.on_close is not None:
+            self.on_close(reason)
+
 
 def port_limits(
-    header_timeout_s: float, max_connections: int, count: SharedCount
+    header_timeout_s: float,
+    max_connections: int,
+    count: SharedCount,
+    on_close: Callable[[str], None] | None = None,
 ) -> dict[str, ConnectionLimits]:
     """The limits of each listener: the API port's cap is the server's (`count`, shared by the API-server
     processes); the ops port, served by one process, counts its own connections under a small cap, so no number of
-    connections to the API port keeps a probe out."""
+    connections to the API port keeps a probe out. `on_close` hears of the API port's closes only: the ops port's
+    are probes and scrapes, not clients."""
     return {
-        "api": ConnectionLimits(header_timeout_s, connection_cap(max_connections), count),
+        "api": ConnectionLimits(header_timeout_s, connection_cap(max_connections), count, on_close=on_close),
         "ops": ConnectionLimits(header_timeout_s, OPS_MAX_CONNECTIONS, SharedCount.in_process()),
     }
 
@@ -128,6 +139,7 @@ class _Guard:
         if not acquired:
             self._refused = True
             limits.refused += 1
+            limits.closed("refused")
             transport.write(_BUSY)
             transport.close()
             return
@@ -200,6 +212,7 @@ class _Guard:
         if self.transport.is_closing() or (self.cycle is not None and not self.cycle.response_complete):
             return
         self.limits.timed_out += 1
+        self.limits.closed("header_timeout")
         if self._bytes_since_request:  # half a request: say why; a connection that sent nothing just closes
             self.transport.write(_TIMED_OUT)
         self.transport.close()

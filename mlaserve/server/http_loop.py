@@ -65,8 +65,12 @@ async def serve_app(
     first one watches and passes its signals to."""
     apps = [app] + ([build_ops_app(app)] if len(sockets) > 1 else [])
     # The API port's cap is the server's (all API-server processes); the ops port has its own budget.
+    state = app.state.server
     limits = port_limits(
-        settings.header_timeout_s, settings.max_connections, app.state.server.counts.connections
+        settings.header_timeout_s,
+        settings.max_connections,
+        state.counts.connections,
+        state.metrics.connection_closed,
     )
     app.state.server.connection_limits = limits["api"]
     servers = [

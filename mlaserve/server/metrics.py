@@ -22,6 +22,8 @@ from mlaserve.server.shared_count import ServerCounts
 # Label values of mlaserve_requests_total, set by whoever ends a request.
 STATUSES = ("ok", "aborted", "timeout", "error", "rejected", "throttled", "unavailable", "unauthorized")
 FINISH_REASONS = ("stop", "length", "abort")
+# Label values of mlaserve_http_connections_closed_total: why the connection limits closed a client's connection.
+CLOSE_REASONS = ("evicted", "refused", "header_timeout")
 
 # vLLM's buckets, so histogram quantiles computed over both engines agree.
 _TTFT_BUCKETS = (
@@ -192,6 +194,17 @@ class ServerMetrics:
         )
         for status in STATUSES:  # present at 0, so dashboards and alerts see the series from the start
             self.requests.labels(status)
+        # An idle connection closed to make room for a newer one is not an error anywhere else: this counter is
+        # what shows a server evicting clients' kept-alive connections, and how often.
+        self.connections_closed = Counter(
+            "mlaserve_http_connections_closed",
+            "API-port connections the server closed: evicted (idle, for a newer one at max_connections), refused "
+            "(503 at the cap, none idle), header_timeout (no request line and headers in time)",
+            ["reason"],
+            registry=self.registry,
+        )
+        for reason in CLOSE_REASONS:
+            self.connections_closed.labels(reason)
 
         def counter(name: str, doc: str) -> Counter:
             return Counter(name, doc, list(labels), registry=self.registry).labels(**labels)
@@ -271,6 +284,9 @@ class ServerMetrics:
 
     def count(self, status: str) -> None:
         self.requests.labels(status).inc()
+
+    def connection_closed(self, reason: str) -> None:
+        self.connections_closed.labels(reason).inc()
 
     def inter_token_latency(self, gap: float) -> None:
         self._itl.observe(gap)

@@ -254,7 +254,7 @@ async def prepare_choices(
     for base in bases:
         if max_tokens_field is not None:
             _check_room(len(base.prompt_token_ids), params[0].max_tokens, limit, max_tokens_field)
-        choices += [PreparedRequest(base.prompt, base.prompt_token_ids, p) for p in params]
+        choices += [PreparedRequest(base.prompt, base.prompt_token_ids, p, base.grammar) for p in params]
     return choices, sum(len(b.prompt_token_ids) for b in bases)
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from mlaserve.config.server_settings import ServerSettings
 from mlaserve.engine.async_engine import AsyncEngine
+from mlaserve.sampling.grammar_limits import GrammarLimits
 from mlaserve.server.body import check_json_content_type, parse_json_object, read_body
 from mlaserve.server.errors import OpenAIError
 from mlaserve.server.intake import ServerIntake
@@ -44,7 +45,15 @@ class ServerState:
             self.counts,
         )
         # A core in its own process leaves the tokenizer to this process alone: no copy needed.
-        self.intake = ServerIntake(engine, share_tokenizer=not hasattr(engine, "engine"))
+        limits = GrammarLimits(
+            settings.grammar_max_choices,
+            settings.grammar_max_choice_bytes,
+            settings.grammar_max_bytes,
+            settings.grammar_compile_timeout_s,
+        )
+        self.intake = ServerIntake(
+            engine, share_tokenizer=not hasattr(engine, "engine"), grammar_limits=limits
+        )
         self.token_texts = TokenTexts(self.intake)
         self.parsers = server_parsers(settings, engine.model_config, self.intake.tokenizer)
         self.connection_limits = None  # ConnectionLimits, set by serve() (tests may run without)

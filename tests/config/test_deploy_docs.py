@@ -39,6 +39,6 @@ LITERAL = {key: m.group(1) for key, cell in documented().items() if (m := re.ful
 @pytest.mark.parametrize("key", sorted(LITERAL))
 def test_a_literal_default_is_the_loaders(key: str) -> None:
     value = yaml.safe_load(LITERAL[key])
-    if key == "server.max_body_bytes":
+    if key in ("server.max_body_bytes", "server.grammar_max_choice_bytes", "server.grammar_max_bytes"):
         value = parse_bytes(value)
     assert value == loader_defaults()[key], (key, LITERAL[key])

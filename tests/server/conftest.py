@@ -76,7 +76,10 @@ class LiveServer:
         state = app.state.server
         settings = state.settings
         self.all_limits = port_limits(
-            settings.header_timeout_s, settings.max_connections, state.counts.connections
+            settings.header_timeout_s,
+            settings.max_connections,
+            state.counts.connections,
+            state.metrics.connection_closed,
         )
         self.limits, self.ops_limits = self.all_limits["api"], self.all_limits["ops"]
         app.state.server.connection_limits = self.limits

@@ -124,6 +124,12 @@ def test_idle_connections_past_the_cap_close_the_oldest_then_are_reaped(guarded)
         return metric(httpx.get(f"{live.url}/metrics", timeout=2).text, "mlaserve_http_connections_open")
 
     assert wait_for(lambda: connections_open() == 1, timeout=5)
+    # Each close is counted by why, the evictions apart from the header timeouts.
+    page = httpx.get(f"{live.url}/metrics", timeout=2).text
+    closed = 'mlaserve_http_connections_closed_total{reason="%s"}'
+    assert metric(page, closed % "evicted") == limits.evicted >= 8
+    assert metric(page, closed % "header_timeout") == limits.timed_out >= 15
+    assert metric(page, closed % "refused") == limits.refused == 0
 
 
 def test_thousands_of_idle_connections_leave_health_answering_on_both_ports(engine):
