@@ -5,8 +5,8 @@ an allocation past its mmap threshold with a mapping of its own, returned to the
 free raises the threshold to that size (up to 32 MiB), so later tensors of up to that size come from the heap
 instead; freed there in a different order than they were allocated, they leave holes the heap can only hand out
 again for requests that fit them. With prompts of many lengths the holes add up: the core's resident memory
-creeps for thousands of requests. A fixed threshold keeps every large tensor in a mapping of its own (its pages go
-back when it is freed), and a trim when the core goes idle returns what the small-object heaps hold free.
+creeps for thousands of requests. A trim when the core goes idle returns the heaps' free pages. The threshold is
+left to glibc: fixed low, every large CPU tensor would be a fresh mapping whose pages fault in on each step.
 Each thread that allocates may get its own heap (an arena); the core has a few threads, and capping arenas keeps
 one heap per thread from holding its own free pages.
 
@@ -23,10 +23,7 @@ import time
 
 logger = logging.getLogger(__name__)
 
-_M_MMAP_THRESHOLD = -3  # mallopt parameter numbers, from glibc's malloc.h
-_M_ARENA_MAX = -8
-# Tensors from this size up get a mapping of their own: glibc's own starting threshold, now held there.
-MMAP_THRESHOLD_BYTES = 128 * 1024
+_M_ARENA_MAX = -8  # mallopt's parameter number, from glibc's malloc.h
 MAX_ARENAS = 4
 # An idle core trims at most this often: a trim walks every heap, which costs milliseconds on a large one.
 TRIM_EVERY_S = 5.0
@@ -40,10 +37,7 @@ class HostMalloc:
         self._libc = _glibc() if os.environ.get("MLASERVE_MALLOC_TUNING", "1") != "0" else None
         self._last_trim = 0.0
         if self._libc is not None:
-            ok = self._libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) and self._libc.mallopt(
-                _M_ARENA_MAX, MAX_ARENAS
-            )
-            if not ok:
+            if not self._libc.mallopt(_M_ARENA_MAX, MAX_ARENAS):
                 logger.warning("glibc refused the malloc settings; host memory may creep with varied prompts")
 
     @property
