@@ -27,6 +27,7 @@ from torch import nn
 
 from mlaserve.attention.backend import write_to_cache
 from mlaserve.attention.metadata import AttentionMetadata, slot_indices
+from mlaserve.attention.v4_decode import decode_on_kernels
 from mlaserve.kvcache.spec import AttentionRule, KVCacheSpec, LayerCacheSpec
 from mlaserve.layers.compressor import CompressedIndexer, Compressor
 from mlaserve.layers.embedding import VocabParallelEmbedding
@@ -100,6 +101,8 @@ class V4Attention(nn.Module):
         self.wo_b = nn.Linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, bias=False)
         self.attn_sink = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32))
         self.rotary = RotaryEmbedding(v4_rope(cfg, "main" if layer_type == SLIDING else "compress"))
+        # decode on the Triton kernels (attention/v4_decode.py) where the model's backend runs them
+        self.on_kernels = False
         self.compressor: Compressor | None = None
         self.indexer: CompressedIndexer | None = None
         if layer_type != SLIDING:
@@ -156,8 +159,9 @@ class V4Attention(nn.Module):
             self._write_entries(entry_cache, cached, entries)
         out, nd = torch.empty_like(q), meta.num_decodes
         if nd:
-            out[:nd] = self._decode(
-                q[:nd], q_resid[:nd], hidden[:nd], positions[:nd], cached, meta, entries, stored
+            decode = decode_on_kernels if self.on_kernels else V4Attention._decode
+            out[:nd] = decode(
+                self, q[:nd], q_resid[:nd], hidden[:nd], positions[:nd], cached, meta, entries, stored
             )
         start = nd
         for i in range(nd, meta.num_seqs):
@@ -403,6 +407,8 @@ class DeepseekV4ForCausalLM(CausalLM):
         super().__init__()
         self.cfg = init.hf_config
         self.model = V4Model(self.cfg, init.ctx)
+        for layer in self.model.layers:  # its prefills stay on the torch path
+            layer.attn.on_kernels = init.backend.paged_kernels
         self.build_lm_head(self.cfg, init.ctx)
 
     def map_checkpoint_name(self, name: str) -> tuple[str, object] | None:
