@@ -87,7 +87,7 @@ CASES = [
 @pytest.mark.parametrize("kind, rate, lens", CASES, ids=lambda c: str(c))
 def test_kernels_equal_the_torch_decode(kind, rate, lens, dtype, device):
     got, want = run_both(kind, rate, lens, dtype, device)
-    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    tol = {torch.float32: 1e-4, torch.float16: 2e-2}.get(dtype, 4e-2)  # bf16 on a GPU: 8 bits of mantissa
     assert got.dtype == want.dtype
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 
