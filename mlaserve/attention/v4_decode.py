@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import torch
 
+from mlaserve.attention.backend import AttentionBackend
 from mlaserve.attention.metadata import AttentionMetadata
 
 
@@ -150,4 +151,17 @@ def decode_on_kernels(
     rows = cached.view(-1, page, 1, cached.shape[-1])
     return v4_decode(
         q, attn.attn_sink, attn.scale, rows, meta.block_tables, meta.seq_lens[:b], attn.window, entry
+    )
+
+
+def describe_v4_decode(
+    backend: AttentionBackend, num_heads: int, head_dim: int, cache_dtype: torch.dtype, device, query_dtype
+) -> str:
+    """What runs DeepSeek-V4's decode attention, for the start-up log and stats(); its prefills are torch."""
+    if not backend.paged_kernels:
+        return "torch reference (DeepSeek-V4's own decode and prefill)"
+    kernel = backend.decode_kernel(num_heads, head_dim, 0, cache_dtype, 1, device, query_dtype)
+    return (
+        f"{kernel} over the window's rows and the compressed entries, merged with the sinks; triton index scores"
+        " + torch.topk for compressed-sparse layers; torch prefill"
     )

@@ -1,5 +1,6 @@
 """DeepSeek-V4: shared-KV attention over a sliding window plus compressed entries, hyper-connections, hash-routed
-and score-routed MoE; torch reference.
+and score-routed MoE; torch reference, whose decode attention runs on the paged Triton kernels where the backend
+does (attention/v4_decode.py).
 
 Each layer's attention is one of three kinds (config.layer_types): "sliding_attention" (the last sliding_window
 tokens), "heavily_compressed_attention" (the window plus every compressed entry of rate compress_rates[...], 128 in
@@ -27,7 +28,7 @@ from torch import nn
 
 from mlaserve.attention.backend import write_to_cache
 from mlaserve.attention.metadata import AttentionMetadata, slot_indices
-from mlaserve.attention.v4_decode import decode_on_kernels
+from mlaserve.attention.v4_decode import decode_on_kernels, describe_v4_decode
 from mlaserve.kvcache.spec import AttentionRule, KVCacheSpec, LayerCacheSpec
 from mlaserve.layers.compressor import CompressedIndexer, Compressor
 from mlaserve.layers.embedding import VocabParallelEmbedding
@@ -410,6 +411,11 @@ class DeepseekV4ForCausalLM(CausalLM):
         for layer in self.model.layers:  # its prefills stay on the torch path
             layer.attn.on_kernels = init.backend.paged_kernels
         self.build_lm_head(self.cfg, init.ctx)
+
+    def attention_kernels(self, backend, cache_dtype: torch.dtype, device, dtype: torch.dtype) -> str:
+        return describe_v4_decode(
+            backend, self.cfg.num_attention_heads, self.cfg.head_dim, cache_dtype, device, dtype
+        )
 
     def map_checkpoint_name(self, name: str) -> tuple[str, object] | None:
         """DeepSeek's names as transformers saves them (model.layers.N.attn.wq_a, head.weight) or as DeepSeek ships

@@ -28,8 +28,6 @@ def test_v4_decode_on_the_kernels_equals_transformers(v4, captured):
     llm = LLM(
         str(v4), **OPTIONS, block_size=4, num_kv_blocks=256, max_model_len=128, attention_backend="triton_mla"
     )
-    model = llm.engine.executor.model
-    assert all(layer.attn.on_kernels for layer in model.model.layers)
     if captured:
         static = llm.engine.runner.graphs = StaticDecodeOnCPU(llm.engine.runner, 128)
     batch = prompts(3, seed=5, low=10, high=50)
@@ -40,6 +38,12 @@ def test_v4_decode_on_the_kernels_equals_transformers(v4, captured):
     assert llm.stats()["kv_blocks_used"] == 0
 
 
-def test_the_torch_backend_keeps_the_torch_decode(v4):
-    llm = LLM(str(v4), **OPTIONS, num_kv_blocks=64, attention_backend="torch")
-    assert not any(layer.attn.on_kernels for layer in llm.engine.executor.model.model.layers)
+@pytest.mark.parametrize(
+    "backend, kernels, named",
+    [("triton_mla", True, "triton over the window's rows"), ("torch", False, "torch reference"),
+     ("sdpa", False, "torch reference")],
+)  # fmt: skip
+def test_which_decode_each_backend_runs_and_stats_name_it(v4, backend, kernels, named):
+    llm = LLM(str(v4), **OPTIONS, num_kv_blocks=64, attention_backend=backend)
+    assert all(layer.attn.on_kernels == kernels for layer in llm.engine.executor.model.model.layers)
+    assert llm.stats()["attention_kernel"].startswith(named)
