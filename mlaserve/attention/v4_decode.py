@@ -16,6 +16,7 @@ lengths (max_model_len in a captured step) and nothing reads the device back, so
 from typing import NamedTuple
 
 import torch
+from torch import nn
 
 from mlaserve.attention.backend import AttentionBackend
 from mlaserve.attention.metadata import AttentionMetadata
@@ -51,7 +52,9 @@ class EntryCache(NamedTuple):
     index: IndexQuery | None = None
 
 
-def attend(q, cache, table, lens, max_len: int, scale: float) -> Part:
+def attend(
+    q: torch.Tensor, cache: torch.Tensor, table: torch.Tensor, lens: torch.Tensor, max_len: int, scale: float
+) -> Part:
     """mla_decode of q [B, H, D] over the first D features of cache's rows ([blocks, page, 1, >= D])."""
     from mlaserve.kernels.mla_decode.decode import mla_decode
 
@@ -77,7 +80,7 @@ def one_row_pages(cache: torch.Tensor) -> torch.Tensor:
     return cache.view(-1, 1, 1, cache.shape[-1])
 
 
-def select_entries(q, entries: EntryCache, counts: torch.Tensor, scale: float) -> Part:
+def select_entries(q: torch.Tensor, entries: EntryCache, counts: torch.Tensor, scale: float) -> Part:
     """The indexer's top-k of each sequence's complete entries (counts [B]), then attention over them."""
     from mlaserve.kernels.index_topk import select_topk_paged
 
@@ -134,7 +137,15 @@ def v4_decode(
 
 
 def decode_on_kernels(
-    attn, q, q_resid, hidden, positions, cached, meta: AttentionMetadata, entries, stored
+    attn: nn.Module,
+    q: torch.Tensor,
+    q_resid: torch.Tensor,
+    hidden: torch.Tensor,
+    positions: torch.Tensor,
+    cached: torch.Tensor,
+    meta: AttentionMetadata,
+    entries: AttentionMetadata | None,
+    stored: torch.Tensor | None,
 ) -> torch.Tensor:
     """V4Attention._decode's call (the same arguments, `attn` the layer) through v4_decode: the rows and entries
     flat as the layer holds them ([slots, width]), the entry group's metadata `entries`."""
@@ -155,7 +166,12 @@ def decode_on_kernels(
 
 
 def describe_v4_decode(
-    backend: AttentionBackend, num_heads: int, head_dim: int, cache_dtype: torch.dtype, device, query_dtype
+    backend: AttentionBackend,
+    num_heads: int,
+    head_dim: int,
+    cache_dtype: torch.dtype,
+    device: torch.device,
+    query_dtype: torch.dtype,
 ) -> str:
     """What runs DeepSeek-V4's decode attention, for the start-up log and stats(); its prefills are torch."""
     if not backend.paged_kernels:
