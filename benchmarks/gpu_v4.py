@@ -1,18 +1,21 @@
 """The GPU suite's `v4` section: DeepSeek-V4-shaped decode attention from our kernels, against dense MLA decode at
 the same context, with the KV bytes per token each holds.
 
-This times the kernels a V4 decode step would run per layer, composed here; the engine's V4 model is a torch
-reference today and does not run them yet. Shapes are V4-Flash's attention: 64 query heads over one shared
-512-wide row that is both key and value (its last 64 features rotated), a window of 128 tokens, entries compressed
-4:1 of which an indexer (64 heads x 128) keeps 512, entries compressed 128:1, a learned sink logit per head; bf16,
-pages of 64, batch 32 at 65,536-token contexts. Per layer kind:
+This times the kernels a V4 decode step runs per layer, composed here as the engine composes them on the triton_mla
+backend (mlaserve/attention/v4_decode.py), but for the window, read here from page 0 rather than through one-row
+pages. Shapes are V4-Flash's attention: 64 query heads over one shared 512-wide row that is both key and value (its
+last 64 features rotated), a window of 128 tokens, entries compressed 4:1 of which an indexer (64 heads x 128) keeps
+512, entries compressed 128:1, a learned sink logit per head; bf16, pages of 64, batch 32 at 65,536-token contexts.
+Per layer kind:
   sliding   attention over the window's 128 rows
   hca       the window and every 128:1 entry (512), merged by log-sum-exp
   csa       index scores over the 16,384 4:1 indexer keys and top-512 (TritonMLABackend.select_topk), then the
             window and the 512 selected entries (the paged decode kernel with pages of one row), merged
   dense     absorbed MLA decode over all 65,536 latent rows of 512 + 64, 64 heads (a V3-style layer)
 The sink enters every V4 layer's softmax as out * sigmoid(lse - sink). Each composition is first checked against a
-torch reference (gathered rows, one softmax with the sink) at 4,096-token contexts.
+torch reference (gathered rows, one softmax with the sink) at 4,096-token contexts, and the engine's (engine_*:
+v4_decode, the window through a table over the whole context) against it. Device, dtype and the sizes above are
+parameters of Case and check, so tests run them on CPU at tiny sizes.
 
     python -m benchmarks.gpu_suite --sections v4 --out benchmarks/results/h200-v4-DATE.json
 """
@@ -21,17 +24,22 @@ import torch
 
 from mlaserve.attention.metadata import build_metadata
 from mlaserve.attention.triton_mla import TritonMLABackend
+from mlaserve.attention.v4_decode import EntryCache, IndexQuery, v4_decode
 from mlaserve.kernels.mla_decode.decode import mla_decode
 
 HEADS, DIM, ROPE, WINDOW, PAGE = 64, 512, 64, 128, 64
 CSA_RATE, HCA_RATE, TOPK, INDEX_HEADS, INDEX_DIM = 4, 128, 512, 64, 128
 
 
-def paged_rows(batch: int, rows: int, width: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """`rows` bf16 rows of `width` per sequence on shuffled pages: (cache [pages + 1, PAGE, 1, width], table)."""
+def paged_rows(
+    batch: int, rows: int, width: int, gen: torch.Generator, dtype: torch.dtype = torch.bfloat16
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rows` rows of `width` per sequence on shuffled pages: (cache [pages + 1, PAGE, 1, width], table)."""
     per = -(-rows // PAGE)
-    cache = torch.randn(batch * per + 1, PAGE, 1, width, generator=gen, device="cuda").to(torch.bfloat16)
-    table = (torch.randperm(batch * per, generator=gen, device="cuda") + 1).to(torch.int32).view(batch, per)
+    cache = torch.randn(batch * per + 1, PAGE, 1, width, generator=gen, device=gen.device).to(dtype)
+    table = (
+        (torch.randperm(batch * per, generator=gen, device=gen.device) + 1).to(torch.int32).view(batch, per)
+    )
     return cache, table
 
 
@@ -42,30 +50,35 @@ def merge(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Ten
 
 
 def with_sink(part: tuple[torch.Tensor, torch.Tensor], sink: torch.Tensor) -> torch.Tensor:
-    return (part[0].float() * torch.sigmoid(part[1] - sink)[..., None]).to(torch.bfloat16)
+    return (part[0].float() * torch.sigmoid(part[1] - sink)[..., None]).to(part[0].dtype)
 
 
 class Case:
     """One batch's caches and queries at `context` tokens: window rows, both compressed caches, indexer keys."""
 
-    def __init__(self, batch: int, context: int, seed: int) -> None:
-        gen = torch.Generator(device="cuda").manual_seed(seed)
-        self.batch, self.csa, self.hca = batch, context // CSA_RATE, context // HCA_RATE
-        self.window, self.window_table = paged_rows(batch, WINDOW, DIM, gen)
-        self.csa_rows, self.csa_table = paged_rows(batch, self.csa, DIM, gen)
-        self.hca_rows, self.hca_table = paged_rows(batch, self.hca, DIM, gen)
-        self.index_keys, _ = paged_rows(batch, self.csa, INDEX_DIM, gen)
+    def __init__(
+        self, batch: int, context: int, seed: int, device: str = "cuda", dtype: torch.dtype = torch.bfloat16
+    ) -> None:
+        gen = torch.Generator(device=device).manual_seed(seed)
+        self.batch, self.context, self.csa, self.hca = (
+            batch,
+            context,
+            context // CSA_RATE,
+            context // HCA_RATE,
+        )
+        self.window, self.window_table = paged_rows(batch, WINDOW, DIM, gen, dtype)
+        self.csa_rows, self.csa_table = paged_rows(batch, self.csa, DIM, gen, dtype)
+        self.hca_rows, self.hca_table = paged_rows(batch, self.hca, DIM, gen, dtype)
+        self.index_keys, _ = paged_rows(batch, self.csa, INDEX_DIM, gen, dtype)
         self.index_meta = build_metadata(
             PAGE, self.csa_table, [1] * batch, [self.csa] * batch, batch, torch.zeros(0, dtype=torch.long)
         )
-        self.lens = {n: torch.full((batch,), n, dtype=torch.int32, device="cuda") for n in (WINDOW, self.hca)}
-        self.q = torch.randn(batch, HEADS, DIM, generator=gen, device="cuda").to(torch.bfloat16)
-        self.index_q = torch.randn(batch, INDEX_HEADS, INDEX_DIM, generator=gen, device="cuda").to(
-            torch.bfloat16
-        )
-        self.weights = torch.randn(batch, INDEX_HEADS, generator=gen, device="cuda")
-        self.positions = torch.full((batch,), self.csa - 1, device="cuda")
-        self.sink = torch.randn(HEADS, generator=gen, device="cuda")
+        self.lens = {n: torch.full((batch,), n, dtype=torch.int32, device=device) for n in (WINDOW, self.hca)}
+        self.q = torch.randn(batch, HEADS, DIM, generator=gen, device=device).to(dtype)
+        self.index_q = torch.randn(batch, INDEX_HEADS, INDEX_DIM, generator=gen, device=device).to(dtype)
+        self.weights = torch.randn(batch, INDEX_HEADS, generator=gen, device=device)
+        self.positions = torch.full((batch,), self.csa - 1, device=device)
+        self.sink = torch.randn(HEADS, generator=gen, device=device)
         self.scale = DIM**-0.5
 
     def window_part(self):
@@ -98,9 +111,28 @@ class Case:
         picked = mla_decode(self.q, rows, slots.clamp(min=0).to(torch.int32), lens, TOPK, DIM, self.scale)
         return with_sink(merge(self.window_part(), picked), self.sink)
 
+    def engine_layers(self) -> dict:
+        """The three layers as the engine runs them (v4_decode): the window through a table over the whole context
+        (its pages last), the compressed-sparse entries with their indexer keys after them in one tensor."""
+        tables = torch.zeros(self.batch, self.context // PAGE, dtype=torch.int32, device=self.q.device)
+        tables[:, -self.window_table.shape[1] :] = self.window_table
+        lens = torch.full((self.batch,), self.context, dtype=torch.int32, device=self.q.device)
+        index = IndexQuery(self.index_q, self.weights, INDEX_DIM**-0.5, TOPK)
+        csa = EntryCache(
+            torch.cat((self.csa_rows, self.index_keys), -1), self.csa_table, CSA_RATE, self.csa, index
+        )
+        hca = EntryCache(self.hca_rows, self.hca_table, HCA_RATE, self.hca)
+
+        def layer(entries: EntryCache | None):
+            return lambda: v4_decode(
+                self.q, self.sink, self.scale, self.window, tables, lens, WINDOW, entries
+            )
+
+        return {"sliding": layer(None), "hca": layer(hca), "csa": layer(csa)}
+
 
 def gathered(cache: torch.Tensor, table: torch.Tensor, n: int) -> torch.Tensor:
-    pos = torch.arange(n, device="cuda")
+    pos = torch.arange(n, device=cache.device)
     slots = table.long()[:, pos // PAGE] * PAGE + pos % PAGE
     return cache.view(-1, cache.shape[-1])[slots].float()  # [B, n, width]
 
@@ -113,8 +145,10 @@ def reference(case: Case, parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.einsum("bhn,bnd->bhd", scores.softmax(-1)[..., :-1], rows)
 
 
-def check(backend: TritonMLABackend) -> dict:
-    case = Case(4, 4096, seed=1)
+def check(
+    backend: TritonMLABackend, context: int = 4096, device: str = "cuda", dtype: torch.dtype = torch.bfloat16
+) -> dict:
+    case = Case(4, context, 1, device, dtype)
     window = gathered(case.window, case.window_table, WINDOW)
     slots = case.select(backend)
     picked = case.csa_rows.view(-1, DIM)[slots].float()  # every slot valid: 1,024 entries, top-512
@@ -124,6 +158,9 @@ def check(backend: TritonMLABackend) -> dict:
         .abs().max().item(),
         "csa": (case.csa_layer(backend, slots).float() - reference(case, [window, picked])).abs().max().item(),
     }  # fmt: skip
+    composed = {"sliding": case.sliding, "hca": case.hca_layer, "csa": lambda: case.csa_layer(backend, slots)}
+    for kind, layer in case.engine_layers().items():
+        errors[f"engine_{kind}"] = (layer().float() - composed[kind]().float()).abs().max().item()
     assert all(e < 2e-2 for e in errors.values()), errors
     return {f"{k}_max_abs_err": v for k, v in errors.items()}
 
@@ -155,6 +192,7 @@ def v4(bench, bench_graph) -> dict:
         "hca": bench_graph(case.hca_layer),
         "csa_select": bench_graph(lambda: case.select(backend)),
         "csa": bench_graph(lambda: case.csa_layer(backend)),
+        **{f"engine_{kind}": bench_graph(layer) for kind, layer in case.engine_layers().items()},
     }  # fmt: skip
     result.update(
         shape=dict(batch=batch, context=context, heads=HEADS, dim=DIM, window=WINDOW, csa_rate=CSA_RATE,
@@ -162,6 +200,6 @@ def v4(bench, bench_graph) -> dict:
         ms=ms, speedup_vs_dense={k: ms["dense_mla"] / v for k, v in ms.items() if k != "dense_mla"},
         kv_bytes_per_token=kv_bytes_per_token(context),
         timing="medians of CUDA-graph replays with L2 emptied before each (gpu_suite.bench)",
-        note="kernels composed as a V4 decode step would run them; the engine's V4 model is a torch reference",
+        note="kernels composed per V4 layer kind; engine_*: the engine's composition (attention/v4_decode.py)",
     )  # fmt: skip
     return result

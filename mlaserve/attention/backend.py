@@ -20,6 +20,8 @@ class AttentionBackend(ABC):
     # What decode runs, as the start-up log and stats() name it; a backend that picks by shape overrides
     # decode_kernel for latent caches.
     decode_kernel_name: str = ""
+    # Whether decode runs the paged Triton kernels, which a model that attends itself then calls too (DeepSeek-V4).
+    paged_kernels: bool = False
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:

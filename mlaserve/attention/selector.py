@@ -41,6 +41,9 @@ def attention_kernel(
 ) -> str:
     """The decode kernel `backend` runs for `model`, for the start-up log and stats(): for a latent (MLA) cache the
     one the backend picks for the model's heads per rank, latent and rotary widths, cache dtype and page size."""
+    own = getattr(model, "attention_kernels", None)
+    if own is not None:  # a model that attends itself says what it runs
+        return own(backend, cache_dtype, device, model_dtype)
     shape = model.latent_attention_shape()
     if shape is None:  # per-head K/V caches
         return backend.decode_kernel_name

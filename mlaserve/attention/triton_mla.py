@@ -14,6 +14,7 @@ from mlaserve.kvcache.quant import is_quantized
 class TritonMLABackend(SdpaBackend):
     name = "triton_mla"
     supports_cuda_graphs = True  # for latent caches; GQA decode goes through SDPA and is not captured
+    paged_kernels = True
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:

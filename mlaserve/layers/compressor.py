@@ -107,6 +107,14 @@ class CompressedIndexer(nn.Module):
         )
         self.weights_proj = nn.Linear(hidden_size, num_heads, bias=False)
 
+    def queries(
+        self, q_resid: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The queries [T, heads, head_dim], rotated at their positions, and their heads' weights [T, heads]
+        float32 (each score is the weighted sum over heads of relu(q . key) x head_dim^-0.5)."""
+        q = self.wq_b(q_resid).view(q_resid.shape[0], self.num_heads, self.head_dim)
+        return rotate_trailing_pairs(q, cos, sin), self.weights_proj(hidden).float() * self.num_heads**-0.5
+
     def select(
         self,
         q_resid: torch.Tensor,
@@ -119,11 +127,9 @@ class CompressedIndexer(nn.Module):
         """[T, E] True where a query keeps an entry: its top-k visible entries by index score. q_resid [T, q_lora],
         hidden [T, hidden], cos/sin of the queries' positions, keys [E, head_dim] (one sequence's entries) or
         [T, E, head_dim] (each query's own), visible [T, E]."""
-        q = self.wq_b(q_resid).view(q_resid.shape[0], self.num_heads, self.head_dim)
-        q = rotate_trailing_pairs(q, cos, sin)
+        q, weights = self.queries(q_resid, hidden, cos, sin)
         keys = keys.expand(q.shape[0], -1, -1) if keys.dim() == 2 else keys
         scores = torch.relu(torch.einsum("thd,ted->the", q.float(), keys.float())) * self.head_dim**-0.5
-        weights = self.weights_proj(hidden).float() * self.num_heads**-0.5
         scores = (scores * weights[..., None]).sum(dim=1).masked_fill(~visible, float("-inf"))
         best = scores.topk(min(self.topk, keys.shape[1]), dim=-1).indices
         return torch.zeros_like(visible).scatter_(1, best, True) & visible

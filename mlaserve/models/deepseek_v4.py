@@ -1,5 +1,6 @@
 """DeepSeek-V4: shared-KV attention over a sliding window plus compressed entries, hyper-connections, hash-routed
-and score-routed MoE; torch reference.
+and score-routed MoE; torch reference, whose decode attention runs on the paged Triton kernels where the backend
+does (attention/v4_decode.py).
 
 Each layer's attention is one of three kinds (config.layer_types): "sliding_attention" (the last sliding_window
 tokens), "heavily_compressed_attention" (the window plus every compressed entry of rate compress_rates[...], 128 in
@@ -26,6 +27,7 @@ from torch import nn
 
 from mlaserve.attention.backend import write_to_cache
 from mlaserve.attention.metadata import AttentionMetadata, slot_indices
+from mlaserve.attention.v4_decode import decode_on_kernels, describe_v4_decode
 from mlaserve.config.quantization import BlockFP8Config
 from mlaserve.kvcache.spec import AttentionRule, KVCacheSpec, LayerCacheSpec
 from mlaserve.layers.compressor import CompressedIndexer, Compressor
@@ -92,6 +94,8 @@ class V4Attention(nn.Module):
         self.wo_b = v4_linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, quant)
         self.attn_sink = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32))
         self.rotary = RotaryEmbedding(v4_rope(cfg, "main" if layer_type == SLIDING else "compress"))
+        # decode on the Triton kernels (attention/v4_decode.py) where the model's backend runs them
+        self.on_kernels = False
         self.compressor: Compressor | None = None
         self.indexer: CompressedIndexer | None = None
         if layer_type != SLIDING:
@@ -148,8 +152,9 @@ class V4Attention(nn.Module):
             self._write_entries(entry_cache, cached, entries)
         out, nd = torch.empty_like(q), meta.num_decodes
         if nd:
-            out[:nd] = self._decode(
-                q[:nd], q_resid[:nd], hidden[:nd], positions[:nd], cached, meta, entries, stored
+            decode = decode_on_kernels if self.on_kernels else V4Attention._decode
+            out[:nd] = decode(
+                self, q[:nd], q_resid[:nd], hidden[:nd], positions[:nd], cached, meta, entries, stored
             )
         start = nd
         for i in range(nd, meta.num_seqs):
@@ -306,7 +311,14 @@ class DeepseekV4ForCausalLM(CausalLM):
         self.cfg = init.hf_config
         self.model = V4Model(self.cfg, init.ctx, init.quant)
         self.fp4_experts = init.quant is not None and init.quant.expert_dtype == "fp4"
+        for layer in self.model.layers:  # its prefills stay on the torch path
+            layer.attn.on_kernels = init.backend.paged_kernels
         self.build_lm_head(self.cfg, init.ctx)
+
+    def attention_kernels(self, backend, cache_dtype: torch.dtype, device, dtype: torch.dtype) -> str:
+        return describe_v4_decode(
+            backend, self.cfg.num_attention_heads, self.cfg.head_dim, cache_dtype, device, dtype
+        )
 
     def map_checkpoint_name(self, name: str) -> tuple[str, object] | None:
         """DeepSeek's names as transformers saves them (model.layers.N.attn.wq_a, head.weight) or as DeepSeek ships

@@ -4,8 +4,9 @@ its decode steps captured in CUDA graphs (three cache groups: the rows' window, 
 The config is written out field by field, as transformers' save_pretrained writes it, so the GPU image's
 transformers (which may have no DeepseekV4Config) reads it through the engine's spelled-out fallback. The CPU suite
 checks the model itself against transformers (tests/models/test_deepseek_v4.py), also through a captured step's
-inputs. V4 has no GPU kernels of its own yet. Random weights drawn on the CPU and saved, so both devices run the same
-model.
+inputs. On CUDA the default backend (triton_mla) runs its decode attention on the paged Triton kernels
+(attention/v4_decode.py); the torch backend keeps the torch decode. Random weights drawn on the CPU and saved, so
+both devices run the same model.
 """
 
 import json
@@ -56,6 +57,10 @@ def test_v4_on_cuda_gives_the_cpu_tokens(tmp_path):
     want = generate(cpu)
     graphs = LLM(str(tmp_path), device="cuda", **options)
     assert graphs.engine.runner.graphs is not None  # captured
+    assert all(layer.attn.on_kernels for layer in graphs.engine.executor.model.model.layers)
     assert generate(graphs) == want
     del graphs
     assert generate(LLM(str(tmp_path), device="cuda", enforce_eager=True, **options)) == want
+    torch_decode = LLM(str(tmp_path), device="cuda", attention_backend="torch", **options)
+    assert not any(layer.attn.on_kernels for layer in torch_decode.engine.executor.model.model.layers)
+    assert generate(torch_decode) == want
