@@ -311,8 +311,11 @@ class DeepseekV4ForCausalLM(CausalLM):
         self.cfg = init.hf_config
         self.model = V4Model(self.cfg, init.ctx, init.quant)
         self.fp4_experts = init.quant is not None and init.quant.expert_dtype == "fp4"
+        on_kernels = (
+            init.backend is not None and init.backend.paged_kernels
+        )  # None: a meta build that runs nothing
         for layer in self.model.layers:  # its prefills stay on the torch path
-            layer.attn.on_kernels = init.backend.paged_kernels
+            layer.attn.on_kernels = on_kernels
         self.build_lm_head(self.cfg, init.ctx)
 
     def attention_kernels(self, backend, cache_dtype: torch.dtype, device, dtype: torch.dtype) -> str:
