@@ -171,12 +171,15 @@ class SchedulerOptions:
     enable_chunked_prefill: bool = True
     # Steps with waiting prompts hold prompt chunks only (SGLang's default); off: decodes first (vLLM's).
     prefill_first: bool = False
-    # Queue the next step before reading this one's tokens (vLLM's async_scheduling); None = on for CUDA.
+    # Queue the next step before reading this one's tokens (vLLM's async_scheduling); None = on for CUDA unless
+    # speculative decoding is asked for (drafts need each step's tokens read before the next step is queued).
     async_scheduling: bool | None = None
 
-    def async_on(self, device_type: str) -> bool:
+    def async_on(self, device_type: str, speculative: bool = False) -> bool:
         """Whether steps are queued ahead on a device of this type (the None default resolved)."""
-        return device_type == "cuda" if self.async_scheduling is None else self.async_scheduling
+        if self.async_scheduling is None:
+            return device_type == "cuda" and not speculative
+        return self.async_scheduling
 
     def __post_init__(self) -> None:
         checks = [("max_num_seqs", self.max_num_seqs > 0, "positive")]

@@ -40,7 +40,9 @@ class EngineCore:
         # The executor's start-up line, from here: serve() keeps this module quiet and its report says it again.
         logger.info(self.executor.describe_kv_cache())
         # Off on CPU by default: there the host and the "device" are the same cores, so nothing overlaps.
-        self.async_scheduling = config.scheduler.async_on(self.executor.device.type)
+        self.async_scheduling = config.scheduler.async_on(
+            self.executor.device.type, config.speculative.enabled
+        )
         self.scheduler = Scheduler(
             SchedulerConfig(
                 config.scheduler.max_num_seqs,

@@ -264,3 +264,12 @@ def test_served_model_name_defaults(tmp_path: Path) -> None:
     assert load(tmp_path, "").server_settings().served_model_name == "mlaserve"
     named = load(tmp_path, "model: {path: /m/x.gguf, served_model_name: prod-chat}")
     assert named.server_settings().served_model_name == "prod-chat"
+
+
+def test_asynchronous_scheduling_defaults_off_when_speculation_is_asked_for():
+    """Drafts are checked before the next step is queued: the CUDA default gives way to speculation, an explicit
+    setting does not (speculation then turns itself off, engine/speculation.py)."""
+    assert SchedulerOptions().async_on("cuda") and not SchedulerOptions().async_on("cpu")
+    assert not SchedulerOptions().async_on("cuda", speculative=True)
+    assert SchedulerOptions(async_scheduling=True).async_on("cuda", speculative=True)
+    assert not SchedulerOptions(async_scheduling=False).async_on("cuda")
