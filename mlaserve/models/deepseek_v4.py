@@ -40,7 +40,7 @@ from mlaserve.models.deepseek_v4_ffn import GroupedLinear, V4MoE, v4_linear
 from mlaserve.parallel import ParallelContext
 
 _HC = re.compile(r"\.hc_(attn|ffn)_(fn|base|scale)$")
-_SCALE = re.compile(r"\.scale$")
+_SCALE = re.compile(r"(?<!_hc)\.scale$")  # not the hyper-connections' own `scale` (attn_hc.scale)
 _EXPERT = re.compile(r"\.experts\.(\d+)\.(w[123])\.(weight|weight_scale_inv)$")
 _RENAMES = {"embed.weight": "model.embed_tokens.weight", "head.weight": "lm_head.weight"}
 SLIDING, HEAVY, SPARSE = "sliding_attention", "heavily_compressed_attention", "compressed_sparse_attention"
@@ -330,7 +330,7 @@ class DeepseekV4ForCausalLM(CausalLM):
             name = "model." + name
         name = _RENAMES.get(name.removeprefix("model."), name)
         # a quantized weight's scales: `.scale` as DeepSeek ships them, `.weight_scale_inv` as transformers names
-        # them (before the hyper-connections' own `scale` appears below)
+        # them; some transformers versions save the hyper-connections under their module names (attn_hc.scale)
         name = _SCALE.sub(".weight_scale_inv", name)
         name = _HC.sub(r".\1_hc.\2", name).replace("model.hc_head_", "model.hc_head.hc_")
         if self.fp4_experts and (expert := _EXPERT.search(name)) is not None:

@@ -5,6 +5,7 @@ over 32 steps must equal transformers' and our logprobs its teacher-forced log-s
 chunked prefill whose chunks split compression windows, preempted, and from prefix-cache hits."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -124,16 +125,27 @@ def test_indexer_really_selects(v4, monkeypatch):
     assert max(dropped) > 0
 
 
-def test_deepseeks_own_checkpoint_names_load(v4, tmp_path):
-    """DeepSeek ships layers.N..., embed.weight, head.weight, hc_head_fn (no model. prefix) where transformers
-    saves model.layers.N... and model.embed_tokens.weight."""
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        (tmp_path / name).write_bytes((v4 / name).read_bytes())
+def _renamed_hc(name: str) -> str:
+    """model.layers.N.hc_attn_scale -> model.layers.N.attn_hc.scale: transformers versions before the name mapping
+    on save wrote the hyper-connections under their module names."""
+    return re.sub(r"\.hc_(attn|ffn)_(fn|base|scale)$", r".\1_hc.\2", name)
+
+
+def _deepseek_names(name: str) -> str:
     renames = {"model.embed_tokens.weight": "embed.weight", "model.hc_head.hc_fn": "hc_head_fn",
                "model.hc_head.hc_base": "hc_head_base", "model.hc_head.hc_scale": "hc_head_scale"}  # fmt: skip
-    tensors = {
-        renames.get(k, k.removeprefix("model.")): v for k, v in load_file(v4 / "model.safetensors").items()
-    }
+    return renames.get(name, name.removeprefix("model."))
+
+
+@pytest.mark.parametrize("rename", [_deepseek_names, _renamed_hc], ids=["deepseek", "module-names"])
+def test_other_checkpoint_spellings_load(v4, tmp_path, rename):
+    """DeepSeek ships layers.N..., embed.weight, head.weight, hc_head_fn (no model. prefix) where transformers
+    saves model.layers.N... and model.embed_tokens.weight; the hyper-connections' own `scale` is never read as
+    a quantized weight's scale."""
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((v4 / name).read_bytes())
+    tensors = {rename(k): v for k, v in load_file(v4 / "model.safetensors").items()}
+    assert tensors.keys() != load_file(v4 / "model.safetensors").keys()
     save_file(tensors, tmp_path / "model.safetensors")
     batch = [{"prompt_token_ids": p} for p in prompts(2, seed=7, low=20, high=30)]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
