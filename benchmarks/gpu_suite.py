@@ -34,6 +34,8 @@ Sections:
   fp8_paths every block-FP8 path forced (dense: W8A16, W8A8, torch's blockwise scaled_mm, dequantize + cuBLAS; MoE:
             W8A16 and W8A8 tiles) beside bf16 weights at rows 1 to 4,096, checked then timed; the fastest per row and
             the table thresholds they suggest (benchmarks/gpu_fp8_paths.py; needs ceilings)
+  fp8_tiles the W8A8 GEMMs (dense and fused MoE) at prefill sizes over a grid of tiles, row blocks and fused or
+            split gate/up, beside bf16: the tiles the defaults should be (benchmarks/gpu_fp8_tiles.py)
   tp        the V2-Lite shape per tensor-parallel layout the machine allows (one process; the process group of one;
             N GPUs tensor and expert parallel): greedy tokens against the first layout, decode tok/s at batch 1 and
             32, 256 x (1,000 + 100) requests/s, the collectives' share of a decode step (benchmarks/gpu_tp.py)
@@ -59,6 +61,7 @@ from benchmarks import (
     gpu_flashinfer,
     gpu_fp8,
     gpu_fp8_paths,
+    gpu_fp8_tiles,
     gpu_mixed,
     gpu_sparse,
     gpu_tp,
@@ -537,7 +540,8 @@ def main() -> None:
                          ("fp8_engine", lambda: gpu_fp8.fp8_engine(Path(tmp), ceil, lite_llm, lite_workload, timed_walls,
                                                                    lambda folder, ceil_, runs: gpu_mixed.mixed(folder, ceil_, lite_llm, V2_LITE, DecodeStepTimer, runs))),
                          ("fp8_v3", lambda: gpu_fp8.fp8_v3(Path(tmp), DecodeStepTimer)),
-                         ("fp8_paths", lambda: gpu_fp8_paths.fp8_paths(ceil, bench_graph))]:  # fmt: skip
+                         ("fp8_paths", lambda: gpu_fp8_paths.fp8_paths(ceil, bench_graph)),
+                         ("fp8_tiles", lambda: gpu_fp8_tiles.fp8_tiles(bench_graph))]:  # fmt: skip
             if name in sections:
                 t = time.perf_counter()
                 try:

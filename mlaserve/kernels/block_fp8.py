@@ -10,7 +10,7 @@ benchmarks/gpu_fp8_paths.py, measures and sets):
   fuse_quant) and the dot on fp8 operands.
 - torch_blockwise: the same product through torch._scaled_mm's blockwise scaling (fp8_torch.py), where this torch
   and device have it (a one-time check on the device); off until measured.
-- dequant_cublas: the weight dequantized to x's dtype for the call (fp8_dequant.py), then cuBLAS; off until measured.
+- dequant_cublas: the weight dequantized to x's dtype for the call (fp8_dequant.py), then cuBLAS: long prompts.
 Every launch is asynchronous and sized from shapes alone, so the calls can be captured in CUDA graphs.
 
 layers/block_fp8.linear_reference is what all are tested against: as is for w8a16 and dequant_cublas, with
@@ -24,7 +24,12 @@ from mlaserve.kernels.fp8_decode import w8a16_linear
 from mlaserve.kernels.fp8_dequant import dequant_linear
 from mlaserve.kernels.fp8_prefill import w8a8_linear
 from mlaserve.kernels.fp8_quant import FP8, GROUP, quantize_per_token_group
-from mlaserve.kernels.fp8_torch import blockwise_check, torch_blockwise_linear, torch_blockwise_problem
+from mlaserve.kernels.fp8_torch import (
+    LAYOUTS,
+    blockwise_check,
+    torch_blockwise_linear,
+    torch_blockwise_problem,
+)
 from mlaserve.kernels.registry import SKINNY_MAX_ROWS
 
 __all__ = ["block_fp8_linear", "dense_path", "quantize_per_token_group"]
@@ -36,8 +41,10 @@ W8A16_MAX_ROWS = SKINNY_MAX_ROWS
 # From this many rows torch's blockwise-scaled GEMM replaces the W8A8 Triton GEMM where its check passed; None:
 # never. Off until fp8_paths has timed it against the Triton GEMM on the GPU the engine serves from.
 TORCH_BLOCKWISE_MIN_ROWS: int | None = None
-# From this many rows the weight is dequantized per call and cuBLAS multiplies (dequant_cublas); None: never.
-DEQUANT_MIN_ROWS: int | None = None
+# From this many rows the weight is dequantized per call and cuBLAS multiplies (dequant_cublas); None: never. It
+# won at every V2-Lite and V3 projection at 4,096 rows and lost most of V3's at 512 (fp8_paths section); where the
+# two paths' times cross between those lies near here.
+DEQUANT_MIN_ROWS: int | None = 1024
 
 
 def check_block_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, group_n: int) -> None:
@@ -64,7 +71,7 @@ def torch_blockwise_layout(x: torch.Tensor, weight: torch.Tensor, group_n: int) 
     if torch_blockwise_problem(x, weight, group_n) is not None:
         return None
     layout = blockwise_check(x.device, group_n)
-    return layout if layout in ("plain", "padded") else None
+    return layout if layout in LAYOUTS else None
 
 
 def dense_path(x: torch.Tensor, weight: torch.Tensor, group_n: int) -> str:

@@ -110,14 +110,17 @@ def w8a8_linear(
     fuse_quant: bool = False,
     pow2_scale: bool = False,
     tiles: tuple[GemmTile, ...] | None = None,
+    block_m: int | None = None,
+    group_m: int = 8,
 ) -> torch.Tensor:
     """out [M, N] = quantize_per_token_group(x) @ (weight * scale)^T (+ bias), in float32 and rounded once.
 
-    fuse_quant: quantize A inside the GEMM instead of a separate pass. tiles: the ladder to launch from (tests,
-    sweeps); default tile_ladder's for the device."""
+    fuse_quant: quantize A inside the GEMM instead of a separate pass. tiles, block_m, group_m: the ladder to
+    launch from, rows per tile and row blocks per column sweep (tests, sweeps); default tile_ladder's for the
+    device and block_m_for's rows."""
     rows, k = x.shape
     n = weight.shape[0]
-    block_m = block_m_for(rows)
+    block_m = block_m or block_m_for(rows)
     if fuse_quant:
         a, a_scale = x, x  # the scale pointer is never read
     else:
@@ -133,7 +136,7 @@ def w8a8_linear(
             a, a_scale, weight, scale, bias if bias is not None else out, out, rows, n, k,
             a.stride(0), a_scale.stride(0), weight.stride(0), scale.stride(0), out.stride(0),
             GROUP_N=group_n, QUANT_A=fuse_quant, POW2=pow2_scale, HAS_BIAS=bias is not None, BLOCK_M=block_m,
-            BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=8, SCALE_K=GROUP, FP8_MAX=FP8_MAX,
+            BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=group_m, SCALE_K=GROUP, FP8_MAX=FP8_MAX,
             num_warps=t.warps, num_stages=t.stages, **pdl_launch(x),
         )  # fmt: skip
 

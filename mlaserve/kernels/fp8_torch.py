@@ -11,11 +11,15 @@ the padded layout); were the path to win, the loader could store the scale that 
 """
 
 import torch
+import torch.nn.functional as F
 
 from mlaserve.kernels.fp8_quant import GROUP, quantize_per_token_group
 
-# The weight scale layouts torch releases have asked for, in the order the check tries them.
-LAYOUTS = ("plain", "padded")
+# The weight scale layouts torch releases have asked for, in the order the check tries them: through
+# torch.nn.functional.scaled_mm with the recipes named ("recipes", where this torch has it), or torch._scaled_mm
+# inferring them from the scales' shapes, a 128x128 scale's rows as they are, padded to four columns but viewed at
+# their own width, or padded and viewed whole.
+LAYOUTS = ("recipes", "plain", "padded", "padded_full")
 # (device index, group_n) -> the layout that passed, or why none did; filled outside graph capture, never cleared.
 _CHECKED: dict[tuple[int, int], str] = {}
 
@@ -32,24 +36,36 @@ def torch_blockwise_problem(x: torch.Tensor, weight: torch.Tensor, group_n: int)
     if group_n not in (1, GROUP):
         return f"takes weight scales of 1 or {GROUP} rows, not {group_n}"
     n, k = weight.shape
-    if k % GROUP or n % 16:
-        return f"takes K in whole {GROUP}-column groups and N in multiples of 16, not N {n}, K {k}"
+    if k % GROUP or n % (GROUP if group_n == GROUP else 16):
+        want = f"{GROUP} (whole scale blocks)" if group_n == GROUP else "16"
+        return f"takes K in whole {GROUP}-column groups and N in multiples of {want}, not N {n}, K {k}"
     if torch.cuda.get_device_capability(x.device)[0] < 9:
         return "needs sm_90 or newer"
     return None
 
 
 def weight_scale_for_torch(scale: torch.Tensor, group_n: int, layout: str) -> torch.Tensor:
-    """The block-FP8 weight scale [ceil(N/group_n), K/128] as torch._scaled_mm's scale_b for the weight's
-    transpose: its transpose [K/128, ...] whose own transpose is row-major (128x128 blocks, rows padded to four
-    columns in the padded layout) or column-major (one scale per weight row)."""
+    """The block-FP8 weight scale [ceil(N/group_n), K/128] as torch's scale_b for the weight's transpose: its
+    transpose [K/128, ...] whose own transpose is row-major (128x128 blocks, rows padded to four columns in the
+    padded layouts) or column-major (one scale per weight row; [N, K/128] as it is with the named recipes)."""
     if group_n == 1:
-        return scale.t().contiguous()
-    if layout == "plain" or scale.shape[1] % 4 == 0:
+        return scale.t().contiguous().t() if layout == "recipes" else scale.t().contiguous()
+    if layout == "plain" or (layout == "padded" and scale.shape[1] % 4 == 0):
         return scale.contiguous().t()
     padded = scale.new_zeros(scale.shape[0], -(-scale.shape[1] // 4) * 4)
     padded[:, : scale.shape[1]] = scale
-    return padded[:, : scale.shape[1]].t()
+    return padded[:, : scale.shape[1]].t() if layout == "padded" else padded.t()  # padded_full, recipes
+
+
+def _scaled_mm(
+    a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, group_n: int, layout: str
+) -> torch.Tensor:
+    if layout != "recipes":
+        return torch._scaled_mm(a, b, scale_a=a_scale, scale_b=b_scale, out_dtype=torch.bfloat16)
+    recipe = F.ScalingType.BlockWise128x128 if group_n == GROUP else F.ScalingType.BlockWise1x128
+    return F.scaled_mm(
+        a, b, a_scale, F.ScalingType.BlockWise1x128, b_scale, recipe, output_dtype=torch.bfloat16
+    )
 
 
 def torch_blockwise_linear(
@@ -65,7 +81,7 @@ def torch_blockwise_linear(
     in bf16: the W8A8 product, summed by cuBLASLt. The caller has checked torch_blockwise_problem."""
     a, a_scale = quantize_per_token_group(x, GROUP, pow2_scale, column_major_scale=True)
     b_scale = weight_scale_for_torch(scale, group_n, layout)
-    out = torch._scaled_mm(a, weight.t(), scale_a=a_scale, scale_b=b_scale, out_dtype=x.dtype)
+    out = _scaled_mm(a, weight.t(), a_scale, b_scale, group_n, layout)
     return out if bias is None else out.add_(bias)
 
 

@@ -12,7 +12,7 @@ from mlaserve.kernels import block_fp8  # noqa: E402
 from mlaserve.kernels.block_fp8 import block_fp8_linear, dense_path  # noqa: E402
 from mlaserve.kernels.fp8_dequant import dequantize_weight  # noqa: E402
 from mlaserve.kernels.fp8_quant import quantize_per_token_group  # noqa: E402
-from mlaserve.kernels.fp8_torch import torch_blockwise_problem, weight_scale_for_torch  # noqa: E402
+from mlaserve.kernels.fp8_torch import LAYOUTS, torch_blockwise_problem, weight_scale_for_torch  # noqa: E402
 from mlaserve.layers import block_fp8 as ref  # noqa: E402
 from mlaserve.testing.device import kernel_test_dtypes, on_gpu  # noqa: E402
 from tests.kernels.test_block_fp8 import fp8_weight  # noqa: E402
@@ -64,6 +64,13 @@ def test_weight_scales_in_the_layouts_torch_asks_for():
     rows = torch.arange(5 * 3, dtype=torch.float32).view(5, 3)  # one scale per weight row
     per_row = weight_scale_for_torch(rows, 1, "plain")
     assert torch.equal(per_row, rows.t()) and per_row.t().stride() == (1, 5)
+    # scaled_mm with named recipes: 128x128 as [round_up(K/128, 4), N/128] with stride [1, that], 1x128 as
+    # [N, K/128] with stride [1, N] (torch's own shape checks for those recipes)
+    whole = weight_scale_for_torch(scale, 128, "padded_full")
+    assert whole.shape == (4, 2) and whole.stride() == (1, 4) and torch.equal(whole[:3], scale.t())
+    assert weight_scale_for_torch(scale, 128, "recipes").shape == (4, 2)
+    named = weight_scale_for_torch(rows, 1, "recipes")
+    assert torch.equal(named, rows) and named.stride() == (1, 5)
 
 
 def test_each_row_count_takes_its_path(monkeypatch):
@@ -72,6 +79,7 @@ def test_each_row_count_takes_its_path(monkeypatch):
     edge = block_fp8.W8A16_MAX_ROWS
     assert (at(1), at(edge), at(edge + 1)) == ("w8a16", "w8a16", "w8a8")
     monkeypatch.setattr(block_fp8, "TORCH_BLOCKWISE_MIN_ROWS", 32)
+    monkeypatch.setattr(block_fp8, "DEQUANT_MIN_ROWS", None)
     assert at(4096) == "w8a8"  # on CPU torch's blockwise GEMM declines
     monkeypatch.setattr(block_fp8, "DEQUANT_MIN_ROWS", 64)
     assert (at(63), at(64)) == ("w8a8", "dequant_cublas")
@@ -93,10 +101,10 @@ def test_torch_blockwise_path_matches_the_quantized_reference(group_n, rows):
     from mlaserve.kernels.fp8_torch import blockwise_check
 
     gen = torch.Generator(device="cuda").manual_seed(rows)
-    w, s = fp8_weight(2112, 1024, group_n, gen)
+    w, s = fp8_weight(2176, 1024, group_n, gen)  # N in whole 128-row blocks, as 128x128 scaling needs
     x = torch.randn(rows, 1024, generator=gen, device="cuda").bfloat16()
     check = blockwise_check(x.device, group_n)
-    if check not in ("plain", "padded"):
+    if check not in LAYOUTS:
         pytest.skip(f"torch's blockwise GEMM on this GPU: {check}")
     got = block_fp8_linear(x, w, s, group_n, path="torch_blockwise")
     want = ref.linear_reference(x, w, s, group_n, quantize_activations=True).float()

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
+from mlaserve.kernels.moe import dispatch  # noqa: E402
 from mlaserve.kernels.moe.dispatch import GROUPED_MM, fused_experts  # noqa: E402
 from mlaserve.kernels.moe.tiled import Fp8Scales  # noqa: E402
 from mlaserve.layers.block_fp8 import dequantize, quantize  # noqa: E402
@@ -55,7 +56,11 @@ def routing(tokens: int, experts: int, top_k: int, gen: torch.Generator) -> tupl
     [(1, 8, None), (3, 24, None), (40, 4, None), (40, 6, 16)]
     + ([(300, 8, None), (300, 8, 128)] if GPU else []),
 )  # one pair per tile; pair tiles over a few tokens; sorted 64-row tiles; sorted 16-row tiles
-def test_fp8_experts_match_the_dequantized_reference(device, dtype, group_n, tokens, experts, block_m):
+def test_fp8_experts_match_the_dequantized_reference(
+    device, dtype, group_n, tokens, experts, block_m, monkeypatch
+):
+    """The W8A16 tiles (the table's W8A8 ones are off here; tests/kernels/test_moe_w8a8.py checks those)."""
+    monkeypatch.setattr(dispatch, "W8A8_PAIRS_PER_EXPERT", None)
     gen = torch.Generator(device=device).manual_seed(tokens * experts + group_n)
     w13, s13, w2, s2 = fp8_experts(experts, group_n, gen)
     weights, ids = routing(tokens, experts, 2, gen)

@@ -43,17 +43,20 @@ def reference(x, w13, s13, w2, s2, weights, ids, act, group_n, add=None) -> torc
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("group_n", [1, 128])
 @pytest.mark.parametrize(
-    "tokens, experts, block_m",
-    [(3, 4, 16), (40, 4, None), (40, 6, 16)] + ([(300, 8, None), (300, 8, 128)] if GPU else []),
-)  # a few pairs in 16-row tiles; 64-row tiles; many experts' 16-row tiles
-def test_w8a8_experts_match_the_quantized_reference(device, dtype, group_n, tokens, experts, block_m):
+    "tokens, experts, block_m, fuse_gate",
+    [(3, 4, 16, True), (40, 4, None, True), (40, 6, 16, True), (40, 4, None, False)]
+    + ([(300, 8, None, True), (300, 8, 128, True), (300, 8, 128, False)] if GPU else []),
+)  # a few pairs in 16-row tiles; 64-row tiles; many experts' 16-row tiles; gate and up as one GEMM
+def test_w8a8_experts_match_the_quantized_reference(
+    device, dtype, group_n, tokens, experts, block_m, fuse_gate
+):
     gen = torch.Generator(device=device).manual_seed(tokens * experts + group_n)
     w13, s13, w2, s2 = fp8_experts(experts, group_n, gen)
     weights, ids = routing(tokens, experts, 2, gen)
     x = torch.randn(tokens, HIDDEN, generator=gen, device=device).to(dtype)
     shared = torch.randn(tokens, HIDDEN, generator=gen, device=device).to(dtype)
     fp8 = Fp8Scales(s13, s2, group_n)
-    got = w8a8_tile_experts(x, w13, w2, weights, ids, F.silu, shared, fp8, block_m)
+    got = w8a8_tile_experts(x, w13, w2, weights, ids, F.silu, shared, fp8, block_m, fuse_gate=fuse_gate)
     assert got.dtype == dtype and got.shape == x.shape
     want = reference(x, w13, s13, w2, s2, weights, ids, F.silu, group_n, shared)
     torch.testing.assert_close(got.float(), want, **w8a8_tolerance(dtype, want))

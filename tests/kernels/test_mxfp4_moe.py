@@ -38,5 +38,12 @@ def test_mxfp4_experts_match_the_reference(device, tokens, experts, top_k, hidde
     limit = 2.0  # the clamps bind: gate values reach well past it
     got = mxfp4_experts(x, w13, s13, w2, s2, ids, weights, limit)
     want = experts_reference(x, w13, s13, w2, s2, ids, weights, limit)
-    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=3e-2)
+    # in bf16 the gated activations reach the second GEMM rounded to bf16 where the reference keeps float32, so
+    # an output's error follows the size of the sum it came from, not its own
+    scale = want.float().abs().amax().item()
+    tol = (
+        dict(rtol=1e-4, atol=1e-4)
+        if dtype == torch.float32
+        else dict(rtol=2e-2, atol=max(3e-2, 2e-2 * scale))
+    )
     torch.testing.assert_close(got.float(), want.float(), **tol)

@@ -4,7 +4,7 @@
   GROUPED_MM_PAIRS_PER_EXPERT pairs per expert it beat the Triton GEMMs, which won below that.
 - fp8_w8a8_tiles: block-FP8 experts from W8A8_PAIRS_PER_EXPERT pairs per expert: sorted tiles whose GEMMs take
   activations quantized per token group (tiled.w8a8_tile_experts), fp8 x fp8 on the tensor cores; below that the
-  experts' weight bytes are the cost, and the W8A16 tiles that leave x as it is are as fast and more exact.
+  experts' weight bytes are the cost, and the W8A16 tiles that leave x as it is are nearly as fast and more exact.
 - pair_tiles: one pair per tile, no sort (tiled.py), where a handful of pairs spread over many experts rarely
   share an expert (small decode batches).
 - sorted_tiles: pairs sorted by expert into tiles of one expert each (tiled.py), for everything else.
@@ -33,10 +33,11 @@ from mlaserve.kernels.registry import expert_scales_problem
 # From this many (token, expert) pairs per expert torch's grouped GEMM replaces the Triton one for long prompts; the
 # two were even at about this count at V2-Lite's shape, torch's faster above and slower below it.
 GROUPED_MM_PAIRS_PER_EXPERT = 256
-# From this many pairs per expert block-FP8 experts run W8A8 (fp8_w8a8_tiles) instead of W8A16. A first guess, where
-# sorted tiles reach their tallest (128 rows) and the GEMMs stop being weight-bound; the fp8_paths section of the GPU
-# suite (benchmarks/gpu_fp8.py) times both at every batch size, and its fastest path per row is what sets this.
-W8A8_PAIRS_PER_EXPERT = 128
+# From this many pairs per expert block-FP8 experts run W8A8 (fp8_w8a8_tiles) instead of W8A16. The fp8_paths
+# section of the GPU suite timed both at 1 to 4,096 tokens: W8A8 was faster at every size, by a few percent while
+# experts hold a handful of rows (the weight's bytes are the cost either way) and by 1.2x and more from about 16
+# rows each; below that the W8A16 tiles, which leave x as it is, keep the more exact result.
+W8A8_PAIRS_PER_EXPERT: int | None = 16  # None: never
 
 
 def _grouped_mm_supports(
@@ -89,7 +90,7 @@ def _w8a8_pays(
     ids: torch.Tensor,
     *rest: object,
 ) -> bool:
-    return ids.numel() >= W8A8_PAIRS_PER_EXPERT * w13.shape[0]
+    return W8A8_PAIRS_PER_EXPERT is not None and ids.numel() >= W8A8_PAIRS_PER_EXPERT * w13.shape[0]
 
 
 def pair_tiles_pay(num_pairs: int, num_experts: int) -> bool:

@@ -13,9 +13,10 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from mlaserve.kernels.fit import GemmTile
 from mlaserve.kernels.fp8_quant import GROUP, quantize_per_token_group
 from mlaserve.kernels.moe.combine import combine
-from mlaserve.kernels.moe.gated import act_and_mul
+from mlaserve.kernels.moe.gated import act_and_mul, silu_and_mul
 from mlaserve.kernels.moe.grouped_gemm import grouped_gemm
 from mlaserve.kernels.moe.sort import sort_by_expert
 
@@ -53,24 +54,26 @@ def _experts(
     tile_expert: torch.Tensor,
     fp8: Fp8Scales | None,
     w8a8: bool = False,
+    fuse_gate: bool = True,
+    tiles: tuple[GemmTile, ...] | None = None,
 ) -> torch.Tensor:
     num_pairs, top_k = ids.numel(), ids.shape[1]
     group_n = fp8.group_n if fp8 is not None else 128
     up_scale, down_scale = (fp8.w13, fp8.w2) if fp8 is not None else (None, None)
-    gated = act is F.silu
+    gated = act is F.silu and fuse_gate
     a, a_scale = quantize_per_token_group(x, GROUP) if w8a8 else (x, None)
     hidden = grouped_gemm(
-        a, w13, sorted_ids, tile_expert, num_pairs, top_k, None, block_m, gated, None, up_scale, group_n,
+        a, w13, sorted_ids, tile_expert, num_pairs, top_k, None, block_m, gated, tiles, up_scale, group_n,
         a_scale, x.dtype,
     )  # fmt: skip
     if not gated:
-        hidden = act_and_mul(hidden, act)
+        hidden = silu_and_mul(hidden) if act is F.silu else act_and_mul(hidden, act)
     h_scale = None
     if w8a8:
         hidden, h_scale = quantize_per_token_group(hidden, GROUP)
     route = weights.flatten().float().contiguous()
     down = grouped_gemm(
-        hidden, w2, sorted_ids, tile_expert, num_pairs, 1, route, block_m, False, None, down_scale, group_n,
+        hidden, w2, sorted_ids, tile_expert, num_pairs, 1, route, block_m, False, tiles, down_scale, group_n,
         h_scale, x.dtype,
     )  # fmt: skip
     return combine(down, top_k, add)
@@ -101,13 +104,18 @@ def sorted_tile_experts(
     fp8: Fp8Scales | None = None,
     block_m: int | None = None,
     w8a8: bool = False,
+    fuse_gate: bool = True,
+    tiles: tuple[GemmTile, ...] | None = None,
 ) -> torch.Tensor:
     """dispatch.fused_experts' contract over pairs sorted by expert into tiles of block_m rows (sorted_tile_rows'
     where None). w8a8: block-FP8 experts with fp8 activations, what moe.experts_reference computes with
-    quantize_activations=True."""
+    quantize_activations=True. fuse_gate False: the gate and up rows as one GEMM whose [pairs, 2I] output a
+    separate kernel gates (one accumulator per program instead of two). tiles: both GEMMs' ladder (sweeps)."""
     block_m = block_m or sorted_tile_rows(ids.numel(), w13.shape[0])
     sorted_ids, tile_expert = sort_by_expert(ids, w13.shape[0], block_m)
-    return _experts(x, w13, w2, weights, ids, act, add, block_m, sorted_ids, tile_expert, fp8, w8a8)
+    return _experts(
+        x, w13, w2, weights, ids, act, add, block_m, sorted_ids, tile_expert, fp8, w8a8, fuse_gate, tiles
+    )
 
 
 # Block-FP8 experts with fp8 activations (W8A8): the tensor cores' fp8 rate once the GEMMs are compute-bound.
