@@ -42,9 +42,9 @@ W8A16_MAX_ROWS = SKINNY_MAX_ROWS
 # never. Off until fp8_paths has timed it against the Triton GEMM on the GPU the engine serves from.
 TORCH_BLOCKWISE_MIN_ROWS: int | None = None
 # From this many rows the weight is dequantized per call and cuBLAS multiplies (dequant_cublas); None: never. It
-# won at every V2-Lite and V3 projection at 4,096 rows and lost most of V3's at 512 (fp8_paths section); where the
-# two paths' times cross between those lies near here.
-DEQUANT_MIN_ROWS: int | None = 1024
+# won at every V2-Lite and V3 projection at 4,096 rows and lost V3's at 512 and 1,024 (fp8_paths and fp8_tiles
+# sections).
+DEQUANT_MIN_ROWS: int | None = 2048
 
 
 def check_block_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, group_n: int) -> None:

@@ -137,3 +137,16 @@ def test_the_table_takes_w8a8_for_fp8_experts_from_its_pairs_per_expert(monkeypa
     with pytest.raises(ValueError, match="kernel 'nope'"):
         fused_experts(torch.zeros(2, HIDDEN), w13.float(), w2.float(), torch.ones(2, 1),
                       torch.zeros(2, 1, dtype=torch.long), F.silu, kernel="nope")  # fmt: skip
+
+
+def test_w8a8_tiles_stop_at_64_rows_and_split_the_gate_there(monkeypatch):
+    """The W8A8 tiles' own plan: sorted_tile_rows' height up to 64 rows, gate and up as one GEMM from 64 rows."""
+    from mlaserve.kernels.moe import tiled
+
+    assert [tiled.w8a8_tile_rows(pairs, 4) for pairs in (8, 64, 128, 512, 4096)] == [16, 32, 64, 64, 64]
+    seen = []
+    monkeypatch.setattr(tiled, "sorted_tile_experts", lambda *args: seen.append(args[8:11]))
+    for pairs in (64, 4096):
+        ids = torch.zeros(pairs // 2, 2, dtype=torch.long)
+        tiled.w8a8_tile_experts(None, torch.zeros(4, 1, 1), None, None, ids, F.silu)
+    assert seen == [(32, True, True), (64, True, False)]

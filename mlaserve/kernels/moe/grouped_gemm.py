@@ -174,8 +174,10 @@ def fp8_tile_config(block_m: int) -> GemmTile:
     taking half the shared memory of bf16 ones."""
     if block_m >= 128:
         return GemmTile(128, 128, 8, 3)
-    if block_m >= 64:
-        return GemmTile(128, 128, 4, 3)
+    if (
+        block_m >= 64
+    ):  # four stages: the fp8_tiles section's fastest at 64 rows on 1,024- and 4,096-token prompts
+        return GemmTile(128, 128, 4, 4)
     return GemmTile(64, 128, 4, 4)
 
 
