@@ -7,11 +7,14 @@ routed experts its MXFP4 experts where the config says expert_dtype "fp4". The c
 indexer's weights_proj and the router stay in the model's dtype: the checkpoint ships them unquantized.
 """
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mlaserve.config.quantization import BlockFP8Config
+from mlaserve.kernels.registry import BLOCK_FP8_LINEAR
 from mlaserve.layers.linear import ReplicatedLinear
 from mlaserve.layers.mxfp4_experts import MXFP4Experts, swiglu_limited
 
@@ -25,7 +28,9 @@ def v4_linear(in_features: int, out_features: int, quant: BlockFP8Config | None)
 
 class GroupedLinear(ReplicatedLinear):
     """wo_a: each of n_groups groups of heads projected on its own to out_features / n_groups. A block-FP8 weight
-    is dequantized as the step runs (its groups are one batched GEMM, which no FP8 kernel here takes)."""
+    runs as one block-FP8 GEMM per group where the engine has that kernel and the groups hold whole scale blocks;
+    elsewhere (the CPU, the torch reference) it is dequantized as the step runs and the groups are one batched
+    GEMM."""
 
     def __init__(
         self, in_per_group: int, out_features: int, n_groups: int, quant: BlockFP8Config | None = None
@@ -38,9 +43,36 @@ class GroupedLinear(ReplicatedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, n_groups, in_per_group] -> [T, out_features]"""
+        if self.quant and (groups := self._fp8_groups(x)) is not None:
+            kernel, rows = groups
+            scale_rows, pow2 = rows // self.group_n, self.quant.pow2_scales
+            return torch.cat(
+                [
+                    kernel(
+                        x[:, g],
+                        self.weight[g * rows : (g + 1) * rows],
+                        self.weight_scale_inv[g * scale_rows : (g + 1) * scale_rows],
+                        self.group_n,
+                        None,
+                        pow2_scale=pow2,
+                    )  # fmt: skip
+                    for g in range(self.n_groups)
+                ],
+                dim=1,
+            )
         weight = self.dequantized_weight(x.dtype)
         w = weight.view(self.n_groups, -1, weight.shape[-1]).transpose(1, 2)
         return torch.bmm(x.transpose(0, 1), w).transpose(0, 1).flatten(1)
+
+    def _fp8_groups(self, x: torch.Tensor) -> tuple[Callable, int] | None:
+        """The block-FP8 kernel for one group's GEMM and the group's weight rows, where each group's rows are
+        whole scale blocks and the engine runs that kernel for x; else None."""
+        rows = self.out_features // self.n_groups
+        if rows % self.group_n:
+            return None
+        scale = self.weight_scale_inv[: rows // self.group_n]
+        kernel = BLOCK_FP8_LINEAR.choose(x[:, 0], self.weight[:rows], scale, self.group_n, None)
+        return (kernel, rows) if kernel is not None else None
 
 
 class V4MLP(nn.Module):
