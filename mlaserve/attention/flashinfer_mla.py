@@ -35,9 +35,9 @@ class FlashInferMLABackend(TritonMLABackend):
 
     def __init__(self) -> None:
         self.policy = decode_policy()
-        self._workspace: torch.Tensor | None = (
-            None  # shared by every plan: their runs are ordered on one stream
-        )
+        # FlashInfer's float workspace, made on the first plan and shared by every plan: their runs are ordered on
+        # one stream
+        self._workspace: torch.Tensor | None = None
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:
@@ -56,7 +56,7 @@ class FlashInferMLABackend(TritonMLABackend):
         device: torch.device,
         query_dtype: torch.dtype | None = None,
     ) -> str:
-        ours = super().decode_kernel(
+        ours = self.table_kernel(
             num_heads, kv_lora_rank, rope_dim, cache_dtype, block_size, device, query_dtype
         )
         shape = DecodeShape(

@@ -61,6 +61,8 @@ def test_names_say_which_kernel_runs_where():
     backend = FlashInferMLABackend()
     name = backend.decode_kernel(128, 512, 64, BF16, 64, torch.device("cpu"))
     assert name.startswith(f"flashinfer fa3 where batch >= {FLASHINFER_MIN_BATCH}, else ")
+    # sparse attention (DeepSeek-V3.2) stays on our kernels, and says so
+    assert "flashinfer" not in backend.sparse_kernels(128, 512, 64, BF16, torch.device("cpu"))
 
 
 def test_without_flashinfer_the_selector_keeps_our_kernels_and_says_why(monkeypatch):
