@@ -91,7 +91,17 @@ class FlashInferMLABackend(TritonMLABackend):
         shape = DecodeShape(
             key.num_heads, key.kv_lora_rank, key.rope_dim, cache.dtype, key.dtype, key.page_size
         )
-        if flashinfer_refusal(shape) is not None or not flashinfer_pays(meta.num_decodes, self.policy):
+        # A window or sinks (the training-free long-context options) mask keys, which FlashInfer's decode cannot;
+        # its packed cache view needs one latent row per token, as MLA caches hold.
+        packed = (
+            cache.dim() == 4 and cache.shape[2] == 1 and cache.shape[3] == key.kv_lora_rank + key.rope_dim
+        )
+        if (
+            meta.window is not None
+            or not packed
+            or flashinfer_refusal(shape) is not None
+            or not flashinfer_pays(meta.num_decodes, self.policy)
+        ):
             plan.declined = True
             return None
         lens, kv_indices = step_page_lists(meta)
