@@ -7,6 +7,8 @@ others reuse it; a captured graph's plan is made once per padded batch size and 
 replay (flashinfer_plan.py says why).
 """
 
+from collections import deque
+
 import torch
 
 from mlaserve.attention.flashinfer_plan import WORKSPACE_BYTES, FlashInferDecode, PlanKey, step_page_lists
@@ -20,12 +22,16 @@ from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.attention.triton_mla import TritonMLABackend
 from mlaserve.kernels.mla_decode.rules import DecodeShape
 
+# Eager plans kept alive: two steps' (the one running and the one queued behind it), with room for a second
+# unwindowed cache group per step.
+KEPT_PLANS = 4
+
 
 def flashinfer_missing() -> str | None:
     """None when flashinfer imports, else why not."""
     try:
         import flashinfer.mla  # noqa: F401
-    except ImportError as error:
+    except (ImportError, OSError, RuntimeError) as error:  # absent, or its native libraries fail to load
         return f"flashinfer is not importable ({error}); pip install mlaserve[flashinfer]"
     return None
 
@@ -38,6 +44,11 @@ class FlashInferMLABackend(TritonMLABackend):
         # FlashInfer's float workspace, made on the first plan and shared by every plan: their runs are ordered on
         # one stream
         self._workspace: torch.Tensor | None = None
+        # Eager steps' plans, kept past their steps: FlashInfer copies each plan's schedule to the device from a
+        # pinned buffer the wrapper holds, and a wrapper dropped with its step's metadata would hand that buffer back
+        # while the copy may still wait behind the step before (asynchronous scheduling runs one step ahead), for the
+        # next step's plan to overwrite.
+        self._recent: deque[FlashInferDecode] = deque(maxlen=KEPT_PLANS)
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:
@@ -106,6 +117,8 @@ class FlashInferMLABackend(TritonMLABackend):
             return None
         lens, kv_indices = step_page_lists(meta)
         plan.plan(key, lens, kv_indices, self._workspace_on(q_latent.device))
+        if not plan.graph_rows:  # a graph's plan lives with the runner, and is replanned in place
+            self._recent.append(plan)
         return plan
 
     def _workspace_on(self, device: torch.device) -> torch.Tensor:
