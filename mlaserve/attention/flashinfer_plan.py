@@ -68,7 +68,7 @@ class FlashInferDecode:
         qo_indptr = torch.arange(len(seq_lens) + 1, dtype=torch.int32)
         # Host tensors, pinned: FlashInfer reads the lengths on the host to schedule (device ones would cost a sync),
         # then copies them to the device, which from pageable memory would wait for the step in flight (host_copy).
-        host = [t if t.is_cuda else t.pin_memory() for t in (qo_indptr, kv_indptr, kv_indices, lens)]
+        host = [t if t.is_cuda else _pinned(t) for t in (qo_indptr, kv_indptr, kv_indices, lens)]
         metadata = flashinfer.mla.MLAPlanMetadata.csr(*host)
         self.wrapper.plan(
             metadata=metadata, num_heads=key.num_heads, head_dim_ckv=key.kv_lora_rank, head_dim_kpe=key.rope_dim,
@@ -106,6 +106,11 @@ class FlashInferDecode:
         """[rows, H, kv_lora_rank] attention output over cache [blocks, page, 1, kv_lora_rank + rope]."""
         packed = cache.view(cache.shape[0], cache.shape[1], cache.shape[-1])
         return self.wrapper.run(query=(_dense(q_latent), _dense(q_pe)), kv_cache=packed)
+
+
+def _pinned(t: torch.Tensor) -> torch.Tensor:
+    """Pinning needs a GPU; without one (the CPU tests' stand-in FlashInfer) the plain tensor serves."""
+    return t.pin_memory() if torch.cuda.is_available() else t
 
 
 def _dense(t: torch.Tensor) -> torch.Tensor:

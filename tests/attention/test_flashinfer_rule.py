@@ -1,5 +1,9 @@
 """FlashInfer in the attention table, without FlashInfer or a GPU: the rule, the names the start-up log and stats()
-show, the selector's fall-back, and the backend's decode falling back to our kernels where the rule declines."""
+show, the selector's fall-back, the backend's decode falling back to our kernels where the rule declines, and, through
+a plain-torch stand-in for FlashInfer's wrapper, the page lists an eager step and a replanned graph hand it."""
+
+import sys
+import types
 
 import pytest
 import torch
@@ -111,4 +115,95 @@ def test_declined_steps_decode_on_our_table_and_never_touch_flashinfer(monkeypat
     got = backend.decode_latent(q[..., :lat], q[..., lat:], cache, meta, 0.1, lat)
     assert meta.decode_plan is not None and meta.decode_plan.declined
     want = TorchBackend().decode(q.float(), cache.float(), None, meta, 0.1, lat)[0]
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+
+
+class StandInWrapper:
+    """FlashInfer's MLA wrapper as far as the backend uses it, in plain torch: plan keeps the CSR page lists (copied
+    into the reserved buffers for a graph wrapper, as FlashInfer does), run attends over exactly those pages."""
+
+    def __init__(self, workspace, use_cuda_graph=False, qo_indptr=None, kv_indptr=None, kv_indices=None,
+                 kv_len_arr=None, backend="auto"):  # fmt: skip
+        assert backend == "fa3"
+        self.reserved = (qo_indptr, kv_indptr, kv_indices, kv_len_arr) if use_cuda_graph else None
+
+    def plan(self, *, metadata, num_heads, head_dim_ckv, head_dim_kpe, page_size, sm_scale, **options):
+        qo, kv_indptr, kv_indices, lens = metadata
+        assert all(t.dtype == torch.int32 and t.dim() == 1 for t in metadata)
+        assert torch.equal(kv_indptr[1:] - kv_indptr[:-1], (lens + page_size - 1) // page_size)
+        assert torch.equal(qo, torch.arange(len(lens) + 1, dtype=torch.int32))
+        if (
+            self.reserved is not None
+        ):  # the captured run reads these buffers, so a replan must write into them
+            for buffer, value in zip(self.reserved, metadata, strict=True):
+                buffer[: len(value)].copy_(value)
+            metadata = tuple(b[: len(v)] for b, v in zip(self.reserved, metadata, strict=True))
+        self.lists, self.page, self.scale = metadata, page_size, sm_scale
+
+    def run(self, query, kv_cache):
+        q = torch.cat(query, dim=-1).float()
+        _, kv_indptr, kv_indices, lens = self.lists
+        rank = query[0].shape[-1]
+        out = []
+        for i in range(q.shape[0]):
+            pages = kv_indices[kv_indptr[i] : kv_indptr[i + 1]].long()
+            rows = kv_cache[pages].reshape(-1, kv_cache.shape[-1])[: lens[i]].float()
+            weights = torch.softmax(q[i] @ rows.T * self.scale, dim=-1)
+            out.append(weights @ rows[:, :rank])
+        return torch.stack(out).to(query[0].dtype)
+
+
+def stand_in_flashinfer(monkeypatch) -> None:
+    mla = types.SimpleNamespace(BatchMLAPagedAttentionWrapper=StandInWrapper, MLAPlanMetadata=types.SimpleNamespace(
+        csr=lambda *lists: lists))  # fmt: skip
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(mla=mla))
+
+
+def uneven_case(batch: int, page: int, seed: int, heads: int = 2):
+    """Lengths 1..40 in pages of `page`, tables of shuffled blocks (block 0 unused), float32 at 512 + 64."""
+    gen = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, 41, (batch,), generator=gen).tolist()
+    blocks = [-(-n // page) for n in lens]
+    order = torch.randperm(sum(blocks), generator=gen) + 1
+    table = torch.zeros(
+        batch, max(blocks) + 2, dtype=torch.int32
+    )  # wider than needed: stale columns are skipped
+    table[:, -1] = 7
+    start = 0
+    for i, k in enumerate(blocks):
+        table[i, :k] = order[start : start + k]
+        start += k
+    cache = torch.randn(sum(blocks) + 1, page, 1, 576, generator=gen)
+    q = torch.randn(batch, heads, 576, generator=gen)
+    meta = build_metadata(page, table, [1] * batch, lens, batch, torch.zeros(0, dtype=torch.long))
+    return q, cache, table, meta
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_eager_plan_lists_each_rows_pages(monkeypatch, page):
+    stand_in_flashinfer(monkeypatch)
+    monkeypatch.setenv(DECODE_ENV, "always")
+    backend = FlashInferMLABackend()
+    q, cache, _, meta = uneven_case(5, page, page)
+    q, cache = q.bfloat16(), cache.bfloat16()
+    got = backend.decode_latent(q[..., :512], q[..., 512:], cache, meta, 0.1, 512)
+    assert meta.decode_plan.planned and meta.decode_plan in backend._recent
+    want = TorchBackend().decode(q.float(), cache.float(), None, meta, 0.1, 512)[0]
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_graph_plan_is_replanned_in_its_buffers_from_host_tables(monkeypatch):
+    stand_in_flashinfer(monkeypatch)
+    monkeypatch.setenv(DECODE_ENV, "always")
+    backend = FlashInferMLABackend()
+    q, cache, table, meta = uneven_case(6, 4, 0)
+    q, cache = q.bfloat16(), cache.bfloat16()
+    plan = backend.graph_decode_plan(6, table.shape[1])
+    capture = build_metadata(4, table, [1] * 6, [40] * 6, 6, torch.zeros(0, dtype=torch.long))
+    capture.decode_plan = plan
+    backend.decode_latent(q[..., :512], q[..., 512:], cache, capture, 0.1, 512)  # the capture's plan
+    plan.replan(meta.seq_lens, table)  # the step's own lengths, as DecodeGraphs.run hands them over
+    assert plan.buffers[3].tolist() == meta.host_seq_lens and plan not in backend._recent
+    got = backend.decode_latent(q[..., :512], q[..., 512:], cache, capture, 0.1, 512)
+    want = TorchBackend().decode(q.float(), cache.float(), None, meta, 0.1, 512)[0]
     torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
