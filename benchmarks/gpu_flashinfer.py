@@ -146,7 +146,12 @@ def _shape(
     length = max(lens)
     scale = 1 / (192**0.5)
     ref = TorchBackend().decode(q.float(), cache.float(), None, meta, scale, LAT)[0]
-    row: dict = {"B": batch, "H": heads, "L": length, "rule_picks_flashinfer": flashinfer_pays(batch)}
+    row: dict = {
+        "B": batch,
+        "H": heads,
+        "L": length,
+        "rule_picks_flashinfer": flashinfer_pays(batch) and not fp8,
+    }
     if len(set(lens)) > 1:
         row["mean_L"] = sum(lens) / batch
     ours_rows = quantize_rows(cache, torch.float8_e4m3fn) if fp8 else cache
