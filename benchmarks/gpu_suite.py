@@ -22,8 +22,9 @@ Sections:
   v4        DeepSeek-V4-shaped decode attention (window, 128:1 entries, indexer + top-512 of 4:1 entries, sinks)
             composed from our kernels vs dense MLA decode at 65,536 tokens, batch 32, and KV bytes per token
             (benchmarks/gpu_v4.py)
-  flashinfer FlashInfer's paged MLA decode (fa3, fa2) beside ours on the same caches and queries, six shapes, and our
-            fp8 cache at the 16-head ones; needs FlashInfer importable (--flashinfer-peer, benchmarks/gpu_flashinfer.py)
+  flashinfer FlashInfer's paged MLA decode (fa3, fa2) beside ours on the same caches and queries: issue 46's shapes, a
+            batch sweep at 16 and 128 heads, uneven batches, fp8 rows (ours and FlashInfer's own fp8) and each
+            plan's host time; needs FlashInfer importable (--flashinfer-peer, benchmarks/gpu_flashinfer.py)
   mixed     a mixed-length workload (256 requests, prompts and outputs from skewed distributions, all at once) on the
             V2-Lite shape, bf16 and fp8 caches, with plenty of KV memory and with a KV budget that limits the batch,
             against a roofline from the ceilings (benchmarks/gpu_mixed.py)

@@ -42,6 +42,13 @@ class AttentionBackend(ABC):
         dtype, page size) on `device`; query_dtype defaults to the cache's (bfloat16 for 8-bit caches)."""
         return self.decode_kernel_name
 
+    def graph_decode_plan(self, rows: int, max_pages: int) -> object | None:
+        """A decode plan for a CUDA graph of `rows` padded rows whose tables hold up to max_pages pages each, kept by
+        the runner and set as each capture's `AttentionMetadata.decode_plan`; None for backends that plan nothing.
+        Once the capture has planned it (`planned`), the runner calls its `replan(seq_lens, tables)` with each step's
+        host lengths and tables before the replay: host work that a graph cannot hold."""
+        return None
+
     @abstractmethod
     def decode(
         self,

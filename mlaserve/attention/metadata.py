@@ -54,6 +54,9 @@ class AttentionMetadata:
     # sequence's start), and pooled_starts [entries] the position of each one's first token.
     pooled_sources: torch.Tensor | None = None
     pooled_starts: torch.Tensor | None = None
+    # A backend's plan of the step's decode (FlashInfer's planned wrapper, attention/flashinfer_plan.py): made by the
+    # first layer that decodes, or for a captured graph kept by the runner and replanned before each replay.
+    decode_plan: object | None = None
 
     def for_group(self, group: int) -> "AttentionMetadata":
         return self if not self.groups else self.groups[group]

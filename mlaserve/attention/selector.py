@@ -1,10 +1,16 @@
-"""Picks the attention backend for the hardware, or the one the user asked for, and says why."""
+"""Picks the attention backend for the hardware, or the one the user asked for, and says why.
+
+On Hopper with FlashInfer importable the default is flashinfer_mla: our kernels with FlashInfer's fa3 decode in the
+table where its rule sends a step (attention/flashinfer_rule.py). Without it, or with attention_backend="triton_mla",
+decode is ours alone."""
 
 import logging
 
 import torch
 
 from mlaserve.attention.backend import AttentionBackend
+from mlaserve.attention.flashinfer_mla import FlashInferMLABackend
+from mlaserve.attention.flashinfer_rule import FLASHINFER_RULE
 from mlaserve.attention.sdpa import SdpaBackend
 from mlaserve.attention.torch_ref import TorchBackend
 from mlaserve.attention.triton_mla import TritonMLABackend
@@ -15,6 +21,7 @@ BACKENDS: dict[str, type[AttentionBackend]] = {
     "torch": TorchBackend,
     "sdpa": SdpaBackend,
     "triton_mla": TritonMLABackend,
+    "flashinfer_mla": FlashInferMLABackend,
 }
 
 
@@ -74,6 +81,13 @@ def choose_backend(device: torch.device, requested: str | None = None) -> tuple[
                 if hopper
                 else ""
             )
-            return "triton_mla", f"CUDA: Triton paged MLA decode{gluon}; SDPA prefill and GQA decode"
+            ours = f"Triton paged MLA decode{gluon}; SDPA prefill and GQA decode"
+            missing = FlashInferMLABackend.unavailable_reason(device)
+            if missing is None:
+                return (
+                    "flashinfer_mla",
+                    f"CUDA: FlashInfer fa3 MLA decode where {FLASHINFER_RULE}, else {ours}",
+                )
+            return "triton_mla", f"CUDA: {ours} (no FlashInfer decode: {missing})"
         return "sdpa", f"CUDA, but triton_mla is unavailable: {reason}"
     return "sdpa", f"{device.type}: fused SDPA prefill, paged torch decode (Triton kernels need a GPU)"

@@ -36,6 +36,22 @@ class TritonMLABackend(SdpaBackend):
         device: torch.device,
         query_dtype: torch.dtype | None = None,
     ) -> str:
+        return self.table_kernel(
+            num_heads, kv_lora_rank, rope_dim, cache_dtype, block_size, device, query_dtype
+        )
+
+    @staticmethod
+    def table_kernel(
+        num_heads: int,
+        kv_lora_rank: int,
+        rope_dim: int,
+        cache_dtype: torch.dtype,
+        block_size: int,
+        device: torch.device,
+        query_dtype: torch.dtype | None = None,
+    ) -> str:
+        """The kernel our own table (kernels/mla_decode/dispatch.py) picks for the shape: what sparse attention runs
+        whichever backend subclasses this one."""
         from mlaserve.kernels.mla_decode.dispatch import decode_device, describe
         from mlaserve.kernels.mla_decode.rules import DecodeShape
 
@@ -66,7 +82,7 @@ class TritonMLABackend(SdpaBackend):
         )
 
     def sparse_kernels(self, num_heads, kv_lora_rank, rope_dim, cache_dtype, device, query_dtype=None) -> str:
-        attend = self.decode_kernel(num_heads, kv_lora_rank, rope_dim, cache_dtype, 1, device, query_dtype)
+        attend = self.table_kernel(num_heads, kv_lora_rank, rope_dim, cache_dtype, 1, device, query_dtype)
         return f"triton index scores + torch.topk, then {attend} over the selected rows"
 
     def select_topk(self, q, weights, key_cache, meta: AttentionMetadata, positions, topk: int, scale: float):

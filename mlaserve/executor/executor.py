@@ -121,6 +121,7 @@ class Executor:
             self.device,
             self.kv_cache.group_rules,
             self.parallel,
+            self.backend,
         )
         if getattr(self.model, "mtp", None):  # built for speculative method "mtp" (models/mtp.py)
             from mlaserve.runner.mtp_draft import MtpDrafter

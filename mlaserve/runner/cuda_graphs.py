@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from mlaserve.attention.backend import AttentionBackend
 from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.host_copy import copy_queued
 from mlaserve.kvcache.spec import FULL, AttentionRule
@@ -37,6 +38,7 @@ class DecodeGraphs:
         max_num_seqs: int,
         device: torch.device,
         rules: list[AttentionRule] | None = None,
+        backend: AttentionBackend | None = None,
     ) -> None:
         self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
         self.max_model_len = max_model_len
@@ -69,12 +71,16 @@ class DecodeGraphs:
         self.group_inputs = allocate_group_inputs(self.rules, size, max_model_len, block_size, device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
+        # A backend that plans its decode on the host (FlashInfer) keeps one plan per graph, replanned before replay.
+        self.decode_plans = {s: backend.graph_decode_plan(s, blocks) for s in self.sizes} if backend else {}
 
     def _meta(self, size: int) -> AttentionMetadata:
-        return static_decode_meta(
+        meta = static_decode_meta(
             self.block_size, self.max_model_len, self.rules, size, self.slot_mapping, self.seq_lens,
             self.block_tables, self.group_inputs,
         )  # fmt: skip
+        meta.decode_plan = self.decode_plans.get(size)
+        return meta
 
     def _forward(self, size: int) -> torch.Tensor:
         hidden = self.model(self.input_ids[:size], self.positions[:size], self.kv_caches, self._meta(size))
@@ -112,6 +118,9 @@ class DecodeGraphs:
         self._copied[self._turn].record()
         if source is not None:
             torch.index_select(source[0], 0, self.source_rows[:n], out=self.input_ids[:n])
+        plan = self.decode_plans.get(size)
+        if plan is not None and plan.planned:
+            plan.replan(host_seq_lens, host_tables)
         self.graphs[size].replay()
         return self.logits[size][:n]
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mlaserve.attention.backend import AttentionBackend
 from mlaserve.attention.metadata import build_metadata
 from mlaserve.core.scheduler import ScheduledRequest, SchedulerOutput
 from mlaserve.host_copy import queued_values
@@ -90,8 +91,10 @@ class ModelRunner:
         device: torch.device,
         group_rules: list[AttentionRule] | None = None,
         parallel: ParallelContext = SINGLE,
+        backend: AttentionBackend | None = None,
     ):
         self.model = model
+        self.backend = backend  # its host-side decode plans are made before each graph replay
         self.parallel = parallel
         self.last_sampled: torch.Tensor | None = None  # ranks past 0: the previous step's ids, from rank 0
         self.group_rules = group_rules or [FULL]  # each cache group's window and sinks
@@ -122,6 +125,7 @@ class ModelRunner:
             max_num_seqs,
             self.device,
             self.group_rules,
+            self.backend,
         )
         self.graphs.capture()
         if prefill_tokens >= PREFILL_SIZES[0]:
