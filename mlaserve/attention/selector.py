@@ -1,8 +1,8 @@
 """Picks the attention backend for the hardware, or the one the user asked for, and says why.
 
-On Hopper with FlashInfer importable the default is flashinfer_mla: our kernels with FlashInfer's fa3 decode in the
-table where its rule sends a step (attention/flashinfer_rule.py). Without it, or with attention_backend="triton_mla",
-decode is ours alone."""
+attention_backend="flashinfer_mla" (and, once FLASHINFER_BY_DEFAULT is on, any Hopper GPU with FlashInfer
+importable) runs our kernels with FlashInfer's fa3 decode in the table where its rule sends a step
+(attention/flashinfer_rule.py). Otherwise decode is ours alone."""
 
 import logging
 
@@ -16,6 +16,10 @@ from mlaserve.attention.torch_ref import TorchBackend
 from mlaserve.attention.triton_mla import TritonMLABackend
 
 logger = logging.getLogger(__name__)
+
+# Whether an importable FlashInfer makes flashinfer_mla the CUDA default. Off until tests/gpu/test_flashinfer_backend.py
+# and the flashinfer section have run this backend on a GPU; attention_backend="flashinfer_mla" asks for it meanwhile.
+FLASHINFER_BY_DEFAULT = False
 
 BACKENDS: dict[str, type[AttentionBackend]] = {
     "torch": TorchBackend,
@@ -83,10 +87,14 @@ def choose_backend(device: torch.device, requested: str | None = None) -> tuple[
             )
             ours = f"Triton paged MLA decode{gluon}; SDPA prefill and GQA decode"
             missing = FlashInferMLABackend.unavailable_reason(device)
-            if missing is None:
+            if missing is None and FLASHINFER_BY_DEFAULT:
                 return (
                     "flashinfer_mla",
                     f"CUDA: FlashInfer fa3 MLA decode where {FLASHINFER_RULE}, else {ours}",
+                )
+            if missing is None:
+                missing = (
+                    "importable, taken only with attention_backend='flashinfer_mla' until its GPU checks run"
                 )
             return "triton_mla", f"CUDA: {ours} (no FlashInfer decode: {missing})"
         return "sdpa", f"CUDA, but triton_mla is unavailable: {reason}"
