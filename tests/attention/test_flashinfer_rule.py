@@ -81,6 +81,9 @@ def test_without_flashinfer_the_selector_keeps_our_kernels_and_says_why(monkeypa
     with pytest.raises(ValueError, match="'flashinfer_mla' cannot run on cuda: flashinfer is not importable"):
         selector.choose_backend(cuda, "flashinfer_mla")
     monkeypatch.setattr(flashinfer_mla, "flashinfer_missing", lambda: None)
+    name, why = selector.choose_backend(cuda)  # importable, but not the default until its GPU checks ran
+    assert name == "triton_mla" and "taken only with attention_backend='flashinfer_mla'" in why
+    monkeypatch.setattr(selector, "FLASHINFER_BY_DEFAULT", True)
     name, why = selector.choose_backend(cuda)
     assert (
         name == "flashinfer_mla" and f"FlashInfer fa3 MLA decode where batch >= {FLASHINFER_MIN_BATCH}" in why
