@@ -52,7 +52,7 @@ class DecodeGraphs:
         self.max_model_len = max_model_len
         self.rules = rules or [FULL]
         rows = max_num_seqs * rows_per_seq
-        self.sizes = [s for s in CAPTURE_SIZES if s < rows] + [min(rows, CAPTURE_SIZES[-1])]
+        self.sizes = capture_sizes(rows)
         self.keep_prenorm = keep_prenorm
         size, blocks = self.sizes[-1], -(-max_model_len // block_size)
         # input ids, positions, slots and (lookahead steps) each row's index into the previous step's sampled
@@ -142,6 +142,12 @@ class DecodeGraphs:
             torch.index_select(source[0], 0, self.source_rows[:n], out=self.input_ids[:n])
         self.graphs[size].replay()
         return size
+
+
+def capture_sizes(rows: int) -> list[int]:
+    """The captured batch sizes for steps of up to `rows` rows: CAPTURE_SIZES below it, then `rows` itself, at most
+    the largest of CAPTURE_SIZES (larger steps run eagerly)."""
+    return [s for s in CAPTURE_SIZES if s < min(rows, CAPTURE_SIZES[-1])] + [min(rows, CAPTURE_SIZES[-1])]
 
 
 @torch.inference_mode()
