@@ -20,8 +20,8 @@ MAX_LEN = 128
 class Recorded(StaticStepsOnCPU):
     """Notes each step's draft counts (one per request, in batch order)."""
 
-    def __init__(self, runner) -> None:
-        super().__init__(runner, MAX_LEN)
+    def __init__(self, runner, max_model_len: int = MAX_LEN) -> None:
+        super().__init__(runner, max_model_len)
         self.draft_counts: list[list[int]] = []
 
     def _forward(self, batch):
@@ -81,3 +81,21 @@ def test_steps_past_the_largest_size_or_with_prompts_run_eagerly(deepseek) -> No
     static = llm.engine.runner.graphs = StaticStepsOnCPU(llm.engine.runner, MAX_LEN, sizes=(1, 2, 4, 8))
     assert tokens(llm.generate(batch, GREEDY, use_tqdm=False)) == want
     assert static.rows and max(static.rows) <= 8 and llm.stats()["kv_blocks_used"] == 0
+
+
+SHORT = dict(max_num_batched_tokens=12, num_kv_blocks=20, max_model_len=64)
+
+
+def test_mtp_echo_under_chunking_preemption_and_hits(mtp_models) -> None:
+    """Prompt chunks (eager) and decode and verify steps (captured) both feed the draft layer's rows; recomputed
+    requests and prefix hits too: a row from the wrong step or position would show as a rejected draft."""
+    path, want = mtp_models[True]
+    llm = LLM(str(path), **{**BASE, **SHORT}, speculative_config=mtp(2))
+    static = llm.engine.runner.graphs = Recorded(llm.engine.runner, SHORT["max_model_len"])
+    outs = llm.generate(prompts(), GREEDY, use_tqdm=False)
+    again = llm.generate(prompts(), GREEDY, use_tqdm=False)
+    assert tokens(outs) == tokens(again) == want
+    stats = llm.stats()
+    assert stats["num_preemptions"] > 0 and stats["prefix_cache_hits"] > 0 and stats["kv_blocks_used"] == 0
+    assert stats["num_accepted_tokens"] == stats["num_draft_tokens"] > 0
+    assert any(max(counts) == 2 for counts in static.draft_counts)
