@@ -99,3 +99,22 @@ def test_mtp_echo_under_chunking_preemption_and_hits(mtp_models) -> None:
     assert stats["num_preemptions"] > 0 and stats["prefix_cache_hits"] > 0 and stats["kv_blocks_used"] == 0
     assert stats["num_accepted_tokens"] == stats["num_draft_tokens"] > 0
     assert any(max(counts) == 2 for counts in static.draft_counts)
+
+
+@pytest.mark.slow  # the interpreter: a minute or two on CPU
+@pytest.mark.parametrize("method", ["mtp", "ngram"])
+def test_on_the_triton_decode_kernel(mtp_models, deepseek, method: str) -> None:
+    """The triton_mla backend (the CPU interpreter here), whose decode kernel is what the GPU's graphs replay: each
+    verify row reads its request's table up to its own length, from a step's static inputs."""
+    pytest.importorskip("triton")
+    # the echo layer (drafts hold), and the plain model on prompts that repeat (prompt-lookup drafts found)
+    path, spec = (mtp_models[True][0], mtp(2)) if method == "mtp" else (deepseek, NGRAM)
+    batch = ngram_prompts()[:4]
+    options = {**BASE, "max_model_len": MAX_LEN, "attention_backend": "triton_mla"}
+    want = tokens(LLM(str(path), **options).generate(batch, GREEDY, use_tqdm=False))
+    llm = LLM(str(path), **options, speculative_config=spec)
+    static = llm.engine.runner.graphs = Recorded(llm.engine.runner)
+    assert tokens(llm.generate(batch, GREEDY, use_tqdm=False)) == want
+    stats = llm.stats()
+    assert stats["num_accepted_tokens"] > 0 and stats["kv_blocks_used"] == 0
+    assert any(max(counts) == spec["num_speculative_tokens"] for counts in static.draft_counts)
