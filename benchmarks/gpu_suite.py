@@ -37,6 +37,9 @@ Sections:
             the table thresholds they suggest (benchmarks/gpu_fp8_paths.py; needs ceilings)
   fp8_tiles the W8A8 GEMMs (dense and fused MoE) at prefill sizes over a grid of tiles, row blocks and fused or
             split gate/up, beside bf16: the tiles the defaults should be (benchmarks/gpu_fp8_tiles.py)
+  spec      the speculative verify step (k = 1, 2, 3 drafts) against a plain decode step at batch 1, 8 and 32, both
+            from CUDA graphs, on the V2-Lite shape and DeepSeek-V3's widths at 4 layers with an MTP layer, and the
+            speedup at the acceptance rates vLLM and DeepSeek report (benchmarks/gpu_spec.py)
   tp        the V2-Lite shape per tensor-parallel layout the machine allows (one process; the process group of one;
             N GPUs tensor and expert parallel): greedy tokens against the first layout, decode tok/s at batch 1 and
             32, 256 x (1,000 + 100) requests/s, the collectives' share of a decode step (benchmarks/gpu_tp.py)
@@ -65,6 +68,7 @@ from benchmarks import (
     gpu_fp8_tiles,
     gpu_mixed,
     gpu_sparse,
+    gpu_spec,
     gpu_tp,
     gpu_v4,
 )
@@ -541,6 +545,7 @@ def main() -> None:
                          ("fp8_engine", lambda: gpu_fp8.fp8_engine(Path(tmp), ceil, lite_llm, lite_workload, timed_walls,
                                                                    lambda folder, ceil_, runs: gpu_mixed.mixed(folder, ceil_, lite_llm, V2_LITE, DecodeStepTimer, runs))),
                          ("fp8_v3", lambda: gpu_fp8.fp8_v3(Path(tmp), DecodeStepTimer)),
+                         ("spec", lambda: gpu_spec.spec(Path(tmp), bench, V2_LITE)),
                          ("fp8_paths", lambda: gpu_fp8_paths.fp8_paths(ceil, bench_graph)),
                          ("fp8_tiles", lambda: gpu_fp8_tiles.fp8_tiles(bench_graph))]:  # fmt: skip
             if name in sections:

@@ -1,7 +1,7 @@
 """Which engines and requests speculate, and what stats() says of it.
 
 Built so far: prompt-lookup (n-gram) drafts, and DeepSeek-V3's multi-token-prediction layer as a draft model
-("mtp": runner/mtp_draft.py makes each step's drafts for the next), on the eager path, verified greedily for greedy requests (the plain
+("mtp": runner/mtp_draft.py makes each step's drafts for the next), verified greedily for greedy requests (the plain
 engine's tokens exactly) and by rejection sampling for sampled ones, with temperature, top-k, top-p, min_p and seeds
 (the plain engine's distribution exactly; see runner/spec_verify.py), logit_bias included for both. A seeded
 request with drafts is reproducible run to run under the same speculative config, but its tokens differ from the
@@ -9,9 +9,11 @@ ones it gets without drafts: the verification draws from its generator too, so t
 distribution stays the same (as in vLLM). Its draft count also depends on the step's token budget, so other
 requests in the batch can change its draws.
 
+With CUDA graphs, verify steps replay the decode graphs one row per token (runner/verify_graphs.py).
+
 Not yet: drafts for requests with logprobs (not computed at draft positions) or with logits processed from their
-history or state (penalties, min_tokens, grammars), which run without drafts; CUDA graphs for verify steps (a step
-with drafts runs eagerly); asynchronous scheduling with drafts and tensor parallelism (speculation is turned off,
+history or state (penalties, min_tokens, grammars), which run without drafts; asynchronous scheduling with drafts
+and tensor parallelism (speculation is turned off,
 with a logged reason); MTP drafts under a training-free window or pooling (off, with a logged reason).
 """
 

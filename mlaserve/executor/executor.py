@@ -130,13 +130,16 @@ class Executor:
             self.runner.drafter = MtpDrafter(self.model, self.kv_cache.tensors, block_size, k)
         if self.device.type == "cuda":
             self.runner.warm_up(self.max_num_batched_tokens, max_len)
-        # Every step of an MTP engine runs eagerly (the drafter reads hidden states a graph does not keep).
-        graphable = self.runner.drafter is None and decode_graphs_apply(
-            self.model, self.backend, self.kv_cache.spec
-        )
+        graphable = decode_graphs_apply(self.model, self.backend, self.kv_cache.spec)
         if self.device.type == "cuda" and not config.model.enforce_eager and graphable:
-            prefill = prefill_graph_tokens(self.model, dtype, self.max_num_batched_tokens)
-            self.runner.enable_cuda_graphs(max_len, config.scheduler.max_num_seqs, prefill)
+            # An MTP drafter reads every prompt row's hidden state before the final norm, which prefill graphs
+            # do not keep: its prompts run eagerly (its decode and verify graphs keep them).
+            prefill = (
+                0
+                if self.runner.drafter
+                else prefill_graph_tokens(self.model, dtype, self.max_num_batched_tokens)
+            )
+            self.runner.enable_cuda_graphs(max_len, config.scheduler.max_num_seqs, prefill, self.rows_per_seq)
         self.build_info = BuildInfo(
             config.model.path,
             self.model_config.architecture,
@@ -153,6 +156,14 @@ class Executor:
         )
 
     # ---- what the engine core reads ---------------------------------------------------------------------------
+    @property
+    def rows_per_seq(self) -> int:
+        """Query rows a sequence may run in one step of its decode: 1 + its drafts when speculation is asked for.
+        Captured for that many whether or not the engine core turns speculation off later (its reasons are its
+        own, engine/speculation.py): larger graphs cost capture time, not correctness."""
+        spec = self.config.speculative
+        return 1 + spec.num_speculative_tokens if spec.enabled and not self.parallel.distributed else 1
+
     @property
     def parallel(self) -> ParallelContext:
         return self.ranks.parallel
@@ -231,7 +242,7 @@ class Executor:
                 "capture_mla_graph: this engine runs its decode steps eagerly (enforce_eager, or a model or "
                 "attention backend that cannot be captured; the start-up log says which)"
             )
-        self.runner.enable_cuda_graphs(max_seq_len, self.config.scheduler.max_num_seqs)
+        self.runner.enable_cuda_graphs(max_seq_len, self.config.scheduler.max_num_seqs, 0, self.rows_per_seq)
         return len(self.runner.graphs.sizes)
 
     def stats(self) -> dict:

@@ -8,11 +8,15 @@ Only backends that declare `supports_cuda_graphs` (no data-dependent shapes in d
 layers attend on their own without host-dependent shapes in decode (DeepSeek-V4). A model with several cache groups
 gets static tables and slots for each; a pooled-entries group (AttentionRule.ratio) gets each row's entry, written by
 every row and kept where the row completes it (a row that does not writes to slot 0 of the null block).
+Speculative verify steps replay the same graphs, one decode row per token (runner/verify_graphs.py): an engine that
+drafts k tokens captures up to max_num_seqs x (k + 1) rows, and an MTP engine's graphs also keep every row's hidden
+state before the final norm, which its draft layer reads after the replay.
 """
 
 import bisect
 import logging
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
@@ -27,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
+Output = TypeVar("Output")
+
 
 class DecodeGraphs:
     def __init__(
@@ -39,11 +45,17 @@ class DecodeGraphs:
         device: torch.device,
         rules: list[AttentionRule] | None = None,
         backend: AttentionBackend | None = None,
+        rows_per_seq: int = 1,
+        keep_prenorm: bool = False,
     ) -> None:
+        """rows_per_seq: 1 + the drafts a sequence may carry (a verify step's rows); keep_prenorm: the graphs also
+        return the hidden states before the final norm (an MTP drafter reads them)."""
         self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
         self.max_model_len = max_model_len
         self.rules = rules or [FULL]
-        self.sizes = [s for s in CAPTURE_SIZES if s < max_num_seqs] + [min(max_num_seqs, CAPTURE_SIZES[-1])]
+        rows = max_num_seqs * rows_per_seq
+        self.sizes = capture_sizes(rows)
+        self.keep_prenorm = keep_prenorm
         size, blocks = self.sizes[-1], -(-max_model_len // block_size)
         # input ids, positions, slots and (lookahead steps) each row's index into the previous step's sampled
         # tokens, as rows of one buffer: one copy a step fills all four
@@ -73,6 +85,7 @@ class DecodeGraphs:
         self.logits: dict[int, torch.Tensor] = {}
         # A backend that plans its decode on the host (FlashInfer) keeps one plan per graph, replanned before replay.
         self.decode_plans = {s: backend.graph_decode_plan(s, blocks) for s in self.sizes} if backend else {}
+        self.prenorm: dict[int, torch.Tensor] = {}
 
     def _meta(self, size: int) -> AttentionMetadata:
         meta = static_decode_meta(
@@ -82,12 +95,17 @@ class DecodeGraphs:
         meta.decode_plan = self.decode_plans.get(size)
         return meta
 
-    def _forward(self, size: int) -> torch.Tensor:
-        hidden = self.model(self.input_ids[:size], self.positions[:size], self.kv_caches, self._meta(size))
-        return self.model.compute_logits(hidden)
+    def _forward(self, size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        inputs = (self.input_ids[:size], self.positions[:size], self.kv_caches, self._meta(size))
+        if not self.keep_prenorm:
+            return self.model.compute_logits(self.model(*inputs)), None
+        hidden, prenorm = self.model.forward_with_prenorm(*inputs)
+        return self.model.compute_logits(hidden), prenorm
 
     def capture(self) -> None:
-        self.graphs, self.logits = capture_by_size(self.sizes, self._forward)
+        self.graphs, outputs = capture_by_size(self.sizes, self._forward)
+        self.logits = {size: logits for size, (logits, _) in outputs.items()}
+        self.prenorm = {size: prenorm for size, (_, prenorm) in outputs.items() if prenorm is not None}
         logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
 
     def can_run(self, batch: HostBatch) -> bool:
@@ -98,6 +116,16 @@ class DecodeGraphs:
     def run(self, batch: HostBatch, source: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
         """Logits [num_seqs, vocab] of a decode-only batch. source: for a lookahead step, the previous step's
         sampled token ids on the device and, per row, the index of the row's input token among them."""
+        return self.logits[self._replay(batch, source)][: len(batch.query_lens)]
+
+    def run_with_prenorm(self, batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, hidden states before the final norm), one row each per sequence of a decode-only batch, from
+        graphs captured with keep_prenorm. Both are the graph's buffers: read them before the next replay."""
+        size, n = self._replay(batch, None), len(batch.query_lens)
+        return self.logits[size][:n], self.prenorm[size][:n]
+
+    def _replay(self, batch: HostBatch, source: tuple[torch.Tensor, list[int]] | None) -> int:
+        """Stages the batch into the static inputs and replays the graph of its padded size, which it returns."""
         n = len(batch.query_lens)
         size = self.sizes[bisect.bisect_left(self.sizes, n)]
         self._turn ^= 1
@@ -122,13 +150,19 @@ class DecodeGraphs:
         if plan is not None and plan.planned:
             plan.replan(host_seq_lens, host_tables)
         self.graphs[size].replay()
-        return self.logits[size][:n]
+        return size
+
+
+def capture_sizes(rows: int) -> list[int]:
+    """The captured batch sizes for steps of up to `rows` rows: CAPTURE_SIZES below it, then `rows` itself, at most
+    the largest of CAPTURE_SIZES (larger steps run eagerly)."""
+    return [s for s in CAPTURE_SIZES if s < min(rows, CAPTURE_SIZES[-1])] + [min(rows, CAPTURE_SIZES[-1])]
 
 
 @torch.inference_mode()
 def capture_by_size(
-    sizes: list[int], forward: Callable[[int], torch.Tensor], warm_up: Callable[[int], None] | None = None
-) -> tuple[dict[int, torch.cuda.CUDAGraph], dict[int, torch.Tensor]]:
+    sizes: list[int], forward: Callable[[int], Output], warm_up: Callable[[int], None] | None = None
+) -> tuple[dict[int, torch.cuda.CUDAGraph], dict[int, Output]]:
     """One graph of forward(size) per size, sharing one memory pool, and each graph's output tensor.
 
     Every size runs once first, off the default stream as torch's graph docs ask (Triton compiles happen there);

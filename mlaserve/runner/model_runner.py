@@ -23,6 +23,7 @@ from mlaserve.runner.batch import HostBatch, plan_batch, to_device
 from mlaserve.runner.mtp_draft import MtpDrafter, draft_spans
 from mlaserve.runner.prompt_logprobs import PromptSpan, ScoredSpan, prompt_spans, score_prompt_spans
 from mlaserve.runner.spec_verify import accept_drafts, draft_rows, draft_targets
+from mlaserve.runner.verify_graphs import run_captured
 from mlaserve.sampling.logits_processors import PendingTokens, process_logits
 from mlaserve.sampling.sampler import LogprobTensors, Sampler
 from mlaserve.sampling.structured_output import Grammar
@@ -112,8 +113,11 @@ class ModelRunner:
             self._host_ids = [torch.empty(256, dtype=torch.long, pin_memory=True) for _ in range(2)]
             self._events = [torch.cuda.Event() for _ in range(2)]
 
-    def enable_cuda_graphs(self, max_model_len: int, max_num_seqs: int, prefill_tokens: int = 0) -> None:
-        """Captures the decode graphs and, with prefill_tokens, graphs of fresh prefills up to that many tokens."""
+    def enable_cuda_graphs(
+        self, max_model_len: int, max_num_seqs: int, prefill_tokens: int = 0, rows_per_seq: int = 1
+    ) -> None:
+        """Captures the decode graphs and, with prefill_tokens, graphs of fresh prefills up to that many tokens.
+        rows_per_seq: 1 + the drafts a request may carry, whose verify steps replay the decode graphs too."""
         from mlaserve.runner.cuda_graphs import DecodeGraphs
         from mlaserve.runner.prefill_graphs import PREFILL_SIZES, PrefillGraphs
 
@@ -126,6 +130,8 @@ class ModelRunner:
             self.device,
             self.group_rules,
             self.backend,
+            rows_per_seq=rows_per_seq,
+            keep_prenorm=self.drafter is not None,
         )
         self.graphs.capture()
         if prefill_tokens >= PREFILL_SIZES[0]:
@@ -240,13 +246,16 @@ class ModelRunner:
     ) -> tuple[torch.Tensor | None, list[ScoredSpan], torch.Tensor | None, torch.Tensor | None]:
         """The logits of the sampled rows (None when no row samples), the prompt logprobs asked for, the logits
         at verify_rows (speculative drafts' positions; None when there are none) and, with an MTP drafter, every
-        row's hidden state before the final norm. A step with drafts, or with a drafter, runs eagerly: no CUDA
-        graph is captured for it."""
+        row's hidden state before the final norm. Decode steps, with drafts or without, replay the decode graphs
+        (runner/verify_graphs.py); a step with a prompt chunk runs eagerly where a drafter reads its rows."""
         graphs, prefills = self.graphs, self.prefill_graphs
         source = None if source_rows is None else lookahead_source(source_ids, source_rows, host.ids)
+        if graphs is not None and not spans:
+            captured = run_captured(graphs, host, source, verify_rows, self.drafter is not None)
+            if captured is not None:
+                logits, verify_logits, prenorm = captured
+                return logits, [], verify_logits, prenorm
         eager = bool(spans or verify_rows) or self.drafter is not None
-        if graphs is not None and not eager and graphs.can_run(host):
-            return graphs.run(host, source), [], None, None  # every decode row samples, in row order
         if prefills is not None and not eager and host.sample_rows and prefills.can_run(host):
             return prefills.run(host), [], None, None  # the sampled sequences' rows, in order
         batch = to_device(

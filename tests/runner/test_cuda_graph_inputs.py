@@ -38,3 +38,15 @@ def test_rows_padding_and_older_entries() -> None:
     # past the padded size nothing was touched; past the widest table the older entries stay (never read)
     assert host[0, 4:6].tolist() == [5, 5] and seq_lens[6].item() == 9
     assert tables[:3, 3].tolist() == [4, 4, 4]
+
+
+def test_capture_sizes_end_at_the_rows_asked_for_once() -> None:
+    from mlaserve.runner.cuda_graphs import CAPTURE_SIZES, capture_sizes
+
+    assert (
+        capture_sizes(1) == [1]
+        and capture_sizes(3) == [1, 2, 3]
+        and capture_sizes(32) == list(CAPTURE_SIZES[:7])
+    )
+    # a verify step's rows (max_num_seqs x (k + 1)) past the largest size: that size once, larger steps run eagerly
+    assert capture_sizes(768) == capture_sizes(512) == list(CAPTURE_SIZES)

@@ -1,0 +1,57 @@
+"""A CPU stand-in for DecodeGraphs (runner/cuda_graphs.py): what a captured decode or verify step reads, run eagerly.
+
+Each step is staged into static buffers padded to the next of a few sizes (padding rows, stale table columns, as
+DecodeGraphs stages them) and runs on the metadata the captured graphs read, every host-side length max_model_len;
+with keep_prenorm it returns the hidden states before the final norm, as graphs captured for an MTP drafter do.
+Only the capture is missing. The torch reference backend gathers each row's context through indices the kernels do
+not need, so those are built here from the staged tables and lengths.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import torch
+
+from mlaserve.attention.metadata import build_metadata
+from mlaserve.runner.batch import HostBatch
+from mlaserve.runner.cuda_graphs import stage_decode_inputs, static_decode_meta
+
+
+class StaticStepsOnCPU:
+    def __init__(self, runner, max_model_len: int, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 24)) -> None:
+        self.runner, self.sizes, self.max_model_len = runner, list(sizes), max_model_len
+        self.keep_prenorm = runner.drafter is not None
+        largest = self.sizes[-1]
+        self.host_i64 = torch.zeros(4, largest, dtype=torch.long)
+        self.seq_lens = torch.ones(largest, dtype=torch.int32)
+        self.tables = torch.zeros(largest, -(-max_model_len // runner.block_size), dtype=torch.int32)
+        self.rows: list[int] = []  # rows of each step run here
+
+    def can_run(self, batch: HostBatch) -> bool:
+        return batch.num_decodes == len(batch.query_lens) <= self.sizes[-1]
+
+    def run(self, batch: HostBatch, source=None) -> torch.Tensor:
+        assert source is None  # no lookahead steps on CPU
+        return self._forward(batch)[0]
+
+    def run_with_prenorm(self, batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.keep_prenorm
+        return self._forward(batch)
+
+    def _forward(self, batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        r, n = self.runner, len(batch.query_lens)
+        size = self.sizes[bisect.bisect_left(self.sizes, n)]
+        self.rows.append(n)
+        stage_decode_inputs(batch, size, self.host_i64, self.seq_lens, self.tables)
+        slots = self.host_i64[2]
+        meta = static_decode_meta(r.block_size, self.max_model_len, r.group_rules, size, slots, self.seq_lens,
+                                  self.tables, [])  # fmt: skip
+        gather = build_metadata(r.block_size, self.tables[:size], [1] * size, self.seq_lens[:size].tolist(), size,
+                                slots[:size])  # fmt: skip
+        meta.decode_slot_index, meta.decode_mask = gather.decode_slot_index, gather.decode_mask
+        inputs = (self.host_i64[0, :size], self.host_i64[1, :size], r.kv_caches, meta)
+        if not self.keep_prenorm:
+            return r.model.compute_logits(r.model(*inputs))[:n], None
+        hidden, prenorm = r.model.forward_with_prenorm(*inputs)
+        return r.model.compute_logits(hidden)[:n], prenorm[:n]
