@@ -19,6 +19,13 @@ from mlaserve.models.base import CausalLM
 from mlaserve.outputs import LogprobEntry
 from mlaserve.parallel import SINGLE, ParallelContext
 from mlaserve.runner.batch import HostBatch, plan_batch, to_device
+from mlaserve.runner.draft_processing import (
+    DraftGrammar,
+    draft_grammars,
+    draft_row_params,
+    kept_logprobs,
+    sampled_row_inputs,
+)
 from mlaserve.runner.mtp_draft import MtpDrafter, draft_spans
 from mlaserve.runner.prompt_logprobs import PromptSpan, ScoredSpan, prompt_spans, score_prompt_spans
 from mlaserve.runner.spec_verify import accept_drafts, draft_rows, draft_targets
@@ -70,7 +77,8 @@ def _rebuild_plan(
 @dataclass(slots=True)
 class StepResult:
     token_ids: dict[str, int]  # request id -> sampled token
-    logprobs: dict[str, LogprobEntry]  # request id -> logprobs of this token (when asked for)
+    # request id -> logprobs of each token it keeps (when asked for): one, or with drafts one per kept token
+    logprobs: dict[str, list[LogprobEntry]]
     # request id -> (prompt position of the first token scored, one logprobs dict per scored prompt token)
     prompt_logprobs: dict[str, tuple[int, list[LogprobEntry]]] = field(default_factory=dict)
     # request id -> drafts accepted, for requests that ran speculative drafts (their token_ids entry follows them)
@@ -197,10 +205,17 @@ class ModelRunner:
         grammars = [self.grammars.get(r.request_id) for r in requests]
         processing = ahead and any(p.needs_processing for p in params)  # not on every decode step
         pending = pending_tokens(host.sampled, rows, previous.token_ids) if processing else None
-        processed = process_logits(logits, params, requests, grammars, pending)
+        walks: dict[str, DraftGrammar] = {}
+        before = None
+        if drafted:  # its sampled row comes after its drafts: processed as if they had been generated
+            walks = draft_grammars(self.grammars, drafted, logits.shape[1]) if self.grammars else {}
+            grammars, before = sampled_row_inputs(host.sampled, grammars, walks)
+        processed = process_logits(logits, params, requests, grammars, pending, before)
         token_ids = self.sampler.sample(processed, params, generators)
         # After the sampler's draws: a seeded request's generator gives the bonus row's noise first, then the drafts'.
-        verified = None if verify_logits is None else draft_targets(verify_logits, drafted, self.generators)
+        verified = None
+        if verify_logits is not None:
+            verified = draft_targets(verify_logits, drafted, self.generators, walks)
         if self.parallel.distributed:  # the next lookahead step's inputs, on every rank
             import torch.distributed as dist
 
@@ -212,6 +227,12 @@ class ModelRunner:
         host_ids, done = self._copy_out(token_ids)
         step = LaunchedStep(output, host.sampled, params, logprobs, token_ids, host_ids, done, scored)
         step.drafted, step.verified = drafted, verified
+        step.num_valid = {rid: walk.num_valid for rid, walk in walks.items()}
+        if verified is not None and any(s.request.sampling_params.logprobs is not None for s in drafted):
+            # Each draft row's target is the token kept there if any is: the accepted draft, or the replacement.
+            row_params = draft_row_params(drafted)
+            tensors = self.sampler.logprobs(verify_logits.float(), row_params, verified)
+            step.draft_logprobs = (row_params, tensors.to_host())
         step.host, step.prenorm = host, prenorm
         return step
 
@@ -284,7 +305,7 @@ class ModelRunner:
             token_list = step.token_ids.tolist()
         ids = [s.request.request_id for s in step.sampled]
         result = self._results(step, ids, token_list, prompt_logprobs)
-        result.grammar_failed = self._advance_grammars(ids, token_list)
+        result.grammar_failed = self._advance_grammars(kept_tokens(step.drafted, result))
         if step.prenorm is not None:  # the layer's rows for this step's tokens, and the next step's drafts
             spans = draft_spans(step.host, result.token_ids, result.num_accepted)
             result.drafts = self.drafter.propose(spans, step.prenorm)
@@ -293,30 +314,33 @@ class ModelRunner:
     def _results(
         self, step: "LaunchedStep", ids: list[str], token_list: list[int], prompt_logprobs: dict
     ) -> StepResult:
-        if step.drafted:  # requests with drafts have no grammar and no logprobs (the engine's choice)
-            token_ids = dict(zip(ids, token_list))
-            num_accepted = accept_drafts(step.drafted, step.verified.tolist(), token_ids)
-            if step.logprobs is None:
-                return StepResult(token_ids, {}, prompt_logprobs, num_accepted)
+        token_ids = dict(zip(ids, token_list))
+        num_accepted: dict[str, int] = {}
+        if step.drafted:
+            num_accepted = accept_drafts(step.drafted, step.verified.tolist(), token_ids, step.num_valid)
+        logprobs: dict[str, list[LogprobEntry]] = {}
+        if step.logprobs is not None:
             result = self.sampler.finish(step.params, token_list, step.logprobs)
-            logprobs = {i: lp for i, lp in zip(ids, result.logprobs) if lp is not None}
-            return StepResult(token_ids, logprobs, prompt_logprobs, num_accepted)
-        if step.logprobs is None:
-            return StepResult(dict(zip(ids, token_list)), {}, prompt_logprobs)
-        result = self.sampler.finish(step.params, token_list, step.logprobs)
-        logprobs = {i: lp for i, lp in zip(ids, result.logprobs) if lp is not None}
-        return StepResult(dict(zip(ids, result.token_ids)), logprobs, prompt_logprobs)
+            logprobs = {i: [lp] for i, lp in zip(ids, result.logprobs) if lp is not None}
+        if step.draft_logprobs is not None:
+            row_params, tensors = step.draft_logprobs
+            rows = self.sampler.finish(row_params, step.verified.tolist(), tensors).logprobs
+            sampled = {rid: entries[0] for rid, entries in logprobs.items()}
+            logprobs.update(kept_logprobs(step.drafted, rows, num_accepted, sampled))
+        return StepResult(token_ids, logprobs, prompt_logprobs, num_accepted)
 
-    def _advance_grammars(self, request_ids: list[str], token_ids: list[int]) -> set[str]:
-        """Every sampled token is kept by its request (tokens of aborted requests go with their grammar). Returns
-        the requests whose grammar could not take its token: the grammar engine hit a limit, or its mask left
-        nothing to sample. Going on without the grammar would return text the client ruled out."""
+    def _advance_grammars(self, kept: dict[str, list[int]]) -> set[str]:
+        """Every token a request keeps advances its grammar (tokens of aborted requests go with their grammar).
+        Returns the requests whose grammar could not take its token: the grammar engine hit a limit, or its mask
+        left nothing to sample. Going on without the grammar would return text the client ruled out."""
         failed: set[str] = set()
         if not self.grammars:
             return failed
-        for rid, token in zip(request_ids, token_ids, strict=True):
+        for rid, tokens in kept.items():
             grammar = self.grammars.get(rid)
-            if grammar is not None and (not grammar.accept(token) or grammar.error is not None):
+            if grammar is None:
+                continue
+            if not all(grammar.accept(t) for t in tokens) or grammar.error is not None:
                 # The grammar's label, never its text or llguidance's message, which quotes the grammar.
                 logger.warning(
                     "request %s: its grammar (%s) cannot go on; the request ends", rid, grammar.label
@@ -343,6 +367,16 @@ class ModelRunner:
         done = self._events[self._turn]
         done.record()
         return buffer, done
+
+
+def kept_tokens(drafted: list[ScheduledRequest], result: StepResult) -> dict[str, list[int]]:
+    """The tokens each request keeps from the step: its accepted drafts, then its sampled (or replacement) token."""
+    kept = {rid: [token] for rid, token in result.token_ids.items()}
+    for s in drafted:
+        rid = s.request.request_id
+        if rid in kept:
+            kept[rid] = [*s.spec_token_ids[: result.num_accepted[rid]], *kept[rid]]
+    return kept
 
 
 def pending_tokens(
@@ -392,6 +426,10 @@ class LaunchedStep:
         default_factory=list
     )  # requests with speculative drafts, in batch order
     verified: torch.Tensor | None = None  # each draft's target token (spec_verify.draft_targets)
+    # request id -> how many of its drafts its grammar takes (requests with a grammar)
+    num_valid: dict[str, int] = field(default_factory=dict)
+    # The draft rows' params and logprobs (of their targets), when a drafted request asks for logprobs.
+    draft_logprobs: tuple[list[SamplingParams], LogprobTensors] | None = None
     host: HostBatch | None = None  # the batch, for an MTP drafter's pass after the step
     prenorm: torch.Tensor | None = None  # with an MTP drafter: every row's hidden state before the final norm
 
