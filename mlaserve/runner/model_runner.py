@@ -45,6 +45,9 @@ class StepPlan:
     spans: list[PromptSpan]
     # A lookahead step: each token's index among the previous step's sampled ids (-1 where known), else None.
     source_rows: list[int] | None
+    # The rows of speculative drafts, whose logits every rank computes with the sampled rows': the head's
+    # all-gather needs the same rows on every rank.
+    verify_rows: list[int] = field(default_factory=list)
 
     def __reduce__(self) -> tuple:
         # The batch's tensors travel as numpy arrays: pickling a torch tensor has a fixed cost to write and a
@@ -56,11 +59,17 @@ class StepPlan:
             g: (sources.numpy(), host.pooled_starts[g].numpy()) for g, sources in host.pooled_sources.items()
         }
         fields = (host.ids, host.query_lens, host.seq_lens, host.num_decodes, host.sample_rows)
-        return _rebuild_plan, (arrays, others, pooled, fields, self.spans, self.source_rows)
+        return _rebuild_plan, (arrays, others, pooled, fields, self.spans, self.source_rows, self.verify_rows)
 
 
 def _rebuild_plan(
-    arrays: list, others: list, pooled: dict, fields: tuple, spans: list, source_rows: list | None
+    arrays: list,
+    others: list,
+    pooled: dict,
+    fields: tuple,
+    spans: list,
+    source_rows: list | None,
+    verify_rows: list[int],
 ) -> StepPlan:
     positions, slots, tables = (torch.from_numpy(a) for a in arrays)
     ids, query_lens, seq_lens, num_decodes, sample_rows = fields
@@ -71,7 +80,7 @@ def _rebuild_plan(
         ids, positions, slots, tables, query_lens, seq_lens, num_decodes, [], sample_rows, [], groups, sources,
         starts,
     )  # fmt: skip
-    return StepPlan(host, spans, source_rows)
+    return StepPlan(host, spans, source_rows, verify_rows)
 
 
 @dataclass(slots=True)
@@ -183,14 +192,13 @@ class ModelRunner:
             for s in host.order:
                 source_rows += [rows[s.request.request_id]] if s.lookahead else [-1] * s.num_new_tokens
         spans = prompt_spans(host.order)  # graphs keep only the sampled rows' hidden states
-        # Speculative drafts are verified on rank 0 alone: the engine runs them only without tensor parallelism.
+        # Every rank computes the draft rows' logits; rank 0 alone verifies them, as it alone samples.
         drafted, verify_rows = draft_rows(host.order)
         if self.parallel.distributed:
             from mlaserve.parallel.group import broadcast_object
 
-            broadcast_object(
-                self.parallel, StepPlan(dataclasses.replace(host, order=[], sampled=[]), spans, source_rows)
-            )
+            plain = dataclasses.replace(host, order=[], sampled=[])
+            broadcast_object(self.parallel, StepPlan(plain, spans, source_rows, verify_rows))
         logits, scored, verify_logits, prenorm = self._forward(
             host, spans, source_rows, None if previous is None else previous.token_ids, verify_rows
         )
@@ -239,7 +247,7 @@ class ModelRunner:
     @torch.inference_mode()
     def run_plan(self, plan: StepPlan) -> None:
         """A rank past 0: the step's forward as rank 0 runs it, then the ids rank 0 sampled."""
-        self._forward(plan.host, plan.spans, plan.source_rows, self.last_sampled)
+        self._forward(plan.host, plan.spans, plan.source_rows, self.last_sampled, plan.verify_rows)
         if plan.host.sample_rows:
             import torch.distributed as dist
 

@@ -1,0 +1,64 @@
+"""Prompt-lookup drafts under tensor parallelism (gloo, two CPU processes): every rank computes the draft rows'
+logits and rank 0 verifies them, so greedy tokens and logprobs equal one process's without drafts."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlaserve import LLM, SamplingParams
+
+pytestmark = pytest.mark.slow
+
+OPTIONS = dict(dtype="float32", device="cpu", max_model_len=128, max_num_batched_tokens=48, block_size=4)
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+
+
+def prompts() -> list[dict]:
+    """Repeating prompts (drafts found and accepted), one past the step's budget (chunked), one random."""
+    base = [(7 * i) % 250 + 3 for i in range(70)]
+    return [{"prompt_token_ids": p} for p in ([11, 40, 97] * 5, base[:6] * 4, base[:60], base[10:33])]
+
+
+PARAMS = [
+    SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+    SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2),
+    SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, frequency_penalty=-0.3, logprobs=1),
+    SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+]
+
+
+def run(model, **options: object) -> tuple[list, dict]:
+    llm = LLM(str(model), **OPTIONS, **options)
+    try:
+        outs = llm.generate(prompts(), PARAMS, use_tqdm=False)
+        return outs, llm.stats()
+    finally:
+        llm.engine.close()
+
+
+@pytest.mark.parametrize("name", ["llama", "deepseek_v3"])
+def test_tp2_drafts_give_one_process_tokens(tiny, name: str) -> None:
+    model = tiny(name)
+    want, _ = run(model)
+    got, stats = run(model, tensor_parallel_size=2, speculative_config=NGRAM)
+    assert stats["speculative_decoding"] and stats["tensor_parallel_size"] == 2
+    assert stats["num_accepted_tokens"] > 0 and stats["kv_blocks_used"] == 0
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    for a, b in zip(want, got, strict=True):
+        if a.outputs[0].logprobs is None:
+            continue
+        for token, x, y in zip(
+            a.outputs[0].token_ids, a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True
+        ):
+            assert list(x) == list(y) and abs(x[token].logprob - y[token].logprob) < 1e-4
+
+
+def test_mtp_stays_off_under_tp_with_a_reason(tmp_path, tiny, caplog) -> None:
+    from mlaserve.testing.mtp_checkpoint import add_mtp_layer
+
+    path = add_mtp_layer(tiny("deepseek_v3"), tmp_path / "mtp")
+    with caplog.at_level("WARNING"):
+        _, stats = run(
+            path, tensor_parallel_size=2, speculative_config={"method": "mtp", "num_speculative_tokens": 1}
+        )
+    assert not stats["speculative_decoding"] and "tensor-parallel" in caplog.text
