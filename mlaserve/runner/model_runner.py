@@ -29,7 +29,7 @@ from mlaserve.runner.draft_processing import (
 from mlaserve.runner.mtp_draft import MtpDrafter, draft_spans
 from mlaserve.runner.prompt_logprobs import PromptSpan, ScoredSpan, prompt_spans, score_prompt_spans
 from mlaserve.runner.spec_verify import accept_drafts, draft_rows, draft_targets
-from mlaserve.sampling.logits_processors import PendingTokens, process_logits
+from mlaserve.sampling.logits_processors import PendingTokens, held_back_ids, process_logits
 from mlaserve.sampling.sampler import LogprobTensors, Sampler
 from mlaserve.sampling.structured_output import Grammar
 from mlaserve.sampling_params import SamplingParams
@@ -378,12 +378,16 @@ class ModelRunner:
 
 
 def kept_tokens(drafted: list[ScheduledRequest], result: StepResult) -> dict[str, list[int]]:
-    """The tokens each request keeps from the step: its accepted drafts, then its sampled (or replacement) token."""
+    """The tokens each request keeps from the step: its accepted drafts, then its sampled (or replacement) token,
+    up to a stop id among them (the scheduler drops what follows, so a grammar never has to take it)."""
     kept = {rid: [token] for rid, token in result.token_ids.items()}
     for s in drafted:
         rid = s.request.request_id
         if rid in kept:
-            kept[rid] = [*s.spec_token_ids[: result.num_accepted[rid]], *kept[rid]]
+            tokens = [*s.spec_token_ids[: result.num_accepted[rid]], *kept[rid]]
+            stops = held_back_ids(s.request)
+            end = next((i + 1 for i, t in enumerate(tokens) if t in stops), len(tokens))
+            kept[rid] = tokens[:end]
     return kept
 
 

@@ -5,6 +5,7 @@ prompt-lookup drafts (k = 3) on a tiny Llama and DeepSeek MTP drafts (k = 2) on 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -188,3 +189,42 @@ def test_grammars_mask_each_draft_row_with_the_state_after_the_drafts_before_it(
     params = SamplingParams(temperature=0, max_tokens=24, structured_outputs=GRAMMARS[kind], logprobs=1)
     drafted, accepted = byte_engines.compare(batch, params)
     assert drafted > 0
+
+
+def test_sampled_grammar_requests_take_drafts_and_hold_their_grammar(byte_engines) -> None:
+    """Rejection sampling against masked rows: every output still matches the regex, and seeded requests repeat."""
+    pattern = r"(ab|ba|c)+1?[0-9a-c]{0,30}"
+    params = [
+        SamplingParams(
+            temperature=0.8, seed=s, max_tokens=24, structured_outputs=GRAMMARS["regex"], logprobs=1
+        )
+        for s in range(6)
+    ]
+    batch = ["abcabcabcabcabc", "ab12ab12ab12ab12"] * 3
+    llm = byte_engines.spec
+    before = llm.stats()["num_draft_tokens"]
+    first = llm.generate(batch, params, use_tqdm=False)
+    again = llm.generate(batch, params, use_tqdm=False)
+    for a, b in zip(first, again, strict=True):
+        out = a.outputs[0]
+        assert re.fullmatch(pattern, out.text) and out.token_ids == b.outputs[0].token_ids
+        assert len(out.logprobs) == len(out.token_ids)
+        assert all(token in entry for token, entry in zip(out.token_ids, out.logprobs, strict=True))
+    stats = llm.stats()
+    assert stats["num_draft_tokens"] > before and stats["kv_blocks_used"] == 0
+
+
+def test_features_under_chunking_preemption_and_prefix_hits(llama) -> None:
+    """A 12-token step chunks the prompts and caps the drafts; 24 blocks of 4 tokens cannot hold every request,
+    so requests are preempted and recomputed (their penalties' counts and min_tokens read the kept outputs)."""
+    engines = Engines(llama, NGRAM, max_num_batched_tokens=12, num_kv_blocks=24, max_model_len=64)
+    params = [
+        SamplingParams(temperature=0, max_tokens=20, **{"ignore_eos": True, **FEATURES[f]})
+        for f in ("logprobs", "frequency", "all_penalties", "min_tokens_6")
+    ]
+    batch = prompts()[1:5]
+    for _ in range(2):  # the second run hits the prompts' cached blocks
+        drafted, accepted = engines.compare(batch, params)
+        assert drafted > 0 and accepted > 0
+    stats = engines.spec.stats()
+    assert stats["num_preemptions"] > 0 and stats["prefix_cache_hits"] > 0
