@@ -19,11 +19,11 @@ too, so the draws differ while the distribution stays the same (as in vLLM). Its
 step's token budget, so other requests in the batch can change its draws.
 
 Under tensor parallelism every rank computes the draft rows' logits (the plan names them: the head's all-gather
-needs the same rows everywhere) and rank 0 verifies them as it samples, so prompt-lookup drafts work there.
+needs the same rows everywhere) and rank 0 verifies them as it samples; with mtp, rank 0 sends each step's draft
+spans and every rank runs the layer's pass, which is sharded like the model.
 
-Not yet: CUDA graphs for verify steps (a step with drafts runs eagerly); asynchronous scheduling with drafts, MTP
-drafts under tensor parallelism (the draft layer runs on rank 0 alone) and MTP drafts under a training-free window
-or pooling (each turned off, with a logged reason).
+Not yet: CUDA graphs for verify steps (a step with drafts runs eagerly); asynchronous scheduling with drafts and
+MTP drafts under a training-free window or pooling (each turned off, with a logged reason).
 """
 
 from __future__ import annotations
@@ -49,8 +49,6 @@ def build_proposer(
     reason = None
     if async_scheduling:
         reason = "asynchronous scheduling queues a step before the drafts of the one before it are checked"
-    elif config.parallel.distributed and spec.method == "mtp":
-        reason = "the draft layer runs on rank 0 alone, not yet on every tensor-parallel rank"
     elif any(rule.ratio is not None for rule in group_rules):
         reason = "pooled cache entries (compress_ratio, DeepSeek-V4) would be built from rejected drafts"
     elif spec.method == "mtp" and group_rules != [FULL]:

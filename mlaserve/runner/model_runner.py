@@ -48,6 +48,8 @@ class StepPlan:
     # The rows of speculative drafts, whose logits every rank computes with the sampled rows': the head's
     # all-gather needs the same rows on every rank.
     verify_rows: list[int] = field(default_factory=list)
+    # Rank 0 runs an MTP draft pass after the step: every rank runs it too, on the spans rank 0 sends next.
+    draft_pass: bool = False
 
     def __reduce__(self) -> tuple:
         # The batch's tensors travel as numpy arrays: pickling a torch tensor has a fixed cost to write and a
@@ -59,7 +61,8 @@ class StepPlan:
             g: (sources.numpy(), host.pooled_starts[g].numpy()) for g, sources in host.pooled_sources.items()
         }
         fields = (host.ids, host.query_lens, host.seq_lens, host.num_decodes, host.sample_rows)
-        return _rebuild_plan, (arrays, others, pooled, fields, self.spans, self.source_rows, self.verify_rows)
+        lists = (self.spans, self.source_rows, self.verify_rows, self.draft_pass)
+        return _rebuild_plan, (arrays, others, pooled, fields, *lists)
 
 
 def _rebuild_plan(
@@ -70,6 +73,7 @@ def _rebuild_plan(
     spans: list,
     source_rows: list | None,
     verify_rows: list[int],
+    draft_pass: bool,
 ) -> StepPlan:
     positions, slots, tables = (torch.from_numpy(a) for a in arrays)
     ids, query_lens, seq_lens, num_decodes, sample_rows = fields
@@ -80,7 +84,7 @@ def _rebuild_plan(
         ids, positions, slots, tables, query_lens, seq_lens, num_decodes, [], sample_rows, [], groups, sources,
         starts,
     )  # fmt: skip
-    return StepPlan(host, spans, source_rows, verify_rows)
+    return StepPlan(host, spans, source_rows, verify_rows, draft_pass)
 
 
 @dataclass(slots=True)
@@ -198,13 +202,14 @@ class ModelRunner:
             from mlaserve.parallel.group import broadcast_object
 
             plain = dataclasses.replace(host, order=[], sampled=[])
-            broadcast_object(self.parallel, StepPlan(plain, spans, source_rows, verify_rows))
+            plan = StepPlan(plain, spans, source_rows, verify_rows, self.drafter is not None)
+            broadcast_object(self.parallel, plan)
         logits, scored, verify_logits, prenorm = self._forward(
             host, spans, source_rows, None if previous is None else previous.token_ids, verify_rows
         )
         if logits is None:
             if prenorm is not None:  # a prompt chunk's draft-layer rows
-                self.drafter.propose(draft_spans(host, {}, {}), prenorm)
+                self._propose(draft_spans(host, {}, {}), prenorm)
             return LaunchedStep(output, [], [], None, None, None, None, scored)
         params = [s.request.sampling_params for s in host.sampled]
         generators = [self.generators.get(s.request.request_id) for s in host.sampled]
@@ -246,14 +251,31 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run_plan(self, plan: StepPlan) -> None:
-        """A rank past 0: the step's forward as rank 0 runs it, then the ids rank 0 sampled."""
-        self._forward(plan.host, plan.spans, plan.source_rows, self.last_sampled, plan.verify_rows)
+        """A rank past 0: the step's forward as rank 0 runs it, then the ids rank 0 sampled, then the MTP draft
+        pass over the spans rank 0 sends (its drafts are rank 0's to read; the pass writes this rank's share of
+        the draft layer's cache)."""
+        *_, prenorm = self._forward(
+            plan.host, plan.spans, plan.source_rows, self.last_sampled, plan.verify_rows
+        )
         if plan.host.sample_rows:
             import torch.distributed as dist
 
             ids = torch.empty(len(plan.host.sample_rows), dtype=torch.long, device=self.device)
             dist.broadcast(ids, src=0, group=self.parallel.group)
             self.last_sampled = ids
+        if plan.draft_pass:
+            from mlaserve.parallel.group import broadcast_object
+
+            self.drafter.propose(broadcast_object(self.parallel), prenorm)
+
+    def _propose(self, spans: list, prenorm: torch.Tensor) -> dict[str, tuple[int, list[int]]]:
+        """The MTP drafts for the spans; under tensor parallelism the other ranks get the spans first and run
+        the same pass, whose layer is sharded like the model's."""
+        if self.parallel.distributed:
+            from mlaserve.parallel.group import broadcast_object
+
+            broadcast_object(self.parallel, spans)
+        return self.drafter.propose(spans, prenorm)
 
     def _forward(
         self,
@@ -316,7 +338,7 @@ class ModelRunner:
         result.grammar_failed = self._advance_grammars(kept_tokens(step.drafted, result))
         if step.prenorm is not None:  # the layer's rows for this step's tokens, and the next step's drafts
             spans = draft_spans(step.host, result.token_ids, result.num_accepted)
-            result.drafts = self.drafter.propose(spans, step.prenorm)
+            result.drafts = self._propose(spans, step.prenorm)
         return result
 
     def _results(
