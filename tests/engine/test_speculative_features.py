@@ -12,6 +12,7 @@ import torch
 
 from mlaserve import LLM, SamplingParams
 from mlaserve.sampling_params import StructuredOutputsParams
+from mlaserve.spec_decode.model_drafts import ModelDrafts
 from mlaserve.testing.mtp_checkpoint import add_mtp_layer
 from mlaserve.testing.tiny_models import build_tiny
 
@@ -107,25 +108,37 @@ def test_greedy_feature_equals_the_plain_engine(engines: Engines, feature: str) 
     assert drafted > 0 and accepted > 0
 
 
-def test_min_tokens_holds_back_a_stop_id_that_drafts_propose(engines: Engines) -> None:
-    """A stop id the output reaches early, held back by min_tokens: the drafts (repeating prompts) propose it at
-    rows whose would-be length is below min_tokens, where it must be banned, and past it, where it stops."""
+def test_min_tokens_holds_back_a_stop_id_that_drafts_propose(engines: Engines, monkeypatch) -> None:
+    """Stop ids held back by min_tokens. MTP drafts propose them at rows whose would-be length is below min_tokens,
+    where they must be banned, and at rows past it, where they stop the output; prompt-lookup drafts here seldom do
+    (tests/runner/test_draft_processing.py checks those rows on their own)."""
     batch = prompts()[:3]
     plain = engines.plain.generate(batch, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
-    params = [
-        SamplingParams(
-            temperature=0,
-            max_tokens=20,
-            ignore_eos=True,
-            stop_token_ids=[o.outputs[0].token_ids[1]],
-            min_tokens=min_tokens,
-            logprobs=1,
-        )
-        for o in plain
-        for min_tokens in (4, 7)
-    ]
-    drafted, _ = engines.compare([p for p in batch for _ in range(2)], params)
+    params = []
+    for prompt, out in zip(batch, plain, strict=True):
+        ids = out.outputs[0].token_ids
+        # the output's third token (an MTP draft after its first) and its first token that the prompt holds (a
+        # prompt-lookup draft once the output follows the prompt's phrase)
+        copied = next((t for t in ids[1:] if t in prompt["prompt_token_ids"]), ids[1])
+        cases = [(ids[2], 2), (ids[2], 4), (copied, 3), (copied, 6)]
+        for stop, min_tokens in cases:
+            fields = dict(stop_token_ids=[stop], min_tokens=min_tokens, logprobs=1)
+            params.append(SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, **fields))
+    seen = []
+    proposer = type(engines.spec.engine.core.scheduler.proposer)
+    propose = proposer.drafts_for
+
+    def record(self, request, max_tokens):
+        drafts = propose(self, request, max_tokens)
+        held = request.sampling_params.min_tokens - request.num_output_tokens
+        seen.extend(j < held for j, t in enumerate(drafts) if t in request.stop_token_ids)
+        return drafts
+
+    monkeypatch.setattr(proposer, "drafts_for", record)
+    drafted, _ = engines.compare([p for p in batch for _ in range(4)], params)
     assert drafted > 0
+    if proposer is ModelDrafts:  # the echo layer proposes the plain output, stop ids included
+        assert True in seen and False in seen
 
 
 def test_stop_strings_and_logprobs_end_inside_accepted_drafts(engines: Engines) -> None:
