@@ -21,12 +21,12 @@ from mlaserve.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from mlaserve.engine.core_output import CoreOutput
 from mlaserve.engine.core_requests import final_output, new_request
 from mlaserve.engine.intake import PreparedRequest, RequestIntake
-from mlaserve.engine.speculation import build_proposer, exact_under_drafts, speculative_stats
+from mlaserve.engine.speculation import build_proposer, speculative_stats
 from mlaserve.engine.step_trace import trace
 from mlaserve.executor.build_info import BuildInfo
 from mlaserve.executor.executor import Executor
 from mlaserve.outputs import LogprobEntry
-from mlaserve.runner.model_runner import LaunchedStep, StepResult
+from mlaserve.runner.step import LaunchedStep, StepResult
 from mlaserve.sampling.structured_output import GrammarCompiler
 from mlaserve.sampling_params import SamplingParams
 
@@ -100,7 +100,7 @@ class EngineCore:
             )
         request_id = request_id or self.new_request_id()
         request = new_request(prepared, request_id, next(self._ids), self.model_config, self.tokenizer)
-        request.allow_drafts = self.scheduler.proposer is not None and exact_under_drafts(params)
+        request.allow_drafts = self.scheduler.proposer is not None
         grammar = None
         if params.structured_outputs is not None:
             compiled = prepared.grammar
@@ -203,7 +203,9 @@ class EngineCore:
             # One token, or with speculative drafts those accepted and the model's own after them.
             new = request.output_token_ids[before[rid] :]
             self.num_generated_tokens += len(new)
-            logprobs = [result.logprobs[rid]] if rid in result.logprobs else None
+            logprobs = result.logprobs.get(rid)
+            if logprobs is not None:  # none for the tokens past a stop the step found
+                logprobs = logprobs[: len(new)]
             if request.first_token_time is None:
                 request.first_token_time = time.monotonic()
                 prompt_logprobs = self._prompt_logprobs.pop(rid, None)  # complete once the prompt is computed

@@ -3,18 +3,28 @@
 Built so far: prompt-lookup (n-gram) drafts, and DeepSeek-V3's multi-token-prediction layer as a draft model
 ("mtp": runner/mtp_draft.py makes each step's drafts for the next), verified greedily for greedy requests (the plain
 engine's tokens exactly) and by rejection sampling for sampled ones, with temperature, top-k, top-p, min_p and seeds
-(the plain engine's distribution exactly; see runner/spec_verify.py), logit_bias included for both. A seeded
-request with drafts is reproducible run to run under the same speculative config, but its tokens differ from the
-ones it gets without drafts: the verification draws from its generator too, so the draws differ while the
-distribution stays the same (as in vLLM). Its draft count also depends on the step's token budget, so other
-requests in the batch can change its draws.
+(the plain engine's distribution exactly; see runner/spec_verify.py). With CUDA graphs, verify steps replay the
+decode graphs one row per token (runner/verify_graphs.py).
 
-With CUDA graphs, verify steps replay the decode graphs one row per token (runner/verify_graphs.py).
+Every request on such an engine takes drafts, whatever it asks for, and gets what it gets without them: each draft
+row's logits are processed as the plain engine would process that row had the drafts before it been generated
+(runner/draft_processing.py): logit_bias; min_tokens, which holds EOS and the stop ids back while the would-be
+output is shorter; the presence, frequency and repetition penalties, which count the earlier drafts as output;
+a grammar's mask, from the matcher's state after the earlier drafts (a draft it cannot take ends the drafts
+there, and the matcher advances by the tokens kept alone). Logprobs are the raw logits' at each kept token's row,
+one entry per kept token. Stop strings and stop ids that end among the accepted drafts cut the output where the
+plain engine stops (the output processor reads the tokens one at a time), and n > 1 fans out into requests that
+each take drafts. A seeded sampled request with drafts is reproducible run to run under the same speculative
+config, but its tokens differ from the ones it gets without drafts: the verification draws from its generator
+too, so the draws differ while the distribution stays the same (as in vLLM). Its draft count also depends on the
+step's token budget, so other requests in the batch can change its draws.
 
-Not yet: drafts for requests with logprobs (not computed at draft positions) or with logits processed from their
-history or state (penalties, min_tokens, grammars), which run without drafts; asynchronous scheduling with drafts
-and tensor parallelism (speculation is turned off,
-with a logged reason); MTP drafts under a training-free window or pooling (off, with a logged reason).
+Under tensor parallelism every rank computes the draft rows' logits (the plan names them: the head's all-gather
+needs the same rows everywhere) and rank 0 verifies them as it samples; with mtp, rank 0 sends each step's draft
+spans and every rank runs the layer's pass, which is sharded like the model.
+
+Not yet: asynchronous scheduling with drafts, and MTP drafts under a training-free window or pooling (each turned
+off, with a logged reason).
 """
 
 from __future__ import annotations
@@ -24,7 +34,6 @@ import logging
 from mlaserve.config.engine_config import EngineConfig
 from mlaserve.core.scheduler import Scheduler
 from mlaserve.kvcache.spec import FULL, AttentionRule
-from mlaserve.sampling_params import SamplingParams
 from mlaserve.spec_decode.model_drafts import ModelDrafts
 from mlaserve.spec_decode.ngram import NgramProposer
 
@@ -41,8 +50,6 @@ def build_proposer(
     reason = None
     if async_scheduling:
         reason = "asynchronous scheduling queues a step before the drafts of the one before it are checked"
-    elif config.parallel.distributed:
-        reason = "drafts are verified on rank 0 alone, not yet across tensor-parallel ranks"
     elif any(rule.ratio is not None for rule in group_rules):
         reason = "pooled cache entries (compress_ratio, DeepSeek-V4) would be built from rejected drafts"
     elif spec.method == "mtp" and group_rules != [FULL]:
@@ -61,18 +68,6 @@ def build_proposer(
         spec.prompt_lookup_max,
     )
     return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
-
-
-def exact_under_drafts(params: SamplingParams) -> bool:
-    """Whether verification keeps this request's output exactly as without drafts (its tokens if greedy, their
-    distribution if sampled): no logprobs (not yet computed at draft positions), and nothing that changes the logits
-    but logit_bias, temperature, min_p, top-k and top-p, which draft rows get as the sampled row does."""
-    return (
-        params.logprobs is None
-        and not params.has_penalties
-        and params.min_tokens == 0
-        and params.structured_outputs is None
-    )
 
 
 def speculative_stats(scheduler: Scheduler) -> dict[str, object]:

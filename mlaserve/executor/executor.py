@@ -29,7 +29,8 @@ from mlaserve.executor.workers import WorkerDied, Workers
 from mlaserve.loader.model_files import ModelFiles, resolve_model
 from mlaserve.loader.tokenizer import load_tokenizer
 from mlaserve.parallel import ParallelContext
-from mlaserve.runner.model_runner import LaunchedStep, ModelRunner, StepResult
+from mlaserve.runner.model_runner import ModelRunner
+from mlaserve.runner.step import LaunchedStep, StepResult
 from mlaserve.sampling.structured_output import Grammar
 
 logger = logging.getLogger(__name__)

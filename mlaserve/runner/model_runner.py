@@ -7,7 +7,6 @@ alone, and broadcasts the sampled ids, which the next lookahead step reads on ev
 
 import dataclasses
 import logging
-from dataclasses import dataclass, field
 
 import torch
 
@@ -20,67 +19,23 @@ from mlaserve.models.base import CausalLM
 from mlaserve.outputs import LogprobEntry
 from mlaserve.parallel import SINGLE, ParallelContext
 from mlaserve.runner.batch import HostBatch, plan_batch, to_device
+from mlaserve.runner.draft_processing import (
+    DraftGrammar,
+    draft_grammars,
+    draft_row_params,
+    kept_logprobs,
+    sampled_row_inputs,
+)
 from mlaserve.runner.mtp_draft import MtpDrafter, draft_spans
 from mlaserve.runner.prompt_logprobs import PromptSpan, ScoredSpan, prompt_spans, score_prompt_spans
 from mlaserve.runner.spec_verify import accept_drafts, draft_rows, draft_targets
+from mlaserve.runner.step import LaunchedStep, StepPlan, StepResult
 from mlaserve.runner.verify_graphs import run_captured
-from mlaserve.sampling.logits_processors import PendingTokens, process_logits
-from mlaserve.sampling.sampler import LogprobTensors, Sampler
+from mlaserve.sampling.logits_processors import PendingTokens, held_back_ids, process_logits
+from mlaserve.sampling.sampler import Sampler
 from mlaserve.sampling.structured_output import Grammar
-from mlaserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class StepPlan:
-    """What every rank needs to run a step's forward: rank 0 sends it to the others."""
-
-    host: HostBatch  # order and sampled left empty: the ranks past 0 hold no requests
-    spans: list[PromptSpan]
-    # A lookahead step: each token's index among the previous step's sampled ids (-1 where known), else None.
-    source_rows: list[int] | None
-
-    def __reduce__(self) -> tuple:
-        # The batch's tensors travel as numpy arrays: pickling a torch tensor has a fixed cost to write and a
-        # larger one to read, whatever its size, on every step of a tensor-parallel engine.
-        host = self.host
-        arrays = [host.positions.numpy(), host.slots.numpy(), host.tables.numpy()]
-        others = [(tables.numpy(), slots.numpy()) for tables, slots in host.other_groups]
-        pooled = {
-            g: (sources.numpy(), host.pooled_starts[g].numpy()) for g, sources in host.pooled_sources.items()
-        }
-        fields = (host.ids, host.query_lens, host.seq_lens, host.num_decodes, host.sample_rows)
-        return _rebuild_plan, (arrays, others, pooled, fields, self.spans, self.source_rows)
-
-
-def _rebuild_plan(
-    arrays: list, others: list, pooled: dict, fields: tuple, spans: list, source_rows: list | None
-) -> StepPlan:
-    positions, slots, tables = (torch.from_numpy(a) for a in arrays)
-    ids, query_lens, seq_lens, num_decodes, sample_rows = fields
-    groups = [(torch.from_numpy(t), torch.from_numpy(s)) for t, s in others]
-    sources = {g: torch.from_numpy(a) for g, (a, _) in pooled.items()}
-    starts = {g: torch.from_numpy(s) for g, (_, s) in pooled.items()}
-    host = HostBatch(
-        ids, positions, slots, tables, query_lens, seq_lens, num_decodes, [], sample_rows, [], groups, sources,
-        starts,
-    )  # fmt: skip
-    return StepPlan(host, spans, source_rows)
-
-
-@dataclass(slots=True)
-class StepResult:
-    token_ids: dict[str, int]  # request id -> sampled token
-    logprobs: dict[str, LogprobEntry]  # request id -> logprobs of this token (when asked for)
-    # request id -> (prompt position of the first token scored, one logprobs dict per scored prompt token)
-    prompt_logprobs: dict[str, tuple[int, list[LogprobEntry]]] = field(default_factory=dict)
-    # request id -> drafts accepted, for requests that ran speculative drafts (their token_ids entry follows them)
-    num_accepted: dict[str, int] = field(default_factory=dict)
-    # Requests whose grammar stopped accepting tokens: they end with an error rather than go on unconstrained.
-    grammar_failed: set[str] = field(default_factory=set)
-    # request id -> (the token count they follow, drafts) from a draft model, for the next step (mtp_draft.py)
-    drafts: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -169,7 +124,7 @@ class ModelRunner:
         self.grammars.pop(request_id, None)
 
     @torch.inference_mode()
-    def launch(self, output: SchedulerOutput, previous: "LaunchedStep | None" = None) -> "LaunchedStep":
+    def launch(self, output: SchedulerOutput, previous: LaunchedStep | None = None) -> LaunchedStep:
         """Queues the step's forward and sampling on the device and returns without waiting for them.
 
         A step scheduled ahead (Scheduler.schedule_lookahead) is launched before `previous` has been collected: the
@@ -185,20 +140,20 @@ class ModelRunner:
             for s in host.order:
                 source_rows += [rows[s.request.request_id]] if s.lookahead else [-1] * s.num_new_tokens
         spans = prompt_spans(host.order)  # graphs keep only the sampled rows' hidden states
-        # Speculative drafts are verified on rank 0 alone: the engine runs them only without tensor parallelism.
+        # Every rank computes the draft rows' logits; rank 0 alone verifies them, as it alone samples.
         drafted, verify_rows = draft_rows(host.order)
         if self.parallel.distributed:
             from mlaserve.parallel.group import broadcast_object
 
-            broadcast_object(
-                self.parallel, StepPlan(dataclasses.replace(host, order=[], sampled=[]), spans, source_rows)
-            )
+            plain = dataclasses.replace(host, order=[], sampled=[])
+            plan = StepPlan(plain, spans, source_rows, verify_rows, self.drafter is not None)
+            broadcast_object(self.parallel, plan)
         logits, scored, verify_logits, prenorm = self._forward(
             host, spans, source_rows, None if previous is None else previous.token_ids, verify_rows
         )
         if logits is None:
             if prenorm is not None:  # a prompt chunk's draft-layer rows
-                self.drafter.propose(draft_spans(host, {}, {}), prenorm)
+                self._propose(draft_spans(host, {}, {}), prenorm)
             return LaunchedStep(output, [], [], None, None, None, None, scored)
         params = [s.request.sampling_params for s in host.sampled]
         generators = [self.generators.get(s.request.request_id) for s in host.sampled]
@@ -207,10 +162,17 @@ class ModelRunner:
         grammars = [self.grammars.get(r.request_id) for r in requests]
         processing = ahead and any(p.needs_processing for p in params)  # not on every decode step
         pending = pending_tokens(host.sampled, rows, previous.token_ids) if processing else None
-        processed = process_logits(logits, params, requests, grammars, pending)
+        walks: dict[str, DraftGrammar] = {}
+        before = None
+        if drafted:  # its sampled row comes after its drafts: processed as if they had been generated
+            walks = draft_grammars(self.grammars, drafted, logits.shape[1]) if self.grammars else {}
+            grammars, before = sampled_row_inputs(host.sampled, grammars, walks)
+        processed = process_logits(logits, params, requests, grammars, pending, before)
         token_ids = self.sampler.sample(processed, params, generators)
         # After the sampler's draws: a seeded request's generator gives the bonus row's noise first, then the drafts'.
-        verified = None if verify_logits is None else draft_targets(verify_logits, drafted, self.generators)
+        verified = None
+        if verify_logits is not None:
+            verified = draft_targets(verify_logits, drafted, self.generators, walks)
         if self.parallel.distributed:  # the next lookahead step's inputs, on every rank
             import torch.distributed as dist
 
@@ -222,19 +184,42 @@ class ModelRunner:
         host_ids, done = self._copy_out(token_ids)
         step = LaunchedStep(output, host.sampled, params, logprobs, token_ids, host_ids, done, scored)
         step.drafted, step.verified = drafted, verified
+        step.num_valid = {rid: walk.num_valid for rid, walk in walks.items()}
+        if verified is not None and any(s.request.sampling_params.logprobs is not None for s in drafted):
+            # Each draft row's target is the token kept there if any is: the accepted draft, or the replacement.
+            row_params = draft_row_params(drafted)
+            tensors = self.sampler.logprobs(verify_logits.float(), row_params, verified)
+            step.draft_logprobs = (row_params, tensors.to_host())
         step.host, step.prenorm = host, prenorm
         return step
 
     @torch.inference_mode()
     def run_plan(self, plan: StepPlan) -> None:
-        """A rank past 0: the step's forward as rank 0 runs it, then the ids rank 0 sampled."""
-        self._forward(plan.host, plan.spans, plan.source_rows, self.last_sampled)
+        """A rank past 0: the step's forward as rank 0 runs it, then the ids rank 0 sampled, then the MTP draft
+        pass over the spans rank 0 sends (its drafts are rank 0's to read; the pass writes this rank's share of
+        the draft layer's cache)."""
+        *_, prenorm = self._forward(
+            plan.host, plan.spans, plan.source_rows, self.last_sampled, plan.verify_rows
+        )
         if plan.host.sample_rows:
             import torch.distributed as dist
 
             ids = torch.empty(len(plan.host.sample_rows), dtype=torch.long, device=self.device)
             dist.broadcast(ids, src=0, group=self.parallel.group)
             self.last_sampled = ids
+        if plan.draft_pass:
+            from mlaserve.parallel.group import broadcast_object
+
+            self.drafter.propose(broadcast_object(self.parallel), prenorm)
+
+    def _propose(self, spans: list, prenorm: torch.Tensor) -> dict[str, tuple[int, list[int]]]:
+        """The MTP drafts for the spans; under tensor parallelism the other ranks get the spans first and run
+        the same pass, whose layer is sharded like the model's."""
+        if self.parallel.distributed:
+            from mlaserve.parallel.group import broadcast_object
+
+            broadcast_object(self.parallel, spans)
+        return self.drafter.propose(spans, prenorm)
 
     def _forward(
         self,
@@ -285,7 +270,7 @@ class ModelRunner:
         num_sampled = len(host.sample_rows)
         return logits[:num_sampled], scored, logits[num_sampled:], prenorm
 
-    def collect(self, step: "LaunchedStep") -> StepResult:
+    def collect(self, step: LaunchedStep) -> StepResult:
         """Waits for a launched step's tokens (and reads the logprobs asked for)."""
         prompt_logprobs = {s.span.request_id: (s.span.first_position, s.entries()) for s in step.scored}
         if not step.sampled:
@@ -297,39 +282,42 @@ class ModelRunner:
             token_list = step.token_ids.tolist()
         ids = [s.request.request_id for s in step.sampled]
         result = self._results(step, ids, token_list, prompt_logprobs)
-        result.grammar_failed = self._advance_grammars(ids, token_list)
+        result.grammar_failed = self._advance_grammars(kept_tokens(step.drafted, result))
         if step.prenorm is not None:  # the layer's rows for this step's tokens, and the next step's drafts
             spans = draft_spans(step.host, result.token_ids, result.num_accepted)
-            result.drafts = self.drafter.propose(spans, step.prenorm)
+            result.drafts = self._propose(spans, step.prenorm)
         return result
 
     def _results(
-        self, step: "LaunchedStep", ids: list[str], token_list: list[int], prompt_logprobs: dict
+        self, step: LaunchedStep, ids: list[str], token_list: list[int], prompt_logprobs: dict
     ) -> StepResult:
-        if step.drafted:  # requests with drafts have no grammar and no logprobs (the engine's choice)
-            token_ids = dict(zip(ids, token_list))
-            num_accepted = accept_drafts(step.drafted, step.verified.tolist(), token_ids)
-            if step.logprobs is None:
-                return StepResult(token_ids, {}, prompt_logprobs, num_accepted)
+        token_ids = dict(zip(ids, token_list))
+        num_accepted: dict[str, int] = {}
+        if step.drafted:
+            num_accepted = accept_drafts(step.drafted, step.verified.tolist(), token_ids, step.num_valid)
+        logprobs: dict[str, list[LogprobEntry]] = {}
+        if step.logprobs is not None:
             result = self.sampler.finish(step.params, token_list, step.logprobs)
-            logprobs = {i: lp for i, lp in zip(ids, result.logprobs) if lp is not None}
-            return StepResult(token_ids, logprobs, prompt_logprobs, num_accepted)
-        if step.logprobs is None:
-            return StepResult(dict(zip(ids, token_list)), {}, prompt_logprobs)
-        result = self.sampler.finish(step.params, token_list, step.logprobs)
-        logprobs = {i: lp for i, lp in zip(ids, result.logprobs) if lp is not None}
-        return StepResult(dict(zip(ids, result.token_ids)), logprobs, prompt_logprobs)
+            logprobs = {i: [lp] for i, lp in zip(ids, result.logprobs) if lp is not None}
+        if step.draft_logprobs is not None:
+            row_params, tensors = step.draft_logprobs
+            rows = self.sampler.finish(row_params, step.verified.tolist(), tensors).logprobs
+            sampled = {rid: entries[0] for rid, entries in logprobs.items()}
+            logprobs.update(kept_logprobs(step.drafted, rows, num_accepted, sampled))
+        return StepResult(token_ids, logprobs, prompt_logprobs, num_accepted)
 
-    def _advance_grammars(self, request_ids: list[str], token_ids: list[int]) -> set[str]:
-        """Every sampled token is kept by its request (tokens of aborted requests go with their grammar). Returns
-        the requests whose grammar could not take its token: the grammar engine hit a limit, or its mask left
-        nothing to sample. Going on without the grammar would return text the client ruled out."""
+    def _advance_grammars(self, kept: dict[str, list[int]]) -> set[str]:
+        """Every token a request keeps advances its grammar (tokens of aborted requests go with their grammar).
+        Returns the requests whose grammar could not take its token: the grammar engine hit a limit, or its mask
+        left nothing to sample. Going on without the grammar would return text the client ruled out."""
         failed: set[str] = set()
         if not self.grammars:
             return failed
-        for rid, token in zip(request_ids, token_ids, strict=True):
+        for rid, tokens in kept.items():
             grammar = self.grammars.get(rid)
-            if grammar is not None and (not grammar.accept(token) or grammar.error is not None):
+            if grammar is None:
+                continue
+            if not all(grammar.accept(t) for t in tokens) or grammar.error is not None:
                 # The grammar's label, never its text or llguidance's message, which quotes the grammar.
                 logger.warning(
                     "request %s: its grammar (%s) cannot go on; the request ends", rid, grammar.label
@@ -356,6 +344,20 @@ class ModelRunner:
         done = self._events[self._turn]
         done.record()
         return buffer, done
+
+
+def kept_tokens(drafted: list[ScheduledRequest], result: StepResult) -> dict[str, list[int]]:
+    """The tokens each request keeps from the step: its accepted drafts, then its sampled (or replacement) token,
+    up to a stop id among them (the scheduler drops what follows, so a grammar never has to take it)."""
+    kept = {rid: [token] for rid, token in result.token_ids.items()}
+    for s in drafted:
+        rid = s.request.request_id
+        if rid in kept:
+            tokens = [*s.spec_token_ids[: result.num_accepted[rid]], *kept[rid]]
+            stops = held_back_ids(s.request)
+            end = next((i + 1 for i, t in enumerate(tokens) if t in stops), len(tokens))
+            kept[rid] = tokens[:end]
+    return kept
 
 
 def pending_tokens(
@@ -387,29 +389,3 @@ def lookahead_source(
     for k, i in enumerate(known):
         rows[i] = sampled.shape[0] + k
     return torch.cat((sampled, extra)), rows
-
-
-@dataclass(slots=True)
-class LaunchedStep:
-    """A step queued on the device whose sampled tokens have not been read yet."""
-
-    output: SchedulerOutput
-    sampled: list[ScheduledRequest]  # requests that get a token, in row order of token_ids
-    params: list[SamplingParams]
-    logprobs: LogprobTensors | None  # the rows that asked, copied out with token_ids
-    token_ids: torch.Tensor | None  # [num_sampled] on the device
-    host_ids: torch.Tensor | None  # pinned copy of token_ids (CUDA), filled once `done` has fired
-    done: torch.cuda.Event | None
-    scored: list[ScoredSpan] = field(default_factory=list)  # prompt logprobs computed in this step
-    drafted: list[ScheduledRequest] = field(
-        default_factory=list
-    )  # requests with speculative drafts, in batch order
-    verified: torch.Tensor | None = None  # each draft's target token (spec_verify.draft_targets)
-    host: HostBatch | None = None  # the batch, for an MTP drafter's pass after the step
-    prenorm: torch.Tensor | None = None  # with an MTP drafter: every row's hidden state before the final norm
-
-    @property
-    def needs_host(self) -> bool:
-        """Whether the next step must wait for this one's results on the host: a grammar needs the token
-        sampled here."""
-        return any(p.needs_history for p in self.params)

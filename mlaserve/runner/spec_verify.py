@@ -14,19 +14,18 @@ targets, then takes the first target that differs (or the bonus):
   it has a seed, else from the global one: a seeded request repeats itself run to run with the same drafts, but
   its tokens differ from those it gets without drafts (other draws, same distribution), as in vLLM.
 
-Only requests without logprobs, penalties, min_tokens or grammars get drafts (the engine decides), so a draft row's
-distribution is the sampled row's: logit_bias, which reads no history, is added here as process_logits adds it.
+A draft row's distribution is the one the plain engine would sample from at that row: its logits are processed
+(logit_bias, min_tokens, penalties, a grammar's mask) as if the drafts before it had been generated
+(draft_processing.py), and the sampled row is processed after all of them.
 """
 
 from __future__ import annotations
-
-import itertools
 
 import torch
 
 from mlaserve.core.scheduler import ScheduledRequest
 from mlaserve.host_copy import queued_values
-from mlaserve.sampling.logits_processors import add_bias
+from mlaserve.runner.draft_processing import DraftGrammar, process_draft_rows
 from mlaserve.sampling.sampler import exponential_noise, target_probs
 from mlaserve.spec_decode.accept import greedy_accept
 
@@ -48,17 +47,17 @@ def draft_rows(order: list[ScheduledRequest]) -> tuple[list[ScheduledRequest], l
 
 
 def draft_targets(
-    logits: torch.Tensor, drafted: list[ScheduledRequest], generators: dict[str, torch.Generator]
+    logits: torch.Tensor,
+    drafted: list[ScheduledRequest],
+    generators: dict[str, torch.Generator],
+    walks: dict[str, DraftGrammar] | None = None,
 ) -> torch.Tensor:
     """The target token of each draft row (logits: draft_rows' rows, in order), on the logits' device: the argmax
-    for a greedy request, rejection_targets for a sampled one, both after the request's logit_bias."""
-    biased = [(s.request.sampling_params.logit_bias, len(s.spec_token_ids)) for s in drafted]
-    if any(bias for bias, _ in biased):
-        # In float32, as the sampler adds a bias, and on a copy: the raw logits are not edited in place.
-        logits = logits.to(torch.float32, copy=True)
-        starts = itertools.accumulate((d for _, d in biased), initial=0)
-        rows_bias = [(start + j, bias) for start, (bias, d) in zip(starts, biased) if bias for j in range(d)]
-        add_bias(logits, rows_bias, logits.shape[1])
+    for a greedy request, rejection_targets for a sampled one, both after the row's processing as the plain engine
+    would process it (draft_processing.py; walks: the grammar states of the requests that have a grammar)."""
+    if any(s.request.sampling_params.needs_processing for s in drafted):
+        # In float32, as the sampler processes logits; process_draft_rows edits a copy, never the raw logits.
+        logits = process_draft_rows(logits.float(), drafted, walks or {})
     targets = logits.argmax(dim=-1)
     rows: list[int] = []
     drafts: list[int] = []
@@ -111,10 +110,14 @@ def _uniforms(generators: list[torch.Generator | None], device: torch.device) ->
 
 
 def accept_drafts(
-    drafted: list[ScheduledRequest], targets: list[int], token_ids: dict[str, int]
+    drafted: list[ScheduledRequest],
+    targets: list[int],
+    token_ids: dict[str, int],
+    num_valid: dict[str, int] | None = None,
 ) -> dict[str, int]:
     """Each drafted request's accepted draft count; its entry in token_ids (the token sampled after its last
-    draft) becomes the target after the accepted ones. targets: draft_targets' ids, in order."""
+    draft) becomes the target after the accepted ones. targets: draft_targets' ids, in order. num_valid: for a
+    request with a grammar, how many of its drafts the grammar takes; none past them is accepted."""
     num_accepted: dict[str, int] = {}
     offset = 0
     for s in drafted:
@@ -123,7 +126,9 @@ def accept_drafts(
         offset += len(drafts)
         if rid not in token_ids:
             continue
-        out = greedy_accept(drafts, [*row_targets, token_ids[rid]])
+        valid = (num_valid or {}).get(rid, len(drafts))
+        after = row_targets[valid] if valid < len(drafts) else token_ids[rid]
+        out = greedy_accept(drafts[:valid], [*row_targets[:valid], after])
         num_accepted[rid] = len(out) - 1
         token_ids[rid] = out[-1]
     return num_accepted

@@ -43,6 +43,17 @@ class PendingTokens:
     ids: torch.Tensor
 
 
+@dataclass(frozen=True, slots=True)
+class FixedMask:
+    """A grammar's mask computed ahead, for a speculative draft row: the matcher's state after the drafts before
+    the row, which it no longer stands in once the masks are made (Grammar.draft_masks)."""
+
+    bitmask: torch.Tensor
+
+    def allowed_bitmask(self, vocab_size: int) -> torch.Tensor:
+        return self.bitmask
+
+
 def held_back_ids(request: Request) -> list[int]:
     """The ids min_tokens holds back: EOS (unless ignored) and the stop token ids."""
     ids = list(request.stop_token_ids)
@@ -57,19 +68,23 @@ def process_logits(
     requests: Sequence[Request],
     masks: Sequence[TokenMask | None],
     pending: PendingTokens | None = None,
+    drafts: Sequence[Sequence[int]] | None = None,
 ) -> torch.Tensor:
     """The logits to sample from: `logits` itself when no row asks for processing, else a processed copy.
-    pending: the tokens still being sampled by the step before, for a step queued ahead of it."""
+    pending: the tokens still being sampled by the step before, for a step queued ahead of it. drafts: per row,
+    the speculative drafts the step runs before it, which min_tokens and the penalties count as generated (the row
+    is checked against the plain engine's row after them)."""
     rows = [i for i, p in enumerate(params) if p.needs_processing or masks[i] is not None]
     if not rows:
         return logits
     out = logits.clone()
     device, vocab_size = logits.device, logits.shape[1]
     add_bias(out, [(i, params[i].logit_bias) for i in rows if params[i].logit_bias], vocab_size)
+    ahead = [len(d) for d in drafts] if drafts is not None else [0] * len(params)
     banned = [
         (i, held_back_ids(requests[i]))
         for i in rows
-        if requests[i].num_output_tokens + bool(pending and pending.rows[i]) < params[i].min_tokens
+        if requests[i].num_output_tokens + bool(pending and pending.rows[i]) + ahead[i] < params[i].min_tokens
     ]
     _ban(out, banned, vocab_size)
     penalised = [i for i in rows if params[i].has_penalties]
@@ -80,6 +95,7 @@ def process_logits(
             [params[i] for i in penalised],
             [requests[i] for i in penalised],
             None if pending is None else pending.ids[index],
+            None if drafts is None else [drafts[i] for i in penalised],
         )
     masked = [i for i in rows if masks[i] is not None]
     if masked:
@@ -110,15 +126,22 @@ def _ban(out: torch.Tensor, rows: list[tuple[int, list[int]]], vocab_size: int) 
 
 
 def _penalise(
-    x: torch.Tensor, params: list[SamplingParams], requests: list[Request], pending: torch.Tensor | None
+    x: torch.Tensor,
+    params: list[SamplingParams],
+    requests: list[Request],
+    pending: torch.Tensor | None,
+    drafts: list[Sequence[int]] | None = None,
 ) -> torch.Tensor:
     """Repetition (prompt + output), frequency and presence (output) penalties on the rows' logits x. pending:
-    per row, an output token on the device not yet in the request (-1 where none), counted with its outputs."""
+    per row, an output token on the device not yet in the request (-1 where none), counted with its outputs;
+    drafts: per row, output tokens on the host not yet in the request (speculative drafts before the row)."""
     device, (num_rows, vocab_size) = x.device, x.shape
     out_rows, out_ids, prompt_rows, prompt_ids = [], [], [], []
     for row, request in enumerate(requests):
-        out_rows += [row] * request.num_output_tokens
+        ahead = drafts[row] if drafts is not None else ()
+        out_rows += [row] * (request.num_output_tokens + len(ahead))
         out_ids += request.output_token_ids
+        out_ids += ahead
         prompt_rows += [row] * len(request.prompt_token_ids)
         prompt_ids += request.prompt_token_ids
     counts = torch.zeros(num_rows, vocab_size, dtype=x.dtype, device=device)
@@ -154,6 +177,7 @@ def process_logits_reference(
     requests: Sequence[Request],
     masks: Sequence[TokenMask | None],
     pending: PendingTokens | None = None,
+    drafts: Sequence[Sequence[int]] | None = None,
 ) -> torch.Tensor:
     """One row and one token at a time, straight from the definitions (for tests)."""
     out = logits.clone()
@@ -163,6 +187,8 @@ def process_logits_reference(
         outputs = list(request.output_token_ids)
         if pending is not None and pending.rows[i]:
             outputs.append(int(pending.ids[i]))
+        if drafts is not None:
+            outputs += drafts[i]
         for token, bias in (p.logit_bias or {}).items():
             if token < vocab_size:
                 row[token] += bias

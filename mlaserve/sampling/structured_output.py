@@ -105,6 +105,21 @@ class Grammar:
         llg.torch.fill_next_token_bitmask(self._matcher, bitmask, 0)
         return bitmask[0, : -(-vocab_size // 32)]
 
+    def draft_masks(self, drafts: list[int], vocab_size: int) -> tuple[list[torch.Tensor], int]:
+        """For a step that runs speculative drafts: the bitmask after each prefix of the drafts the grammar takes
+        (the first before any), and how many it takes in order. The matcher ends where it began: it advances by
+        the tokens the step keeps, once they are known. A draft it cannot take is only checked, never consumed:
+        consuming it would leave the matcher in an error state that no rollback clears."""
+        matcher = self._matcher
+        valid = matcher.validate_tokens(drafts)
+        masks = [self.allowed_bitmask(vocab_size)]
+        for token in drafts[:valid]:
+            matcher.consume_token(token)
+            masks.append(self.allowed_bitmask(vocab_size))
+        if valid:
+            matcher.rollback(valid)
+        return masks, valid
+
     def accept(self, token_id: int) -> bool:
         """Advance past a sampled token; False if the grammar cannot take it (the mask allowed nothing)."""
         return bool(self._matcher.consume_token(token_id))

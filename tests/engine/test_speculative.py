@@ -96,23 +96,25 @@ def test_stops_hold_as_without_speculation(llama) -> None:
     assert llm.stats()["num_accepted_tokens"] > 0 and llm.stats()["kv_blocks_used"] == 0
 
 
-def test_logprob_and_processed_requests_run_without_drafts_beside_drafted_ones(llama) -> None:
-    """Requests with logprobs, penalties or min_tokens get no drafts, so even a seeded sampled one keeps its tokens
-    (with drafts its draws would differ: test_speculative_sampled.py)."""
+def test_processed_and_plain_requests_share_verify_steps(llama) -> None:
+    """Requests with logprobs, penalties or min_tokens take drafts in the same steps as plain ones: each row is
+    processed as its own request asks (test_speculative_features.py checks each feature alone)."""
     batch = prompts()
     params = [
         GREEDY,
-        SamplingParams(temperature=0.8, seed=7, max_tokens=24, ignore_eos=True, min_tokens=2),
+        SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, min_tokens=2, logprobs=1),
         SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2),
         SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, repetition_penalty=1.3),
-        GREEDY,
+        SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, frequency_penalty=-0.3),
         GREEDY,
     ]
     want, _ = generate(llama, batch, params)
     got, llm = generate(llama, batch, params, speculative_config=NGRAM)
     assert tokens(got) == tokens(want)
-    assert got[2].outputs[0].logprobs == want[2].outputs[0].logprobs
-    assert llm.stats()["num_draft_tokens"] > 0
+    for w, g in zip(want[1:3], got[1:3], strict=True):
+        for a, b in zip(w.outputs[0].logprobs, g.outputs[0].logprobs, strict=True):
+            assert list(a) == list(b) and all(abs(a[t].logprob - b[t].logprob) < 1e-5 for t in a)
+    assert llm.stats()["num_accepted_tokens"] > 0 and llm.stats()["kv_blocks_used"] == 0
 
 
 def test_async_scheduling_turns_speculation_off(llama, caplog) -> None:

@@ -1,10 +1,12 @@
 """Prompt-lookup drafts for sampled requests (rejection sampling, runner/spec_verify.py) keep the plain engine's
-distribution, and seeded requests stay reproducible with drafts, on a tiny Llama."""
+distribution, with and without penalties and min_tokens (runner/draft_processing.py), and seeded requests stay
+reproducible with drafts, on a tiny Llama."""
 
 from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 import torch
 
 from mlaserve import LLM, SamplingParams
@@ -14,6 +16,12 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
 NUM_REQUESTS = 1500
 # Total false-failure rate of the distribution test, split evenly over its chi-square tests (Bonferroni).
 ALPHA = 1e-3
+# At temperature 0.1 a penalty of 0.1 moves a token's logit by a whole nat after scaling, so these change the
+# distribution; 211 is a likely token at several positions, so min_tokens holds it back from the first 4, and
+# some outputs stop at it after them. Drafts repeat the prompt, so the penalties' counts and the would-be length
+# differ from row to row of one step.
+PROCESSED = dict(frequency_penalty=0.1, presence_penalty=-0.1, repetition_penalty=0.97, min_tokens=4,
+                 stop_token_ids=[211])  # fmt: skip
 
 
 def repeating_prompt() -> list[int]:
@@ -24,13 +32,11 @@ def repeating_prompt() -> list[int]:
     return torch.randint(3, 250, (6,), generator=gen).tolist() * 4
 
 
-def sample(path, seeds: range, **options) -> tuple[list[tuple[int, ...]], LLM]:
-    params = [
-        SamplingParams(
-            temperature=0.1, top_k=8, top_p=0.97, min_p=0.01, seed=s, max_tokens=6, ignore_eos=True
-        )
-        for s in seeds
-    ]
+def sample(path, seeds: range, extra: dict | None = None, **options) -> tuple[list[tuple[int, ...]], LLM]:
+    fields = dict(
+        temperature=0.1, top_k=8, top_p=0.97, min_p=0.01, max_tokens=6, ignore_eos=True, **(extra or {})
+    )
+    params = [SamplingParams(seed=s, **fields) for s in seeds]
     llm = LLM(str(path), **{**BASE, **options})
     outs = llm.generate([{"prompt_token_ids": repeating_prompt()}] * len(params), params, use_tqdm=False)
     return [tuple(o.outputs[0].token_ids) for o in outs], llm
@@ -62,22 +68,24 @@ def chi_square_p_value(a: Counter, b: Counter) -> tuple[float, int]:
     return float(p), df
 
 
-def test_sampled_tokens_follow_the_plain_engines_distribution(llama) -> None:
+@pytest.mark.parametrize("extra", [None, PROCESSED], ids=["plain", "penalties_min_tokens"])
+def test_sampled_tokens_follow_the_plain_engines_distribution(llama, extra: dict | None) -> None:
     """The plain engine and the speculative one (other seeds, so the two samples are independent) give the same
-    distribution of each of the 6 tokens and of the last three together (drafts start once the output repeats
-    itself, from about the third token). Seven two-sample chi-square tests, each at ALPHA / 7: under the null the
+    distribution of each of the 6 tokens (None past a stop) and of the last three together (drafts start once the
+    output repeats itself, from about the third token). Seven two-sample chi-square tests, each at ALPHA / 7: under the null the
     chance that any fails is at most ALPHA (Bonferroni, whatever the tests' dependence). The seeds are fixed, so
     the outcome is the same every run.
 
     Power, checked by hand with the verification broken: replacements that may repeat the rejected draft, drafts
-    always accepted, or accepted with probability sqrt(p(d)) each fail with p-values below 1e-11."""
-    plain, _ = sample(llama, range(NUM_REQUESTS))
-    drafted, llm = sample(llama, range(10_000, 10_000 + NUM_REQUESTS), speculative_config=NGRAM)
+    always accepted, or accepted with probability sqrt(p(d)) each fail with p-values below 1e-11; with penalties and
+    min_tokens, draft rows processed as if no draft came before them fail on tokens 3-5 with p near 1e-6."""
+    plain, _ = sample(llama, range(NUM_REQUESTS), extra)
+    drafted, llm = sample(llama, range(10_000, 10_000 + NUM_REQUESTS), extra, speculative_config=NGRAM)
     stats = llm.stats()
     # Drafts for sampled requests, many accepted and many rejected: both branches of the verification ran.
     assert stats["num_draft_tokens"] > NUM_REQUESTS
     assert 0.3 < stats["draft_acceptance_rate"] < 0.9 and stats["kv_blocks_used"] == 0
-    views = {f"token {i}": lambda t, i=i: t[i] for i in range(6)}
+    views = {f"token {i}": lambda t, i=i: t[i] if i < len(t) else None for i in range(6)}
     views["tokens 3-5"] = lambda t: t[3:]
     for name, view in views.items():
         a, b = Counter(map(view, plain)), Counter(map(view, drafted))

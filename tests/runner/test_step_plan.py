@@ -7,8 +7,8 @@ import pickle
 import torch
 
 from mlaserve.runner.batch import HostBatch
-from mlaserve.runner.model_runner import StepPlan
 from mlaserve.runner.prompt_logprobs import PromptSpan
+from mlaserve.runner.step import StepPlan
 
 
 def test_round_trip_keeps_every_field_of_the_batch() -> None:
@@ -36,8 +36,8 @@ def test_round_trip_keeps_every_field_of_the_batch() -> None:
         "sampled", "other_groups", "pooled_sources", "pooled_starts",
     ]  # fmt: skip
     spans = [PromptSpan("r1", 1, 1, [6, 7], 2)]
-    back = pickle.loads(pickle.dumps(StepPlan(host, spans, [1, 0])))
-    assert back.spans == spans and back.source_rows == [1, 0]
+    back = pickle.loads(pickle.dumps(StepPlan(host, spans, [1, 0], [1])))
+    assert back.spans == spans and back.source_rows == [1, 0] and back.verify_rows == [1]
     for field in dataclasses.fields(HostBatch):
         want, got = getattr(host, field.name), getattr(back.host, field.name)
         if isinstance(want, torch.Tensor):
