@@ -20,6 +20,8 @@ from torch import nn
 
 from mlaserve.attention.backend import AttentionBackend
 from mlaserve.attention.metadata import AttentionMetadata
+from mlaserve.kvcache.quant import row_width
+from mlaserve.kvcache.segments import part_bounds
 
 
 class Part(NamedTuple):
@@ -55,11 +57,12 @@ class EntryCache(NamedTuple):
 def attend(
     q: torch.Tensor, cache: torch.Tensor, table: torch.Tensor, lens: torch.Tensor, max_len: int, scale: float
 ) -> Part:
-    """mla_decode of q [B, H, D] over the first D features of cache's rows ([blocks, page, 1, >= D])."""
+    """mla_decode of q [B, H, D] over the first D features of cache's rows ([blocks, page, 1, >= D]; in an 8-bit
+    cache the first part, D values and their scale's tail, kvcache/segments.py)."""
     from mlaserve.kernels.mla_decode.decode import mla_decode
 
     d = q.shape[-1]
-    out, lse = mla_decode(q, cache[..., :d], table, lens, max_len, d, scale)
+    out, lse = mla_decode(q, cache[..., : row_width(d, cache.dtype)], table, lens, max_len, d, scale)
     return Part(out, lse, lens)
 
 
@@ -85,7 +88,7 @@ def select_entries(q: torch.Tensor, entries: EntryCache, counts: torch.Tensor, s
     from mlaserve.kernels.index_topk import select_topk_paged
 
     index, d = entries.index, q.shape[-1]
-    keys = entries.cache[..., d : d + index.q.shape[-1]]
+    keys = entries.cache[..., part_bounds((d, index.q.shape[-1]), 1, entries.cache.dtype)]
     b = q.shape[0]
     rows = torch.arange(b, device=q.device)
     slots = select_topk_paged(

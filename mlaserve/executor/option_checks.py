@@ -52,7 +52,7 @@ def check_engine_options(config: EngineConfig, model_config: ModelConfig) -> Non
             f"{model_config.max_model_len}) is not supported yet: the latent decode kernels take no window; "
             "lower max_model_len to the window"
         )
-    resolve_cache_dtype(cache.kv_cache_dtype, model_config.dtype, latent)
+    resolve_cache_dtype(cache.kv_cache_dtype, model_config.dtype, latent or model_cls.segmented_8bit_cache)
     for option in ("sliding_window", "compress_ratio", "index_topk"):
         if getattr(cache, option) and (latent or not model_cls.training_free_window):
             why = (

@@ -29,6 +29,7 @@ from mlaserve.attention.backend import write_to_cache
 from mlaserve.attention.metadata import AttentionMetadata, slot_indices
 from mlaserve.attention.v4_decode import decode_on_kernels, describe_v4_decode
 from mlaserve.config.quantization import BlockFP8Config
+from mlaserve.kvcache import segments
 from mlaserve.kvcache.spec import AttentionRule, KVCacheSpec, LayerCacheSpec
 from mlaserve.layers.compressor import CompressedIndexer, Compressor
 from mlaserve.layers.embedding import VocabParallelEmbedding
@@ -112,21 +113,38 @@ class V4Attention(nn.Module):
             )  # fmt: skip
 
     @property
-    def row_width(self) -> int:
-        """Features one token caches: its kv, then its compressor's and indexer's projections."""
-        width = self.head_dim
+    def row_parts(self) -> tuple[int, ...]:
+        """Widths of what one token caches: its kv, then its compressor's and indexer's projections (each part
+        scaled on its own in 8-bit caches, kvcache/segments.py)."""
+        parts = [self.head_dim]
         if self.compressor is not None:
-            width += self.compressor.state_width
+            parts.append(self.compressor.state_width)
         if self.indexer is not None:
-            width += self.indexer.compressor.state_width
-        return width
+            parts.append(self.indexer.compressor.state_width)
+        return tuple(parts)
+
+    @property
+    def entry_parts(self) -> tuple[int, ...]:
+        """Widths of what one compressed entry stores: its kv, then its indexer key (none: no entries)."""
+        if self.compressor is None:
+            return ()
+        return (self.head_dim,) + ((self.indexer.head_dim,) if self.indexer is not None else ())
+
+    @property
+    def row_width(self) -> int:
+        return sum(self.row_parts)
 
     @property
     def entry_width(self) -> int:
-        """Features one compressed entry stores: its kv, then its indexer key (0: a layer without entries)."""
-        if self.compressor is None:
-            return 0
-        return self.head_dim + (self.indexer.head_dim if self.indexer is not None else 0)
+        return sum(self.entry_parts)
+
+    def entry_values(
+        self, made: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(kv [..., head_dim], indexer keys [..., index_head_dim] or None) of cached entries, in `dtype`."""
+        parts = self.entry_parts
+        keys = segments.read(made, parts, 1, dtype) if len(parts) > 1 else None
+        return segments.read(made, parts, 0, dtype), keys
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache, meta: AttentionMetadata
@@ -143,7 +161,8 @@ class V4Attention(nn.Module):
         if self.indexer is not None:
             rows.append(self.indexer.compressor.state(hidden))
         row_cache, entry_cache = kv_cache if self.compressor is not None else (kv_cache, None)
-        write_to_cache(row_cache, meta.slot_mapping, torch.cat(rows, dim=-1)[:, None])  # group 0: the rows
+        # group 0: the rows
+        write_to_cache(row_cache, meta.slot_mapping, segments.pack(rows, row_cache.dtype)[:, None])
         cached = row_cache.view(-1, row_cache.shape[-1])
         entries = stored = None
         if self.compressor is not None and meta.groups is not None:  # None: the runner's warm-up pass
@@ -160,12 +179,12 @@ class V4Attention(nn.Module):
         for i in range(nd, meta.num_seqs):
             q_len, n = meta.query_lens[i], meta.host_seq_lens[i]
             first = max(0, n - q_len - self.window + 1)  # the first query's window: older rows may be gone
-            window = cached[slot_indices(meta.block_tables[i], n, meta.block_size, first), : self.head_dim]
+            slots = slot_indices(meta.block_tables[i], n, meta.block_size, first)
+            window = segments.read(cached, self.row_parts, 0, q.dtype, at=slots)
             made = None
             if entries is not None and n // self.compressor.rate:
-                made = stored[
-                    slot_indices(entries.block_tables[i], n // self.compressor.rate, meta.block_size)
-                ]
+                slots = slot_indices(entries.block_tables[i], n // self.compressor.rate, meta.block_size)
+                made = self.entry_values(stored[slots], q.dtype)
             part = slice(start, start + q_len)
             out[part] = self._attend(
                 q[part], q_resid[part], hidden[part], positions[part], window, first, made
@@ -182,13 +201,16 @@ class V4Attention(nn.Module):
         sources = entries.pooled_sources
         if not sources.shape[0]:
             return
-        states, valid = cached[sources.clamp(min=0)], sources >= 0
+        valid = sources >= 0
         cos, sin = self.entry_rotary.cos_sin(entries.pooled_starts)
-        split = self.head_dim + self.compressor.state_width
-        row = [self.compressor.pool(states[..., self.head_dim : split], valid, cos, sin)]
+        dtype, parts = self.compressor.wkv.weight.dtype, self.row_parts  # the projections' own dtype
+        at = sources.clamp(min=0)
+        row = [self.compressor.pool(segments.read(cached, parts, 1, dtype, at), valid, cos, sin)]
         if self.indexer is not None:
-            row.append(self.indexer.compressor.pool(states[..., split:], valid, cos, sin))
-        write_to_cache(entry_cache, entries.slot_mapping, torch.cat(row, dim=-1)[:, None])
+            row.append(
+                self.indexer.compressor.pool(segments.read(cached, parts, 2, dtype, at), valid, cos, sin)
+            )
+        write_to_cache(entry_cache, entries.slot_mapping, segments.pack(row, entry_cache.dtype)[:, None])
 
     def _decode(
         self, q, q_resid, hidden, positions, cached, meta: AttentionMetadata, entries, stored
@@ -196,20 +218,20 @@ class V4Attention(nn.Module):
         """The decode rows [B, H, D] at once: each query over the window's kv and its complete entries, gathered
         through the tables to widths fixed by the longest context the step allows (max_model_len in a captured
         step), so a CUDA graph can replay it. The same rule as _attend, which the prefills use."""
-        b, bs, d = q.shape[0], meta.block_size, self.head_dim
+        b, bs = q.shape[0], meta.block_size
         n = meta.seq_lens[:b].long()
         pos = n[:, None] - self.window + torch.arange(self.window, device=q.device)
         visible = pos >= 0
         pos = pos.clamp(min=0)
         slots = meta.block_tables[:b].long().gather(1, pos // bs) * bs + pos % bs
-        keys = cached[slots, :d]  # [B, window, D]
+        keys = segments.read(cached, self.row_parts, 0, q.dtype, at=slots)  # [B, window, D]
         count = max(meta.host_seq_lens[:b]) // self.compressor.rate if entries is not None else 0
         if count:
             e = torch.arange(count, device=q.device)
             slots = entries.block_tables[:b].long()[:, e // bs] * bs + e % bs
-            made = stored[slots]  # [B, count, entry (+ indexer key)]
+            made = self.entry_values(stored[slots], q.dtype)  # [B, count, D], [B, count, index_head_dim]
             complete = e[None, :] < (n // self.compressor.rate)[:, None]
-            keys = torch.cat((keys, made[..., :d]), dim=1)
+            keys = torch.cat((keys, made[0]), dim=1)
             visible = torch.cat(
                 (visible, self._kept_entries(q_resid, hidden, positions, made, complete)), dim=1
             )
@@ -220,8 +242,8 @@ class V4Attention(nn.Module):
         self, q, q_resid, hidden, positions, window: torch.Tensor, first: int, entries
     ) -> torch.Tensor:
         """One sequence's queries [q_len, H, D] over its window's kv [k, D] (positions first..) and its complete
-        compressed entries [E, row] (the layer's rule picks the ones each query sees), with the sinks in every
-        head's softmax."""
+        compressed entries (entry_values: kv [E, D], indexer keys; the layer's rule picks the ones each query
+        sees), with the sinks in every head's softmax."""
         key_pos = torch.arange(first, first + window.shape[0], device=window.device)
         visible = (key_pos[None, :] <= positions[:, None]) & (
             key_pos[None, :] > positions[:, None] - self.window
@@ -230,10 +252,10 @@ class V4Attention(nn.Module):
         if entries is not None:
             rate = self.compressor.rate
             complete = (
-                torch.arange(entries.shape[0], device=window.device)[None, :]
+                torch.arange(entries[0].shape[0], device=window.device)[None, :]
                 < ((positions + 1) // rate)[:, None]
             )
-            keys = torch.cat((keys, entries[:, : self.head_dim]))
+            keys = torch.cat((keys, entries[0]))
             visible = torch.cat(
                 (visible, self._kept_entries(q_resid, hidden, positions, entries, complete)), dim=1
             )
@@ -241,14 +263,14 @@ class V4Attention(nn.Module):
         return torch.einsum("thk,kd->thd", probs.to(keys.dtype), keys)
 
     def _kept_entries(
-        self, q_resid, hidden, positions, entries: torch.Tensor, complete: torch.Tensor
+        self, q_resid, hidden, positions, entries: tuple, complete: torch.Tensor
     ) -> torch.Tensor:
         """[T, E] the entries each query attends: the complete ones or, in a compressed-sparse layer, the indexer's
-        top-k of them, scored on the indexer keys stored after each entry's kv (entries [E or T x E, >= row])."""
+        top-k of them, scored on the indexer keys stored after each entry's kv (entry_values: keys [E or T x E,
+        index_head_dim])."""
         if self.indexer is None:
             return complete
-        d = self.head_dim
-        index_keys = entries[..., d : d + self.indexer.head_dim]
+        index_keys = entries[1]
         return self.indexer.select(
             q_resid, hidden, *self.entry_rotary.cos_sin(positions), index_keys, complete
         )
@@ -304,6 +326,7 @@ class DeepseekV4ForCausalLM(CausalLM):
     training_free_window = False  # its cached rows feed the compressors: a window would drop what they need
     supports_block_fp8 = True  # FP8 projections; MXFP4 routed experts with expert_dtype "fp4"
     supports_mxfp4_experts = True
+    segmented_8bit_cache = True  # each part of its rows and entries scaled on its own (kvcache/segments.py)
     ignored_fragments = ("rotary_emb.inv_freq", "mtp.")
 
     def __init__(self, init: ModelInit) -> None:
@@ -351,8 +374,10 @@ class DeepseekV4ForCausalLM(CausalLM):
                 window=window,
                 entry_dim=layer.attn.entry_width,
                 entry_ratio=layer.attn.compressor.rate if layer.attn.compressor is not None else None,
+                row_parts=len(layer.attn.row_parts),
+                entry_parts=max(len(layer.attn.entry_parts), 1),
             )
             for layer in self.model.layers
         )
         rules = tuple(AttentionRule(window, 0, rate, span) for rate, span in spans.items())
-        return KVCacheSpec(layers, is_mla=False, entry_rules=rules)
+        return KVCacheSpec(layers, is_mla=False, entry_rules=rules, segmented_8bit=True)
