@@ -36,9 +36,10 @@ from mlaserve.layers.embedding import VocabParallelEmbedding
 from mlaserve.layers.hyper_connection import HyperConnection, HyperHead, unweighted_rms_norm
 from mlaserve.layers.norm import Float32RMSNorm
 from mlaserve.layers.rotary import RotaryEmbedding, rotate_trailing_pairs
+from mlaserve.loader.checkpoint_slice import default_weight_loader
 from mlaserve.models.base import CausalLM, ModelInit
-from mlaserve.models.deepseek_v4_ffn import GroupedLinear, V4MoE, v4_linear
-from mlaserve.parallel import ParallelContext
+from mlaserve.models.deepseek_v4_ffn import GroupedLinear, V4MoE, local_experts, v4_linear
+from mlaserve.parallel import SINGLE, ParallelContext
 
 _HC = re.compile(r"\.hc_(attn|ffn)_(fn|base|scale)$")
 _SCALE = re.compile(r"(?<!_hc)\.scale$")  # not the hyper-connections' own `scale` (attn_hc.scale)
@@ -74,26 +75,45 @@ def entry_spans(cfg: object) -> dict[int, int]:
     return dict(sorted(spans.items()))
 
 
+def head_slice_loader(ctx: ParallelContext):
+    """A per-head parameter's loader: this rank's heads of the checkpoint's every-head tensor."""
+
+    def load(param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
+        n = param.shape[0]
+        default_weight_loader(param, loaded.narrow(0, ctx.tp_rank * n, n) if loaded.shape[0] != n else loaded)
+
+    return load
+
+
 class V4Attention(nn.Module):
-    def __init__(self, cfg: object, layer_type: str, quant: BlockFP8Config | None = None) -> None:
+    """Over tensor-parallel ranks each holds its share of the query heads (whole output groups) and their sinks;
+    the one shared kv head, the compressors and the indexer are every rank's, so each rank caches the same rows."""
+
+    def __init__(
+        self, cfg: object, layer_type: str, quant: BlockFP8Config | None = None, ctx: ParallelContext = SINGLE
+    ) -> None:
         super().__init__()
-        self.num_heads, self.head_dim, self.window = cfg.num_attention_heads, cfg.head_dim, cfg.sliding_window
-        self.o_groups, self.eps, self.scale = cfg.o_groups, cfg.rms_norm_eps, cfg.head_dim**-0.5
+        self.head_dim, self.window = cfg.head_dim, cfg.sliding_window
+        self.num_heads = ctx.shard(cfg.num_attention_heads, "num_attention_heads")
+        self.o_groups = ctx.shard(cfg.o_groups, "o_groups")
+        self.eps, self.scale = cfg.rms_norm_eps, cfg.head_dim**-0.5
         # DeepSeek's checkpoint names: wq_a / q_norm / wq_b the low-rank query path, wkv / norm the shared kv,
         # wo_a / wo_b the grouped output projection, attn_sink each head's sink logit
         self.wq_a = v4_linear(cfg.hidden_size, cfg.q_lora_rank, quant)
         self.q_norm = Float32RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
-        self.wq_b = v4_linear(cfg.q_lora_rank, self.num_heads * self.head_dim, quant)
+        self.wq_b = v4_linear(cfg.q_lora_rank, cfg.num_attention_heads * self.head_dim, quant, ctx, "column")
         self.wkv = v4_linear(cfg.hidden_size, self.head_dim, quant)
         self.norm = Float32RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.wo_a = GroupedLinear(
-            self.num_heads * self.head_dim // cfg.o_groups,
+            cfg.num_attention_heads * self.head_dim // cfg.o_groups,
             cfg.o_groups * cfg.o_lora_rank,
             cfg.o_groups,
             quant,
+            ctx,
         )
-        self.wo_b = v4_linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, quant)
-        self.attn_sink = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32))
+        self.wo_b = v4_linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, quant, ctx, "row")
+        self.attn_sink = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32), requires_grad=False)
+        self.attn_sink.weight_loader = head_slice_loader(ctx)
         self.rotary = RotaryEmbedding(v4_rope(cfg, "main" if layer_type == SLIDING else "compress"))
         # decode on the Triton kernels (attention/v4_decode.py) where the model's backend runs them
         self.on_kernels = False
@@ -284,10 +304,12 @@ class V4Attention(nn.Module):
 
 
 class V4DecoderLayer(nn.Module):
-    def __init__(self, cfg: object, idx: int, quant: BlockFP8Config | None = None) -> None:
+    def __init__(
+        self, cfg: object, idx: int, quant: BlockFP8Config | None = None, ctx: ParallelContext = SINGLE
+    ) -> None:
         super().__init__()
-        self.attn = V4Attention(cfg, cfg.layer_types[idx], quant)
-        self.ffn = V4MoE(cfg, cfg.mlp_layer_types[idx] == "hash_moe", quant)
+        self.attn = V4Attention(cfg, cfg.layer_types[idx], quant, ctx)
+        self.ffn = V4MoE(cfg, cfg.mlp_layer_types[idx] == "hash_moe", quant, ctx)
         self.attn_norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.ffn_norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         hc = (cfg.hc_mult, cfg.hidden_size, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
@@ -307,7 +329,7 @@ class V4Model(nn.Module):
         super().__init__()
         self.hc_mult = cfg.hc_mult
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
-        self.layers = nn.ModuleList(V4DecoderLayer(cfg, i, quant) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(V4DecoderLayer(cfg, i, quant, ctx) for i in range(cfg.num_hidden_layers))
         self.hc_head = HyperHead(cfg.hc_mult, cfg.hidden_size, cfg.hc_eps, cfg.rms_norm_eps)
         self.norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -326,6 +348,7 @@ class DeepseekV4ForCausalLM(CausalLM):
     training_free_window = False  # its cached rows feed the compressors: a window would drop what they need
     supports_block_fp8 = True  # FP8 projections; MXFP4 routed experts with expert_dtype "fp4"
     supports_mxfp4_experts = True
+    supports_tensor_parallel = True  # heads by rank, experts by width or whole (expert parallelism)
     segmented_8bit_cache = True  # each part of its rows and entries scaled on its own (kvcache/segments.py)
     ignored_fragments = ("rotary_emb.inv_freq", "mtp.")
 
@@ -334,6 +357,8 @@ class DeepseekV4ForCausalLM(CausalLM):
         self.cfg = init.hf_config
         self.model = V4Model(self.cfg, init.ctx, init.quant)
         self.fp4_experts = init.quant is not None and init.quant.expert_dtype == "fp4"
+        # this rank's experts (all but under expert parallelism): a checkpoint's others are not loaded here
+        self.local_experts = local_experts(self.cfg.n_routed_experts, init.ctx)
         on_kernels = (
             init.backend is not None and init.backend.paged_kernels
         )  # None: a meta build that runs nothing
@@ -356,6 +381,12 @@ class DeepseekV4ForCausalLM(CausalLM):
         # them; some transformers versions save the hyper-connections under their module names (attn_hc.scale)
         name = _SCALE.sub(".weight_scale_inv", name)
         name = _HC.sub(r".\1_hc.\2", name).replace("model.hc_head_", "model.hc_head.hc_")
+        if (expert := _EXPERT.search(name)) is not None:
+            index, n_routed = int(expert[1]), self.cfg.n_routed_experts
+            if index not in self.local_experts and index < n_routed:  # another rank's; past the end: an error
+                return None
+            local = index - self.local_experts.start
+            name = f"{name[: expert.start()]}.experts.{local}.{expert[2]}.{expert[3]}"
         if self.fp4_experts and (expert := _EXPERT.search(name)) is not None:
             index, proj, kind = int(expert[1]), expert[2], expert[3]
             param = ("w2" if proj == "w2" else "w13") + ("_scale" if kind == "weight_scale_inv" else "")
