@@ -176,11 +176,12 @@ def describe_v4_decode(
     device: torch.device,
     query_dtype: torch.dtype,
 ) -> str:
-    """What runs DeepSeek-V4's decode attention, for the start-up log and stats(); its prefills are torch."""
+    """What runs DeepSeek-V4's attention, for the start-up log and stats(): its decode and prefill take the same
+    kernels (attention/v4_prefill.py) where the backend runs them."""
     if not backend.paged_kernels:
         return "torch reference (DeepSeek-V4's own decode and prefill)"
     kernel = backend.decode_kernel(num_heads, head_dim, 0, cache_dtype, 1, device, query_dtype)
     return (
         f"{kernel} over the window's rows and the compressed entries, merged with the sinks; triton index scores"
-        " + torch.topk for compressed-sparse layers; torch prefill"
+        " + torch.topk for compressed-sparse layers; prefill tokens as rows of the same kernels"
     )

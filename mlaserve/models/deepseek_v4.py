@@ -1,6 +1,6 @@
 """DeepSeek-V4: shared-KV attention over a sliding window plus compressed entries, hyper-connections, hash-routed
-and score-routed MoE; torch reference, whose decode attention runs on the paged Triton kernels where the backend
-does (attention/v4_decode.py).
+and score-routed MoE; torch reference, whose decode and prefill attention run on the paged Triton kernels where the
+backend does (attention/v4_decode.py, v4_prefill.py).
 
 Each layer's attention is one of three kinds (config.layer_types): "sliding_attention" (the last sliding_window
 tokens), "heavily_compressed_attention" (the window plus every compressed entry of rate compress_rates[...], 128 in
@@ -28,6 +28,7 @@ from torch import nn
 from mlaserve.attention.backend import write_to_cache
 from mlaserve.attention.metadata import AttentionMetadata, slot_indices
 from mlaserve.attention.v4_decode import decode_on_kernels, describe_v4_decode
+from mlaserve.attention.v4_prefill import prefill_on_kernels
 from mlaserve.config.quantization import BlockFP8Config
 from mlaserve.kvcache import segments
 from mlaserve.kvcache.spec import AttentionRule, KVCacheSpec, LayerCacheSpec
@@ -115,7 +116,7 @@ class V4Attention(nn.Module):
         self.attn_sink = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32), requires_grad=False)
         self.attn_sink.weight_loader = head_slice_loader(ctx)
         self.rotary = RotaryEmbedding(v4_rope(cfg, "main" if layer_type == SLIDING else "compress"))
-        # decode on the Triton kernels (attention/v4_decode.py) where the model's backend runs them
+        # decode and prefill on the Triton kernels (attention/v4_decode.py, v4_prefill.py) where the backend runs them
         self.on_kernels = False
         self.compressor: Compressor | None = None
         self.indexer: CompressedIndexer | None = None
@@ -195,10 +196,24 @@ class V4Attention(nn.Module):
             out[:nd] = decode(
                 self, q[:nd], q_resid[:nd], hidden[:nd], positions[:nd], cached, meta, entries, stored
             )
-        start = nd
-        for i in range(nd, meta.num_seqs):
+        if meta.num_seqs > nd:
+            prefill = prefill_on_kernels if self.on_kernels else V4Attention._prefill
+            out[nd:] = prefill(
+                self, q[nd:], q_resid[nd:], hidden[nd:], positions[nd:], cached, meta, entries, stored
+            )
+        out = rotate_trailing_pairs(out, cos, -sin)  # the values' rotation, undone at the query's position
+        return self.wo_b(self.wo_a(out.reshape(num_tokens, self.o_groups, -1)))
+
+    def _prefill(
+        self, q, q_resid, hidden, positions, cached, meta: AttentionMetadata, entries, stored
+    ) -> torch.Tensor:
+        """The prefills' query tokens [T, H, D] (the step's tokens after its decodes), a sequence at a time through
+        _attend: its window's rows (from the first query's window on: older rows may be gone) and complete
+        entries."""
+        out, start = torch.empty_like(q), 0
+        for i in range(meta.num_decodes, meta.num_seqs):
             q_len, n = meta.query_lens[i], meta.host_seq_lens[i]
-            first = max(0, n - q_len - self.window + 1)  # the first query's window: older rows may be gone
+            first = max(0, n - q_len - self.window + 1)
             slots = slot_indices(meta.block_tables[i], n, meta.block_size, first)
             window = segments.read(cached, self.row_parts, 0, q.dtype, at=slots)
             made = None
@@ -210,8 +225,7 @@ class V4Attention(nn.Module):
                 q[part], q_resid[part], hidden[part], positions[part], window, first, made
             )
             start += q_len
-        out = rotate_trailing_pairs(out, cos, -sin)  # the values' rotation, undone at the query's position
-        return self.wo_b(self.wo_a(out.reshape(num_tokens, self.o_groups, -1)))
+        return out
 
     def _write_entries(
         self, entry_cache: torch.Tensor, cached: torch.Tensor, entries: AttentionMetadata
@@ -362,14 +376,13 @@ class DeepseekV4ForCausalLM(CausalLM):
         on_kernels = (
             init.backend is not None and init.backend.paged_kernels
         )  # None: a meta build that runs nothing
-        for layer in self.model.layers:  # its prefills stay on the torch path
+        for layer in self.model.layers:
             layer.attn.on_kernels = on_kernels
         self.build_lm_head(self.cfg, init.ctx)
 
     def attention_kernels(self, backend, cache_dtype: torch.dtype, device, dtype: torch.dtype) -> str:
-        return describe_v4_decode(
-            backend, self.cfg.num_attention_heads, self.cfg.head_dim, cache_dtype, device, dtype
-        )
+        heads = self.model.layers[0].attn.num_heads  # this rank's, as its kernels see them
+        return describe_v4_decode(backend, heads, self.cfg.head_dim, cache_dtype, device, dtype)
 
     def map_checkpoint_name(self, name: str) -> tuple[str, object] | None:
         """DeepSeek's names as transformers saves them (model.layers.N.attn.wq_a, head.weight) or as DeepSeek ships
