@@ -20,6 +20,8 @@ from torch import nn
 
 from mlaserve.attention.backend import AttentionBackend
 from mlaserve.attention.metadata import AttentionMetadata
+from mlaserve.kvcache.quant import row_width
+from mlaserve.kvcache.segments import part_bounds
 
 
 class Part(NamedTuple):
@@ -55,11 +57,12 @@ class EntryCache(NamedTuple):
 def attend(
     q: torch.Tensor, cache: torch.Tensor, table: torch.Tensor, lens: torch.Tensor, max_len: int, scale: float
 ) -> Part:
-    """mla_decode of q [B, H, D] over the first D features of cache's rows ([blocks, page, 1, >= D])."""
+    """mla_decode of q [B, H, D] over the first D features of cache's rows ([blocks, page, 1, >= D]; in an 8-bit
+    cache the first part, D values and their scale's tail, kvcache/segments.py)."""
     from mlaserve.kernels.mla_decode.decode import mla_decode
 
     d = q.shape[-1]
-    out, lse = mla_decode(q, cache[..., :d], table, lens, max_len, d, scale)
+    out, lse = mla_decode(q, cache[..., : row_width(d, cache.dtype)], table, lens, max_len, d, scale)
     return Part(out, lse, lens)
 
 
@@ -85,7 +88,7 @@ def select_entries(q: torch.Tensor, entries: EntryCache, counts: torch.Tensor, s
     from mlaserve.kernels.index_topk import select_topk_paged
 
     index, d = entries.index, q.shape[-1]
-    keys = entries.cache[..., d : d + index.q.shape[-1]]
+    keys = entries.cache[..., part_bounds((d, index.q.shape[-1]), 1, entries.cache.dtype)]
     b = q.shape[0]
     rows = torch.arange(b, device=q.device)
     slots = select_topk_paged(
@@ -173,11 +176,12 @@ def describe_v4_decode(
     device: torch.device,
     query_dtype: torch.dtype,
 ) -> str:
-    """What runs DeepSeek-V4's decode attention, for the start-up log and stats(); its prefills are torch."""
+    """What runs DeepSeek-V4's attention, for the start-up log and stats(): its decode and prefill take the same
+    kernels (attention/v4_prefill.py) where the backend runs them."""
     if not backend.paged_kernels:
         return "torch reference (DeepSeek-V4's own decode and prefill)"
     kernel = backend.decode_kernel(num_heads, head_dim, 0, cache_dtype, 1, device, query_dtype)
     return (
         f"{kernel} over the window's rows and the compressed entries, merged with the sinks; triton index scores"
-        " + torch.topk for compressed-sparse layers; torch prefill"
+        " + torch.topk for compressed-sparse layers; prefill tokens as rows of the same kernels"
     )

@@ -122,7 +122,8 @@ class CacheOptions:
     kv_cache_memory_bytes: int | None = None  # explicit KV budget; CPU default is 1 GiB
     num_kv_blocks: int | None = None  # overrides the budget (tests, capacity experiments)
     enable_prefix_caching: bool = True
-    kv_cache_dtype: str = "auto"  # "auto" (the model dtype), "fp8_e4m3" or "int8" (MLA latent caches)
+    # "auto" (the model dtype), "fp8_e4m3" or "int8" (MLA latent caches, DeepSeek-V4)
+    kv_cache_dtype: str = "auto"
     # Training-free, lossy: every full-attention layer attends to the last sliding_window tokens only, plus the
     # first num_sink_tokens of the sequence (attention sinks); their blocks go back to the pool as they leave.
     sliding_window: int | None = None

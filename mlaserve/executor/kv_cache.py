@@ -136,7 +136,7 @@ def build_kv_cache(
         model.set_pooled_window(rule, rules.index(source), len(rules) - 1)
     if config.index_topk:
         model.set_block_topk(config.index_topk)
-    dtype = resolve_cache_dtype(config.kv_cache_dtype, model_dtype, spec.is_mla)
+    dtype = resolve_cache_dtype(config.kv_cache_dtype, model_dtype, spec.takes_8bit)
     block_size = config.block_size
     num_blocks: int | list[int]
     if spec.pool_per_group:

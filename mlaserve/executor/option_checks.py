@@ -52,7 +52,7 @@ def check_engine_options(config: EngineConfig, model_config: ModelConfig) -> Non
             f"{model_config.max_model_len}) is not supported yet: the latent decode kernels take no window; "
             "lower max_model_len to the window"
         )
-    resolve_cache_dtype(cache.kv_cache_dtype, model_config.dtype, latent)
+    resolve_cache_dtype(cache.kv_cache_dtype, model_config.dtype, latent or model_cls.segmented_8bit_cache)
     for option in ("sliding_window", "compress_ratio", "index_topk"):
         if getattr(cache, option) and (latent or not model_cls.training_free_window):
             why = (
@@ -82,5 +82,10 @@ def check_parallel(config: EngineConfig, model_config: ModelConfig, model_cls: t
     quant = model_config.quant
     block = quant.block_k if quant is not None and quant.from_checkpoint else None
     problems = layout_problems(model_config.hf_config, size, parallel.enable_expert_parallel, block)
+    if quant is not None and quant.expert_dtype == "fp4" and not parallel.enable_expert_parallel:
+        problems.append(
+            "MXFP4 experts are not split by width (their packed rows and e8m0 scales would need a split of their "
+            "own); enable_expert_parallel puts whole experts on each rank"
+        )
     if problems:
         raise ValueError(f"{arch} cannot be split over {size} ranks: " + "; ".join(problems))

@@ -32,7 +32,7 @@ def group_blocks_for_budget(
 def allocate_layer(layer: LayerCacheSpec, num_blocks: int, block_size: int, dtype, device):
     """One tensor per layer: the latent rows, or K and V stacked; (K, V) when their head sizes differ; (latent
     rows, indexer keys) with an indexer."""
-    shape = (num_blocks, block_size, layer.num_kv_heads, row_width(layer.head_dim, dtype))
+    shape = (num_blocks, block_size, layer.num_kv_heads, layer.row_elements(dtype))
     if not layer.separate_value:
         latent = torch.zeros(shape, dtype=dtype, device=device)
         if not layer.index_head_dim:
@@ -64,6 +64,6 @@ def allocate_group_caches(
         if entry_group is None:
             out.append(rows)
             continue
-        shape = (group_blocks[entry_group], block_size, 1, row_width(layer.entry_dim, dtype))
+        shape = (group_blocks[entry_group], block_size, 1, layer.entry_elements(dtype))
         out.append((rows, torch.zeros(shape, dtype=dtype, device=device)))
     return out

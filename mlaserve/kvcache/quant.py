@@ -28,16 +28,17 @@ def row_width(head_dim: int, dtype: torch.dtype) -> int:
     return head_dim + TAIL_BYTES if is_quantized(dtype) else head_dim
 
 
-def resolve_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype, is_mla: bool) -> torch.dtype:
+def resolve_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype, takes_8bit: bool) -> torch.dtype:
     if kv_cache_dtype == "auto":
         return model_dtype
     if kv_cache_dtype not in QUANTIZED:
         raise ValueError(
             f"unknown kv_cache_dtype {kv_cache_dtype!r}; choose 'auto', {', '.join(map(repr, QUANTIZED))}"
         )
-    if not is_mla:
+    if not takes_8bit:
         raise ValueError(
-            f"kv_cache_dtype={kv_cache_dtype!r} is only supported for MLA (latent) caches so far"
+            f"kv_cache_dtype={kv_cache_dtype!r} is only supported for MLA (latent) caches and DeepSeek-V4's "
+            "caches so far"
         )
     return QUANTIZED[kv_cache_dtype]
 

@@ -52,18 +52,31 @@ class LayerCacheSpec:
     # (KVCacheSpec.entry_rules), stored apart from the layer's per-token rows.
     entry_dim: int = 0
     entry_ratio: int | None = None
+    # Parts of a row (of an entry) that an 8-bit cache scales each on its own (kvcache/segments.py): DeepSeek-V4's
+    # rows hold a kv and projections of very different ranges, each part with its own scale's tail.
+    row_parts: int = 1
+    entry_parts: int = 1
+
+    def row_elements(self, dtype: torch.dtype) -> int:
+        """Elements of one cached row per kv head: the values and, in 8-bit caches, a scale's tail per part."""
+        return row_width(self.head_dim, dtype) + (self.row_parts - 1) * row_width(0, dtype)
+
+    def entry_elements(self, dtype: torch.dtype) -> int:
+        if not self.entry_dim:
+            return 0
+        return row_width(self.entry_dim, dtype) + (self.entry_parts - 1) * row_width(0, dtype)
 
     def entry_bytes(self, dtype: torch.dtype) -> int:
-        return row_width(self.entry_dim, dtype) * dtype.itemsize if self.entry_dim else 0
+        return self.entry_elements(dtype) * dtype.itemsize
 
     def index_bytes_per_token(self, dtype: torch.dtype) -> int:
         return row_width(self.index_head_dim, dtype) * dtype.itemsize if self.index_head_dim else 0
 
     def bytes_per_token(self, dtype: torch.dtype) -> int:
         if not self.separate_value:
-            return self.num_kv_heads * row_width(
-                self.head_dim, dtype
-            ) * dtype.itemsize + self.index_bytes_per_token(dtype)
+            return self.num_kv_heads * self.row_elements(dtype) * dtype.itemsize + self.index_bytes_per_token(
+                dtype
+            )
         return self.num_kv_heads * (self.head_dim + (self.value_dim or self.head_dim)) * dtype.itemsize
 
 
@@ -77,6 +90,13 @@ class KVCacheSpec:
     # has a block pool per group: a layer keeps its rows in a tensor of its own group's blocks and its entries in
     # one of its entry group's blocks, each page as wide as what its layers store.
     entry_rules: tuple[AttentionRule, ...] = ()
+    # Whether its layers read 8-bit rows though not latent (DeepSeek-V4's parts, kvcache/segments.py).
+    segmented_8bit: bool = False
+
+    @property
+    def takes_8bit(self) -> bool:
+        """Whether kv_cache_dtype may name an 8-bit format: latent caches, or a model's own segmented rows."""
+        return self.is_mla or self.segmented_8bit
 
     @property
     def pool_per_group(self) -> bool:

@@ -52,6 +52,8 @@ class CausalLM(nn.Module):
     supports_tensor_parallel = False
     # whether its linear layers and experts take block-FP8 weights (ModelInit.quant)
     supports_block_fp8 = False
+    # whether its own (not latent) cache rows take an 8-bit kv_cache_dtype (kvcache/segments.py)
+    segmented_8bit_cache = False
     # whether its routed experts take MXFP4 weights (a block-FP8 checkpoint with expert_dtype "fp4")
     supports_mxfp4_experts = False
     # whether its checkpoints' multi-token-prediction layers can serve as the draft model (speculative "mtp")

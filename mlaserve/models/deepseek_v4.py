@@ -1,6 +1,6 @@
 """DeepSeek-V4: shared-KV attention over a sliding window plus compressed entries, hyper-connections, hash-routed
-and score-routed MoE; torch reference, whose decode attention runs on the paged Triton kernels where the backend
-does (attention/v4_decode.py).
+and score-routed MoE; torch reference, whose decode and prefill attention run on the paged Triton kernels where the
+backend does (attention/v4_decode.py, v4_prefill.py).
 
 Each layer's attention is one of three kinds (config.layer_types): "sliding_attention" (the last sliding_window
 tokens), "heavily_compressed_attention" (the window plus every compressed entry of rate compress_rates[...], 128 in
@@ -28,16 +28,19 @@ from torch import nn
 from mlaserve.attention.backend import write_to_cache
 from mlaserve.attention.metadata import AttentionMetadata, slot_indices
 from mlaserve.attention.v4_decode import decode_on_kernels, describe_v4_decode
+from mlaserve.attention.v4_prefill import prefill_on_kernels
 from mlaserve.config.quantization import BlockFP8Config
+from mlaserve.kvcache import segments
 from mlaserve.kvcache.spec import AttentionRule, KVCacheSpec, LayerCacheSpec
 from mlaserve.layers.compressor import CompressedIndexer, Compressor
 from mlaserve.layers.embedding import VocabParallelEmbedding
 from mlaserve.layers.hyper_connection import HyperConnection, HyperHead, unweighted_rms_norm
 from mlaserve.layers.norm import Float32RMSNorm
 from mlaserve.layers.rotary import RotaryEmbedding, rotate_trailing_pairs
+from mlaserve.loader.checkpoint_slice import default_weight_loader
 from mlaserve.models.base import CausalLM, ModelInit
-from mlaserve.models.deepseek_v4_ffn import GroupedLinear, V4MoE, v4_linear
-from mlaserve.parallel import ParallelContext
+from mlaserve.models.deepseek_v4_ffn import GroupedLinear, V4MoE, local_experts, v4_linear
+from mlaserve.parallel import SINGLE, ParallelContext
 
 _HC = re.compile(r"\.hc_(attn|ffn)_(fn|base|scale)$")
 _SCALE = re.compile(r"(?<!_hc)\.scale$")  # not the hyper-connections' own `scale` (attn_hc.scale)
@@ -73,28 +76,47 @@ def entry_spans(cfg: object) -> dict[int, int]:
     return dict(sorted(spans.items()))
 
 
+def head_slice_loader(ctx: ParallelContext):
+    """A per-head parameter's loader: this rank's heads of the checkpoint's every-head tensor."""
+
+    def load(param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
+        n = param.shape[0]
+        default_weight_loader(param, loaded.narrow(0, ctx.tp_rank * n, n) if loaded.shape[0] != n else loaded)
+
+    return load
+
+
 class V4Attention(nn.Module):
-    def __init__(self, cfg: object, layer_type: str, quant: BlockFP8Config | None = None) -> None:
+    """Over tensor-parallel ranks each holds its share of the query heads (whole output groups) and their sinks;
+    the one shared kv head, the compressors and the indexer are every rank's, so each rank caches the same rows."""
+
+    def __init__(
+        self, cfg: object, layer_type: str, quant: BlockFP8Config | None = None, ctx: ParallelContext = SINGLE
+    ) -> None:
         super().__init__()
-        self.num_heads, self.head_dim, self.window = cfg.num_attention_heads, cfg.head_dim, cfg.sliding_window
-        self.o_groups, self.eps, self.scale = cfg.o_groups, cfg.rms_norm_eps, cfg.head_dim**-0.5
+        self.head_dim, self.window = cfg.head_dim, cfg.sliding_window
+        self.num_heads = ctx.shard(cfg.num_attention_heads, "num_attention_heads")
+        self.o_groups = ctx.shard(cfg.o_groups, "o_groups")
+        self.eps, self.scale = cfg.rms_norm_eps, cfg.head_dim**-0.5
         # DeepSeek's checkpoint names: wq_a / q_norm / wq_b the low-rank query path, wkv / norm the shared kv,
         # wo_a / wo_b the grouped output projection, attn_sink each head's sink logit
         self.wq_a = v4_linear(cfg.hidden_size, cfg.q_lora_rank, quant)
         self.q_norm = Float32RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
-        self.wq_b = v4_linear(cfg.q_lora_rank, self.num_heads * self.head_dim, quant)
+        self.wq_b = v4_linear(cfg.q_lora_rank, cfg.num_attention_heads * self.head_dim, quant, ctx, "column")
         self.wkv = v4_linear(cfg.hidden_size, self.head_dim, quant)
         self.norm = Float32RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.wo_a = GroupedLinear(
-            self.num_heads * self.head_dim // cfg.o_groups,
+            cfg.num_attention_heads * self.head_dim // cfg.o_groups,
             cfg.o_groups * cfg.o_lora_rank,
             cfg.o_groups,
             quant,
+            ctx,
         )
-        self.wo_b = v4_linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, quant)
-        self.attn_sink = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32))
+        self.wo_b = v4_linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, quant, ctx, "row")
+        self.attn_sink = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32), requires_grad=False)
+        self.attn_sink.weight_loader = head_slice_loader(ctx)
         self.rotary = RotaryEmbedding(v4_rope(cfg, "main" if layer_type == SLIDING else "compress"))
-        # decode on the Triton kernels (attention/v4_decode.py) where the model's backend runs them
+        # decode and prefill on the Triton kernels (attention/v4_decode.py, v4_prefill.py) where the backend runs them
         self.on_kernels = False
         self.compressor: Compressor | None = None
         self.indexer: CompressedIndexer | None = None
@@ -112,21 +134,38 @@ class V4Attention(nn.Module):
             )  # fmt: skip
 
     @property
-    def row_width(self) -> int:
-        """Features one token caches: its kv, then its compressor's and indexer's projections."""
-        width = self.head_dim
+    def row_parts(self) -> tuple[int, ...]:
+        """Widths of what one token caches: its kv, then its compressor's and indexer's projections (each part
+        scaled on its own in 8-bit caches, kvcache/segments.py)."""
+        parts = [self.head_dim]
         if self.compressor is not None:
-            width += self.compressor.state_width
+            parts.append(self.compressor.state_width)
         if self.indexer is not None:
-            width += self.indexer.compressor.state_width
-        return width
+            parts.append(self.indexer.compressor.state_width)
+        return tuple(parts)
+
+    @property
+    def entry_parts(self) -> tuple[int, ...]:
+        """Widths of what one compressed entry stores: its kv, then its indexer key (none: no entries)."""
+        if self.compressor is None:
+            return ()
+        return (self.head_dim,) + ((self.indexer.head_dim,) if self.indexer is not None else ())
+
+    @property
+    def row_width(self) -> int:
+        return sum(self.row_parts)
 
     @property
     def entry_width(self) -> int:
-        """Features one compressed entry stores: its kv, then its indexer key (0: a layer without entries)."""
-        if self.compressor is None:
-            return 0
-        return self.head_dim + (self.indexer.head_dim if self.indexer is not None else 0)
+        return sum(self.entry_parts)
+
+    def entry_values(
+        self, made: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(kv [..., head_dim], indexer keys [..., index_head_dim] or None) of cached entries, in `dtype`."""
+        parts = self.entry_parts
+        keys = segments.read(made, parts, 1, dtype) if len(parts) > 1 else None
+        return segments.read(made, parts, 0, dtype), keys
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache, meta: AttentionMetadata
@@ -143,7 +182,8 @@ class V4Attention(nn.Module):
         if self.indexer is not None:
             rows.append(self.indexer.compressor.state(hidden))
         row_cache, entry_cache = kv_cache if self.compressor is not None else (kv_cache, None)
-        write_to_cache(row_cache, meta.slot_mapping, torch.cat(rows, dim=-1)[:, None])  # group 0: the rows
+        # group 0: the rows
+        write_to_cache(row_cache, meta.slot_mapping, segments.pack(rows, row_cache.dtype)[:, None])
         cached = row_cache.view(-1, row_cache.shape[-1])
         entries = stored = None
         if self.compressor is not None and meta.groups is not None:  # None: the runner's warm-up pass
@@ -156,23 +196,36 @@ class V4Attention(nn.Module):
             out[:nd] = decode(
                 self, q[:nd], q_resid[:nd], hidden[:nd], positions[:nd], cached, meta, entries, stored
             )
-        start = nd
-        for i in range(nd, meta.num_seqs):
+        if meta.num_seqs > nd:
+            prefill = prefill_on_kernels if self.on_kernels else V4Attention._prefill
+            out[nd:] = prefill(
+                self, q[nd:], q_resid[nd:], hidden[nd:], positions[nd:], cached, meta, entries, stored
+            )
+        out = rotate_trailing_pairs(out, cos, -sin)  # the values' rotation, undone at the query's position
+        return self.wo_b(self.wo_a(out.reshape(num_tokens, self.o_groups, -1)))
+
+    def _prefill(
+        self, q, q_resid, hidden, positions, cached, meta: AttentionMetadata, entries, stored
+    ) -> torch.Tensor:
+        """The prefills' query tokens [T, H, D] (the step's tokens after its decodes), a sequence at a time through
+        _attend: its window's rows (from the first query's window on: older rows may be gone) and complete
+        entries."""
+        out, start = torch.empty_like(q), 0
+        for i in range(meta.num_decodes, meta.num_seqs):
             q_len, n = meta.query_lens[i], meta.host_seq_lens[i]
-            first = max(0, n - q_len - self.window + 1)  # the first query's window: older rows may be gone
-            window = cached[slot_indices(meta.block_tables[i], n, meta.block_size, first), : self.head_dim]
+            first = max(0, n - q_len - self.window + 1)
+            slots = slot_indices(meta.block_tables[i], n, meta.block_size, first)
+            window = segments.read(cached, self.row_parts, 0, q.dtype, at=slots)
             made = None
             if entries is not None and n // self.compressor.rate:
-                made = stored[
-                    slot_indices(entries.block_tables[i], n // self.compressor.rate, meta.block_size)
-                ]
+                slots = slot_indices(entries.block_tables[i], n // self.compressor.rate, meta.block_size)
+                made = self.entry_values(stored[slots], q.dtype)
             part = slice(start, start + q_len)
             out[part] = self._attend(
                 q[part], q_resid[part], hidden[part], positions[part], window, first, made
             )
             start += q_len
-        out = rotate_trailing_pairs(out, cos, -sin)  # the values' rotation, undone at the query's position
-        return self.wo_b(self.wo_a(out.reshape(num_tokens, self.o_groups, -1)))
+        return out
 
     def _write_entries(
         self, entry_cache: torch.Tensor, cached: torch.Tensor, entries: AttentionMetadata
@@ -182,13 +235,16 @@ class V4Attention(nn.Module):
         sources = entries.pooled_sources
         if not sources.shape[0]:
             return
-        states, valid = cached[sources.clamp(min=0)], sources >= 0
+        valid = sources >= 0
         cos, sin = self.entry_rotary.cos_sin(entries.pooled_starts)
-        split = self.head_dim + self.compressor.state_width
-        row = [self.compressor.pool(states[..., self.head_dim : split], valid, cos, sin)]
+        dtype, parts = self.compressor.wkv.weight.dtype, self.row_parts  # the projections' own dtype
+        at = sources.clamp(min=0)
+        row = [self.compressor.pool(segments.read(cached, parts, 1, dtype, at), valid, cos, sin)]
         if self.indexer is not None:
-            row.append(self.indexer.compressor.pool(states[..., split:], valid, cos, sin))
-        write_to_cache(entry_cache, entries.slot_mapping, torch.cat(row, dim=-1)[:, None])
+            row.append(
+                self.indexer.compressor.pool(segments.read(cached, parts, 2, dtype, at), valid, cos, sin)
+            )
+        write_to_cache(entry_cache, entries.slot_mapping, segments.pack(row, entry_cache.dtype)[:, None])
 
     def _decode(
         self, q, q_resid, hidden, positions, cached, meta: AttentionMetadata, entries, stored
@@ -196,20 +252,20 @@ class V4Attention(nn.Module):
         """The decode rows [B, H, D] at once: each query over the window's kv and its complete entries, gathered
         through the tables to widths fixed by the longest context the step allows (max_model_len in a captured
         step), so a CUDA graph can replay it. The same rule as _attend, which the prefills use."""
-        b, bs, d = q.shape[0], meta.block_size, self.head_dim
+        b, bs = q.shape[0], meta.block_size
         n = meta.seq_lens[:b].long()
         pos = n[:, None] - self.window + torch.arange(self.window, device=q.device)
         visible = pos >= 0
         pos = pos.clamp(min=0)
         slots = meta.block_tables[:b].long().gather(1, pos // bs) * bs + pos % bs
-        keys = cached[slots, :d]  # [B, window, D]
+        keys = segments.read(cached, self.row_parts, 0, q.dtype, at=slots)  # [B, window, D]
         count = max(meta.host_seq_lens[:b]) // self.compressor.rate if entries is not None else 0
         if count:
             e = torch.arange(count, device=q.device)
             slots = entries.block_tables[:b].long()[:, e // bs] * bs + e % bs
-            made = stored[slots]  # [B, count, entry (+ indexer key)]
+            made = self.entry_values(stored[slots], q.dtype)  # [B, count, D], [B, count, index_head_dim]
             complete = e[None, :] < (n // self.compressor.rate)[:, None]
-            keys = torch.cat((keys, made[..., :d]), dim=1)
+            keys = torch.cat((keys, made[0]), dim=1)
             visible = torch.cat(
                 (visible, self._kept_entries(q_resid, hidden, positions, made, complete)), dim=1
             )
@@ -220,8 +276,8 @@ class V4Attention(nn.Module):
         self, q, q_resid, hidden, positions, window: torch.Tensor, first: int, entries
     ) -> torch.Tensor:
         """One sequence's queries [q_len, H, D] over its window's kv [k, D] (positions first..) and its complete
-        compressed entries [E, row] (the layer's rule picks the ones each query sees), with the sinks in every
-        head's softmax."""
+        compressed entries (entry_values: kv [E, D], indexer keys; the layer's rule picks the ones each query
+        sees), with the sinks in every head's softmax."""
         key_pos = torch.arange(first, first + window.shape[0], device=window.device)
         visible = (key_pos[None, :] <= positions[:, None]) & (
             key_pos[None, :] > positions[:, None] - self.window
@@ -230,10 +286,10 @@ class V4Attention(nn.Module):
         if entries is not None:
             rate = self.compressor.rate
             complete = (
-                torch.arange(entries.shape[0], device=window.device)[None, :]
+                torch.arange(entries[0].shape[0], device=window.device)[None, :]
                 < ((positions + 1) // rate)[:, None]
             )
-            keys = torch.cat((keys, entries[:, : self.head_dim]))
+            keys = torch.cat((keys, entries[0]))
             visible = torch.cat(
                 (visible, self._kept_entries(q_resid, hidden, positions, entries, complete)), dim=1
             )
@@ -241,14 +297,14 @@ class V4Attention(nn.Module):
         return torch.einsum("thk,kd->thd", probs.to(keys.dtype), keys)
 
     def _kept_entries(
-        self, q_resid, hidden, positions, entries: torch.Tensor, complete: torch.Tensor
+        self, q_resid, hidden, positions, entries: tuple, complete: torch.Tensor
     ) -> torch.Tensor:
         """[T, E] the entries each query attends: the complete ones or, in a compressed-sparse layer, the indexer's
-        top-k of them, scored on the indexer keys stored after each entry's kv (entries [E or T x E, >= row])."""
+        top-k of them, scored on the indexer keys stored after each entry's kv (entry_values: keys [E or T x E,
+        index_head_dim])."""
         if self.indexer is None:
             return complete
-        d = self.head_dim
-        index_keys = entries[..., d : d + self.indexer.head_dim]
+        index_keys = entries[1]
         return self.indexer.select(
             q_resid, hidden, *self.entry_rotary.cos_sin(positions), index_keys, complete
         )
@@ -262,10 +318,12 @@ class V4Attention(nn.Module):
 
 
 class V4DecoderLayer(nn.Module):
-    def __init__(self, cfg: object, idx: int, quant: BlockFP8Config | None = None) -> None:
+    def __init__(
+        self, cfg: object, idx: int, quant: BlockFP8Config | None = None, ctx: ParallelContext = SINGLE
+    ) -> None:
         super().__init__()
-        self.attn = V4Attention(cfg, cfg.layer_types[idx], quant)
-        self.ffn = V4MoE(cfg, cfg.mlp_layer_types[idx] == "hash_moe", quant)
+        self.attn = V4Attention(cfg, cfg.layer_types[idx], quant, ctx)
+        self.ffn = V4MoE(cfg, cfg.mlp_layer_types[idx] == "hash_moe", quant, ctx)
         self.attn_norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.ffn_norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         hc = (cfg.hc_mult, cfg.hidden_size, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
@@ -285,7 +343,7 @@ class V4Model(nn.Module):
         super().__init__()
         self.hc_mult = cfg.hc_mult
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ctx)
-        self.layers = nn.ModuleList(V4DecoderLayer(cfg, i, quant) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(V4DecoderLayer(cfg, i, quant, ctx) for i in range(cfg.num_hidden_layers))
         self.hc_head = HyperHead(cfg.hc_mult, cfg.hidden_size, cfg.hc_eps, cfg.rms_norm_eps)
         self.norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -304,6 +362,8 @@ class DeepseekV4ForCausalLM(CausalLM):
     training_free_window = False  # its cached rows feed the compressors: a window would drop what they need
     supports_block_fp8 = True  # FP8 projections; MXFP4 routed experts with expert_dtype "fp4"
     supports_mxfp4_experts = True
+    supports_tensor_parallel = True  # heads by rank, experts by width or whole (expert parallelism)
+    segmented_8bit_cache = True  # each part of its rows and entries scaled on its own (kvcache/segments.py)
     ignored_fragments = ("rotary_emb.inv_freq", "mtp.")
 
     def __init__(self, init: ModelInit) -> None:
@@ -311,17 +371,18 @@ class DeepseekV4ForCausalLM(CausalLM):
         self.cfg = init.hf_config
         self.model = V4Model(self.cfg, init.ctx, init.quant)
         self.fp4_experts = init.quant is not None and init.quant.expert_dtype == "fp4"
+        # this rank's experts (all but under expert parallelism): a checkpoint's others are not loaded here
+        self.local_experts = local_experts(self.cfg.n_routed_experts, init.ctx)
         on_kernels = (
             init.backend is not None and init.backend.paged_kernels
         )  # None: a meta build that runs nothing
-        for layer in self.model.layers:  # its prefills stay on the torch path
+        for layer in self.model.layers:
             layer.attn.on_kernels = on_kernels
         self.build_lm_head(self.cfg, init.ctx)
 
     def attention_kernels(self, backend, cache_dtype: torch.dtype, device, dtype: torch.dtype) -> str:
-        return describe_v4_decode(
-            backend, self.cfg.num_attention_heads, self.cfg.head_dim, cache_dtype, device, dtype
-        )
+        heads = self.model.layers[0].attn.num_heads  # this rank's, as its kernels see them
+        return describe_v4_decode(backend, heads, self.cfg.head_dim, cache_dtype, device, dtype)
 
     def map_checkpoint_name(self, name: str) -> tuple[str, object] | None:
         """DeepSeek's names as transformers saves them (model.layers.N.attn.wq_a, head.weight) or as DeepSeek ships
@@ -333,6 +394,12 @@ class DeepseekV4ForCausalLM(CausalLM):
         # them; some transformers versions save the hyper-connections under their module names (attn_hc.scale)
         name = _SCALE.sub(".weight_scale_inv", name)
         name = _HC.sub(r".\1_hc.\2", name).replace("model.hc_head_", "model.hc_head.hc_")
+        if (expert := _EXPERT.search(name)) is not None:
+            index, n_routed = int(expert[1]), self.cfg.n_routed_experts
+            if index not in self.local_experts and index < n_routed:  # another rank's; past the end: an error
+                return None
+            local = index - self.local_experts.start
+            name = f"{name[: expert.start()]}.experts.{local}.{expert[2]}.{expert[3]}"
         if self.fp4_experts and (expert := _EXPERT.search(name)) is not None:
             index, proj, kind = int(expert[1]), expert[2], expert[3]
             param = ("w2" if proj == "w2" else "w13") + ("_scale" if kind == "weight_scale_inv" else "")
@@ -351,8 +418,10 @@ class DeepseekV4ForCausalLM(CausalLM):
                 window=window,
                 entry_dim=layer.attn.entry_width,
                 entry_ratio=layer.attn.compressor.rate if layer.attn.compressor is not None else None,
+                row_parts=len(layer.attn.row_parts),
+                entry_parts=max(len(layer.attn.entry_parts), 1),
             )
             for layer in self.model.layers
         )
         rules = tuple(AttentionRule(window, 0, rate, span) for rate, span in spans.items())
-        return KVCacheSpec(layers, is_mla=False, entry_rules=rules)
+        return KVCacheSpec(layers, is_mla=False, entry_rules=rules, segmented_8bit=True)

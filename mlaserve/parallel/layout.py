@@ -21,7 +21,11 @@ def layout_problems(cfg: object, size: int, expert_parallel: bool, fp8_block: in
 
     problems: list[str] = []
     check(getattr(cfg, "num_attention_heads", None), "num_attention_heads")
-    if "num_key_value_heads" in vars(cfg) and getattr(cfg, "kv_lora_rank", None) is None:  # per-head K/V
+    # DeepSeek-V4: one kv head that every rank holds whole; its query heads split as whole output groups
+    shared_kv = getattr(cfg, "o_groups", None) is not None
+    if shared_kv:
+        check(cfg.o_groups, "o_groups", ": each rank's heads are whole output groups")
+    elif "num_key_value_heads" in vars(cfg) and getattr(cfg, "kv_lora_rank", None) is None:  # per-head K/V
         check(cfg.num_key_value_heads, "num_key_value_heads", ": KV heads are split, not replicated")
     check(getattr(cfg, "intermediate_size", None), "intermediate_size")
     experts = getattr(cfg, "n_routed_experts", None)
@@ -46,10 +50,12 @@ def _fp8_block_problems(cfg: object, size: int, expert_parallel: bool, block: in
     head = (
         getattr(cfg, "v_head_dim", None) or getattr(cfg, "head_dim", None) or cfg.hidden_size // max(heads, 1)
     )
-    widths = [
-        ("o_proj's input (heads x head width)", heads * head),
-        ("intermediate_size", cfg.intermediate_size),
-    ]
+    # DeepSeek-V4: wo_b's input is the groups' low-rank outputs
+    if getattr(cfg, "o_groups", None) is not None:
+        output = ("wo_b's input (o_groups x o_lora_rank)", cfg.o_groups * cfg.o_lora_rank)
+    else:
+        output = ("o_proj's input (heads x head width)", heads * head)
+    widths = [output, ("intermediate_size", getattr(cfg, "intermediate_size", None))]
     inter = getattr(cfg, "moe_intermediate_size", None)
     if getattr(cfg, "n_routed_experts", None) and inter:
         if not expert_parallel:

@@ -12,6 +12,7 @@ pytest.importorskip("triton")
 
 from mlaserve.attention.metadata import AttentionMetadata  # noqa: E402
 from mlaserve.attention.v4_decode import decode_on_kernels  # noqa: E402
+from mlaserve.kvcache import segments  # noqa: E402
 from mlaserve.models.deepseek_v4 import HEAVY, SLIDING, SPARSE, V4Attention  # noqa: E402
 from mlaserve.testing.device import kernel_test_dtypes  # noqa: E402
 
@@ -47,8 +48,24 @@ def metadata(tables: torch.Tensor, lens: list[int], host: list[int]) -> Attentio
     return AttentionMetadata(PAGE, empty, seq_lens, tables, b, [1] * b, host)
 
 
-def run_both(kind: str, rate: int, lens: list[int], dtype: torch.dtype, device: str, max_model_len: int = 0):
-    """(kernels, torch) outputs of one decode step of random queries over random caches."""
+def as_cache(values: torch.Tensor, parts: tuple[int, ...], cache_dtype: torch.dtype | None) -> torch.Tensor:
+    """Random rows as a cache of cache_dtype stores them (None: as they are), each part scaled on its own."""
+    if cache_dtype is None:
+        return values
+    return segments.pack(values.split(parts, dim=-1), cache_dtype)
+
+
+def run_both(
+    kind: str,
+    rate: int,
+    lens: list[int],
+    dtype: torch.dtype,
+    device: str,
+    max_model_len: int = 0,
+    cache_dtype: torch.dtype | None = None,
+):
+    """(kernels, torch) outputs of one decode step of random queries over random caches (8-bit with
+    cache_dtype)."""
     gen = torch.Generator().manual_seed(sum(lens) + rate)
     torch.manual_seed(len(lens))
     attn = V4Attention(config(kind, rate), kind)
@@ -57,13 +74,15 @@ def run_both(kind: str, rate: int, lens: list[int], dtype: torch.dtype, device: 
     attn = attn.to(device, dtype)
     host = [max_model_len] * len(lens) if max_model_len else lens
     tables, blocks = shuffled_tables(lens, -(-max(host) // PAGE), gen)
-    rows = torch.randn(blocks * PAGE, attn.row_width, generator=gen).to(device, dtype)
+    rows = as_cache(torch.randn(blocks * PAGE, attn.row_width, generator=gen), attn.row_parts, cache_dtype)
+    rows = rows.to(device, cache_dtype or dtype)
     meta = metadata(tables.to(device), lens, host)
     entries = stored = None
     if kind != SLIDING:
         counts = [n // rate for n in lens]
         entry_tables, entry_blocks = shuffled_tables(counts, max(1, -(-(max(host) // rate) // PAGE)), gen)
-        stored = torch.randn(entry_blocks * PAGE, attn.entry_width, generator=gen).to(device, dtype)
+        stored = torch.randn(entry_blocks * PAGE, attn.entry_width, generator=gen)
+        stored = as_cache(stored, attn.entry_parts, cache_dtype).to(device, cache_dtype or dtype)
         entries = metadata(entry_tables.to(device), lens, host)
     b = len(lens)
     q = torch.randn(b, HEADS, DIM, generator=gen).to(device, dtype)
@@ -97,3 +116,12 @@ def test_a_captured_steps_widths_give_the_same_output(kind, rate, device):
     # The host's lengths all max_model_len, as a captured step's metadata has them: the widths grow, not the keys.
     got, want = run_both(kind, rate, [2, 9, 30], torch.float32, device, max_model_len=64)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.int8], ids=str)
+@pytest.mark.parametrize("kind, rate, lens", CASES[:3], ids=lambda c: str(c))
+def test_kernels_read_8bit_parts_as_the_torch_decode_does(kind, rate, lens, cache_dtype, device):
+    # Both read the same 8-bit rows: the kernels widen each part's values and apply its scale from the tail after
+    # them (the window's kv, the entries' kv, the indexer keys), the torch decode dequantizes the part first.
+    got, want = run_both(kind, rate, lens, torch.float32, device, cache_dtype=cache_dtype)
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)

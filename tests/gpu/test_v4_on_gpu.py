@@ -64,3 +64,19 @@ def test_v4_on_cuda_gives_the_cpu_tokens(tmp_path):
     torch_decode = LLM(str(tmp_path), device="cuda", attention_backend="torch", **options)
     assert not any(layer.attn.on_kernels for layer in torch_decode.engine.executor.model.model.layers)
     assert generate(torch_decode) == want
+
+
+def test_v4_on_an_fp8_cache_reads_it_alike_on_the_kernels_and_in_torch(tmp_path):
+    # The same 8-bit rows (kvcache/segments.py) read by the kernels from captured decode steps and eager prefills,
+    # and dequantized by the torch backend: tokens equal, blocks returned.
+    (tmp_path / "config.json").write_text(json.dumps(V4))
+    options = dict(
+        dtype="float32", skip_tokenizer_init=True, num_kv_blocks=96, block_size=16, max_model_len=256,
+        kv_cache_dtype="fp8_e4m3", load_format="dummy", seed=3, device="cuda",
+    )  # fmt: skip
+    kernels = LLM(str(tmp_path), **options)
+    assert kernels.engine.runner.graphs is not None
+    assert kernels.stats()["kv_cache_dtype"] == "float8_e4m3fn"
+    got = generate(kernels)
+    del kernels
+    assert generate(LLM(str(tmp_path), attention_backend="torch", **options)) == got
