@@ -35,8 +35,8 @@ from mlaserve.kernels.registry import expert_scales_problem
 GROUPED_MM_PAIRS_PER_EXPERT = 256
 # From this many pairs per expert block-FP8 experts run W8A8 (fp8_w8a8_tiles) instead of W8A16. The fp8_paths
 # section of the GPU suite timed both at 1 to 4,096 tokens: W8A8 was faster at every size, by a few percent while
-# experts hold a handful of rows (the weight's bytes are the cost either way) and by 1.2x and more from about 16
-# rows each; below that the W8A16 tiles, which leave x as it is, keep the more exact result.
+# experts hold a handful of rows (the weight's bytes are the cost either way) and clearly from about 16 rows each;
+# below that the W8A16 tiles, which leave x as it is, keep the more exact result.
 W8A8_PAIRS_PER_EXPERT: int | None = 16  # None: never
 
 

@@ -118,9 +118,9 @@ def sorted_tile_experts(
 
 
 def w8a8_tile_rows(num_pairs: int, num_experts: int) -> int:
-    """Rows per W8A8 tile: sorted_tile_rows' up to 64. The fp8_tiles section of the GPU suite timed 128-row tiles
-    (two fp8 accumulators per program in the gated GEMM) at 2.4x the time of 64-row ones on prompts of 4,096
-    tokens at V3's widths."""
+    """Rows per W8A8 tile: sorted_tile_rows' up to 64. In the fp8_tiles section of the GPU suite 128-row tiles
+    (two fp8 accumulators per program in the gated GEMM) took more than twice the time of 64-row ones on long
+    prompts at V3's widths."""
     return min(64, sorted_tile_rows(num_pairs, num_experts))
 
 
