@@ -124,6 +124,18 @@ class DecodeGraphs:
         size, n = self._replay(batch, None), len(batch.query_lens)
         return self.logits[size][:n], self.prenorm[size][:n]
 
+    def step_rows(self, size: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+        """(positions, block tables, metadata, hidden states before the final norm) of the graph of `size` rows:
+        its static inputs and output, which a captured MTP draft pass reads (runner/mtp_graphs.py)."""
+        return self.positions[:size], self.block_tables[:size], self._meta(size), self.prenorm[size]
+
+    def decode_meta(
+        self, size: int, slots: torch.Tensor, seq_lens: torch.Tensor, tables: torch.Tensor
+    ) -> AttentionMetadata:
+        """The metadata of a decode batch of `size` rows on other static inputs (an MTP pass's chained rows)."""
+        rules, length = self.rules, self.max_model_len
+        return static_decode_meta(self.block_size, length, rules, size, slots, seq_lens, tables, [])
+
     def _replay(self, batch: HostBatch, source: tuple[torch.Tensor, list[int]] | None) -> int:
         """Stages the batch into the static inputs and replays the graph of its padded size, which it returns."""
         n = len(batch.query_lens)
