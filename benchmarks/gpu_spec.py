@@ -39,6 +39,7 @@ from mlaserve.core.request import Request
 from mlaserve.core.scheduler import ScheduledRequest, SchedulerOutput
 from mlaserve.runner.batch import HostBatch, plan_batch
 from mlaserve.runner.mtp_draft import DraftSpan
+from mlaserve.runner.mtp_graphs import draft_key
 from mlaserve.runner.spec_verify import draft_rows
 from mlaserve.runner.verify_graphs import verify_as_decodes
 
@@ -119,8 +120,7 @@ def staged_draft_pass(draft_graphs, host: HostBatch) -> tuple[Callable[[], objec
     launch()
     if not draft_graphs.graphs:
         return launch, launch
-    size = next(s for s in draft_graphs.source.sizes if s >= len(host.ids))
-    return draft_graphs.graphs[size].replay, launch
+    return draft_graphs.graphs[draft_key(draft_graphs.keys, len(host.ids), len(host.order))].replay, launch
 
 
 def expected_tokens(a: float, k: int) -> float:

@@ -22,7 +22,6 @@ prompt chunks, steps run eagerly, tensor-parallel engines, models with several c
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -89,13 +88,14 @@ class MtpDraftGraphs:
         self.staging = torch.zeros(6, size, dtype=torch.long, pin_memory=cuda)
         self.host_drafts = torch.zeros(size, num_drafts, dtype=torch.long, pin_memory=cuda)
         self._copied = torch.cuda.Event() if cuda else None
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.keys = draft_keys(source.sizes, num_drafts)
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
 
     def capture(self) -> None:
         from mlaserve.runner.cuda_graphs import capture_by_size
 
-        self.graphs, self.outputs = capture_by_size(self.source.sizes, self.forward)
+        self.graphs, self.outputs = capture_by_size(self.keys, lambda key: self.forward(*key))
 
     def launch(
         self,
@@ -108,8 +108,8 @@ class MtpDraftGraphs:
         """Queues the pass for a step just replayed from the decode graphs (one row per token) and sampled:
         targets, sampled: the step's draft targets and sampled tokens on the device; num_valid: for a request
         with a grammar, how many of its drafts the grammar takes."""
-        n = len(host.ids)
-        size = self.source.sizes[bisect.bisect_left(self.source.sizes, n)]
+        key = draft_key(self.keys, len(host.ids), len(host.order))
+        size, num_requests = key
         if self._copied is not None:  # the previous step's inputs have left the staging buffer
             self._copied.synchronize()
         requests = stage_rows(self.staging, host, drafted, num_valid, size, self.block_size)
@@ -118,20 +118,21 @@ class MtpDraftGraphs:
             self.targets[: targets.shape[0]].copy_(targets)
         self.sampled[: sampled.shape[0]].copy_(sampled)
         if self.graphs:
-            self.graphs[size].replay()
-            drafts = self.outputs[size]
+            self.graphs[key].replay()
+            drafts = self.outputs[key]
         else:
-            drafts = self.forward(size)
+            drafts = self.forward(size, num_requests)
         if self._copied is None:
             return QueuedDrafts(drafts, None, requests)
-        self.host_drafts[:size].copy_(drafts, non_blocking=True)
+        self.host_drafts[:num_requests].copy_(drafts, non_blocking=True)
         self._copied.record()
         return QueuedDrafts(self.host_drafts, self._copied, requests)
 
     @torch.inference_mode()
-    def forward(self, size: int) -> torch.Tensor:
-        """The pass over a step of `size` rows, from the static inputs alone: drafts [size, num_drafts], row i
-        the i-th request's (rows past the step's requests are padding)."""
+    def forward(self, size: int, num_requests: int) -> torch.Tensor:
+        """The pass over a step of `size` rows and at most `num_requests` requests (the chained rows' count),
+        from the static inputs alone: drafts [num_requests, num_drafts], row i the i-th request's (rows past the
+        step's requests are padding)."""
         positions, tables, meta, prenorm = self.source.step_rows(size)
         known, target_row, sample_row, request, draft, room = self.inputs[:, :size]
         target = self.targets[target_row.clamp(min=0)]
@@ -142,6 +143,7 @@ class MtpDraftGraphs:
         rows = torch.arange(size, device=positions.device)
         stops = torch.where((target != draft) | (target_row < 0), rows, size - 1)
         ends = self.ends[:size].fill_(size - 1).scatter_reduce_(0, request, stops, "amin")
+        ends, room, size = ends[:num_requests], room[:num_requests], num_requests
         last = hidden[ends]
         token = self.model.mtp_logits(0, last).argmax(dim=-1)
         out = [token]
@@ -163,6 +165,22 @@ class MtpDraftGraphs:
             token = self.model.mtp_logits(0, last).argmax(dim=-1)
             out.append(token)
         return torch.stack(out, dim=1)
+
+
+def draft_keys(sizes: list[int], num_drafts: int) -> list[tuple[int, int]]:
+    """The captured (rows, requests) pairs: for each row count, the requests of a step whose requests all carry
+    every draft (the usual MTP step), and as many requests as rows (any step), smallest first. The chained passes
+    run one row a request, so a step of b x (k + 1) rows chains at b rows, not b x (k + 1)."""
+    keys = []
+    for size in sizes:
+        full = next(s for s in sizes if s >= -(-size // (num_drafts + 1)))
+        keys += [(size, full)] if full == size else [(size, full), (size, size)]
+    return keys
+
+
+def draft_key(keys: list[tuple[int, int]], num_rows: int, num_requests: int) -> tuple[int, int]:
+    """The smallest captured (rows, requests) pair that a step of num_rows rows and num_requests requests fits."""
+    return min(key for key in keys if key[0] >= num_rows and key[1] >= num_requests)
 
 
 def stage_rows(

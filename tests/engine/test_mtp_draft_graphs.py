@@ -29,6 +29,11 @@ class CheckedDraftGraphs(MtpDraftGraphs):
         self.runner = runner
         self.pending = None
         self.compared: list[int] = []  # requests compared, per pass
+        self.keys_run: set[tuple[int, int]] = set()  # (rows, chained rows) of each pass
+
+    def forward(self, size: int, num_requests: int):
+        self.keys_run.add((size, num_requests))
+        return super().forward(size, num_requests)
 
     def launch(self, host, drafted, targets, sampled, num_valid):
         queued = super().launch(host, drafted, targets, sampled, num_valid)
@@ -79,6 +84,7 @@ def test_captured_drafts_equal_the_eager_drafters(mtp_models, monkeypatch, echo:
     if echo:  # a cache row or hidden state from the wrong row would show as a rejected draft
         assert stats["num_accepted_tokens"] == stats["num_draft_tokens"]
     assert len(graphs.compared) >= 4 and max(graphs.compared) == len(prompts())
+    assert any(chained < rows for rows, chained in graphs.keys_run)  # chained at the request count
 
 
 def test_under_chunking_preemption_and_hits(mtp_models, monkeypatch) -> None:
