@@ -14,6 +14,8 @@ from mlaserve.runner import model_runner
 from mlaserve.runner.mtp_draft import draft_spans
 from mlaserve.runner.mtp_graphs import MtpDraftGraphs, collect_drafts
 from mlaserve.testing.mtp_checkpoint import add_mtp_layer
+from mlaserve.testing.tiny_models import build_tiny
+from tests.engine.test_speculative_features import FEATURES, GRAMMARS, assert_same_outputs
 from tests.engine.test_speculative_mtp import BASE, GREEDY, generate, mtp, prompts, tokens
 from tests.runner.static_steps import StaticStepsOnCPU
 
@@ -109,3 +111,27 @@ def test_sampled_requests_draft_as_the_eager_drafter(mtp_models, monkeypatch) ->
     params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=3)
     llm.generate(prompts(), params, use_tqdm=False)
     assert graphs.compared and llm.stats()["kv_blocks_used"] == 0
+
+
+@pytest.fixture(scope="module")
+def byte_echo(tmp_path_factory):
+    """The echo layer on a byte-tokenizer model, which llguidance reads (structured outputs)."""
+    plain = build_tiny("deepseek_v3", tmp_path_factory.mktemp("byte_v3"), tokenizer="bytes")
+    return add_mtp_layer(plain, tmp_path_factory.mktemp("byte_v3_echo"), echo=True)
+
+
+@pytest.mark.parametrize("feature", ["regex", "penalties"])
+def test_grammars_and_penalties_through_the_captured_pass(byte_echo, monkeypatch, feature: str) -> None:
+    """A grammar takes some drafts and not others (none past them is accepted, on the device too); penalties move
+    the targets away from the echo layer's drafts."""
+    batch = ["abcabcabcabcabc", "ab12ab12ab12ab12"]
+    if feature == "regex":
+        fields = dict(structured_outputs=GRAMMARS["regex"], logprobs=1)
+    else:
+        fields = dict(ignore_eos=True, **FEATURES["all_penalties"])
+    params = SamplingParams(temperature=0, max_tokens=24, **fields)
+    want = LLM(str(byte_echo), **{**BASE, "max_model_len": MAX_LEN}).generate(batch, params, use_tqdm=False)
+    llm, graphs = captured(byte_echo, monkeypatch, speculative_config=mtp(2))
+    assert_same_outputs(want, llm.generate(batch, params, use_tqdm=False))
+    stats = llm.stats()
+    assert graphs.compared and stats["num_draft_tokens"] > 0 and stats["kv_blocks_used"] == 0
