@@ -10,7 +10,7 @@ gets static tables and slots for each; a pooled-entries group (AttentionRule.rat
 every row and kept where the row completes it (a row that does not writes to slot 0 of the null block).
 Speculative verify steps replay the same graphs, one decode row per token (runner/verify_graphs.py): an engine that
 drafts k tokens captures up to max_num_seqs x (k + 1) rows, and an MTP engine's graphs also keep every row's hidden
-state before the final norm, which its draft layer reads after the replay.
+state before the final norm, which its draft layer's pass reads (runner/mtp_graphs.py, on these static inputs).
 """
 
 import bisect

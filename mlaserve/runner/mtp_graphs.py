@@ -1,5 +1,5 @@
 """The MTP draft pass of a captured decode or verify step, queued on the device right behind the step and replayed
-from a CUDA graph per padded row count, with no host sync until the drafts are read.
+from a CUDA graph per padded row and request count (draft_keys), with no host sync until the drafts are read.
 
 The eager drafter (runner/mtp_draft.py) runs after the step is collected, since its first pass has one row per
 token the step kept, known only on the host then. Here the first pass runs over every row of the step at its fixed
@@ -11,7 +11,7 @@ a wrong token and write wrong cache rows, in slots past the verified tokens, whi
 before reading them (as chained drafts do, mtp_draft's docstring). Each request's accepted end is its first row
 whose draft differs from its target (or that has no draft), found on the device by a minimum over its rows; the
 chained drafts then run one row a request from that row's output, at fixed shape too, each draft the layer's
-argmax. A chained row past the request's blocks writes to slot 0 of the null block; its draft is dropped on the
+argmax (one row a request, so they run at the step's padded request count). A chained row past the request's blocks writes to slot 0 of the null block; its draft is dropped on the
 host, where the accepted counts are known, as the eager drafter never makes it.
 
 Rows are each their own decode sequence, as a verify step's rows are (runner/verify_graphs.py), so the first pass
