@@ -10,9 +10,10 @@ the device once the step is sampled, so the row's next token is read from there.
 a wrong token and write wrong cache rows, in slots past the verified tokens, which the next step writes over
 before reading them (as chained drafts do, mtp_draft's docstring). Each request's accepted end is its first row
 whose draft differs from its target (or that has no draft), found on the device by a minimum over its rows; the
-chained drafts then run one row a request from that row's output, at fixed shape too, each draft the layer's
-argmax (one row a request, so they run at the step's padded request count). A chained row past the request's blocks writes to slot 0 of the null block; its draft is dropped on the
-host, where the accepted counts are known, as the eager drafter never makes it.
+chained drafts then run one row a request from that row's output, at the step's padded request count, each draft
+the layer's argmax. A chained row past the request's blocks writes to slot 0 of the null block; its draft is
+dropped on the host, where the accepted counts are known, as the eager drafter never makes it. Slots the scheduler
+frees after the step (rejected drafts', finished requests') are written before any later step is queued.
 
 Rows are each their own decode sequence, as a verify step's rows are (runner/verify_graphs.py), so the first pass
 reads the step's own static inputs: positions, slots, lengths and tables of the decode graph just replayed, and its
