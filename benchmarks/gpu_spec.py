@@ -201,7 +201,7 @@ def spec(tmp: Path, bench: Callable, v2_lite: dict) -> dict:
     gc.collect()
     torch.cuda.empty_cache()
     result["timing"] = ("decode_ms, verify_ms: medians of CUDA-graph replays with L2 emptied before each "
-                        "(gpu_suite.bench); mtp_draft_ms: median wall time of the eager draft pass; mtp_draft_graph_ms: the "
-                        "captured draft pass's replay, timed as the steps are; mtp_draft_launch_ms: median wall time "
-                        "of its launch (staging, replay, copy out)")  # fmt: skip
+                        "(gpu_suite.bench); mtp_draft_ms: median wall time of the eager draft pass; "
+                        "mtp_draft_graph_ms: the captured draft pass's replay, timed as the steps are; "
+                        "mtp_draft_launch_ms: median wall time of its launch (staging, replay, copy out)")  # fmt: skip
     return result

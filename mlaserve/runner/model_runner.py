@@ -240,8 +240,9 @@ class ModelRunner:
     ) -> tuple[torch.Tensor | None, list[ScoredSpan], torch.Tensor | None, torch.Tensor | None, bool]:
         """The logits of the sampled rows (None when no row samples), the prompt logprobs asked for, the logits
         at verify_rows (speculative drafts' positions; None when there are none), with an MTP drafter every
-        row's hidden state before the final norm, and whether the step replayed the decode graphs. Decode steps, with drafts or without, replay the decode graphs
-        (runner/verify_graphs.py); a step with a prompt chunk runs eagerly where a drafter reads its rows."""
+        row's hidden state before the final norm, and whether the step replayed the decode graphs. Decode steps,
+        with drafts or without, replay the decode graphs (runner/verify_graphs.py); a step with a prompt chunk runs
+        eagerly where a drafter reads its rows."""
         graphs, prefills = self.graphs, self.prefill_graphs
         source = None if source_rows is None else lookahead_source(source_ids, source_rows, host.ids)
         if graphs is not None and not spans:
