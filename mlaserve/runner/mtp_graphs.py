@@ -74,6 +74,7 @@ class MtpDraftGraphs:
         """drafter: the eager drafter, whose layer, caches and draft count this pass shares."""
         self.model, self.kv_caches, self.block_size = drafter.model, drafter.kv_caches, drafter.block_size
         self.num_drafts, self.source, self.device = drafter.num_drafts, source, device
+        self.max_model_len = max_model_len
         block_size, num_drafts = self.block_size, self.num_drafts
         size = source.sizes[-1]
         self.inputs = torch.zeros(6, size, dtype=torch.long, device=device)
@@ -113,7 +114,9 @@ class MtpDraftGraphs:
         size, num_requests = key
         if self._copied is not None:  # the previous step's inputs have left the staging buffer
             self._copied.synchronize()
-        requests = stage_rows(self.staging, host, drafted, num_valid, size, self.block_size)
+        requests = stage_rows(
+            self.staging, host, drafted, num_valid, size, self.block_size, self.max_model_len
+        )
         copy_queued(self.inputs, self.staging)
         if targets is not None:
             self.targets[: targets.shape[0]].copy_(targets)
@@ -191,12 +194,14 @@ def stage_rows(
     num_valid: dict[str, int],
     size: int,
     block_size: int,
+    max_model_len: int,
 ) -> list[tuple[ScheduledRequest, int, int]]:
     """Writes the pass's per-row inputs for a step of one row per token, padded to `size` rows, into staging
     [6, >= size]: per row the token after it where the host knows it (a prompt token) else -1, the index of its
     target among the step's draft targets (-1 on a request's last row), its request's index among the sampled
     tokens, its request's index in the batch, and its draft where it may be accepted (-1 past a grammar's valid
-    drafts, and on rows without one); per request the rows its blocks hold. Padding rows are requests of their
+    drafts, and on rows without one); per request the rows its blocks hold, at most max_model_len (the static
+    tables' width, and the longest sequence the attention's fixed splits cover). Padding rows are requests of their
     own without targets. Returns each request's (request, position of its last known token, rows its blocks
     hold)."""
     sample_index = {s.request.request_id: i for i, s in enumerate(host.sampled)}
@@ -212,7 +217,7 @@ def stage_rows(
     row = 0
     for i, s in enumerate(host.order):
         rid, d, n = s.request.request_id, len(s.spec_token_ids), s.num_new_tokens
-        room[i] = len(s.block_ids[0]) * block_size
+        room[i] = min(len(s.block_ids[0]) * block_size, max_model_len)
         requests.append((s, s.num_computed_tokens + n - d - 1, room[i]))
         request[row : row + n] = [i] * n
         if not s.needs_sample:  # a one-token prompt chunk: the prompt's next token follows it
@@ -234,8 +239,9 @@ def stage_rows(
 def collect_drafts(
     queued: QueuedDrafts, token_ids: dict[str, int], num_accepted: dict[str, int]
 ) -> dict[str, tuple[int, list[int]]]:
-    """request id -> (the token count its drafts follow, its drafts) as MtpDrafter.propose gives them, from a
-    queued pass and the step's results (accept_drafts' token_ids and num_accepted)."""
+    """request id -> (the token count its drafts follow, its drafts) as MtpDrafter.propose gives them (none at or
+    past max_model_len, where no request goes), from a queued pass and the step's results (accept_drafts'
+    token_ids and num_accepted)."""
     if queued.done is not None:
         queued.done.synchronize()
     rows = queued.drafts.tolist()
