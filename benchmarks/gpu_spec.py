@@ -11,12 +11,16 @@ num_nextn_predict_layers 1), each an engine with speculative method mtp and k = 
 For batch 1, 8 and 32 at CONTEXT tokens per sequence, each step (k = 0: the plain decode; k = 1, 2, 3) is staged
 into the graphs' inputs once and its graph replayed and timed with CUDA events, L2 emptied before each replay
 (gpu_suite.bench). Beside it, the MTP draft layer's pass after a step that accepted every draft (k + 1 rows a
-request, then k - 1 chained rows), run eagerly as the engine runs it, timed by wall clock with the device
-synchronized (its host work is part of its cost).
+request, then k - 1 chained rows), run eagerly as the engine runs it after steps it cannot capture, timed by wall
+clock with the device synchronized (its host work is part of its cost); and the same pass as the engine runs it
+after captured steps (mlaserve/runner/mtp_graphs.py): its graph's replay alone, timed as the steps are
+(mtp_draft_graph_ms), and its whole launch (staging, replay, the drafts' copy out) by wall clock
+(mtp_draft_launch_ms).
 
 Expected tokens per step at acceptance a: 1 + a + ... + a^k, each draft held with probability a once the drafts
 before it held (a constant a is optimistic past the first draft: the literature reports per-position rates that
-fall). speedup = expected tokens / (verify / decode); speedup_with_draft adds the draft pass to the verify step.
+fall). speedup = expected tokens / (verify / decode); speedup_with_draft adds the eager draft pass to the verify
+step, speedup_with_draft_graph the captured pass's launch.
 
     python -m benchmarks.gpu_suite --sections spec --out benchmarks/results/h100-spec-DATE.json
 """
@@ -35,6 +39,8 @@ from mlaserve.core.request import Request
 from mlaserve.core.scheduler import ScheduledRequest, SchedulerOutput
 from mlaserve.runner.batch import HostBatch, plan_batch
 from mlaserve.runner.mtp_draft import DraftSpan
+from mlaserve.runner.mtp_graphs import draft_key
+from mlaserve.runner.spec_verify import draft_rows
 from mlaserve.runner.verify_graphs import verify_as_decodes
 
 BATCHES = (1, 8, 32)
@@ -96,6 +102,27 @@ def draft_spans(host: HostBatch, context: int) -> list[DraftSpan]:
     return spans
 
 
+def staged_draft_pass(draft_graphs, host: HostBatch) -> tuple[Callable[[], object], Callable[[], object]]:
+    """(the captured draft pass's graph replay alone, its whole launch) after the verify step `host` that accepted
+    every draft, its bonus tokens zero; the verify step's static inputs must be staged (staged()). On a stand-in
+    without captured graphs (the CPU test) both are the launch."""
+    drafted, _ = draft_rows(host.order)
+    device = draft_graphs.device
+    targets = torch.tensor([t for s in drafted for t in s.spec_token_ids], dtype=torch.long, device=device)
+    sampled = torch.zeros(len(host.sampled), dtype=torch.long, device=device)
+
+    def launch() -> object:
+        queued = draft_graphs.launch(host, drafted, targets, sampled, {})
+        if queued.done is not None:
+            queued.done.synchronize()
+        return queued
+
+    launch()
+    if not draft_graphs.graphs:
+        return launch, launch
+    return draft_graphs.graphs[draft_key(draft_graphs.keys, len(host.ids), len(host.order))].replay, launch
+
+
 def expected_tokens(a: float, k: int) -> float:
     return sum(a**j for j in range(k + 1))
 
@@ -105,7 +132,7 @@ def time_model(
 ) -> list[dict]:
     """One row per (batch, k): decode and verify milliseconds, their ratio, the draft pass and the speedups."""
     runner = llm.engine.runner
-    graphs, drafter = runner.graphs, runner.drafter
+    graphs, drafter, draft_graphs = runner.graphs, runner.drafter, runner.draft_graphs
     vocab = llm.engine.model_config.hf_config.vocab_size
     block_size = llm.stats()["block_size"]
     rows = []
@@ -118,12 +145,19 @@ def time_model(
             spans = draft_spans(host, context)
             draft_ms = wall(lambda spans=spans, prenorm=prenorm: drafter.propose(spans, prenorm))
             ratio = verify_ms / decode_ms
+            captured = {}
+            if draft_graphs is not None:
+                replay, launch = staged_draft_pass(draft_graphs, host)
+                graph_ms, launch_ms = bench(replay), wall(launch)
+                captured = dict(mtp_draft_graph_ms=graph_ms, mtp_draft_launch_ms=launch_ms,
+                                speedup_with_draft_graph={n: expected_tokens(a, k) * decode_ms / (verify_ms + launch_ms)
+                                                          for n, a in ACCEPTANCE.items()})  # fmt: skip
             row = dict(batch=batch, k=k, context=context, decode_ms=decode_ms, verify_ms=verify_ms,
                        verify_over_decode=ratio, mtp_draft_ms=draft_ms,
                        expected_tokens={n: expected_tokens(a, k) for n, a in ACCEPTANCE.items()},
                        speedup={n: expected_tokens(a, k) / ratio for n, a in ACCEPTANCE.items()},
                        speedup_with_draft={n: expected_tokens(a, k) * decode_ms / (verify_ms + draft_ms)
-                                           for n, a in ACCEPTANCE.items()})  # fmt: skip
+                                           for n, a in ACCEPTANCE.items()}, **captured)  # fmt: skip
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows
@@ -160,11 +194,14 @@ def spec(tmp: Path, bench: Callable, v2_lite: dict) -> dict:
         gc.collect()  # the previous engine's cache must be gone before this one sizes its own
         torch.cuda.empty_cache()
         llm = LLM(str(folder), **base, **options)
-        assert llm.engine.runner.graphs is not None and llm.engine.runner.drafter is not None
+        runner = llm.engine.runner
+        assert runner.graphs is not None and runner.drafter is not None and runner.draft_graphs is not None
         result[name] = {"layers": config["num_hidden_layers"], "rows": time_model(llm, bench, wall_ms)}
         del llm
     gc.collect()
     torch.cuda.empty_cache()
     result["timing"] = ("decode_ms, verify_ms: medians of CUDA-graph replays with L2 emptied before each "
-                        "(gpu_suite.bench); mtp_draft_ms: median wall time of the eager draft pass")  # fmt: skip
+                        "(gpu_suite.bench); mtp_draft_ms: median wall time of the eager draft pass; "
+                        "mtp_draft_graph_ms: the captured draft pass's replay, timed as the steps are; "
+                        "mtp_draft_launch_ms: median wall time of its launch (staging, replay, copy out)")  # fmt: skip
     return result

@@ -10,7 +10,7 @@ gets static tables and slots for each; a pooled-entries group (AttentionRule.rat
 every row and kept where the row completes it (a row that does not writes to slot 0 of the null block).
 Speculative verify steps replay the same graphs, one decode row per token (runner/verify_graphs.py): an engine that
 drafts k tokens captures up to max_num_seqs x (k + 1) rows, and an MTP engine's graphs also keep every row's hidden
-state before the final norm, which its draft layer reads after the replay.
+state before the final norm, which its draft layer's pass reads (runner/mtp_graphs.py, on these static inputs).
 """
 
 import bisect
@@ -123,6 +123,18 @@ class DecodeGraphs:
         graphs captured with keep_prenorm. Both are the graph's buffers: read them before the next replay."""
         size, n = self._replay(batch, None), len(batch.query_lens)
         return self.logits[size][:n], self.prenorm[size][:n]
+
+    def step_rows(self, size: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+        """(positions, block tables, metadata, hidden states before the final norm) of the graph of `size` rows:
+        its static inputs and output, which a captured MTP draft pass reads (runner/mtp_graphs.py)."""
+        return self.positions[:size], self.block_tables[:size], self._meta(size), self.prenorm[size]
+
+    def decode_meta(
+        self, size: int, slots: torch.Tensor, seq_lens: torch.Tensor, tables: torch.Tensor
+    ) -> AttentionMetadata:
+        """The metadata of a decode batch of `size` rows on other static inputs (an MTP pass's chained rows)."""
+        rules, length = self.rules, self.max_model_len
+        return static_decode_meta(self.block_size, length, rules, size, slots, seq_lens, tables, [])
 
     def _replay(self, batch: HostBatch, source: tuple[torch.Tensor, list[int]] | None) -> int:
         """Stages the batch into the static inputs and replays the graph of its padded size, which it returns."""

@@ -27,6 +27,7 @@ from mlaserve.runner.draft_processing import (
     sampled_row_inputs,
 )
 from mlaserve.runner.mtp_draft import MtpDrafter, draft_spans
+from mlaserve.runner.mtp_graphs import MtpDraftGraphs, capture_draft_graphs, collect_drafts
 from mlaserve.runner.prompt_logprobs import PromptSpan, ScoredSpan, prompt_spans, score_prompt_spans
 from mlaserve.runner.spec_verify import accept_drafts, draft_rows, draft_targets
 from mlaserve.runner.step import LaunchedStep, StepPlan, StepResult
@@ -63,6 +64,7 @@ class ModelRunner:
         self.graphs = None  # DecodeGraphs, when enabled
         self.prefill_graphs = None  # PrefillGraphs, when enabled
         self.drafter: MtpDrafter | None = None  # MTP drafts after every step (speculative method "mtp")
+        self.draft_graphs: MtpDraftGraphs | None = None  # its pass after captured steps, captured too
         self._turn = 0
         if device.type == "cuda":
             self._host_ids = [torch.empty(256, dtype=torch.long, pin_memory=True) for _ in range(2)]
@@ -89,6 +91,10 @@ class ModelRunner:
             keep_prenorm=self.drafter is not None,
         )
         self.graphs.capture()
+        self.draft_graphs = None
+        if self.drafter is not None:
+            eager_only = self.parallel.distributed or len(self.group_rules) > 1
+            self.draft_graphs = capture_draft_graphs(self.drafter, self.graphs, max_model_len, eager_only)
         if prefill_tokens >= PREFILL_SIZES[0]:
             self.prefill_graphs = PrefillGraphs(
                 self.model, self.kv_caches, self.block_size, prefill_tokens, self.device
@@ -148,7 +154,7 @@ class ModelRunner:
             plain = dataclasses.replace(host, order=[], sampled=[])
             plan = StepPlan(plain, spans, source_rows, verify_rows, self.drafter is not None)
             broadcast_object(self.parallel, plan)
-        logits, scored, verify_logits, prenorm = self._forward(
+        logits, scored, verify_logits, prenorm, captured = self._forward(
             host, spans, source_rows, None if previous is None else previous.token_ids, verify_rows
         )
         if logits is None:
@@ -191,6 +197,9 @@ class ModelRunner:
             tensors = self.sampler.logprobs(verify_logits.float(), row_params, verified)
             step.draft_logprobs = (row_params, tensors.to_host())
         step.host, step.prenorm = host, prenorm
+        if captured and self.drafter and self.draft_graphs:  # queued behind the token ids' copy out
+            step.queued_drafts = self.draft_graphs.launch(host, drafted, verified, token_ids, step.num_valid)
+            step.prenorm = None
         return step
 
     @torch.inference_mode()
@@ -198,7 +207,7 @@ class ModelRunner:
         """A rank past 0: the step's forward as rank 0 runs it, then the ids rank 0 sampled, then the MTP draft
         pass over the spans rank 0 sends (its drafts are rank 0's to read; the pass writes this rank's share of
         the draft layer's cache)."""
-        *_, prenorm = self._forward(
+        *_, prenorm, _ = self._forward(
             plan.host, plan.spans, plan.source_rows, self.last_sampled, plan.verify_rows
         )
         if plan.host.sample_rows:
@@ -228,21 +237,22 @@ class ModelRunner:
         source_rows: list[int] | None,
         source_ids: torch.Tensor | None,
         verify_rows: list[int] | None = None,
-    ) -> tuple[torch.Tensor | None, list[ScoredSpan], torch.Tensor | None, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor | None, list[ScoredSpan], torch.Tensor | None, torch.Tensor | None, bool]:
         """The logits of the sampled rows (None when no row samples), the prompt logprobs asked for, the logits
-        at verify_rows (speculative drafts' positions; None when there are none) and, with an MTP drafter, every
-        row's hidden state before the final norm. Decode steps, with drafts or without, replay the decode graphs
-        (runner/verify_graphs.py); a step with a prompt chunk runs eagerly where a drafter reads its rows."""
+        at verify_rows (speculative drafts' positions; None when there are none), with an MTP drafter every
+        row's hidden state before the final norm, and whether the step replayed the decode graphs. Decode steps,
+        with drafts or without, replay the decode graphs (runner/verify_graphs.py); a step with a prompt chunk runs
+        eagerly where a drafter reads its rows."""
         graphs, prefills = self.graphs, self.prefill_graphs
         source = None if source_rows is None else lookahead_source(source_ids, source_rows, host.ids)
         if graphs is not None and not spans:
             captured = run_captured(graphs, host, source, verify_rows, self.drafter is not None)
             if captured is not None:
                 logits, verify_logits, prenorm = captured
-                return logits, [], verify_logits, prenorm
+                return logits, [], verify_logits, prenorm, True
         eager = bool(spans or verify_rows) or self.drafter is not None
         if prefills is not None and not eager and host.sample_rows and prefills.can_run(host):
-            return prefills.run(host), [], None, None  # the sampled sequences' rows, in order
+            return prefills.run(host), [], None, None, False  # the sampled sequences' rows, in order
         batch = to_device(
             host,
             self.block_size,
@@ -261,14 +271,14 @@ class ModelRunner:
             hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
         scored = score_prompt_spans(self.model, hidden, spans)
         if not host.sample_rows:
-            return None, scored, None, prenorm
+            return None, scored, None, prenorm, False
         if not verify_rows:
-            return self.model.compute_logits(hidden[batch.sample_rows]), scored, None, prenorm
+            return self.model.compute_logits(hidden[batch.sample_rows]), scored, None, prenorm, False
         # One head call for the sampled and the draft rows: every row's logits come from the same GEMM.
         rows = torch.cat((batch.sample_rows, queued_values(verify_rows, torch.long, self.device)))
         logits = self.model.compute_logits(hidden[rows])
         num_sampled = len(host.sample_rows)
-        return logits[:num_sampled], scored, logits[num_sampled:], prenorm
+        return logits[:num_sampled], scored, logits[num_sampled:], prenorm, False
 
     def collect(self, step: LaunchedStep) -> StepResult:
         """Waits for a launched step's tokens (and reads the logprobs asked for)."""
@@ -283,7 +293,9 @@ class ModelRunner:
         ids = [s.request.request_id for s in step.sampled]
         result = self._results(step, ids, token_list, prompt_logprobs)
         result.grammar_failed = self._advance_grammars(kept_tokens(step.drafted, result))
-        if step.prenorm is not None:  # the layer's rows for this step's tokens, and the next step's drafts
+        if step.queued_drafts is not None:  # the captured pass, queued at launch
+            result.drafts = collect_drafts(step.queued_drafts, result.token_ids, result.num_accepted)
+        elif step.prenorm is not None:  # the layer's rows for this step's tokens, and the next step's drafts
             spans = draft_spans(step.host, result.token_ids, result.num_accepted)
             result.drafts = self._propose(spans, step.prenorm)
         return result

@@ -10,7 +10,9 @@ next position (as vLLM chains it); those rows sit past the verified tokens, in t
 them (Scheduler._lookahead), and the next step's pass writes over them with the verified ones.
 
 Drafts are the layer's argmax: a point mass, which runner/spec_verify.py's rejection sampling takes as it takes
-prompt-lookup drafts. The plain reference is mlaserve/testing/mtp_reference.py.
+prompt-lookup drafts. The plain reference is mlaserve/testing/mtp_reference.py. After a step replayed from the decode
+graphs, the same pass runs on the device from graphs of its own (runner/mtp_graphs.py), checked against this one;
+this one runs after prompt chunks and eager steps.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import torch
 from mlaserve.core.scheduler import ScheduledRequest, SchedulerOutput
 from mlaserve.outputs import LogprobEntry
 from mlaserve.runner.batch import HostBatch
+from mlaserve.runner.mtp_graphs import QueuedDrafts
 from mlaserve.runner.prompt_logprobs import PromptSpan, ScoredSpan
 from mlaserve.sampling.sampler import LogprobTensors
 from mlaserve.sampling_params import SamplingParams
@@ -100,6 +101,7 @@ class LaunchedStep:
     draft_logprobs: tuple[list[SamplingParams], LogprobTensors] | None = None
     host: HostBatch | None = None  # the batch, for an MTP drafter's pass after the step
     prenorm: torch.Tensor | None = None  # with an MTP drafter: every row's hidden state before the final norm
+    queued_drafts: QueuedDrafts | None = None  # the MTP draft pass of a captured step, queued on the device
 
     @property
     def needs_host(self) -> bool:

@@ -17,9 +17,8 @@ The cost of rows over sequences: each row reads its request's context again (k +
 several query rows per sequence would read it once), small beside the weights at the contexts where decode is bound
 by reading them, and growing with the context.
 
-An MTP engine's graphs keep every row's hidden state before the final norm; its draft layer runs eagerly after the
-replay (runner/mtp_draft.py), since its first pass has as many rows per request as drafts were accepted, which is
-known only then.
+An MTP engine's graphs keep every row's hidden state before the final norm; its draft layer's pass is queued right
+after the step, on the same rows at the same fixed shape, and replayed from graphs of its own (runner/mtp_graphs.py).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import bisect
 
 import torch
 
-from mlaserve.attention.metadata import build_metadata
+from mlaserve.attention.metadata import AttentionMetadata, build_metadata
 from mlaserve.runner.batch import HostBatch
 from mlaserve.runner.cuda_graphs import stage_decode_inputs, static_decode_meta
 
@@ -27,6 +27,9 @@ class StaticStepsOnCPU:
         self.seq_lens = torch.ones(largest, dtype=torch.int32)
         self.tables = torch.zeros(largest, -(-max_model_len // runner.block_size), dtype=torch.int32)
         self.rows: list[int] = []  # rows of each step run here
+        self.prenorm: torch.Tensor | None = (
+            None  # the last step's, all its padded rows (an MTP pass reads it)
+        )
 
     def can_run(self, batch: HostBatch) -> bool:
         return batch.num_decodes == len(batch.query_lens) <= self.sizes[-1]
@@ -45,13 +48,27 @@ class StaticStepsOnCPU:
         self.rows.append(n)
         stage_decode_inputs(batch, size, self.host_i64, self.seq_lens, self.tables)
         slots = self.host_i64[2]
-        meta = static_decode_meta(r.block_size, self.max_model_len, r.group_rules, size, slots, self.seq_lens,
-                                  self.tables, [])  # fmt: skip
-        gather = build_metadata(r.block_size, self.tables[:size], [1] * size, self.seq_lens[:size].tolist(), size,
-                                slots[:size])  # fmt: skip
-        meta.decode_slot_index, meta.decode_mask = gather.decode_slot_index, gather.decode_mask
+        meta = self.decode_meta(size, slots, self.seq_lens, self.tables)
         inputs = (self.host_i64[0, :size], self.host_i64[1, :size], r.kv_caches, meta)
         if not self.keep_prenorm:
             return r.model.compute_logits(r.model(*inputs))[:n], None
-        hidden, prenorm = r.model.forward_with_prenorm(*inputs)
-        return r.model.compute_logits(hidden)[:n], prenorm[:n]
+        hidden, self.prenorm = r.model.forward_with_prenorm(*inputs)
+        return r.model.compute_logits(hidden)[:n], self.prenorm[:n]
+
+    def step_rows(self, size: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+        """DecodeGraphs.step_rows: the last step's static inputs and hidden states, for an MTP draft pass."""
+        slots = self.host_i64[2]
+        meta = self.decode_meta(size, slots, self.seq_lens, self.tables)
+        return self.host_i64[1, :size], self.tables[:size], meta, self.prenorm
+
+    def decode_meta(
+        self, size: int, slots: torch.Tensor, seq_lens: torch.Tensor, tables: torch.Tensor
+    ) -> AttentionMetadata:
+        """A captured step's metadata, with the gather indices the torch reference backend reads."""
+        r = self.runner
+        meta = static_decode_meta(r.block_size, self.max_model_len, r.group_rules, size, slots, seq_lens, tables,
+                                  [])  # fmt: skip
+        gather = build_metadata(r.block_size, tables[:size], [1] * size, seq_lens[:size].tolist(), size,
+                                slots[:size])  # fmt: skip
+        meta.decode_slot_index, meta.decode_mask = gather.decode_slot_index, gather.decode_mask
+        return meta

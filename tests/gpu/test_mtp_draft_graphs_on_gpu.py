@@ -1,0 +1,81 @@
+"""On a GPU (skipped in CI): the MTP draft pass of captured steps replayed from its own graphs (runner/mtp_graphs.py).
+float32 tiny DeepSeek-V3 with an MTP layer on the triton_mla backend, graphs on: greedy tokens with mtp (k = 1, 2)
+equal the plain engine's, every collected pass's drafts equal the eager drafter's on the same step (the draft
+layer's cache put back after the check), the pass ran from its graphs, and the blocks come back.
+
+    TRITON_INTERPRET=0 python -m pytest tests/gpu/test_mtp_draft_graphs_on_gpu.py
+"""
+
+import bisect
+
+import pytest
+import torch
+
+from mlaserve import LLM, SamplingParams
+from mlaserve.runner import model_runner
+from mlaserve.runner.mtp_draft import draft_spans
+from mlaserve.runner.mtp_graphs import MtpDraftGraphs, collect_drafts
+from mlaserve.testing.mtp_checkpoint import add_mtp_layer
+from mlaserve.testing.tiny_models import build_tiny
+from tests.engine.test_speculative_mtp import mtp, prompts
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+OPTIONS = dict(dtype="float32", device="cuda", attention_backend="triton_mla", num_kv_blocks=64, block_size=64,
+               max_model_len=256, max_num_seqs=8)  # fmt: skip
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict:
+    plain = build_tiny("deepseek_v3", tmp_path_factory.mktemp("v3"))
+    return {
+        echo: add_mtp_layer(plain, tmp_path_factory.mktemp(f"mtp_{echo}"), echo=echo)
+        for echo in (False, True)
+    }
+
+
+def generate(path, monkeypatch, **options) -> tuple[list[list[int]], dict, list[int]]:
+    """Greedy tokens, stats and, with an MTP drafter, the requests compared in each captured pass."""
+    llm = LLM(str(path), **OPTIONS, **options)
+    runner = llm.engine.runner
+    compared: list[int] = []
+    pending: list = []
+    if runner.drafter is not None:
+        assert runner.draft_graphs is not None and runner.draft_graphs.graphs
+        real_launch, drafter, cache = MtpDraftGraphs.launch, runner.drafter, runner.kv_caches[-1]
+
+        def launch(self, host, drafted, targets, sampled, num_valid):
+            size = self.source.sizes[bisect.bisect_left(self.source.sizes, len(host.ids))]
+            pending[:] = [host, self.source.step_rows(size)[3].clone()]
+            return real_launch(self, host, drafted, targets, sampled, num_valid)
+
+        def check(queued, token_ids, num_accepted):
+            got = collect_drafts(queued, token_ids, num_accepted)
+            host, prenorm = pending
+            saved = cache.clone()
+            want = drafter.propose(draft_spans(host, token_ids, num_accepted), prenorm)
+            cache.copy_(saved)
+            assert got == want
+            compared.append(len(want))
+            return got
+
+        monkeypatch.setattr(MtpDraftGraphs, "launch", launch)
+        monkeypatch.setattr(model_runner, "collect_drafts", check)
+    outs = llm.generate(prompts(), GREEDY, use_tqdm=False)
+    stats = llm.stats()
+    del llm, runner
+    torch.cuda.empty_cache()
+    return [o.outputs[0].token_ids for o in outs], stats, compared
+
+
+@pytest.mark.parametrize("echo", [False, True], ids=["random", "echo"])
+@pytest.mark.parametrize("k", [1, 2])
+def test_captured_draft_pass_equals_the_eager_one(models, monkeypatch, echo: bool, k: int) -> None:
+    want, _, _ = generate(models[echo], monkeypatch)
+    got, stats, compared = generate(models[echo], monkeypatch, speculative_config=mtp(k))
+    assert got == want
+    assert stats["num_draft_tokens"] > 0 and stats["kv_blocks_used"] == 0
+    assert compared and max(compared) == len(prompts())
+    if echo:
+        assert stats["num_accepted_tokens"] == stats["num_draft_tokens"]
