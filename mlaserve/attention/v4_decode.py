@@ -70,7 +70,8 @@ def window_slots(
     tables: torch.Tensor, seq_lens: torch.Tensor, window: int, block_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(slots [B, window] int32, lens [B] int32): each sequence's last min(len, window) rows' flat slots first, then
-    repeats of its last (never read: past its length)."""
+    repeats of its last (never read: past its length). The reference of kernels/v4_parts.py's step_rows, which
+    v4_decode runs."""
     n = seq_lens.long()
     start = (n - window).clamp(min=0)
     pos = torch.minimum(start[:, None] + torch.arange(window, device=n.device), (n - 1).clamp(min=0)[:, None])
@@ -83,16 +84,17 @@ def one_row_pages(cache: torch.Tensor) -> torch.Tensor:
     return cache.view(-1, 1, 1, cache.shape[-1])
 
 
-def select_entries(q: torch.Tensor, entries: EntryCache, counts: torch.Tensor, scale: float) -> Part:
-    """The indexer's top-k of each sequence's complete entries (counts [B]), then attention over them."""
+def select_entries(
+    q: torch.Tensor, entries: EntryCache, counts: torch.Tensor, rows: torch.Tensor, scale: float
+) -> Part:
+    """The indexer's top-k of each sequence's complete entries (counts [B] int32; rows [B] int32 each sequence's
+    table row), then attention over them."""
     from mlaserve.kernels.index_topk import select_topk_paged
 
     index, d = entries.index, q.shape[-1]
     keys = entries.cache[..., part_bounds((d, index.q.shape[-1]), 1, entries.cache.dtype)]
-    b = q.shape[0]
-    rows = torch.arange(b, device=q.device)
     slots = select_topk_paged(
-        index.q, index.weights, keys, entries.tables[:b], rows, counts.to(torch.int32), entries.max_count,
+        index.q, index.weights, keys, entries.tables[: q.shape[0]], rows, counts, entries.max_count,
         index.topk, index.scale,
     )  # fmt: skip
     lens = (slots >= 0).sum(dim=1, dtype=torch.int32)  # the valid slots come first
@@ -102,7 +104,8 @@ def select_entries(q: torch.Tensor, entries: EntryCache, counts: torch.Tensor, s
 
 def merge_with_sink(parts: list[Part], sink: torch.Tensor) -> torch.Tensor:
     """[B, H, D] float32: the parts' outputs weighted by their share of one softmax whose sum also holds
-    exp(sink[h]). A part with no keys adds nothing (the kernels leave its output undefined)."""
+    exp(sink[h]). A part with no keys adds nothing (the kernels leave its output undefined). The reference of
+    kernels/v4_parts.py's merge, which v4_decode runs."""
     lses = [torch.where(p.lens[:, None] > 0, p.lse, float("-inf")) for p in parts]
     top = torch.stack([*lses, sink[None].expand_as(lses[0])]).amax(dim=0)
     total = torch.exp(sink[None] - top)
@@ -127,16 +130,18 @@ def v4_decode(
     """Decode attention [B, H, D] in q's dtype of queries q [B, H, D] (D: head_dim) over the rows' cache [blocks,
     page, 1, >= D] (window group; window_tables [>= B, max_blocks]) and a compressing layer's entries, with each
     head's sink logit (sink [H] float32) in its softmax. seq_lens [B]: the context after this step."""
+    from mlaserve.kernels import v4_parts
+
     b, page = q.shape[0], rows.shape[1]
-    slots, lens = window_slots(window_tables[:b], seq_lens, window, page)
-    parts = [attend(q, one_row_pages(rows), slots, lens, window, scale)]
-    if entries is not None and entries.max_count:
-        counts = (seq_lens // entries.rate).to(torch.int32)
+    rate = entries.rate if entries is not None and entries.max_count else 0
+    step = v4_parts.step_rows(window_tables[:b], seq_lens, window, page, rate)
+    parts = [attend(q, one_row_pages(rows), step.slots, step.lens, window, scale)]
+    if rate:
         if entries.index is None:
-            parts.append(attend(q, entries.cache, entries.tables[:b], counts, entries.max_count, scale))
+            parts.append(attend(q, entries.cache, entries.tables[:b], step.counts, entries.max_count, scale))
         else:
-            parts.append(select_entries(q, entries, counts, scale))
-    return merge_with_sink(parts, sink.float()).to(q.dtype)
+            parts.append(select_entries(q, entries, step.counts, step.rows, scale))
+    return v4_parts.merge_with_sink(parts, sink.float(), q.dtype)
 
 
 def decode_on_kernels(

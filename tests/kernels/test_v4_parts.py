@@ -1,0 +1,52 @@
+"""kernels/v4_parts.py against the torch forms they replace (attention/v4_decode.py's window_slots and
+merge_with_sink): windows shorter than, equal to and past the context, empty sequences, one part and two, parts with
+no keys whose outputs are NaN. Twin test: the interpreter on CPU, natively on a GPU."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from mlaserve.attention.v4_decode import Part, merge_with_sink, window_slots  # noqa: E402
+from mlaserve.kernels import v4_parts  # noqa: E402
+
+PAGE, WINDOW = 4, 6
+
+
+@pytest.mark.parametrize("rate", [0, 4])
+def test_step_rows_equal_the_torch_window_slots(rate, device):
+    lens = torch.tensor([0, 1, 5, 6, 7, 23], dtype=torch.int32, device=device)
+    tables = (
+        torch.randperm(6 * 8, generator=torch.Generator().manual_seed(0)).view(6, 8).to(device, torch.int32)
+    )
+    got = v4_parts.step_rows(tables, lens, WINDOW, PAGE, rate)
+    slots, n = window_slots(tables, lens, WINDOW, PAGE)
+    # rows past a sequence's length are never read: compare those it has
+    keep = torch.arange(WINDOW, device=device)[None, :] < n[:, None]
+    assert torch.equal(got.lens, n)
+    assert torch.equal(torch.where(keep, got.slots, 0), torch.where(keep, slots, 0))
+    assert torch.equal(got.counts, lens // rate if rate else torch.zeros_like(lens))
+    assert torch.equal(got.rows, torch.arange(6, dtype=torch.int32, device=device))
+
+
+@pytest.mark.parametrize("two", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_merge_with_sink_equals_the_torch_merge(two, dtype, device):
+    gen = torch.Generator().manual_seed(1)
+    b, h, d = 5, 3, 24  # d not a power of two: the tile is masked
+
+    def part(lens: list[int]) -> Part:
+        out = torch.randn(b, h, d, generator=gen).to(device, dtype)
+        lse = torch.randn(b, h, generator=gen).to(device)
+        lens_t = torch.tensor(lens, dtype=torch.int32, device=device)
+        empty = lens_t == 0
+        out[empty], lse[empty] = float("nan"), float("nan")  # the kernels leave a part with no keys undefined
+        return Part(out, lse, lens_t)
+
+    parts = [part([0, 1, 3, 0, 2])] + ([part([0, 0, 5, 1, 7])] if two else [])
+    sink = torch.randn(h, generator=gen).to(device)
+    got = v4_parts.merge_with_sink(parts, sink, dtype)
+    want = merge_with_sink(parts, sink).to(dtype)
+    assert not got.isnan().any()
+    tol = 1e-5 if dtype == torch.float32 else 1e-3
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
