@@ -1,7 +1,6 @@
 """DeepSeek-V4 decode's work around the paged decode kernel, one Triton launch each (attention/v4_decode.py):
 
-  step_rows        each sequence's last `window` rows as flat slots (the window group's pages of one row), how many
-                   of them it has, its complete entries at a rate, and its own index (the indexer's table row)
+  entry_rows       each sequence's complete entries at a rate, and its own index (the indexer's table row)
   merge_with_sink  the parts' outputs weighted by their share of one softmax whose sum also holds exp(sink[h])
 
 In torch each was a dozen or more small launches, which at decode sizes (a few microseconds each, replayed from a
@@ -15,48 +14,29 @@ import triton
 import triton.language as tl
 
 
-class StepRows(NamedTuple):
-    """step_rows' outputs: slots [B, window] int32, lens [B] int32 (rows of the window a sequence has), counts [B]
-    int32 (complete entries at the rate; zeros without one), rows [B] int32 (0 .. B - 1)."""
+class EntryRows(NamedTuple):
+    """entry_rows' outputs: counts [B] int32 (complete entries at the rate), rows [B] int32 (0 .. B - 1)."""
 
-    slots: torch.Tensor
-    lens: torch.Tensor
     counts: torch.Tensor
     rows: torch.Tensor
 
 
 @triton.jit
-def _step_rows(
-    Tables, SeqLens, Slots, Lens, Counts, Rows, stride_t, stride_s, window, rate,
-    PAGE: tl.constexpr, BLOCK_W: tl.constexpr,
-):  # fmt: skip
-    b = tl.program_id(0)
-    n = tl.load(SeqLens + b).to(tl.int64)
-    start = tl.maximum(n - window, 0)
-    j = tl.arange(0, BLOCK_W)
-    # past a sequence's length the last row repeats: the decode kernel never reads it, and it is a live slot
-    pos = tl.minimum(start + j, tl.maximum(n - 1, 0))
-    ok = j < window
-    page = tl.load(Tables + b * stride_t + pos // PAGE, mask=ok, other=0).to(tl.int64)
-    tl.store(Slots + b * stride_s + j, (page * PAGE + pos % PAGE).to(tl.int32), mask=ok)
-    tl.store(Lens + b, (n - start).to(tl.int32))
-    tl.store(Counts + b, (n // tl.maximum(rate, 1) * (rate > 0)).to(tl.int32))
-    tl.store(Rows + b, b)
+def _entry_rows(SeqLens, Counts, Rows, batch, rate, BLOCK: tl.constexpr):
+    b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = b < batch
+    tl.store(Counts + b, tl.load(SeqLens + b, mask=ok, other=0) // rate, mask=ok)
+    tl.store(Rows + b, b, mask=ok)
 
 
-def step_rows(
-    tables: torch.Tensor, seq_lens: torch.Tensor, window: int, block_size: int, rate: int
-) -> StepRows:
-    """The window's slots and lengths, the entries' counts at `rate` (0: none) and the sequences' indices for
-    tables [>= B, max_blocks] (pages of block_size rows) and seq_lens [B]."""
+def entry_rows(seq_lens: torch.Tensor, rate: int) -> EntryRows:
+    """Each sequence's complete entries at `rate` and its index (its row of the entry group's tables), for
+    seq_lens [B] int32."""
     b = seq_lens.shape[0]
-    dev = seq_lens.device
-    out = StepRows(*(torch.empty(*s, dtype=torch.int32, device=dev) for s in ((b, window), (b,), (b,), (b,))))
+    out = EntryRows(*(torch.empty(b, dtype=torch.int32, device=seq_lens.device) for _ in range(2)))
     if b:
-        _step_rows[(b,)](
-            tables, seq_lens, *out, tables.stride(0), out.slots.stride(0), window, rate,
-            PAGE=block_size, BLOCK_W=triton.next_power_of_2(window),
-        )  # fmt: skip
+        block = min(1024, triton.next_power_of_2(b))
+        _entry_rows[(triton.cdiv(b, block),)](seq_lens, *out, b, rate, BLOCK=block)
     return out
 
 

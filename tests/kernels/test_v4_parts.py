@@ -1,31 +1,20 @@
-"""kernels/v4_parts.py against the torch forms they replace (attention/v4_decode.py's window_slots and
-merge_with_sink): windows shorter than, equal to and past the context, empty sequences, one part and two, parts with
-no keys whose outputs are NaN. Twin test: the interpreter on CPU, natively on a GPU."""
+"""kernels/v4_parts.py against the torch forms they replace (attention/v4_decode.py's merge_with_sink): one part
+and two, parts with no keys whose outputs are NaN; the entries' counts. Twin test: the interpreter on CPU, natively
+on a GPU."""
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-from mlaserve.attention.v4_decode import Part, merge_with_sink, window_slots  # noqa: E402
+from mlaserve.attention.v4_decode import Part, merge_with_sink  # noqa: E402
 from mlaserve.kernels import v4_parts  # noqa: E402
 
-PAGE, WINDOW = 4, 6
 
-
-@pytest.mark.parametrize("rate", [0, 4])
-def test_step_rows_equal_the_torch_window_slots(rate, device):
-    lens = torch.tensor([0, 1, 5, 6, 7, 23], dtype=torch.int32, device=device)
-    tables = (
-        torch.randperm(6 * 8, generator=torch.Generator().manual_seed(0)).view(6, 8).to(device, torch.int32)
-    )
-    got = v4_parts.step_rows(tables, lens, WINDOW, PAGE, rate)
-    slots, n = window_slots(tables, lens, WINDOW, PAGE)
-    # rows past a sequence's length are never read: compare those it has
-    keep = torch.arange(WINDOW, device=device)[None, :] < n[:, None]
-    assert torch.equal(got.lens, n)
-    assert torch.equal(torch.where(keep, got.slots, 0), torch.where(keep, slots, 0))
-    assert torch.equal(got.counts, lens // rate if rate else torch.zeros_like(lens))
+def test_entry_rows_count_each_sequences_complete_entries(device):
+    lens = torch.tensor([0, 1, 3, 4, 9, 23], dtype=torch.int32, device=device)
+    got = v4_parts.entry_rows(lens, 4)
+    assert torch.equal(got.counts, lens // 4)
     assert torch.equal(got.rows, torch.arange(6, dtype=torch.int32, device=device))
 
 
