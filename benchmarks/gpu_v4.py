@@ -148,7 +148,8 @@ class Case:
 
     def engine_groups(self) -> dict:
         """Each launch group of the engine's composition alone, on the inputs its layers give it, to show where
-        the engine's time goes: the window's decode, the entries' counts, the 128:1 entries' decode, the indexer's
+        the engine's time goes: the window's decode (at this case's lengths, whose windows start on a tile, and
+        where they do not), the entries' counts, the 128:1 entries' decode, the indexer's
         selection (scores, top-k, slots), the selected entries' decode, the merge with the sink of one part and of
         two."""
         tables, lens, csa, hca = self.engine_inputs()
@@ -156,8 +157,13 @@ class Case:
         counts = {rate: v4_parts.entry_rows(lens, rate) for rate in (CSA_RATE, HCA_RATE)}
         slots = select_slots(self.q, csa, counts[CSA_RATE].counts, counts[CSA_RATE].rows)
         hca_part = attend(self.q, hca.cache, hca.tables, counts[HCA_RATE].counts, hca.max_count, self.scale)
+        # a window that starts inside a tile, as most decode steps' do: one more tile read, its first rows masked
+        unaligned = lens - 37
         return {
             "window": lambda: attend(self.q, self.window, tables, lens, WINDOW, self.scale, WINDOW),
+            "window_unaligned": lambda: attend(
+                self.q, self.window, tables, unaligned, WINDOW, self.scale, WINDOW
+            ),
             "entry_rows": lambda: v4_parts.entry_rows(lens, HCA_RATE),
             "hca_entries": lambda: attend(
                 self.q, hca.cache, hca.tables, counts[HCA_RATE].counts, hca.max_count, self.scale
