@@ -129,7 +129,7 @@ def v4_decode(
 ) -> torch.Tensor:
     """Decode attention [B, H, D] in q's dtype of queries q [B, H, D] (D: head_dim) over the rows' cache [blocks,
     page, 1, >= D] (window group; window_tables [>= B, max_blocks]) and a compressing layer's entries, with each
-    head's sink logit (sink [H] float32) in its softmax. seq_lens [B]: the context after this step."""
+    head's sink logit (sink [H]) in its softmax. seq_lens [B]: the context after this step."""
     from mlaserve.kernels import v4_parts
 
     b = q.shape[0]
@@ -141,7 +141,7 @@ def v4_decode(
         else:
             slots = select_slots(q, entries, step.counts, step.rows)
             parts.append(attend_selected(q, entries, slots, scale))
-    return v4_parts.merge_with_sink(parts, sink.float(), q.dtype)
+    return v4_parts.merge_with_sink(parts, sink, q.dtype)
 
 
 def decode_on_kernels(

@@ -50,7 +50,7 @@ def _merge_with_sink(
     h = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < dim
-    sink = tl.load(Sink + h)
+    sink = tl.load(Sink + h).to(tl.float32)
     # a part with no keys adds nothing: the decode kernels leave its output and LSE undefined, so never multiply
     has_a = tl.load(LensA + b) > 0
     lse_a = tl.where(has_a, tl.load(LseA + b * stride_la + h), float("-inf"))
@@ -79,7 +79,8 @@ def merge_with_sink(
     parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], sink: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
     """[B, H, D] in dtype: one or two parts (out [B, H, D] with a unit last stride, lse [B, H] natural log, lens
-    [B] the keys each saw) merged with sink [H] float32 as one softmax, in float32."""
+    [B] the keys each saw) merged with sink [H] (any float dtype: read as float32, so a 16-bit model's sink needs
+    no cast launch) as one softmax, in float32."""
     first, second = parts[0], parts[-1]
     if len(parts) > 2:
         raise ValueError(f"merge_with_sink takes one or two parts, got {len(parts)}")
