@@ -82,24 +82,28 @@ def one_row_pages(cache: torch.Tensor) -> torch.Tensor:
 
 def select_slots(
     q: torch.Tensor, entries: EntryCache, counts: torch.Tensor, rows: torch.Tensor
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The indexer's top-k of each sequence's complete entries (counts [B] int32; rows [B] int32 each sequence's
-    table row) as flat slots of the entry cache, [B, k] int64, the valid ones first and -1 after them."""
+    table row): (slots [B, k] int32 of the entry cache, the picked first and 0 after them; lens [B] int32 how many
+    were picked)."""
     from mlaserve.kernels.index_topk import select_topk_paged
 
     index, d = entries.index, q.shape[-1]
     keys = entries.cache[..., part_bounds((d, index.q.shape[-1]), 1, entries.cache.dtype)]
-    return select_topk_paged(
+    lens = torch.empty(q.shape[0], dtype=torch.int32, device=q.device)
+    slots = select_topk_paged(
         index.q, index.weights, keys, entries.tables[: q.shape[0]], rows, counts, entries.max_count,
-        index.topk, index.scale,
+        index.topk, index.scale, lens,
     )  # fmt: skip
+    return slots, lens
 
 
-def attend_selected(q: torch.Tensor, entries: EntryCache, slots: torch.Tensor, scale: float) -> Part:
+def attend_selected(
+    q: torch.Tensor, entries: EntryCache, selected: tuple[torch.Tensor, torch.Tensor], scale: float
+) -> Part:
     """Attention over the selected entries (select_slots), read as pages of one row."""
-    lens = (slots >= 0).sum(dim=1, dtype=torch.int32)  # the valid slots come first
-    table = slots.clamp(min=0).to(torch.int32)
-    return attend(q, one_row_pages(entries.cache), table, lens, slots.shape[1], scale)
+    slots, lens = selected
+    return attend(q, one_row_pages(entries.cache), slots, lens, slots.shape[1], scale)
 
 
 def merge_with_sink(parts: list[Part], sink: torch.Tensor) -> torch.Tensor:
@@ -139,8 +143,8 @@ def v4_decode(
         if entries.index is None:
             parts.append(attend(q, entries.cache, entries.tables[:b], step.counts, entries.max_count, scale))
         else:
-            slots = select_slots(q, entries, step.counts, step.rows)
-            parts.append(attend_selected(q, entries, slots, scale))
+            selected = select_slots(q, entries, step.counts, step.rows)
+            parts.append(attend_selected(q, entries, selected, scale))
     return v4_parts.merge_with_sink(parts, sink, q.dtype)
 
 
