@@ -2,10 +2,11 @@
 the same context, with the KV bytes per token each holds.
 
 This times the kernels a V4 decode step runs per layer, composed here as the engine composes them on the triton_mla
-backend (mlaserve/attention/v4_decode.py), but for the window, read here from page 0 rather than through one-row
-pages. Shapes are V4-Flash's attention: 64 query heads over one shared 512-wide row that is both key and value (its
-last 64 features rotated), a window of 128 tokens, entries compressed 4:1 of which an indexer (64 heads x 128) keeps
-512, entries compressed 128:1, a learned sink logit per head; bf16, pages of 64, batch 32 at 65,536-token contexts.
+backend (mlaserve/attention/v4_decode.py), but for the window, read here from page 0 of its own two pages where the
+engine reads it through the window group's table from the page the window starts in. Shapes are V4-Flash's
+attention: 64 query heads over one shared 512-wide row that is both key and value (its last 64 features rotated), a
+window of 128 tokens, entries compressed 4:1 of which an indexer (64 heads x 128) keeps 512, entries compressed
+128:1, a learned sink logit per head; bf16, pages of 64, batch 32 at 65,536-token contexts.
 Per layer kind:
   sliding   attention over the window's 128 rows
   hca       the window and every 128:1 entry (512), merged by log-sum-exp
@@ -14,8 +15,9 @@ Per layer kind:
   dense     absorbed MLA decode over all 65,536 latent rows of 512 + 64, 64 heads (a V3-style layer)
 The sink enters every V4 layer's softmax as out * sigmoid(lse - sink). Each composition is first checked against a
 torch reference (gathered rows, one softmax with the sink) at 4,096-token contexts, and the engine's (engine_*:
-v4_decode, the window through a table over the whole context) against it. Device, dtype and the sizes above are
-parameters of Case and check, so tests run them on CPU at tiny sizes.
+v4_decode, the window through a table over the whole context) against it. engine_group_* times each launch group of
+the engine's composition alone (Case.engine_groups), so a run shows which one holds the gap to the composed kernels.
+Device, dtype and the sizes above are parameters of Case and check, so tests run them on CPU at tiny sizes.
 
     python -m benchmarks.gpu_suite --sections v4 --out benchmarks/results/h200-v4-DATE.json
 """
@@ -24,7 +26,15 @@ import torch
 
 from mlaserve.attention.metadata import build_metadata
 from mlaserve.attention.triton_mla import TritonMLABackend
-from mlaserve.attention.v4_decode import EntryCache, IndexQuery, v4_decode
+from mlaserve.attention.v4_decode import (
+    EntryCache,
+    IndexQuery,
+    attend,
+    attend_selected,
+    select_slots,
+    v4_decode,
+)
+from mlaserve.kernels import v4_parts
 from mlaserve.kernels.mla_decode.decode import mla_decode
 
 HEADS, DIM, ROPE, WINDOW, PAGE = 64, 512, 64, 128, 64
@@ -111,9 +121,10 @@ class Case:
         picked = mla_decode(self.q, rows, slots.clamp(min=0).to(torch.int32), lens, TOPK, DIM, self.scale)
         return with_sink(merge(self.window_part(), picked), self.sink)
 
-    def engine_layers(self) -> dict:
-        """The three layers as the engine runs them (v4_decode): the window through a table over the whole context
-        (its pages last), the compressed-sparse entries with their indexer keys after them in one tensor."""
+    def engine_inputs(self) -> tuple[torch.Tensor, torch.Tensor, EntryCache, EntryCache]:
+        """What the engine's composition reads: the window group's tables over the whole context (the window's
+        pages last), the lengths, the compressed-sparse entries with their indexer keys after them in one tensor,
+        the heavily compressed entries."""
         tables = torch.zeros(self.batch, self.context // PAGE, dtype=torch.int32, device=self.q.device)
         tables[:, -self.window_table.shape[1] :] = self.window_table
         lens = torch.full((self.batch,), self.context, dtype=torch.int32, device=self.q.device)
@@ -122,6 +133,11 @@ class Case:
             torch.cat((self.csa_rows, self.index_keys), -1), self.csa_table, CSA_RATE, self.csa, index
         )
         hca = EntryCache(self.hca_rows, self.hca_table, HCA_RATE, self.hca)
+        return tables, lens, csa, hca
+
+    def engine_layers(self) -> dict:
+        """The three layers as the engine runs them (v4_decode)."""
+        tables, lens, csa, hca = self.engine_inputs()
 
         def layer(entries: EntryCache | None):
             return lambda: v4_decode(
@@ -129,6 +145,34 @@ class Case:
             )
 
         return {"sliding": layer(None), "hca": layer(hca), "csa": layer(csa)}
+
+    def engine_groups(self) -> dict:
+        """Each launch group of the engine's composition alone, on the inputs its layers give it, to show where
+        the engine's time goes: the window's decode (at this case's lengths, whose windows start on a tile, and
+        where they do not), the entries' counts, the 128:1 entries' decode, the indexer's
+        selection (scores, top-k, slots), the selected entries' decode, the merge with the sink of one part and of
+        two."""
+        tables, lens, csa, hca = self.engine_inputs()
+        window = attend(self.q, self.window, tables, lens, WINDOW, self.scale, WINDOW)
+        counts = {rate: v4_parts.entry_rows(lens, rate) for rate in (CSA_RATE, HCA_RATE)}
+        slots = select_slots(self.q, csa, counts[CSA_RATE].counts, counts[CSA_RATE].rows)
+        hca_part = attend(self.q, hca.cache, hca.tables, counts[HCA_RATE].counts, hca.max_count, self.scale)
+        # a window that starts inside a tile, as most decode steps' do: one more tile read, its first rows masked
+        unaligned = lens - 37
+        return {
+            "window": lambda: attend(self.q, self.window, tables, lens, WINDOW, self.scale, WINDOW),
+            "window_unaligned": lambda: attend(
+                self.q, self.window, tables, unaligned, WINDOW, self.scale, WINDOW
+            ),
+            "entry_rows": lambda: v4_parts.entry_rows(lens, HCA_RATE),
+            "hca_entries": lambda: attend(
+                self.q, hca.cache, hca.tables, counts[HCA_RATE].counts, hca.max_count, self.scale
+            ),
+            "csa_select": lambda: select_slots(self.q, csa, counts[CSA_RATE].counts, counts[CSA_RATE].rows),
+            "csa_entries": lambda: attend_selected(self.q, csa, slots, self.scale),
+            "merge_1": lambda: v4_parts.merge_with_sink([window], self.sink, self.q.dtype),
+            "merge_2": lambda: v4_parts.merge_with_sink([window, hca_part], self.sink, self.q.dtype),
+        }
 
 
 def gathered(cache: torch.Tensor, table: torch.Tensor, n: int) -> torch.Tensor:
@@ -161,6 +205,10 @@ def check(
     composed = {"sliding": case.sliding, "hca": case.hca_layer, "csa": lambda: case.csa_layer(backend, slots)}
     for kind, layer in case.engine_layers().items():
         errors[f"engine_{kind}"] = (layer().float() - composed[kind]().float()).abs().max().item()
+    # every launch group the section times runs, and the window's then the merge's make the sliding layer
+    outputs = {name: group() for name, group in case.engine_groups().items()}
+    merged = outputs["merge_1"].float()
+    errors["engine_groups_sliding"] = (merged - case.engine_layers()["sliding"]().float()).abs().max().item()
     assert all(e < 2e-2 for e in errors.values()), errors
     return {f"{k}_max_abs_err": v for k, v in errors.items()}
 
@@ -193,13 +241,17 @@ def v4(bench, bench_graph) -> dict:
         "csa_select": bench_graph(lambda: case.select(backend)),
         "csa": bench_graph(lambda: case.csa_layer(backend)),
         **{f"engine_{kind}": bench_graph(layer) for kind, layer in case.engine_layers().items()},
+        **{f"engine_group_{name}": bench_graph(group) for name, group in case.engine_groups().items()},
     }  # fmt: skip
     result.update(
         shape=dict(batch=batch, context=context, heads=HEADS, dim=DIM, window=WINDOW, csa_rate=CSA_RATE,
                    hca_rate=HCA_RATE, index_topk=TOPK, index_heads=INDEX_HEADS, index_dim=INDEX_DIM, page=PAGE),
-        ms=ms, speedup_vs_dense={k: ms["dense_mla"] / v for k, v in ms.items() if k != "dense_mla"},
+        ms=ms, speedup_vs_dense={k: ms["dense_mla"] / v for k, v in ms.items()
+                                 if k != "dense_mla" and not k.startswith("engine_group_")},
         kv_bytes_per_token=kv_bytes_per_token(context),
         timing="medians of CUDA-graph replays with L2 emptied before each (gpu_suite.bench)",
-        note="kernels composed per V4 layer kind; engine_*: the engine's composition (attention/v4_decode.py)",
+        note="kernels composed per V4 layer kind; engine_*: the engine's composition (attention/v4_decode.py); "
+             "engine_group_*: each of its launch groups alone (sliding = window + merge_1, hca = window + "
+             "entry_rows + hca_entries + merge_2, csa = window + entry_rows + csa_select + csa_entries + merge_2)",
     )  # fmt: skip
     return result

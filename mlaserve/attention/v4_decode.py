@@ -1,16 +1,17 @@
 """DeepSeek-V4's decode attention on the paged Triton kernels, as benchmarks/gpu_v4.py composes them per layer kind:
 
-  window    mla_decode over the last `window` rows, as pages of one row: their slots come through the window
-            group's table, since the rows before the window may be back in the pool and a table cannot be read
-            from position 0
+  window    mla_decode over the last `window` rows, read through the window group's table in its own pages from
+            the tile the window starts in (the kernel masks the rows before it): the blocks before the window may
+            be back in the pool, and the table names the null block there, which is never read
   entries   mla_decode over every complete entry, through the entry group's table (heavily compressed layers)
   selected  the indexer's top-k of the complete entries (kernels/index_topk.py), then mla_decode over them as
             pages of one row (compressed-sparse layers)
 
 One row is both key and value (a rank of head_dim, no separate rotary part), and each part returns its output and
-log-sum-exp; the parts are merged with every head's sink logit as one more term of the softmax's sum, which is the
-torch reference's single softmax (V4Attention._decode) over the same keys. Every width is fixed by the host's
-lengths (max_model_len in a captured step) and nothing reads the device back, so a CUDA graph can replay it.
+log-sum-exp; the parts are merged (kernels/v4_parts.py, one launch) with every head's sink logit as one more term
+of the softmax's sum, which is the torch reference's single softmax (V4Attention._decode) over the same keys. Every
+width is fixed by the host's lengths (max_model_len in a captured step) and nothing reads the device back, so a CUDA
+graph can replay it.
 """
 
 from typing import NamedTuple
@@ -55,27 +56,23 @@ class EntryCache(NamedTuple):
 
 
 def attend(
-    q: torch.Tensor, cache: torch.Tensor, table: torch.Tensor, lens: torch.Tensor, max_len: int, scale: float
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    table: torch.Tensor,
+    lens: torch.Tensor,
+    max_len: int,
+    scale: float,
+    window: int = 0,
 ) -> Part:
     """mla_decode of q [B, H, D] over the first D features of cache's rows ([blocks, page, 1, >= D]; in an 8-bit
-    cache the first part, D values and their scale's tail, kvcache/segments.py)."""
+    cache the first part, D values and their scale's tail, kvcache/segments.py); with a window, each sequence's
+    last `window` rows."""
     from mlaserve.kernels.mla_decode.decode import mla_decode
 
     d = q.shape[-1]
-    out, lse = mla_decode(q, cache[..., : row_width(d, cache.dtype)], table, lens, max_len, d, scale)
+    width = row_width(d, cache.dtype)
+    out, lse = mla_decode(q, cache[..., :width], table, lens, max_len, d, scale, window=window)
     return Part(out, lse, lens)
-
-
-def window_slots(
-    tables: torch.Tensor, seq_lens: torch.Tensor, window: int, block_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(slots [B, window] int32, lens [B] int32): each sequence's last min(len, window) rows' flat slots first, then
-    repeats of its last (never read: past its length)."""
-    n = seq_lens.long()
-    start = (n - window).clamp(min=0)
-    pos = torch.minimum(start[:, None] + torch.arange(window, device=n.device), (n - 1).clamp(min=0)[:, None])
-    slots = tables.long().gather(1, pos // block_size) * block_size + pos % block_size
-    return slots.to(torch.int32), (n - start).to(torch.int32)
 
 
 def one_row_pages(cache: torch.Tensor) -> torch.Tensor:
@@ -83,26 +80,36 @@ def one_row_pages(cache: torch.Tensor) -> torch.Tensor:
     return cache.view(-1, 1, 1, cache.shape[-1])
 
 
-def select_entries(q: torch.Tensor, entries: EntryCache, counts: torch.Tensor, scale: float) -> Part:
-    """The indexer's top-k of each sequence's complete entries (counts [B]), then attention over them."""
+def select_slots(
+    q: torch.Tensor, entries: EntryCache, counts: torch.Tensor, rows: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The indexer's top-k of each sequence's complete entries (counts [B] int32; rows [B] int32 each sequence's
+    table row): (slots [B, k] int32 of the entry cache, the picked first and 0 after them; lens [B] int32 how many
+    were picked)."""
     from mlaserve.kernels.index_topk import select_topk_paged
 
     index, d = entries.index, q.shape[-1]
     keys = entries.cache[..., part_bounds((d, index.q.shape[-1]), 1, entries.cache.dtype)]
-    b = q.shape[0]
-    rows = torch.arange(b, device=q.device)
+    lens = torch.empty(q.shape[0], dtype=torch.int32, device=q.device)
     slots = select_topk_paged(
-        index.q, index.weights, keys, entries.tables[:b], rows, counts.to(torch.int32), entries.max_count,
-        index.topk, index.scale,
+        index.q, index.weights, keys, entries.tables[: q.shape[0]], rows, counts, entries.max_count,
+        index.topk, index.scale, lens,
     )  # fmt: skip
-    lens = (slots >= 0).sum(dim=1, dtype=torch.int32)  # the valid slots come first
-    table = slots.clamp(min=0).to(torch.int32)
-    return attend(q, one_row_pages(entries.cache), table, lens, slots.shape[1], scale)
+    return slots, lens
+
+
+def attend_selected(
+    q: torch.Tensor, entries: EntryCache, selected: tuple[torch.Tensor, torch.Tensor], scale: float
+) -> Part:
+    """Attention over the selected entries (select_slots), read as pages of one row."""
+    slots, lens = selected
+    return attend(q, one_row_pages(entries.cache), slots, lens, slots.shape[1], scale)
 
 
 def merge_with_sink(parts: list[Part], sink: torch.Tensor) -> torch.Tensor:
     """[B, H, D] float32: the parts' outputs weighted by their share of one softmax whose sum also holds
-    exp(sink[h]). A part with no keys adds nothing (the kernels leave its output undefined)."""
+    exp(sink[h]). A part with no keys adds nothing (the kernels leave its output undefined). The reference of
+    kernels/v4_parts.py's merge, which v4_decode runs."""
     lses = [torch.where(p.lens[:, None] > 0, p.lse, float("-inf")) for p in parts]
     top = torch.stack([*lses, sink[None].expand_as(lses[0])]).amax(dim=0)
     total = torch.exp(sink[None] - top)
@@ -126,17 +133,19 @@ def v4_decode(
 ) -> torch.Tensor:
     """Decode attention [B, H, D] in q's dtype of queries q [B, H, D] (D: head_dim) over the rows' cache [blocks,
     page, 1, >= D] (window group; window_tables [>= B, max_blocks]) and a compressing layer's entries, with each
-    head's sink logit (sink [H] float32) in its softmax. seq_lens [B]: the context after this step."""
-    b, page = q.shape[0], rows.shape[1]
-    slots, lens = window_slots(window_tables[:b], seq_lens, window, page)
-    parts = [attend(q, one_row_pages(rows), slots, lens, window, scale)]
+    head's sink logit (sink [H]) in its softmax. seq_lens [B]: the context after this step."""
+    from mlaserve.kernels import v4_parts
+
+    b = q.shape[0]
+    parts = [attend(q, rows, window_tables[:b], seq_lens, window, scale, window)]
     if entries is not None and entries.max_count:
-        counts = (seq_lens // entries.rate).to(torch.int32)
+        step = v4_parts.entry_rows(seq_lens, entries.rate)
         if entries.index is None:
-            parts.append(attend(q, entries.cache, entries.tables[:b], counts, entries.max_count, scale))
+            parts.append(attend(q, entries.cache, entries.tables[:b], step.counts, entries.max_count, scale))
         else:
-            parts.append(select_entries(q, entries, counts, scale))
-    return merge_with_sink(parts, sink.float()).to(q.dtype)
+            selected = select_slots(q, entries, step.counts, step.rows)
+            parts.append(attend_selected(q, entries, selected, scale))
+    return v4_parts.merge_with_sink(parts, sink, q.dtype)
 
 
 def decode_on_kernels(

@@ -150,15 +150,18 @@ def select_topk_paged(
     max_visible: int,
     topk: int,
     scale: float,
+    lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each token's top-k visible keys as flat cache slots, [T, min(topk, max_visible)], -1 padded (the layout of
-    attention/sparse.py's select_topk). Long batches are scored a slice of tokens at a time."""
+    attention/sparse.py's select_topk). Long batches are scored a slice of tokens at a time. With `lens` ([T]
+    int32, written here: each token's count of slots) the slots are int32 with 0 for padding, a table the decode
+    kernels read as pages of one row, without the count, clamp and cast launches that -1 padding needs."""
     k = min(topk, max_visible)
     page = key_cache.shape[1]
     # the dots take the cache's dtype; 8-bit keys widen (exactly) to the query's
     q = q if is_quantized(key_cache.dtype) else q.to(key_cache.dtype)
     weights = weights.float()
-    out = torch.empty(q.shape[0], k, dtype=torch.long, device=q.device)
+    out = torch.empty(q.shape[0], k, dtype=torch.long if lens is None else torch.int32, device=q.device)
     step = max(1, _MAX_SCORES // max(1, max_visible))
     for s in range(0, q.shape[0], step):
         rows = slice(s, s + step)
@@ -173,14 +176,15 @@ def select_topk_paged(
             scale,
         )
         values, idx = scores.topk(k, dim=-1, sorted=False)  # in no order: faster than sorted
-        slots_of_positions(values, idx, block_tables, table_rows[rows], page, out[rows])
+        counts = None if lens is None else lens[rows]
+        slots_of_positions(values, idx, block_tables, table_rows[rows], page, out[rows], counts)
     return out
 
 
 @triton.jit
 def _slots(
-    Values, Index, BlockTable, TableRow, Out, stride_v, stride_i, stride_bt, stride_o, k,
-    PAGE: tl.constexpr, BLOCK: tl.constexpr,
+    Values, Index, BlockTable, TableRow, Out, Lens, stride_v, stride_i, stride_bt, stride_o, k,
+    PAGE: tl.constexpr, BLOCK: tl.constexpr, TABLE: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -191,9 +195,15 @@ def _slots(
     )
     row = tl.load(TableRow + t).to(tl.int64)
     page = tl.load(BlockTable + row * stride_bt + pos // PAGE, mask=picked != 0, other=0).to(tl.int64)
-    # Compaction: the picked slots first, then the -1s (unsorted top-k interleaves them where keys are too few).
+    # Compaction: the picked slots first, then the padding (unsorted top-k interleaves them where keys are too few).
     dest = tl.where(picked != 0, tl.cumsum(picked, 0) - 1, tl.sum(picked, 0) + tl.cumsum(1 - picked, 0) - 1)
-    tl.store(Out + t * stride_o + dest, tl.where(picked != 0, page * PAGE + pos % PAGE, -1), mask=in_k)
+    if TABLE:
+        slot = tl.where(picked != 0, page * PAGE + pos % PAGE, 0)
+    else:
+        slot = tl.where(picked != 0, page * PAGE + pos % PAGE, -1)
+    tl.store(Out + t * stride_o + dest, slot.to(Out.dtype.element_ty), mask=in_k)
+    if TABLE:
+        tl.store(Lens + t, tl.sum(picked, 0))
 
 
 def slots_of_positions(
@@ -203,12 +213,17 @@ def slots_of_positions(
     table_rows: torch.Tensor,
     page: int,
     out: torch.Tensor,
+    lens: torch.Tensor | None = None,
 ) -> None:
     """out [T, k] int64 = the flat cache slots of top-k's positions idx [T, k] through each token's block-table row,
     those whose value is -inf (fewer visible keys than k) as -1 after the others. One kernel where the torch
-    expression took eight."""
+    expression took eight. With `lens` ([T] int32), out is int32 with 0s after the picked slots and lens their
+    count (select_topk_paged)."""
     if idx.numel():
         _slots[(idx.shape[0],)](
-            values, idx, block_tables, table_rows, out, values.stride(0), idx.stride(0), block_tables.stride(0),
-            out.stride(0), idx.shape[1], PAGE=page, BLOCK=triton.next_power_of_2(idx.shape[1]),
+            values, idx, block_tables, table_rows, out, out if lens is None else lens, values.stride(0),
+            idx.stride(0), block_tables.stride(0), out.stride(0), idx.shape[1], PAGE=page,
+            BLOCK=triton.next_power_of_2(idx.shape[1]), TABLE=lens is not None,
         )  # fmt: skip
+    elif lens is not None:
+        lens.zero_()

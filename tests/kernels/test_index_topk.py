@@ -76,3 +76,22 @@ def test_every_tile_down_the_ladder_scores_as_the_reference():
     for r in rungs:
         got = index_scores_paged(q, weights, cache, tables, rows, visible, 80, 0.3, *r)
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4, msg=str(r))
+
+
+@pytest.mark.parametrize("topk", [3, 64])
+def test_selection_as_a_table_holds_the_same_slots_and_their_counts(topk):
+    # The table form (DeepSeek-V4's decode): int32 slots, 0 after the picked ones, and their count per token.
+    from mlaserve.kernels.index_topk import select_topk_paged
+
+    cache, meta, _, gen = paged_batch(QUERY_LENS, SEQ_LENS, heads_kv=1, dim=16, seed=3)
+    num_tokens = sum(QUERY_LENS)
+    q = torch.randn(num_tokens, 8, 16, generator=gen)
+    weights = torch.randn(num_tokens, 8, generator=gen)
+    rows = torch.repeat_interleave(torch.arange(len(QUERY_LENS)), torch.tensor(QUERY_LENS))
+    visible = (token_positions() + 1).to(torch.int32)
+    args = (q, weights, cache, meta.block_tables, rows, visible, max(SEQ_LENS), topk, 0.25)
+    want = select_topk_paged(*args)
+    lens = torch.empty(num_tokens, dtype=torch.int32)
+    got = select_topk_paged(*args, lens)
+    assert got.dtype == torch.int32 and torch.equal(lens, (want >= 0).sum(1, dtype=torch.int32))
+    assert torch.equal(got, want.clamp(min=0).to(torch.int32))

@@ -106,7 +106,7 @@ def test_balanced_spans_past_512_sequences():
 @triton.jit
 def _spans_kernel(SeqLens, Out, num_splits, split_target, BLOCK_N: tl.constexpr):
     b, split = tl.program_id(0), tl.program_id(2)
-    start, end = split_span(SeqLens, b, split, num_splits, split_target, BLOCK_N)
+    start, end, _ = split_span(SeqLens, b, split, num_splits, split_target, 0, BLOCK_N)
     tl.store(Out + (b * num_splits + split) * 2, start)
     tl.store(Out + (b * num_splits + split) * 2 + 1, end)
 

@@ -44,6 +44,7 @@ class DecodeKernel(Kernel):
     # spare splits for long sequences (rules.grid_splits); the kernel ends a program past its sequence's share at
     # once
     grid_room: bool = True
+    windows: bool = False  # reads a window's rows from where it starts (DecodeCall.window)
 
 
 def _launch(module: str) -> Lazy:
@@ -88,7 +89,7 @@ DECODE_KERNELS: tuple[DecodeKernel, ...] = (
         supports=DecodeSupport(runtime="triton", archs=None, cache_dtypes=FLOATS | EIGHT_BIT, query_dtypes=FLOATS,
                                heads=ANY, ranks=Widths(1, 1024), ropes=Widths(0, 256), pages=ANY),
         pays=rules.always, launch=_launch("triton_split"), plan=rules.plan_triton, tunables=TRITON_TUNABLES,
-        shared_bytes=rules.triton_shared_bytes,
+        shared_bytes=rules.triton_shared_bytes, windows=True,
     ),
     DecodeKernel(
         "torch reference", about="plain torch over whole block tables (reference.py)",
@@ -96,7 +97,7 @@ DECODE_KERNELS: tuple[DecodeKernel, ...] = (
                                ranks=ANY, ropes=Widths(0), pages=ANY),
         pays=rules.always, launch=_launch("reference"), plan=rules.plan_torch, tunables=frozenset(),
         shared_bytes=rules.no_shared_bytes,
-        grid_room=False,
+        grid_room=False, windows=True,
     ),
 )  # fmt: skip
 KERNELS_BY_NAME = {kernel.name: kernel for kernel in DECODE_KERNELS}
@@ -136,14 +137,19 @@ def refusal(kernel: DecodeKernel, shape: DecodeShape, call: DecodeCall, device: 
     why = kernel.supports(shape, device)
     if why is None and kernel.tma_rows and not call.tma_rows:
         why = "copies rows by TMA: the cache's rows must start 16-byte aligned"
+    if why is None and call.window and not kernel.windows:
+        why = "reads every row from the first: no window"
     return why
 
 
 @functools.cache
-def candidates(shape: DecodeShape, device: DecodeDevice) -> tuple[DecodeKernel, ...]:
-    """The kernels that fit `shape` and pay for it, in table order, up to the first that pays for every call."""
+def candidates(shape: DecodeShape, device: DecodeDevice, window: bool = False) -> tuple[DecodeKernel, ...]:
+    """The kernels that fit `shape` and pay for it, in table order, up to the first that pays for every call; with
+    `window`, only those that read a window (DecodeCall.window)."""
     found = []
     for kernel in DECODE_KERNELS:
+        if window and not kernel.windows:
+            continue
         if kernel.supports(shape, device) is None and kernel.pays(shape, device):
             found.append(kernel)
             if kernel.pays_per_call is None:
@@ -153,7 +159,7 @@ def candidates(shape: DecodeShape, device: DecodeDevice) -> tuple[DecodeKernel, 
 
 def choose_kernel(shape: DecodeShape, call: DecodeCall, device: DecodeDevice) -> DecodeKernel:
     """The first kernel in DECODE_KERNELS that fits the call and pays for it."""
-    for kernel in candidates(shape, device):
+    for kernel in candidates(shape, device, bool(call.window)):
         if kernel.tma_rows and not call.tma_rows:
             continue
         if kernel.pays_per_call is None or kernel.pays_per_call(shape, call, device):
@@ -178,7 +184,7 @@ def plan_for(
 ) -> DecodePlan:
     """`kernel`'s launch of one call, with a benchmark's `tuning` (tuning.py) over its defaults; the grid gets room
     for long sequences where the kernel takes it."""
-    planned = kernel.plan(shape, call, device, tuning)
+    planned = dataclasses.replace(kernel.plan(shape, call, device, tuning), window=call.window)
     if not kernel.grid_room or "num_splits" in tuning or planned.balanced:
         return planned
     room = rules.grid_splits(

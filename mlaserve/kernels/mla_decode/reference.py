@@ -19,16 +19,21 @@ def paged_latent_decode(
     seq_lens: torch.Tensor,
     kv_lora_rank: int,
     scale: float,
+    window: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q [B, H, R], q_pe [B, H, P], cache [blocks, page, 1, R + P] (8-bit rows too) -> (out [B, H, R] in q's
-    dtype, lse [B, H] float32)."""
+    dtype, lse [B, H] float32); with a window, each sequence's last `window` rows only."""
     page = cache.shape[1]
     pos = torch.arange(block_table.shape[1] * page, device=q.device)
     slots = block_table.long()[:, pos // page] * page + pos % page  # [B, L]
     rows = cache.flatten(0, 2).index_select(0, slots.reshape(-1)).view(*slots.shape, cache.shape[-1])
     k = dequantize_rows(rows, torch.float32) if is_quantized(cache.dtype) else rows.float()  # [B, L, R + P]
     scores = torch.einsum("bhd,bld->bhl", torch.cat((q, q_pe), -1).float(), k) * scale
-    scores.masked_fill_((pos[None, :] >= seq_lens[:, None])[:, None, :], float("-inf"))
+    hidden = pos[None, :] >= seq_lens[:, None]
+    if window:
+        hidden |= pos[None, :] < seq_lens[:, None] - window
+    scores.masked_fill_(hidden[:, None, :], float("-inf"))
+    k = k.masked_fill(hidden[..., None], 0.0)  # a freed block before a window may hold anything, NaN included
     lse = torch.logsumexp(scores, dim=-1)
     out = torch.einsum("bhl,bld->bhd", torch.exp(scores - lse[..., None]), k[..., :kv_lora_rank])
     return out.to(q.dtype), lse
@@ -45,4 +50,4 @@ def launch(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The table entry's launch: the plan has nothing to tune."""
-    return paged_latent_decode(q, q_pe, kv_cache, block_table, seq_lens, kv_lora_rank, scale)
+    return paged_latent_decode(q, q_pe, kv_cache, block_table, seq_lens, kv_lora_rank, scale, plan.window)

@@ -47,11 +47,13 @@ class DecodeShape:
 @dataclasses.dataclass(frozen=True, slots=True)
 class DecodeCall:
     """What changes from step to step: the batch, the longest context the call is sized for (a CUDA graph sizes
-    it for max_model_len), and whether TMA can copy the cache's rows (16-byte aligned start)."""
+    it for max_model_len), whether TMA can copy the cache's rows (16-byte aligned start), and the window: a call
+    that reads only each sequence's last `window` rows (0: all of them)."""
 
     batch: int
     max_seq_len: int
     tma_rows: bool = True
+    window: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -94,6 +96,7 @@ class DecodePlan:
     split_target: int = 0
     balanced: bool = False  # Triton kernel: num_splits programs take equal runs of the batch's tiles
     min_span_rows: int = MIN_SPAN_ROWS  # balanced: the fewest rows a program takes
+    window: int = 0  # each sequence's last `window` rows only (DecodeCall.window); 0: all
 
 
 def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms: int, block_h: int) -> int:
@@ -214,7 +217,10 @@ def plan_triton(
     page_ahead = block_h <= 16 and not quantized if page_ahead is None else page_ahead
     block_n, num_warps, splits = tuning.get("block_n"), tuning.get("num_warps"), tuning.get("num_splits")
     balanced = tuning.get("balanced")
-    if balanced is None:
+    if call.window:
+        # a window's rows are few and equal in number: split shares, which know where a window starts
+        balanced = False
+    elif balanced is None:
         balanced = (
             block_h <= 16 and not quantized and spans_pay(call.batch, _groups(shape, block_h), device.sms)
         )

@@ -11,14 +11,17 @@ import triton.language as tl
 
 
 @triton.jit
-def split_span(SeqLens, b, split, num_splits, split_target, BLOCK_N: tl.constexpr):
-    """Rows [start, end) of sequence b that split `split` covers (empty past the sequence's share of splits).
+def split_span(SeqLens, b, split, num_splits, split_target, window, BLOCK_N: tl.constexpr):
+    """Rows [start, end) of sequence b that split `split` covers (empty past the sequence's share of splits), and
+    the first row it may attend to (0, or with a window the window's first: rows before it are masked).
 
     The batch takes batch x split_target splits, each sequence its share by length: round(split_target x its length
     / the mean length), at least 1 and at most num_splits (the grid's), its rows spread evenly over them in whole
     tiles. Equal lengths take split_target each, as the measured rules do; a sequence four times the mean length
     takes four times as many, so it does not run alone at the end. A CUDA graph sizes the grid for max_model_len
-    (rules.grid_splits), so the lengths are read here: all of them, from the device."""
+    (rules.grid_splits), so the lengths are read here: all of them, from the device. A window's rows are at most
+    `window` in every sequence: each takes split_target splits over them, from the tile its window starts in, so
+    tiles stay whole pages' runs as without a window."""
     seq_len = tl.load(SeqLens + b)
     batch = tl.num_programs(0)
     idx = tl.arange(0, 512)
@@ -28,10 +31,13 @@ def split_span(SeqLens, b, split, num_splits, split_target, BLOCK_N: tl.constexp
     # round(split_target x seq_len / mean length), in float32: exact for equal lengths, no 64-bit products
     mean = tl.maximum(total, 1).to(tl.float32) / batch
     share = (seq_len.to(tl.float32) * split_target / mean + 0.5).to(tl.int32)
+    share = tl.where(window > 0, split_target, share)
     count = tl.minimum(tl.maximum(share, 1), num_splits)
-    split_len = tl.cdiv(tl.cdiv(seq_len, count), BLOCK_N) * BLOCK_N
-    start = split * split_len
-    return start, tl.minimum(start + split_len, seq_len)
+    lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    first = lo // BLOCK_N * BLOCK_N
+    split_len = tl.cdiv(tl.cdiv(seq_len - first, count), BLOCK_N) * BLOCK_N
+    start = first + split * split_len
+    return start, tl.minimum(start + split_len, seq_len), lo
 
 
 @triton.jit

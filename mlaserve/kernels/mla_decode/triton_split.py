@@ -62,13 +62,14 @@ def _load_rows(
 
 @triton.jit
 def _load_tile(
-    KV, BlockTable, b, n0, end, stride_kv, stride_bt,
+    KV, BlockTable, b, n0, lo, end, stride_kv, stride_bt,
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr, BLOCK_N: tl.constexpr,
     QUANTIZED: tl.constexpr, TILE_IN_PAGE: tl.constexpr, LAT_TILE: tl.constexpr, ROPE_TILE: tl.constexpr,
 ):  # fmt: skip
-    """Rows n0 .. n0 + BLOCK_N of sequence b (masked past `end`): latent part, rope part, the 8-bit row scales."""
+    """Rows n0 .. n0 + BLOCK_N of sequence b (masked before `lo` and past `end`): latent part, rope part, the 8-bit
+    row scales."""
     pos = n0 + tl.arange(0, BLOCK_N)
-    ok = pos < end
+    ok = (pos < end) & (pos >= lo)
     if TILE_IN_PAGE:  # the tile is one run of rows inside a page: one table lookup, contiguous rows
         page = _page_of(BlockTable, b, n0, end, stride_bt, PAGE)
         base = _rows_in_page(KV, page, n0, stride_kv, PAGE, BLOCK_N)
@@ -110,14 +111,15 @@ def _attend_tile(
 
 @triton.jit
 def _attend_rows(
-    Q, QPe, KV, BlockTable, b, start, end, heads, head_ok, d, r, q_ok,
+    Q, QPe, KV, BlockTable, b, start, lo, end, heads, head_ok, d, r, q_ok,
     stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, scale_log2,
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
     TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr, PAGE_AHEAD: tl.constexpr,
     WIDEN_BITS: tl.constexpr, LAT_TILE: tl.constexpr, ROPE_TILE: tl.constexpr,
 ):  # fmt: skip
-    """Sequence b's heads attend over its rows [start, end): the partial output and base-2 LSE (-inf if empty)."""
+    """Sequence b's heads attend over its rows [max(start, lo), end): the partial output and base-2 LSE (-inf if
+    empty)."""
     # Unmasked, as an empty span loads them too: masked by the span's bounds, every program's query loads waited for
     # the lengths' sum, and the 16-head kernel was measurably slower.
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=q_ok, other=0.0)
@@ -136,12 +138,12 @@ def _attend_rows(
         # 8-bit tiles are converted in registers before the dots, which keeps Triton's pipeliner from streaming
         # them into shared memory ahead of use; loading tile i + 1 before working on tile i hides the latency.
         k, k_pe, scale, ok = _load_tile(
-            KV, BlockTable, b, start, end, stride_kv, stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N, QUANTIZED,
+            KV, BlockTable, b, start, lo, end, stride_kv, stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N, QUANTIZED,
             TILE_IN_PAGE, LAT_TILE, ROPE_TILE,
         )  # fmt: skip
         for n0 in range(start, end, BLOCK_N):
             k_next, kpe_next, scale_next, ok_next = _load_tile(
-                KV, BlockTable, b, n0 + BLOCK_N, end, stride_kv, stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N,
+                KV, BlockTable, b, n0 + BLOCK_N, lo, end, stride_kv, stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N,
                 QUANTIZED, TILE_IN_PAGE, LAT_TILE, ROPE_TILE,
             )  # fmt: skip
             m, l_sum, acc = _attend_tile(
@@ -155,7 +157,7 @@ def _attend_rows(
         page = _page_of(BlockTable, b, start, end, stride_bt, PAGE)
         for n0 in range(start, end, BLOCK_N):
             page_next = _page_of(BlockTable, b, n0 + BLOCK_N, end, stride_bt, PAGE)
-            ok = n0 + tl.arange(0, BLOCK_N) < end
+            ok = (n0 + tl.arange(0, BLOCK_N) < end) & (n0 + tl.arange(0, BLOCK_N) >= lo)
             base = _rows_in_page(KV, page, n0, stride_kv, PAGE, BLOCK_N)
             k, k_pe, scale = _load_rows(base, ok, D_LAT, D_ROPE, BLOCK_N, QUANTIZED, LAT_TILE, ROPE_TILE)
             m, l_sum, acc = _attend_tile(
@@ -165,7 +167,7 @@ def _attend_rows(
     else:
         for n0 in range(start, end, BLOCK_N):
             k, k_pe, scale, ok = _load_tile(
-                KV, BlockTable, b, n0, end, stride_kv, stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N, QUANTIZED,
+                KV, BlockTable, b, n0, lo, end, stride_kv, stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N, QUANTIZED,
                 TILE_IN_PAGE, LAT_TILE, ROPE_TILE,
             )  # fmt: skip
             m, l_sum, acc = _attend_tile(
@@ -179,7 +181,7 @@ def _attend_rows(
 
 @triton.jit
 def _partial(
-    Q, QPe, KV, BlockTable, MidO, MidLse, b, start, end, row, split, heads, head_ok, d, r, q_ok,
+    Q, QPe, KV, BlockTable, MidO, MidLse, b, start, lo, end, row, split, heads, head_ok, d, r, q_ok,
     stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos,
     stride_mlb, stride_mlh, scale_log2,
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
@@ -187,10 +189,11 @@ def _partial(
     TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr, PAGE_AHEAD: tl.constexpr,
     WIDEN_BITS: tl.constexpr, LAT_TILE: tl.constexpr, ROPE_TILE: tl.constexpr, EMPTY_LSE: tl.constexpr,
 ):  # fmt: skip
-    """Sequence b's rows [start, end) into partial `row`, split `split`. An empty span stores no output, and its LSE
-    (-inf) only where EMPTY_LSE: split shares' merge reads every split's, balanced spans' only those with rows."""
+    """Sequence b's rows [max(start, lo), end) into partial `row`, split `split`. An empty span stores no output, and
+    its LSE (-inf) only where EMPTY_LSE: split shares' merge reads every split's, balanced spans' only those with
+    rows."""
     out, lse2 = _attend_rows(
-        Q, QPe, KV, BlockTable, b, start, end, heads, head_ok, d, r, q_ok,
+        Q, QPe, KV, BlockTable, b, start, lo, end, heads, head_ok, d, r, q_ok,
         stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, scale_log2,
         PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N, PRECISION, QUANTIZED, TILE_IN_PAGE, PREFETCH, Q_F16,
         PAGE_AHEAD, WIDEN_BITS, LAT_TILE, ROPE_TILE,
@@ -204,11 +207,11 @@ def _partial(
 # Ints that change from step to step are not specialized on (Triton would compile a variant for 1 and for
 # multiples of 16): a compile in the middle of serving costs about a second. The per-head LSE stride is the split
 # count, which an eager mixed step picks from its own batch.
-@triton.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits", "split_target", "batch"])
+@triton.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits", "split_target", "batch", "window"])
 def _stage1(
     Q, QPe, KV, BlockTable, SeqLens, MidO, MidLse,
     stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
-    num_heads, scale_log2, num_splits, split_target, batch,
+    num_heads, scale_log2, num_splits, split_target, batch, window,
     PAGE: tl.constexpr, D_LAT: tl.constexpr, D_ROPE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
     TILE_IN_PAGE: tl.constexpr, PREFETCH: tl.constexpr, Q_F16: tl.constexpr, PAGE_AHEAD: tl.constexpr,
@@ -234,7 +237,7 @@ def _stage1(
             start = (tl.maximum(t0, seg) - seg) * BLOCK_N
             end = tl.minimum((tl.minimum(t1, seg + tiles) - seg) * BLOCK_N, seq_len)
             _partial(
-                Q, QPe, KV, BlockTable, MidO, MidLse, b, start, end, b + cta, 0, heads, head_ok, d, r, q_ok,
+                Q, QPe, KV, BlockTable, MidO, MidLse, b, start, 0, end, b + cta, 0, heads, head_ok, d, r, q_ok,
                 stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos,
                 stride_mlb, stride_mlh, scale_log2, PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N, PRECISION, QUANTIZED,
                 TILE_IN_PAGE, PREFETCH, Q_F16, PAGE_AHEAD, WIDEN_BITS, LAT_TILE, ROPE_TILE, False,
@@ -243,11 +246,11 @@ def _stage1(
     else:
         b = tl.program_id(0)
         split = tl.program_id(2)
-        start, end = split_span(SeqLens, b, split, num_splits, split_target, BLOCK_N)
+        start, end, lo = split_span(SeqLens, b, split, num_splits, split_target, window, BLOCK_N)
         # A split past its sequence's share is empty: its tile loop runs no step, and it stores only its LSE
         # (-inf), which the merge skips.
         _partial(
-            Q, QPe, KV, BlockTable, MidO, MidLse, b, start, end, b, split, heads, head_ok, d, r, q_ok,
+            Q, QPe, KV, BlockTable, MidO, MidLse, b, start, lo, end, b, split, heads, head_ok, d, r, q_ok,
             stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos,
             stride_mlb, stride_mlh, scale_log2, PAGE, D_LAT, D_ROPE, BLOCK_H, BLOCK_N, PRECISION, QUANTIZED,
             TILE_IN_PAGE, PREFETCH, Q_F16, PAGE_AHEAD, WIDEN_BITS, LAT_TILE, ROPE_TILE, True,
@@ -267,7 +270,7 @@ def launch(
     """The table entry's launch: `plan` over q [B, H, kv_lora_rank] and q_pe [B, H, rope], then the merge."""
     step = split_step(plan, q, kv_cache, block_table, seq_lens, kv_lora_rank, scale)
     _stage1[step.grid](
-        *step.args(q, q_pe), q.shape[0],
+        *step.args(q, q_pe), q.shape[0], plan.window,
         PAGE=kv_cache.shape[1], D_LAT=kv_lora_rank, D_ROPE=q_pe.shape[-1], BLOCK_H=plan.block_h,
         BLOCK_N=plan.block_n, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         QUANTIZED=is_quantized(kv_cache.dtype), TILE_IN_PAGE=plan.tile_in_page, PREFETCH=plan.prefetch,
