@@ -11,28 +11,14 @@ import bisect
 import pytest
 import torch
 
-from mlaserve import LLM, SamplingParams
+from mlaserve import LLM
 from mlaserve.runner import model_runner
 from mlaserve.runner.mtp_draft import draft_spans
 from mlaserve.runner.mtp_graphs import MtpDraftGraphs, collect_drafts
-from mlaserve.testing.mtp_checkpoint import add_mtp_layer
-from mlaserve.testing.tiny_models import build_tiny
 from tests.engine.test_speculative_mtp import mtp, prompts
+from tests.gpu.test_speculative_on_gpu import GREEDY, OPTIONS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-OPTIONS = dict(dtype="float32", device="cuda", attention_backend="triton_mla", num_kv_blocks=64, block_size=64,
-               max_model_len=256, max_num_seqs=8)  # fmt: skip
-GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict:
-    plain = build_tiny("deepseek_v3", tmp_path_factory.mktemp("v3"))
-    return {
-        echo: add_mtp_layer(plain, tmp_path_factory.mktemp(f"mtp_{echo}"), echo=echo)
-        for echo in (False, True)
-    }
 
 
 def generate(path, monkeypatch, **options) -> tuple[list[list[int]], dict, list[int]]:
@@ -71,9 +57,9 @@ def generate(path, monkeypatch, **options) -> tuple[list[list[int]], dict, list[
 
 @pytest.mark.parametrize("echo", [False, True], ids=["random", "echo"])
 @pytest.mark.parametrize("k", [1, 2])
-def test_captured_draft_pass_equals_the_eager_one(models, monkeypatch, echo: bool, k: int) -> None:
-    want, _, _ = generate(models[echo], monkeypatch)
-    got, stats, compared = generate(models[echo], monkeypatch, speculative_config=mtp(k))
+def test_captured_draft_pass_equals_the_eager_one(mtp_models, monkeypatch, echo: bool, k: int) -> None:
+    want, _, _ = generate(mtp_models[echo], monkeypatch)
+    got, stats, compared = generate(mtp_models[echo], monkeypatch, speculative_config=mtp(k))
     assert got == want
     assert stats["num_draft_tokens"] > 0 and stats["kv_blocks_used"] == 0
     assert compared and max(compared) == len(prompts())

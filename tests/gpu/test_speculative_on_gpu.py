@@ -12,8 +12,6 @@ import torch
 
 from mlaserve import LLM, SamplingParams
 from mlaserve.runner import model_runner
-from mlaserve.testing.mtp_checkpoint import add_mtp_layer
-from mlaserve.testing.tiny_models import build_tiny
 from tests.engine.test_speculative import NGRAM
 from tests.engine.test_speculative import prompts as ngram_prompts
 from tests.engine.test_speculative_mtp import mtp, prompts
@@ -23,15 +21,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 OPTIONS = dict(dtype="float32", device="cuda", attention_backend="triton_mla", num_kv_blocks=64, block_size=64,
                max_model_len=256, max_num_seqs=8)  # fmt: skip
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict:
-    plain = build_tiny("deepseek_v3", tmp_path_factory.mktemp("v3"))
-    return {
-        echo: add_mtp_layer(plain, tmp_path_factory.mktemp(f"mtp_{echo}"), echo=echo)
-        for echo in (False, True)
-    }
 
 
 def run(path, batch: list[dict], monkeypatch, **options) -> tuple[list[list[int]], dict, list[bool]]:
@@ -57,9 +46,9 @@ def run(path, batch: list[dict], monkeypatch, **options) -> tuple[list[list[int]
 
 @pytest.mark.parametrize("echo", [False, True], ids=["random", "echo"])
 @pytest.mark.parametrize("k", [1, 2])
-def test_mtp_with_graphs_equals_the_plain_engine(models, monkeypatch, echo: bool, k: int) -> None:
-    want, _, _ = run(models[echo], prompts(), monkeypatch)
-    got, stats, verify_steps = run(models[echo], prompts(), monkeypatch, speculative_config=mtp(k))
+def test_mtp_with_graphs_equals_the_plain_engine(mtp_models, monkeypatch, echo: bool, k: int) -> None:
+    want, _, _ = run(mtp_models[echo], prompts(), monkeypatch)
+    got, stats, verify_steps = run(mtp_models[echo], prompts(), monkeypatch, speculative_config=mtp(k))
     assert got == want
     assert stats["num_draft_tokens"] > 0 and stats["kv_blocks_used"] == 0
     assert verify_steps and all(verify_steps)  # every decode step of 4 requests fits the graphs
@@ -67,10 +56,10 @@ def test_mtp_with_graphs_equals_the_plain_engine(models, monkeypatch, echo: bool
         assert stats["num_accepted_tokens"] == stats["num_draft_tokens"]
 
 
-def test_ngram_with_graphs_equals_the_plain_engine(models, monkeypatch) -> None:
+def test_ngram_with_graphs_equals_the_plain_engine(mtp_models, monkeypatch) -> None:
     batch = ngram_prompts()
-    want, _, _ = run(models[False], batch, monkeypatch)
-    got, stats, verify_steps = run(models[False], batch, monkeypatch, speculative_config=NGRAM)
+    want, _, _ = run(mtp_models[False], batch, monkeypatch)
+    got, stats, verify_steps = run(mtp_models[False], batch, monkeypatch, speculative_config=NGRAM)
     assert got == want
     assert 0 < stats["num_accepted_tokens"] <= stats["num_draft_tokens"] and stats["kv_blocks_used"] == 0
     assert verify_steps and any(verify_steps)  # a step beside a prompt chunk runs eagerly
