@@ -16,7 +16,7 @@ from mlaserve.runner.mtp_graphs import MtpDraftGraphs, collect_drafts
 from mlaserve.testing.mtp_checkpoint import add_mtp_layer
 from mlaserve.testing.tiny_models import build_tiny
 from tests.engine.test_speculative_features import FEATURES, GRAMMARS, assert_same_outputs
-from tests.engine.test_speculative_mtp import BASE, GREEDY, generate, mtp, prompts, tokens
+from tests.engine.test_speculative_mtp import BASE, GREEDY, mtp, prompts, tokens
 from tests.runner.static_steps import StaticStepsOnCPU
 
 MAX_LEN = 128
@@ -63,16 +63,6 @@ def captured(path, monkeypatch, **options) -> tuple[LLM, CheckedDraftGraphs]:
     graphs = runner.draft_graphs = CheckedDraftGraphs(runner, static)
     monkeypatch.setattr(model_runner, "collect_drafts", graphs.check)
     return llm, graphs
-
-
-@pytest.fixture(scope="module")
-def mtp_models(deepseek, tmp_path_factory) -> dict:
-    """A random MTP layer (drafts mostly rejected) and the echo layer (drafts held), each with its plain tokens."""
-    out = {}
-    for echo in (False, True):
-        path = add_mtp_layer(deepseek, tmp_path_factory.mktemp(f"mtp_{echo}"), echo=echo)
-        out[echo] = path, tokens(generate(path, prompts(), GREEDY)[0])
-    return out
 
 
 @pytest.mark.parametrize("echo", [False, True], ids=["random", "echo"])

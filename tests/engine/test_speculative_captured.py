@@ -8,10 +8,9 @@ from __future__ import annotations
 import pytest
 
 from mlaserve import LLM
-from mlaserve.testing.mtp_checkpoint import add_mtp_layer
 from tests.engine.test_speculative import NGRAM
 from tests.engine.test_speculative import prompts as ngram_prompts
-from tests.engine.test_speculative_mtp import BASE, GREEDY, generate, mtp, prompts, tokens
+from tests.engine.test_speculative_mtp import BASE, GREEDY, mtp, prompts, tokens
 from tests.runner.static_steps import StaticStepsOnCPU
 
 MAX_LEN = 128
@@ -33,16 +32,6 @@ def captured(path, batch, params, **options) -> tuple[list, LLM, Recorded]:
     llm = LLM(str(path), **{**BASE, "max_model_len": MAX_LEN, **options})
     static = llm.engine.runner.graphs = Recorded(llm.engine.runner)
     return llm.generate(batch, params, use_tqdm=False), llm, static
-
-
-@pytest.fixture(scope="module")
-def mtp_models(deepseek, tmp_path_factory) -> dict:
-    """A random MTP layer (drafts mostly rejected) and the echo layer (drafts held), each with its plain tokens."""
-    out = {}
-    for echo in (False, True):
-        path = add_mtp_layer(deepseek, tmp_path_factory.mktemp(f"mtp_{echo}"), echo=echo)
-        out[echo] = path, tokens(generate(path, prompts(), GREEDY)[0])
-    return out
 
 
 @pytest.mark.parametrize("echo", [False, True], ids=["random", "echo"])
