@@ -10,7 +10,7 @@ and (where the bf16 copy is small enough to sit in a captured graph's memory) th
 then run as bf16 experts.
 Every path is first checked against its torch reference (layers/block_fp8.linear_reference, moe.experts_reference;
 with quantized activations for the W8A8 paths) and its relative error kept; a path that raises is kept with its
-error and not timed. Then each is timed from a CUDA graph (gpu_suite.bench_graph, shorter runs than the default to
+error and not timed. Then each is timed from a CUDA graph (gpu_timing.bench_graph, shorter runs than the default to
 keep the section to a few minutes). Per row: the fastest fp8 path whose error is within MAX_ERROR, and the
 table's own choice; at the end the row thresholds those winners suggest.
 

@@ -140,6 +140,6 @@ def sparse(bench, bench_graph) -> dict:
         result[name] = timings(backend, bench_graph, dtype)
     result["targets"] = {"sparse_speedup": 16, "indexer_sparse_speedup": 4}
     result["timing"] = (
-        "every figure a median of CUDA-graph replays with L2 emptied before each (gpu_suite.bench)"
+        "every figure a median of CUDA-graph replays with L2 emptied before each (gpu_timing.bench)"
     )
     return result

@@ -4,13 +4,13 @@ engine's CUDA graphs, and the speedup that follows at the acceptance rates DeepS
 A verify step of b requests with k drafts each replays the decode graph of b x (k + 1) rows (one row per token,
 mlaserve/runner/verify_graphs.py). Two models with random weights and an MTP layer (load_format dummy,
 num_nextn_predict_layers 1), each an engine with speculative method mtp and k = 3 (graphs up to 32 x 4 rows):
-  v2_lite_shape  DeepSeek-V2-Lite's widths (gpu_suite.V2_LITE), built as DeepSeek-V3, the architecture that carries
+  v2_lite_shape  DeepSeek-V2-Lite's widths (gpu_lite.V2_LITE), built as DeepSeek-V3, the architecture that carries
                  the MTP layer (so its routing is V3's sigmoid routing), bf16
   v3_width       DeepSeek-V3's widths at 4 layers (gpu_fp8.V3_LAYERS) with block-FP8 weights, as the fp8_v3 section
                  builds it (in bf16 its 256 experts per layer do not fit one GPU)
 For batch 1, 8 and 32 at CONTEXT tokens per sequence, each step (k = 0: the plain decode; k = 1, 2, 3) is staged
 into the graphs' inputs once and its graph replayed and timed with CUDA events, L2 emptied before each replay
-(gpu_suite.bench). Beside it, the MTP draft layer's pass after a step that accepted every draft (k + 1 rows a
+(gpu_timing.bench). Beside it, the MTP draft layer's pass after a step that accepted every draft (k + 1 rows a
 request, then k - 1 chained rows), run eagerly as the engine runs it after steps it cannot capture, timed by wall
 clock with the device synchronized (its host work is part of its cost); and the same pass as the engine runs it
 after captured steps (mlaserve/runner/mtp_graphs.py): its graph's replay alone, timed as the steps are
@@ -201,7 +201,7 @@ def spec(tmp: Path, bench: Callable, v2_lite: dict) -> dict:
     gc.collect()
     torch.cuda.empty_cache()
     result["timing"] = ("decode_ms, verify_ms: medians of CUDA-graph replays with L2 emptied before each "
-                        "(gpu_suite.bench); mtp_draft_ms: median wall time of the eager draft pass; "
+                        "(gpu_timing.bench); mtp_draft_ms: median wall time of the eager draft pass; "
                         "mtp_draft_graph_ms: the captured draft pass's replay, timed as the steps are; "
                         "mtp_draft_launch_ms: median wall time of its launch (staging, replay, copy out)")  # fmt: skip
     return result

@@ -249,7 +249,7 @@ def v4(bench, bench_graph) -> dict:
         ms=ms, speedup_vs_dense={k: ms["dense_mla"] / v for k, v in ms.items()
                                  if k != "dense_mla" and not k.startswith("engine_group_")},
         kv_bytes_per_token=kv_bytes_per_token(context),
-        timing="medians of CUDA-graph replays with L2 emptied before each (gpu_suite.bench)",
+        timing="medians of CUDA-graph replays with L2 emptied before each (gpu_timing.bench)",
         note="kernels composed per V4 layer kind; engine_*: the engine's composition (attention/v4_decode.py); "
              "engine_group_*: each of its launch groups alone (sliding = window + merge_1, hca = window + "
              "entry_rows + hca_entries + merge_2, csa = window + entry_rows + csa_select + csa_entries + merge_2)",

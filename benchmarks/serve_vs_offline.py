@@ -13,7 +13,7 @@ core, client), which says which one bounds it.
     python -m benchmarks.serve_vs_offline --v2-lite-layers 4 --dtype bfloat16 --device cuda \\
         --streams 32,256 --prompt-len 512 --new-tokens 128 --rates 16,32,64
 
-Run it as a module from the repository root: it imports benchmarks/serving.py, gpu_suite.py and step_trace.py as
+Run it as a module from the repository root: it imports benchmarks/serving.py, gpu_lite.py and step_trace.py as
 the `benchmarks` package.
 """
 
@@ -339,9 +339,9 @@ def main() -> int:
 
 
 def v2_lite_folder(layers: int) -> str:
-    """DeepSeek-V2-Lite's config.json (gpu_suite.V2_LITE) with `layers` layers, and a word-level tokenizer over its
+    """DeepSeek-V2-Lite's config.json (gpu_lite.V2_LITE) with `layers` layers, and a word-level tokenizer over its
     vocabulary, so that the server streams text; the weights are random (load_format dummy)."""
-    from benchmarks.gpu_suite import V2_LITE
+    from benchmarks.gpu_lite import V2_LITE
     from mlaserve.testing.tiny_models import save_word_tokenizer
 
     folder = Path(tempfile.mkdtemp(prefix=f"mlaserve-v2lite{layers}-"))
