@@ -87,7 +87,8 @@ def test_a_layout_that_does_not_divide_the_heads_is_refused(tiny):
         LLM(str(tiny("deepseek_v32")), **OPTIONS, tensor_parallel_size=3)
 
 
-# Each rank records, at every indexer call, the keys it cached this step and the slots it selected.
+# Each rank records, at every indexer call, the keys it cached this step and the slots it selected (on the host: a
+# GPU rank runs eagerly, since a captured step would not call the Python forward again).
 RECORDING_SCRIPT = """
 import json, sys
 import torch
@@ -100,14 +101,14 @@ records, forward = [], Indexer.forward
 def recording(self, positions, hidden, q_resid, key_cache, meta):
     selected = forward(self, positions, hidden, q_resid, key_cache, meta)
     keys = key_cache.flatten(0, 2).index_select(0, meta.slot_mapping.clamp(min=0))
-    records.append((keys.clone(), None if selected is None else selected.clone()))
+    records.append((keys.cpu(), None if selected is None else selected.cpu()))
     # rank 1 ends inside LLM(...) without the interpreter's teardown: save as it goes
     torch.save(records, f"{sys.argv[2]}/rank{dist.get_rank()}.pt")
     return selected
 
 Indexer.forward = recording
-llm = LLM(sys.argv[1], dtype="float32", device="cpu", max_model_len=128, max_num_batched_tokens=48,
-          num_kv_blocks=64, tensor_parallel_size=2, distributed_executor_backend="external_launcher")
+llm = LLM(sys.argv[1], max_model_len=128, max_num_batched_tokens=48, num_kv_blocks=64, tensor_parallel_size=2,
+          distributed_executor_backend="external_launcher", **json.loads(sys.argv[4]))
 outs = llm.generate([{"prompt_token_ids": p} for p in json.loads(sys.argv[3])],
                     SamplingParams(temperature=0, max_tokens=10, ignore_eos=True), use_tqdm=False)
 print("TOKENS", json.dumps([o.outputs[0].token_ids for o in outs]))
@@ -115,14 +116,15 @@ llm.engine.close()
 """
 
 
-def test_every_rank_caches_the_same_keys_and_selects_the_same_slots(tiny, tmp_path):
-    model = tiny("deepseek_v32")
+def ranks_agree(model: Path, tmp_path: Path, **options: object) -> list[list[int]]:
+    """Runs the prompts at TP 2 under torchrun with `options`, checks that both ranks cached the same indexer keys
+    and selected the same slots at every call (some of them dropping positions), and returns the greedy tokens."""
     script = tmp_path / "run.py"
     script.write_text(RECORDING_SCRIPT)
     ids = [p["prompt_token_ids"] for p in prompts()]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    command += [str(script), str(model), str(tmp_path), json.dumps(ids)]
+    command += [str(script), str(model), str(tmp_path), json.dumps(ids), json.dumps(options)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr[:6000]
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
@@ -133,5 +135,11 @@ def test_every_rank_caches_the_same_keys_and_selects_the_same_slots(tiny, tmp_pa
         assert picked0 is None or torch.equal(picked0, picked1)
     assert any(picked is not None and picked.shape[1] == TOPK for _, picked in ranks[0])
     lines = [line for line in done.stdout.splitlines() if line.startswith("TOKENS")]
+    return json.loads(lines[0][len("TOKENS ") :])
+
+
+def test_every_rank_caches_the_same_keys_and_selects_the_same_slots(tiny, tmp_path):
+    model = tiny("deepseek_v32")
+    got = ranks_agree(model, tmp_path, dtype="float32", device="cpu")
     want, _ = run(model)
-    assert json.loads(lines[0][len("TOKENS ") :]) == [o.outputs[0].token_ids for o in want]
+    assert got == [o.outputs[0].token_ids for o in want]
