@@ -1,8 +1,8 @@
 """DeepSeek-V3.2 over two ranks on CPU (gloo): the MLA heads split as V3's, the lightning indexer whole on every rank.
 The tiny model's index_topk (8) is far below its prompts (up to 62 tokens), so the selection drops positions; the
 prompts cover chunked prefill and prefix-cache hits. Greedy tokens equal one process's and logprobs agree within
-1e-4 in float32, tensor or expert parallel, from transformers' checkpoint and from DeepSeek's block-FP8 layout of
-it; under torchrun every rank writes the same indexer keys and selects the same slots at every step."""
+1e-4 in float32, tensor or expert parallel, on an 8-bit cache (indexer keys too), from transformers' checkpoint and
+from DeepSeek's block-FP8 layout of it; under torchrun every rank writes the same indexer keys and selects the same slots at every step."""
 
 from __future__ import annotations
 
@@ -58,11 +58,15 @@ def check_two_ranks(model: Path, selections: list, **options: object) -> None:
     assert stats["kv_blocks_used"] == 0
     assert (stats["heads"], stats["index_heads"]) == (2, 16)  # half the attention heads, every indexer head
     assert any(k == TOPK < longest for k, longest in selections), "no step dropped positions"
-    want, _ = run(model)
+    want, _ = run(model, **{k: v for k, v in options.items() if k == "kv_cache_dtype"})
     assert_same(want, got)
 
 
-@pytest.mark.parametrize("options", [{}, {"enable_expert_parallel": True}], ids=["tp2", "ep2"])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"enable_expert_parallel": True}, {"kv_cache_dtype": "fp8_e4m3"}],  # 8-bit indexer keys too
+    ids=["tp2", "ep2", "tp2-fp8-cache"],
+)
 def test_v32_over_two_ranks_gives_one_process_tokens(tiny, selections, options):
     check_two_ranks(tiny("deepseek_v32"), selections, **options)
 
