@@ -248,13 +248,14 @@ class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
 
 
 class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
-    """V3 with the lightning indexer in every attention layer (layers/indexer.py): sparse top-k attention."""
+    """V3 with the lightning indexer in every attention layer (layers/indexer.py): sparse top-k attention. Under
+    tensor parallelism the attention heads split as V3's and every rank holds the whole indexer, so every rank
+    caches the same indexer keys and selects the same slots for its own heads (no collective of its own)."""
 
     # Decode graphs select over max_model_len keys (the captured metadata's length) and always take the top-k
     # (-1 padded), so a captured step does not depend on the step's lengths. A prefill graph's metadata is its
     # padded size, from which the indexer would pick dense or sparse attention for the real prompts: not captured.
     supports_prefill_graphs = False
-    supports_tensor_parallel = False  # the indexer's split over ranks is not built
 
     @property
     def index_topk(self) -> int:

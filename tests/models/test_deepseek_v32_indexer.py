@@ -139,3 +139,24 @@ def test_triton_backend_selection_and_sparse_attention_equal_transformers(v32):
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=0)
     outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
     check_against_reference(v32, batch, outs)
+
+
+def test_an_indexer_added_to_a_v3_checkpoint_is_a_v32_checkpoint_transformers_reads_whole(
+    tmp_path, selections
+):
+    # mlaserve/testing/v32_checkpoint.py: how the GPU tests get a V3.2 checkpoint without transformers' classes
+    from transformers import AutoModelForCausalLM
+
+    from mlaserve.testing.v32_checkpoint import add_indexer
+
+    v3 = build_tiny("deepseek_v3", tmp_path / "v3")
+    path = add_indexer(v3, tmp_path / "v32", topk=TOPK)
+    _, info = AutoModelForCausalLM.from_pretrained(str(path), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    batch = prompts(2, seed=7, low=20, high=40)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
+    llm = LLM(str(path), **OPTIONS, num_kv_blocks=64)
+    check_against_reference(path, batch, llm.generate([{"prompt_token_ids": p} for p in batch], params))
+    assert selections
+    with pytest.raises(ValueError, match="q_lora_rank"):
+        add_indexer(build_tiny("deepseek_v2", tmp_path / "v2"), tmp_path / "bad", topk=TOPK)

@@ -55,13 +55,15 @@ def test_tp2_drafts_give_one_process_tokens(tiny, name: str) -> None:
 
 
 @pytest.mark.parametrize("echo", [False, True], ids=["random_layer", "echo_layer"])
-def test_tp2_mtp_drafts_give_one_process_tokens(tmp_path, tiny, echo: bool) -> None:
-    """Every rank runs the MTP layer's pass over the spans rank 0 sends (the layer is sharded like the model): the
-    drafts, and so the counts of drafts made and accepted, are one process's. With the echo layer
-    (mtp_checkpoint.py) most drafts hold, which they would not if a rank's share of the layer's cache were wrong."""
+@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v32"])
+def test_tp2_mtp_drafts_give_one_process_tokens(tmp_path, tiny, name: str, echo: bool) -> None:
+    """Every rank runs the MTP layer's pass over the spans rank 0 sends (the layer is sharded like the model, and
+    V3.2's has an indexer of its own, whole on every rank): the drafts, and so the counts of drafts made and
+    accepted, are one process's. With the echo layer (mtp_checkpoint.py) most drafts hold, which they would not if
+    a rank's share of the layer's cache were wrong."""
     from mlaserve.testing.mtp_checkpoint import add_mtp_layer
 
-    path = add_mtp_layer(tiny("deepseek_v3"), tmp_path / "mtp", echo=echo)
+    path = add_mtp_layer(tiny(name), tmp_path / "mtp", echo=echo)
     mtp = {"method": "mtp", "num_speculative_tokens": 2}
     want, _ = run(path)
     _, alone = run(path, speculative_config=mtp)
