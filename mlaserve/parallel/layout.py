@@ -60,15 +60,17 @@ def layout_problems(
         if expert_parallel:
             check(experts, "n_routed_experts", ": expert parallelism puts whole experts on each rank")
         else:
-            check(getattr(cfg, "moe_intermediate_size", None), "moe_intermediate_size")
+            inter = getattr(cfg, "moe_intermediate_size", None)
+            check(inter, "moe_intermediate_size")
+            # a width that divides can still cut MXFP4's scale groups (one that does not is named above)
+            if mxfp4_experts and isinstance(inter, int) and inter % size == 0:
+                if (problem := mxfp4_width_problem(inter, size)) is not None:
+                    problems.append(problem)
         shared = getattr(cfg, "n_shared_experts", None) or 0
         if shared:
             check(cfg.moe_intermediate_size * shared, "the shared experts' width")
     elif expert_parallel:
         problems.append("enable_expert_parallel: the model has no routed experts")
-    if mxfp4_experts and experts and not expert_parallel and not problems:
-        if (problem := mxfp4_width_problem(cfg.moe_intermediate_size, size)) is not None:
-            problems.append(problem)
     if fp8_block and size > 1 and not problems:
         problems += _fp8_block_problems(cfg, size, not (expert_parallel or mxfp4_experts), fp8_block)
     return problems

@@ -40,6 +40,9 @@ def test_mxfp4_experts_split_by_width_need_whole_scale_groups_per_rank() -> None
     assert "sizes that keep them whole: [1, 3]" in problem
     assert layout_problems(v4, 2, True, mxfp4_experts=True) == []  # whole experts per rank
     assert layout_problems(v4, 3, False, mxfp4_experts=True) == []
+    # named beside the other widths that do not divide, not in place of them
+    problems = layout_problems(SimpleNamespace(**{**vars(v4), "o_groups": 3}), 2, False, mxfp4_experts=True)
+    assert len(problems) == 2 and "o_groups (3" in problems[0] and "48 columns per rank" in problems[1]
     # V4-Flash's widths over 8 ranks: 256 columns of each expert per rank, whole 32-column scale groups; the
     # routed experts are MXFP4, so the checkpoint's 128-column FP8 blocks do not apply to them
     flash = SimpleNamespace(
