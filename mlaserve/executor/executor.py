@@ -267,4 +267,6 @@ class Executor:
         }
         if cache.spec.mha_elements_per_layer:
             stats["mha_kv_bytes_per_token"] = cache.spec.mha_bytes_per_token(dtype)
+        if cache.spec.pool_per_group:  # each group's usable blocks: the capacity is not blocks x block_size
+            stats["kv_pool_blocks"] = [pool.num_blocks - 1 for pool in cache.manager.pools]
         return stats

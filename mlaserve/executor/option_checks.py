@@ -81,11 +81,7 @@ def check_parallel(config: EngineConfig, model_config: ModelConfig, model_cls: t
         raise ValueError("enable_mla (GQA -> MLA conversion) is not supported with tensor parallelism yet")
     quant = model_config.quant
     block = quant.block_k if quant is not None and quant.from_checkpoint else None
-    problems = layout_problems(model_config.hf_config, size, parallel.enable_expert_parallel, block)
-    if quant is not None and quant.expert_dtype == "fp4" and not parallel.enable_expert_parallel:
-        problems.append(
-            "MXFP4 experts are not split by width (their packed rows and e8m0 scales would need a split of their "
-            "own); enable_expert_parallel puts whole experts on each rank"
-        )
+    fp4 = quant is not None and quant.expert_dtype == "fp4"
+    problems = layout_problems(model_config.hf_config, size, parallel.enable_expert_parallel, block, fp4)
     if problems:
         raise ValueError(f"{arch} cannot be split over {size} ranks: " + "; ".join(problems))

@@ -7,6 +7,11 @@ its `.scale`); each lands in its rows, so a missing one is reported by name (exp
 Compute: on a GPU, a weight-only grouped GEMM that reads the packed bytes and scales (kernels/moe/mxfp4_gemm.py);
 elsewhere each expert the step routes to is dequantized as it runs (experts_reference, the kernel's reference).
 Either way the weights stay at half a byte per value in memory.
+
+Over tensor-parallel ranks without expert parallelism each rank holds a slice of every expert's width I: its
+I / size rows of w1 and of w3, and the same I / size input columns of w2, which in w2's packed bytes are I / size / 2
+bytes and in its scales I / size / 32 groups per row. A slice must therefore be whole scale groups (layout_problems
+refuses the sizes that would cut one). Each rank's output is a partial sum that the MoE layer all-reduces.
 """
 
 from collections.abc import Hashable
@@ -17,7 +22,11 @@ from torch import nn
 
 from mlaserve.kernels.registry import MXFP4_MOE
 from mlaserve.layers.mxfp4 import GROUP, as_bytes, dequantize
-from mlaserve.loader.checkpoint_slice import ShapeMismatch, read, slice_aware
+from mlaserve.loader.checkpoint_slice import CheckpointSlice, ShapeMismatch, read, slice_aware
+from mlaserve.parallel import SINGLE, ParallelContext
+from mlaserve.parallel.layout import mxfp4_width_problem
+
+Loaded = torch.Tensor | CheckpointSlice  # a checkpoint tensor, read or not yet
 
 # How checkpoints type the packed bytes and the scales (only the bits are read)
 PACKED_DTYPES = tuple(
@@ -72,7 +81,11 @@ def _byte_param(*shape: int, loader, shards: frozenset, kind: str) -> nn.Paramet
 
 
 class MXFP4Experts(nn.Module):
-    def __init__(self, num_experts: int, hidden: int, intermediate: int, limit: float) -> None:
+    """ctx: the ranks that split every expert's width (SINGLE: whole experts, as under expert parallelism)."""
+
+    def __init__(
+        self, num_experts: int, hidden: int, intermediate: int, limit: float, ctx: ParallelContext = SINGLE
+    ) -> None:
         super().__init__()
         for width, what in ((hidden, "hidden_size"), (intermediate, "moe_intermediate_size")):
             if width % GROUP:
@@ -80,10 +93,13 @@ class MXFP4Experts(nn.Module):
                     f"MXFP4 experts need {what} to be a multiple of {GROUP} (one scale per {GROUP} inputs), "
                     f"got {width}"
                 )
-        self.hidden, self.inter, self.limit = hidden, intermediate, limit
+        if (problem := mxfp4_width_problem(intermediate, ctx.tp_size)) is not None:
+            raise ValueError(problem)
+        self.rank, self.ranks = ctx.tp_rank, ctx.tp_size
+        self.hidden, self.inter, self.limit = hidden, intermediate // ctx.tp_size, limit
         w13_shards = frozenset((e, i) for e in range(num_experts) for i in (0, 1))
         w2_shards = frozenset(range(num_experts))
-        e, h, i = num_experts, hidden, intermediate
+        e, h, i = num_experts, hidden, self.inter
         self.w13 = _byte_param(e, 2 * i, h // 2, loader=self.load, shards=w13_shards, kind="mxfp4")
         self.w13_scale = _byte_param(
             e, 2 * i, h // GROUP, loader=self.load, shards=w13_shards, kind="mxfp4 scales"
@@ -91,8 +107,17 @@ class MXFP4Experts(nn.Module):
         self.w2 = _byte_param(e, h, i // 2, loader=self.load, shards=w2_shards, kind="mxfp4")
         self.w2_scale = _byte_param(e, h, i // GROUP, loader=self.load, shards=w2_shards, kind="mxfp4 scales")
 
+    def rank_part(self, loaded: Loaded, for_w2: bool, per_byte: int) -> Loaded:
+        """This rank's slice of a checkpoint tensor that holds every rank's width: rows of w1 / w3, input columns
+        of w2. per_byte: how many of the width's values one stored element covers (2 packed, 32 a scale)."""
+        dim = 1 if for_w2 else 0
+        part = self.inter // per_byte
+        if self.ranks == 1 or len(loaded.shape) <= dim or loaded.shape[dim] != part * self.ranks:
+            return loaded  # a shape that is not the full width is refused by the shape check
+        return loaded.narrow(dim, self.rank * part, part)
+
     @slice_aware
-    def load(self, param: torch.Tensor, loaded: torch.Tensor, shard_id: Hashable) -> None:
+    def load(self, param: torch.Tensor, loaded: Loaded, shard_id: Hashable) -> None:
         """shard_id: (expert, 0 for w1 / 1 for w3) for w13 and its scales, the expert for w2 and its scales."""
         expert, which = shard_id if isinstance(shard_id, tuple) else (shard_id, None)
         if not 0 <= expert < param.shape[0]:
@@ -101,6 +126,9 @@ class MXFP4Experts(nn.Module):
         if which is not None:
             target = target.narrow(0, which * self.inter, self.inter)
         is_scale = param is self.w13_scale or param is self.w2_scale
+        is_w2 = param is self.w2 or param is self.w2_scale
+        # w1 / w3 split by rows (each row whole); w2 by input columns, stored GROUP to a scale and 2 to a byte
+        loaded = self.rank_part(loaded, is_w2, (GROUP if is_scale else 2) if is_w2 else 1)
         what = "e8m0 scales" if is_scale else "packed FP4 weight (two values per byte)"
         if tuple(loaded.shape) != tuple(target.shape):
             raise ShapeMismatch(

@@ -212,7 +212,7 @@ class V4MoE(nn.Module):
         expert_ctx = SINGLE if ctx.expert_parallel else ctx
         self.experts: nn.Module
         if quant is not None and quant.expert_dtype == "fp4":
-            self.experts = MXFP4Experts(len(self.local), *mlp)
+            self.experts = MXFP4Experts(len(self.local), *mlp, expert_ctx)
         else:
             self.experts = nn.ModuleList(V4MLP(*mlp, quant, expert_ctx) for _ in self.local)
         self.shared_experts = V4MLP(*mlp, quant, ctx)

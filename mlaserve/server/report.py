@@ -28,6 +28,8 @@ def startup_report(built: BuildInfo, stats: dict, settings: ServerSettings) -> d
         "dtype": stats.get("kv_cache_dtype", stats["dtype"]),
         "groups": stats.get("kv_cache_groups", []),
     }
+    if "kv_pool_blocks" in stats:  # a pool per cache group (DeepSeek-V4)
+        kv["pool_blocks"] = stats["kv_pool_blocks"]
     if "mha_kv_bytes_per_token" in stats:  # MLA: what per-head K/V would have cost
         mha = stats["mha_kv_bytes_per_token"]
         kv["mha_bytes_per_token"] = mha
@@ -68,6 +70,16 @@ def startup_report(built: BuildInfo, stats: dict, settings: ServerSettings) -> d
     return report
 
 
+def kv_line(kv: dict) -> str:
+    """Capacity and bytes per token. With a pool per group the capacity is what the compressed-entry pools hold
+    (a block of a 1:r group spans block_size x r tokens), not the blocks of all pools times block_size."""
+    tail = f"{kv['capacity_tokens']} tokens, {kv['bytes_per_token']} bytes/token ({kv['dtype']})"
+    if "pool_blocks" in kv:
+        pools = ", ".join(str(n) for n in kv["pool_blocks"])
+        return f"KV cache: pools of {pools} blocks x {kv['block_size']} slots (one per group) = {tail}"
+    return f"KV cache: {kv['blocks']} blocks x {kv['block_size']} tokens = {tail}"
+
+
 def format_report(report: dict) -> list[str]:
     """Log lines, one per concern, in the order an operator reads them."""
     w, kv, par = report["weights"], report["kv_cache"], report["parallel"]
@@ -97,11 +109,11 @@ def format_report(report: dict) -> list[str]:
         ),
         f"attention backend: {report['attention_backend']} ({report['attention_backend_reason']}); "
         f"decode kernel: {report['attention_kernel']}",
-        f"KV cache: {kv['blocks']} blocks x {kv['block_size']} tokens = {kv['capacity_tokens']} tokens, "
-        f"{kv['bytes_per_token']} bytes/token ({kv['dtype']})",
+        kv_line(kv),
     ]
     if len(kv["groups"]) > 1 or any(g.startswith("window") or "indexer" in g for g in kv["groups"]):
-        lines.append("KV cache groups (one pool): " + "; ".join(kv["groups"]))
+        pools = "a pool each" if "pool_blocks" in kv else "one pool"
+        lines.append(f"KV cache groups ({pools}): " + "; ".join(kv["groups"]))
     if "mha_bytes_per_token" in kv:
         lines.append(
             f"MLA latent cache: per-head K/V would take {kv['mha_bytes_per_token']} bytes/token; "

@@ -178,6 +178,18 @@ def test_tensor_parallel_must_divide_heads(tmp_path: Path) -> None:
     assert keys(err) == ["parallel.pipeline_parallel_size"] and "not supported" in str(err)
 
 
+def test_mxfp4_experts_split_by_width_must_keep_scale_groups_whole(tmp_path: Path) -> None:
+    quant = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "weight_block_size": [128, 128]}
+    v4 = dict(n_routed_experts=8, moe_intermediate_size=96, quantization_config=quant, expert_dtype="fp4")
+    folder = hf_folder(tmp_path, heads=4, **v4)
+    err = error(
+        tmp_path, f"model: {{path: {folder}}}\nparallel: {{tensor_parallel_size: 2}}", check_model_files=True
+    )
+    assert keys(err) == ["parallel.tensor_parallel_size"]
+    assert "moe_intermediate_size (96) split over 2 ranks gives 48 columns" in str(err)
+    assert "32-column e8m0 scale groups" in str(err)
+
+
 def test_max_model_len_beyond_the_model_names_the_key(tmp_path: Path) -> None:
     folder = hf_folder(tmp_path, heads=4, max_position_embeddings=2048)
     err = error(tmp_path, f"model: {{path: {folder}, max_model_len: 4096}}", check_model_files=True)

@@ -54,3 +54,35 @@ def test_published_v4_on_cuda_gives_the_cpu_tokens(tmp_path):
             if a != b:  # bf16 may take the other side of a near-tie; compare up to there
                 break
             assert abs(ours.logprobs[step][a].logprob - ref.logprobs[step][b].logprob) < 0.1, step
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_published_v4_with_experts_split_by_width_over_two_gpus_gives_one_gpus_tokens(tmp_path):
+    """Each rank's MXFP4 experts are half of every expert's width (w2's packed columns and scales cut on a scale
+    group), run in the grouped GEMM; the ranks' partial sums meet in the MoE layer's all-reduce over NCCL. Widths
+    whose row-split inputs hold whole 128-column FP8 blocks per rank (wo_b's 2 x 128, the shared expert's 256)."""
+    wide = {**V4, "o_lora_rank": 128, "moe_intermediate_size": 256}
+    source, published = tmp_path / "float", tmp_path / "published"
+    source.mkdir()
+    (source / "config.json").write_text(json.dumps(wide))
+    cpu = LLM(str(source), device="cpu", load_format="dummy", seed=3, dtype="float32", **OPTIONS)
+    weights = {name: t.contiguous() for name, t in cpu.engine.executor.model.state_dict().items()}
+    save_file(weights, str(source / "model.safetensors"))
+    del cpu
+    save_v4_published(source, published)
+    one = LLM(str(published), device="cuda", dtype="float32", **OPTIONS)
+    want = generate(one)
+    del one
+    torch.cuda.empty_cache()
+    split = LLM(str(published), device="cuda", dtype="float32", tensor_parallel_size=2, **OPTIONS)
+    try:
+        experts = split.engine.executor.model.model.layers[1].ffn.experts  # rank 0's
+        assert experts.inter == 128 and experts.w13.is_cuda
+        assert split.stats()["tensor_parallel_size"] == 2
+        got = generate(split)
+    finally:
+        split.engine.close()
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    for ours, ref in zip(got, want, strict=True):
+        for step, token in enumerate(ref.token_ids):
+            assert abs(ours.logprobs[step][token].logprob - ref.logprobs[step][token].logprob) < 1e-4, step

@@ -30,3 +30,35 @@ def test_every_width_that_does_not_divide_is_named() -> None:
     assert any("n_routed_experts (6: " in p for p in problems)
     assert not any("moe_intermediate_size" in p for p in problems)
     assert layout_problems(llama, 3, True) == ["enable_expert_parallel: the model has no routed experts"]
+
+
+def test_mxfp4_experts_split_by_width_need_whole_scale_groups_per_rank() -> None:
+    v4 = SimpleNamespace(num_attention_heads=12, o_groups=6, n_routed_experts=16, moe_intermediate_size=96)
+    assert layout_problems(v4, 2, False) == []  # bf16 experts: any width that divides
+    (problem,) = layout_problems(v4, 2, False, mxfp4_experts=True)
+    assert "moe_intermediate_size (96) split over 2 ranks gives 48 columns" in problem
+    assert "sizes that keep them whole: [1, 3]" in problem
+    assert layout_problems(v4, 2, True, mxfp4_experts=True) == []  # whole experts per rank
+    assert layout_problems(v4, 3, False, mxfp4_experts=True) == []
+    # named beside the other widths that do not divide, not in place of them
+    problems = layout_problems(SimpleNamespace(**{**vars(v4), "o_groups": 3}), 2, False, mxfp4_experts=True)
+    assert len(problems) == 2 and "o_groups (3" in problems[0] and "48 columns per rank" in problems[1]
+    # V4-Flash's widths over 8 ranks: 256 columns of each expert per rank, whole 32-column scale groups; the
+    # routed experts are MXFP4, so the checkpoint's 128-column FP8 blocks do not apply to them
+    flash = SimpleNamespace(
+        num_attention_heads=64,
+        o_groups=8,
+        o_lora_rank=1024,
+        hidden_size=4096,
+        head_dim=512,
+        n_routed_experts=256,
+        moe_intermediate_size=2048,
+        n_shared_experts=1,
+    )
+    assert layout_problems(flash, 8, False, 128, mxfp4_experts=True) == []
+    changed = dict(
+        num_attention_heads=10, o_groups=5, o_lora_rank=128, moe_intermediate_size=160, n_shared_experts=0
+    )
+    odd = SimpleNamespace(**{**vars(flash), **changed})
+    assert layout_problems(odd, 5, False, 128, mxfp4_experts=True) == []  # 32 columns per rank
+    assert any("128-column FP8" in p for p in layout_problems(odd, 5, False, 128))  # FP8 experts would cut

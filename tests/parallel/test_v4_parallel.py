@@ -1,9 +1,12 @@
 """DeepSeek-V4 over two ranks on CPU (gloo): query heads split as whole output groups, experts split by width
 (tensor parallel) or whole (expert parallel, hash-routed layers too), every rank caching the same shared kv rows;
 the same greedy tokens as one process and logprobs within 1e-4 in float32, with chunked prefill and prefix-cache
-hits, and on an 8-bit cache."""
+hits, on an 8-bit cache, and in V4-Flash's published layout (MXFP4 experts split by width or whole)."""
 
 from __future__ import annotations
+
+import json
+import shutil
 
 import pytest
 
@@ -19,7 +22,12 @@ def run(model, **options: object) -> tuple[list, dict]:
     llm = LLM(str(model), **OPTIONS, num_kv_blocks=128, **options)
     try:
         layer = llm.engine.executor.model.model.layers[0]  # rank 0's
-        split = {"heads": layer.attn.num_heads, "experts": len(layer.ffn.local)}
+        experts = layer.ffn.experts
+        split = {
+            "heads": layer.attn.num_heads,
+            "experts": len(layer.ffn.local),
+            "width": getattr(experts, "inter", 0),
+        }
         return llm.generate(prompts(), PARAMS, use_tqdm=False), {**llm.stats(), **split}
     finally:
         llm.engine.close()
@@ -53,13 +61,22 @@ def published(tmp_path_factory):
     return save_v4_published(src, tmp / "published")
 
 
-def test_published_v4_under_expert_parallelism_gives_one_process_tokens(published):
-    got, stats = run(published, tensor_parallel_size=2, enable_expert_parallel=True)
-    assert stats["quantization"] == "fp8" and stats["experts"] == 4
+@pytest.mark.parametrize(
+    "options", [{"enable_expert_parallel": True}, {}], ids=["ep2-whole-experts", "tp2-experts-by-width"]
+)
+def test_published_v4_over_two_ranks_gives_one_process_tokens(published, options):
+    got, stats = run(published, tensor_parallel_size=2, **options)
+    assert stats["quantization"] == "fp8" and stats["experts"] == (4 if options else 8)
+    assert stats["width"] == (256 if options else 128)  # whole MXFP4 experts, or half of each one's width
     want, _ = run(published)
     assert_same(want, got)
 
 
-def test_mxfp4_experts_split_by_width_are_refused_before_loading(published):
-    with pytest.raises(ValueError, match="MXFP4 experts are not split by width"):
-        LLM(str(published), **OPTIONS, tensor_parallel_size=2)
+def test_mxfp4_widths_that_cut_scale_groups_are_refused_before_loading(published, tmp_path):
+    """moe_intermediate_size 96 over 2 ranks: 48 columns of w2 per rank, one and a half e8m0 scale groups."""
+    folder = tmp_path / "v4_96"
+    shutil.copytree(published, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "moe_intermediate_size": 96}))
+    with pytest.raises(ValueError, match=r"moe_intermediate_size \(96\) split over 2 ranks gives 48 columns"):
+        LLM(str(folder), **OPTIONS, tensor_parallel_size=2)

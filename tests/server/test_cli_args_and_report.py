@@ -137,3 +137,31 @@ def test_startup_report_of_an_mla_model_shows_the_kv_saving(tmp_path):
     for needle in ("missing: none", "unexpected: none", "tensor parallel 1", "attention backend",
                    "per-head K/V", "http://127.0.0.1:8123", "http://127.0.0.1:9123"):  # fmt: skip
         assert needle in lines
+
+
+def test_startup_report_of_a_pool_per_group_model_gives_each_pool_and_the_entry_capacity(tmp_path):
+    """DeepSeek-V4: its window rows and each rate's entries in pools of their own; the capacity is what the entry
+    pools hold (a block of a 1:r group spans block_size x r tokens), which no blocks x block_size product gives."""
+    path = build_tiny("deepseek_v4", tmp_path / "v4")
+    options = dict(
+        model=str(path), dtype="float32", device="cpu", kv_cache_memory_bytes=1 << 22, max_model_len=512
+    )
+    engine = LLMEngine(EngineConfig.from_kwargs(**options))
+    try:
+        stats = engine.stats()
+    finally:
+        engine.close()
+    report = startup_report(engine.core.build_info, stats, ServerSettings(port=8123))
+    kv = report["kv_cache"]
+    window, *entries = kv["pool_blocks"]
+    assert len(entries) == 2 and sum(kv["pool_blocks"]) == kv["blocks"] == stats["kv_blocks_total"]
+    rates = config_dict(path)["compress_rates"].values()
+    assert kv["capacity_tokens"] == min(n * kv["block_size"] * r for n, r in zip(entries, sorted(rates)))
+    assert kv["capacity_tokens"] != kv["blocks"] * kv["block_size"]
+    lines = format_report(report)
+    pools = ", ".join(str(n) for n in kv["pool_blocks"])
+    assert (
+        f"KV cache: pools of {pools} blocks x 16 slots (one per group) = {kv['capacity_tokens']} tokens"
+        in lines[4]
+    )
+    assert lines[5].startswith("KV cache groups (a pool each): window")
