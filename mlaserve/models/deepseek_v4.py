@@ -57,7 +57,8 @@ def v4_rope(cfg: object, kind: str) -> torch.Tensor:
         return 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[params["rope_type"]](cfg, "cpu", layer_type=kind)
+    with torch.device("cpu"):  # its own tensors: not on the meta device the weights are first sized on
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[params["rope_type"]](cfg, "cpu", layer_type=kind)
     if scaling != 1.0:  # the reference applies no attention factor to the compressed rotary
         raise ValueError(
             f"config.json: rope_parameters[{kind!r}] gives an attention factor {scaling}; V4 uses 1.0"

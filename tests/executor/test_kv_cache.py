@@ -24,8 +24,7 @@ from mlaserve.parallel import SINGLE, ParallelContext
 LAYERS = 43
 # DeepSeek-V4-Flash's config.json as published: two window-only layers, then 4:1 compressed-sparse and 128:1
 # heavily compressed layers in turn; the last ratio is the MTP layer's, which the engine does not cache here. Its
-# yarn rope_scaling is left out: it changes no cached width, and its tables are computed as the layers are built,
-# which the meta device cannot do.
+# yarn rope_scaling also checks that the rotary tables of a model sized on the meta device are computed on the CPU.
 FLASH = dict(
     model_type="deepseek_v4",
     architectures=["DeepseekV4ForCausalLM"],
@@ -44,6 +43,9 @@ FLASH = dict(
     sliding_window=128,
     compress_ratios=[0, 0] + [4 if i % 2 == 0 else 128 for i in range(2, LAYERS)] + [0],
     compress_rope_theta=160000,
+    rope_scaling=dict(
+        type="yarn", factor=16, original_max_position_embeddings=65536, beta_fast=32, beta_slow=1
+    ),
     rope_theta=10000,
     num_hash_layers=3,
     n_routed_experts=256,
