@@ -140,6 +140,7 @@ llm = LLM(sys.argv[1], dtype="float32", device="cpu", max_model_len=128, tensor_
 outs = llm.generate([{"prompt_token_ids": p} for p in json.loads(sys.argv[2])],
                     SamplingParams(temperature=0, max_tokens=10, ignore_eos=True), use_tqdm=False)
 print("TOKENS", json.dumps([o.outputs[0].token_ids for o in outs]))
+llm.engine.close()  # the process group goes before the interpreter exits: a rank left to atexit once aborted
 """
 
 
