@@ -124,6 +124,17 @@ def _publish(p, m_new, p_dst, m_dst, sent):
 
 
 @gluon.jit
+def _receive(sent, j, ready, t):
+    """Wait for the other consumer's p and max of pair j, whose tile t this one then reads as values: its slot's
+    copy has landed (the other consumer waited for it; the phase is complete, so this wait is only the direct
+    acquire of the copy's writes), and those writes are ordered before this consumer's tensor-core reads."""
+    SLOTS: gl.constexpr = ready.shape[0]
+    mbarrier.wait(sent, j & 1)
+    mbarrier.wait(ready.index(t % SLOTS), (t // SLOTS) & 1)
+    fence_async_shared()
+
+
+@gluon.jit
 def _consumer(
     c: gl.constexpr,
     start, end, b, head0, split, num_heads, scale_log2, MidO, MidLse,
@@ -171,7 +182,7 @@ def _consumer(
             l_sum = l_sum * alpha + gl.sum(p, 1)
             acc = acc * gl.convert_layout(alpha, heads_of_outs)[:, None]
             acc = warpgroup_mma(p_a, v_a, acc, is_async=True)
-            mbarrier.wait(sent.index(1), j & 1)
+            _receive(sent.index(1), j, ready, 2 * j + 1)
             m_b = maxes.slice(BLOCK_H, BLOCK_H).load(heads_of_scores)
             beta = gl.exp2(m_a - m_b)
             l_sum = l_sum * beta
@@ -180,7 +191,7 @@ def _consumer(
         else:
             n0 = start + (2 * j + 1) * BLOCK_N
             s = _scores(q_s, qpe_s, k_ring, pe_ring, ready, 2 * j + 1, n0, end, scale_log2, scores)
-            mbarrier.wait(sent.index(0), j & 1)
+            _receive(sent.index(0), j, ready, 2 * j)
             m_a = maxes.slice(0, BLOCK_H).load(heads_of_scores)
             acc = acc * gl.convert_layout(gl.exp2(m - m_a), heads_of_outs)[:, None]
             acc = warpgroup_mma(p_a, v_a, acc, is_async=True)  # runs under this consumer's softmax

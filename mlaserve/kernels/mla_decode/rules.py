@@ -26,6 +26,13 @@ FP8_SLOTS = 4
 GLUON_SCRATCH_BYTES = 1024
 # Balanced spans (DecodePlan.balanced): the fewest rows a program takes; longer spans were slower.
 MIN_SPAN_ROWS = 128
+# The seesaw kernel (gluon_seesaw.py) is off by default: it compiles for sm_90 but has not yet run on a GPU, so
+# neither its results nor its speed against gluon_wgmma are known. Benchmarks and tests name it
+# (tuning.mla_decode_tuned(kernel="gluon_seesaw")); set this once tests/gpu/test_mla_decode_seesaw.py passes and the
+# GPU suite's decode section shows it faster.
+SEESAW_BY_DEFAULT = False
+# Rows per tile the seesaw kernel builds at: 32 (four ring slots beside the queries) or 64 (two, FlashMLA's tile).
+SEESAW_TILES = (32, 64)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -174,6 +181,11 @@ def many_heads(shape: DecodeShape, device: DecodeDevice) -> bool:
     return shape.num_heads >= 64
 
 
+def seesaw_pays(shape: DecodeShape, device: DecodeDevice) -> bool:
+    """The seesaw kernel takes the 64-head rule's calls once SEESAW_BY_DEFAULT is set (see there)."""
+    return SEESAW_BY_DEFAULT and many_heads(shape, device)
+
+
 def few_heads(shape: DecodeShape, device: DecodeDevice) -> bool:
     """The 8-bit Gluon kernels run 16 heads per program: with more heads the Triton kernel's 32- and 64-head
     programs read each latent tile fewer times."""
@@ -312,6 +324,14 @@ def gluon_wgmma_shared_bytes(plan: DecodePlan, shape: DecodeShape) -> int:
     return buffers + GLUON_SCRATCH_BYTES
 
 
+def gluon_seesaw_shared_bytes(plan: DecodePlan, shape: DecodeShape) -> int:
+    """16-bit queries, a ring of 128 rows (four 32-row tiles or two 64-row ones; p lives in their rope columns),
+    the two consumers' maxima and row sums."""
+    width = shape.kv_lora_rank + shape.rope_dim
+    buffers = 2 * (plan.block_h * width + 128 * width) + 2 * 2 * plan.block_h * 4
+    return buffers + GLUON_SCRATCH_BYTES
+
+
 def gluon_wgmma8_shared_bytes(plan: DecodePlan, shape: DecodeShape) -> int:
     """fp16 queries, two 8-bit tiles of rows, fp16 p."""
     width = shape.kv_lora_rank + shape.rope_dim
@@ -341,6 +361,21 @@ def plan_gluon_wgmma(
                                                         device.sms, 64)  # fmt: skip
     return DecodePlan(
         "gluon_wgmma", splits, 64, 64, 8, partial_dtype=tuning.get("partial_dtype", torch.float32)
+    )
+
+
+def plan_gluon_seesaw(
+    shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuning: Mapping[str, object]
+) -> DecodePlan:
+    """gluon_seesaw.py: 64 heads, 32-row tiles unless block_n=64, 12 warps (a producer warpgroup and two consumers);
+    gluon_wgmma's split count (its 64-row tiles), so the two compare at the same grid."""
+    block_n = tuning.get("block_n") or SEESAW_TILES[0]
+    if block_n not in SEESAW_TILES:
+        raise ValueError(f"gluon_seesaw takes block_n {' or '.join(map(str, SEESAW_TILES))}, not {block_n}")
+    splits = tuning.get("num_splits") or num_splits_for(call.batch, _groups(shape, 64), call.max_seq_len, 64,
+                                                        device.sms, 64)  # fmt: skip
+    return DecodePlan(
+        "gluon_seesaw", splits, 64, block_n, 12, partial_dtype=tuning.get("partial_dtype", torch.float32)
     )
 
 
