@@ -135,6 +135,15 @@ def _receive(sent, j, ready, t):
 
 
 @gluon.jit
+def _release(empty):
+    """This consumer is done with a slot (its value dot has been waited for): the producer may refill it once the
+    other consumer is too. Tile a's slot goes back before tile b's value dot, so its refill overlaps that dot."""
+    barrier()  # every warp of this consumer is done with the slot (and its p)
+    fence_async_shared()  # ... and its reads of it are ordered before the next copy's writes
+    mbarrier.arrive(empty)
+
+
+@gluon.jit
 def _consumer(
     c: gl.constexpr,
     start, end, b, head0, split, num_heads, scale_log2, MidO, MidLse,
@@ -187,6 +196,7 @@ def _consumer(
             beta = gl.exp2(m_a - m_b)
             l_sum = l_sum * beta
             acc = warpgroup_mma_wait(0, deps=[acc])
+            _release(empty.index(slot_a))
             acc = acc * gl.convert_layout(beta, heads_of_outs)[:, None]
         else:
             n0 = start + (2 * j + 1) * BLOCK_N
@@ -201,14 +211,12 @@ def _consumer(
             l_sum = l_sum * gl.exp2(m - m_b) + gl.sum(p, 1)
             beta = gl.exp2(m_a - m_b)
             acc = warpgroup_mma_wait(0, deps=[acc])
+            _release(empty.index(slot_a))
             acc = acc * gl.convert_layout(beta, heads_of_outs)[:, None]
         m = m_b
         acc = warpgroup_mma(p_b, v_b, acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=[acc])
-        barrier()  # every warp of this consumer is done with both slots (and their p)
-        fence_async_shared()  # ... and its reads of them are ordered before the next copies' writes
-        mbarrier.arrive(empty.index(slot_a))
-        mbarrier.arrive(empty.index(slot_b))
+        _release(empty.index(slot_b))
 
     # Both consumers' sums are relative to the same running max (consumer 0 takes consumer 1's).
     sums.slice(c * BLOCK_H, BLOCK_H).store(l_sum)
