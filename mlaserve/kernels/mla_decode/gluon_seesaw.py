@@ -95,6 +95,7 @@ def _producer(
         copy_tile(k_ring.index(slot), pe_ring.index(slot), KV, BlockTable, b, start + t * BLOCK_N, end, stride_kv,
                    stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
         _arrive_when_copied(ready.index(slot))
+    async_copy.wait_group(0)  # no copy still in flight when the producer's warps exit
 
 
 @gluon.jit
