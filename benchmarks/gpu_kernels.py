@@ -42,19 +42,20 @@ def kernels() -> dict:
 
 
 def seesaw_rows(q, cache, table, seq_lens, length: int, scale: float, flops: int) -> dict:
-    """The seesaw kernel (gluon_seesaw.py, off by default) at both of its tiles beside the default kernel: ms and
-    TFLOP/s from CUDA-graph replays, and its largest difference from the default kernel's output. A tile that
-    fails to build or run is reported, not raised: the other sections still run."""
+    """The seesaw kernel (gluon_seesaw.py, off by default) at both of its tiles, by cp.async and by TMA (keys
+    seesaw32, seesaw64, seesaw32_tma, seesaw64_tma), beside the default kernel: ms and TFLOP/s from CUDA-graph
+    replays, and its largest difference from the default kernel's output. A variant that fails to build or run is
+    reported, not raised: the other sections still run."""
     from mlaserve.kernels.mla_decode.decode import mla_decode
     from mlaserve.kernels.mla_decode.tuning import mla_decode_tuned
 
     want, want_lse = mla_decode(q, cache, table, seq_lens, length, LAT, scale)
     row = {}
-    for block_n in (32, 64):
-        key = f"seesaw{block_n}"
+    for block_n, tma in ((32, False), (64, False), (32, True), (64, True)):
+        key = f"seesaw{block_n}{'_tma' if tma else ''}"
         try:
-            call = lambda b=block_n: mla_decode_tuned(  # noqa: E731
-                q, cache, table, seq_lens, length, LAT, scale, kernel="gluon_seesaw", block_n=b
+            call = lambda b=block_n, t=tma: mla_decode_tuned(  # noqa: E731
+                q, cache, table, seq_lens, length, LAT, scale, kernel="gluon_seesaw", block_n=b, tma=t
             )
             out, lse = call()
             row[f"{key}_max_diff"] = (out.float() - want.float()).abs().max().item()
@@ -132,7 +133,7 @@ def decode(ceil: dict, tune: bool) -> dict:
     return {
         "rows": rows,
         "counting": "latent bytes read once; FLOPs 2*B*H*L*(576+512)",
-        "timing": "triton_ms, triton_kernel_ms, seesaw32_ms / seesaw64_ms (gluon_seesaw at 32- / 64-row tiles) and the "
+        "timing": "triton_ms, triton_kernel_ms, seesaw*_ms (gluon_seesaw at 32- / 64-row tiles, _tma: by TMA) and the "
         "8-bit figures: CUDA-graph replays (bench_graph); triton_eager_ms and torch_ms: eager calls",
     }
 

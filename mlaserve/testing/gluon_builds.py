@@ -38,7 +38,7 @@ class Build:
     tile: tuple[int, int, int]
     estimate: str
     cache_dtype: torch.dtype = torch.bfloat16
-    descriptors: bool = False  # the fp8-dot kernel's three TMA descriptors
+    descriptors: str = ""  # whose TMA descriptors it takes: "fp8" (gluon_fp8's three) or "seesaw" (two)
 
 
 _OUT = dict(BlockTable=torch.int32, SeqLens=torch.int32, MidO=torch.float32, MidLse=torch.float32)
@@ -53,27 +53,36 @@ BUILDS: dict[str, Build] = {
                           FP8),
     "gluon_fp8": Build("gluon_fp8", "stage1_fp8", {"Terms": FP8, "Scales": torch.float32, "KV": FP8, **_OUT},
                        dict(PAGE=64, **_WIDTHS, BLOCK_H=16, BLOCK_N=64, PDL=True), 4, (16, 64, 4),
-                       "gluon_fp8_shared_bytes", FP8, descriptors=True),
+                       "gluon_fp8_shared_bytes", FP8, descriptors="fp8"),
     **{
-        f"gluon_seesaw/{block_n}rows/page{page}/{str(dtype)[6:]}": Build(
+        f"gluon_seesaw/{block_n}rows/page{page}/{str(dtype)[6:]}{'/tma' if tma else ''}": Build(
             "gluon_seesaw", "stage1_seesaw", {**_BF16, "Q": dtype, "QPe": dtype, "KV": dtype},
-            dict(PAGE=page, **_WIDTHS, BLOCK_H=64, BLOCK_N=block_n), 4, (64, block_n, 12), "gluon_seesaw_shared_bytes",
-            dtype,
+            dict(PAGE=page, **_WIDTHS, BLOCK_H=64, BLOCK_N=block_n, TMA=tma), 4, (64, block_n, 12),
+            "gluon_seesaw_shared_bytes", dtype, descriptors="seesaw",
         )
-        for block_n, page, dtype in ((32, 64, torch.bfloat16), (64, 64, torch.bfloat16), (32, 1, torch.bfloat16),
-                                     (32, 16, torch.float16))
+        for block_n, page, dtype, tma in ((32, 64, torch.bfloat16, False), (64, 64, torch.bfloat16, False),
+                                          (32, 1, torch.bfloat16, False), (32, 16, torch.float16, False),
+                                          (32, 64, torch.bfloat16, True), (64, 64, torch.bfloat16, True))
     },
 }  # fmt: skip
 
 
-def _descriptors(cache_dtype: torch.dtype) -> dict[str, object]:
-    """The fp8-dot kernel's TMA descriptors over a small cache of its row width (the compiled kernel depends on
-    their type, not on the cache's size)."""
-    from mlaserve.kernels.mla_decode.gluon_fp8_ring import tma_descriptors
-    from mlaserve.kvcache.quant import TAIL_BYTES
+def _descriptors(build: Build) -> dict[str, object]:
+    """The kernel's TMA descriptors over a small cache of its row width (the compiled kernel depends on their type,
+    not on the cache's size)."""
+    if build.descriptors == "fp8":
+        from mlaserve.kernels.mla_decode.gluon_fp8_ring import tma_descriptors
+        from mlaserve.kvcache.quant import TAIL_BYTES
 
-    kv = torch.zeros(256, LAT + ROPE + TAIL_BYTES, dtype=cache_dtype)
-    return dict(zip(("DescLat", "DescPe", "DescTail"), tma_descriptors(kv, ROPE), strict=True))
+        kv = torch.zeros(256, LAT + ROPE + TAIL_BYTES, dtype=build.cache_dtype)
+        return dict(zip(("DescLat", "DescPe", "DescTail"), tma_descriptors(kv, ROPE), strict=True))
+    if build.descriptors == "seesaw":
+        from mlaserve.kernels.mla_decode.gluon_seesaw_ring import tma_descriptors
+
+        kv = torch.zeros(256, LAT + ROPE, dtype=build.cache_dtype)
+        block_n = build.constexprs["BLOCK_N"]
+        return dict(zip(("DescLat", "DescPe"), tma_descriptors(kv, LAT, ROPE, block_n), strict=True))
+    return {}
 
 
 def compile_for_sm90(build: Build):
@@ -84,7 +93,7 @@ def compile_for_sm90(build: Build):
     from triton.runtime.jit import mangle_type
 
     fn = getattr(importlib.import_module(f"mlaserve.kernels.mla_decode.{build.module}"), build.kernel)
-    descriptors = _descriptors(build.cache_dtype) if build.descriptors else {}
+    descriptors = _descriptors(build)
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in build.constexprs:
@@ -145,6 +154,7 @@ def report(name: str, ptxas: bool = False) -> dict[str, object]:
             {int(n) for n in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)}
         ),
         "mbarrier_copies": "cp.async.mbarrier.arrive" in ptx,
+        "tma_copies": sorted(set(re.findall(r"cp\.async\.bulk\.tensor\.(\dd)", ptx))),
     }
     if ptxas:
         facts.update(_ptxas_report(ptx))

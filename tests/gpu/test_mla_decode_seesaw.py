@@ -1,8 +1,8 @@
 """On a Hopper GPU (skipped elsewhere): the seesaw split step (gluon_seesaw.py) against the torch reference, outputs
 and LSEs, eagerly and replayed from a CUDA graph, at 64, 128 and 80 heads (80: the second head group is 16 heads
 and 48 masked ones), pages of 1, 16 and 64 rows (a 32- or 64-row tile spans pages below its size), both tile sizes,
-and ragged lengths: one row, lengths either side of a tile and of a pair of tiles, and long ones. The kernel is off
-by default (rules.SEESAW_BY_DEFAULT), so these name it."""
+tiles by cp.async and by TMA, and ragged lengths: one row, lengths either side of a tile and of a pair of tiles,
+and long ones. The kernel is off by default (rules.SEESAW_BY_DEFAULT), so these name it."""
 
 import pytest
 import torch
@@ -20,18 +20,16 @@ LENGTHS = [1, 31, 33, 95, 129, 1000, 2047, 3001]
 
 
 @pytest.mark.parametrize("block_n", [32, 64])
-@pytest.mark.parametrize("page", [1, 16, 64])
+@pytest.mark.parametrize("page, tma", [(1, False), (16, False), (64, False), (64, True)])
 @pytest.mark.parametrize("heads", [64, 128, 80])
-def test_seesaw_matches_reference_eager_and_in_a_graph(heads, page, block_n):
+def test_seesaw_matches_reference_eager_and_in_a_graph(heads, page, tma, block_n):
+    """tma: whole tiles by TMA, the partial last tile and an odd tile's partner still by cp.async."""
     q, cache, table, meta = paged_case(len(LENGTHS), heads, LENGTHS, page, torch.bfloat16, seed=heads + page)
-    assert decode_plan(q, cache, 8192, LAT, ROPE, kernel="gluon_seesaw", block_n=block_n).block_n == block_n
+    options = dict(kernel="gluon_seesaw", block_n=block_n, tma=tma)
+    plan = decode_plan(q, cache, 8192, LAT, ROPE, **options)
+    assert (plan.block_n, plan.tma) == (block_n, tma)
     check_eager_and_replayed(
-        q,
-        cache,
-        meta,
-        lambda: mla_decode_tuned(
-            q, cache, table, meta.seq_lens, 8192, LAT, 0.07, kernel="gluon_seesaw", block_n=block_n
-        ),
+        q, cache, meta, lambda: mla_decode_tuned(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, **options)
     )
 
 
@@ -50,18 +48,18 @@ def test_every_split_count_covers_each_context_once(num_splits):
     )
 
 
-def test_rows_past_the_end_never_reach_the_output():
+@pytest.mark.parametrize("tma", [False, True])
+def test_rows_past_the_end_never_reach_the_output(tma):
     """The rows after each sequence's end in its last page, and the never-used block 0, hold NaN (a freed page's
     bytes may): the copy zero-fills them and the scores mask them, so no NaN reaches p or the values' dot."""
-    lengths = [1, 45, 100, 777]
+    lengths = [1, 45, 96, 100, 777]  # 96: whole 32-row tiles, the pair's partner past the end
     q, cache, table, meta = paged_case(len(lengths), 128, lengths, 64, torch.bfloat16, seed=7)
-    clean, clean_lse = mla_decode_tuned(
-        q, cache, table, meta.seq_lens, 1024, LAT, 0.07, kernel="gluon_seesaw"
-    )
+    options = dict(kernel="gluon_seesaw", tma=tma)
+    clean, clean_lse = mla_decode_tuned(q, cache, table, meta.seq_lens, 1024, LAT, 0.07, **options)
     for i, n in enumerate(lengths):
         cache[table[i, n // 64], n % 64 :] = float("nan")
     cache[0] = float("nan")
-    out, lse = mla_decode_tuned(q, cache, table, meta.seq_lens, 1024, LAT, 0.07, kernel="gluon_seesaw")
+    out, lse = mla_decode_tuned(q, cache, table, meta.seq_lens, 1024, LAT, 0.07, **options)
     assert torch.equal(out, clean) and torch.equal(lse, clean_lse)
 
 

@@ -291,3 +291,11 @@ def test_the_seesaw_kernel_is_named_not_chosen_until_it_has_run_on_a_gpu(monkeyp
         assert dispatch.describe(shape(128, "bf16"), A100) == "triton"
     finally:
         dispatch.candidates.cache_clear()
+
+
+def test_the_seesaw_kernel_copies_by_tma_only_tiles_inside_a_page():
+    call = DecodeCall(64, 4096)
+    assert tuned_plan(shape(128, "bf16"), call, H200, "gluon_seesaw", tma=True).tma
+    assert not tuned_plan(shape(128, "bf16"), call, H200, "gluon_seesaw").tma
+    with pytest.raises(ValueError, match="block_size 16 is not a multiple of block_n 32"):
+        tuned_plan(shape(128, "bf16", page=16), call, H200, "gluon_seesaw", tma=True)

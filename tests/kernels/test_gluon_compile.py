@@ -54,3 +54,5 @@ def test_the_seesaw_kernel_is_warp_specialized_over_mbarriers(compiled, name):
     block_n = BUILDS[name].constexprs["BLOCK_N"]
     assert 232 in facts["setmaxnreg"] and facts["mbarrier_copies"], facts
     assert set(facts["dots"]) == {f"m64n{block_n}k16", "m64n256k16"}, facts
+    # with TMA, whole tiles come as a 3-D latent box and a 2-D rope box; partial tiles still by cp.async
+    assert facts["tma_copies"] == (["2d", "3d"] if BUILDS[name].constexprs["TMA"] else []), facts

@@ -22,13 +22,14 @@ instead rescales Pa in registers after the softmax; this keeps every dot's opera
 gluon_wgmma has run).
 
 Shared memory: the queries (64 x 576 16-bit values, 72 KiB) and a ring of SLOTS tiles of rows, which a producer
-warpgroup (the default partition, few registers) fills by cp.async, counted on each slot's `ready` barrier; both
-consumers release a slot (`empty`, two arrivals) once their value dots are done with it. A tile's p goes where its
-rope columns were: only the consumer that computed the tile's scores reads them, and it is done with them when p is
-ready, and [64 heads, BLOCK_N] 16-bit values are exactly the [BLOCK_N, 64] rope block's bytes. With 32-row tiles
-four slots fit beside the queries, so one pair is copied while the other is worked on; FlashMLA's 64-row tiles leave
-room for two (BLOCK_N=64 builds too, as a tuning choice). cp.async rather than TMA: pages of any size (a tile may
-span pages), and the rows past a sequence's end are zero-filled, never a freed page's NaN.
+warpgroup (the default partition, few registers; gluon_seesaw_ring.py) fills by cp.async, or whole tiles by TMA where
+the plan asks (`tma`), counted on each slot's `ready` barrier; both consumers release a slot (`empty`, two arrivals)
+once their value dots are done with it, tile a's before tile b's value dot so that its refill overlaps the dot. A
+tile's p goes where its rope columns were: only the consumer that computed the tile's scores reads them, and it is
+done with them when p is ready, and [64 heads, BLOCK_N] 16-bit values are exactly the [BLOCK_N, 64] rope block's
+bytes. With 32-row tiles four slots fit beside the queries, so one pair is copied while the other is worked on;
+FlashMLA's 64-row tiles leave room for two (block_n=64, a tuning choice: its score dots read the queries half as
+often per row, but a pair's copy then waits for the previous pair's value dots).
 
 Gluon kernels do not run under TRITON_INTERPRET; tests/gpu/test_mla_decode_seesaw.py checks this one on a GPU and
 tests/kernels/test_gluon_compile.py compiles it for sm_90 on any machine.
@@ -37,7 +38,6 @@ tests/kernels/test_gluon_compile.py compiles it for sm_90 on any machine.
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -45,57 +45,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from mlaserve.kernels.mla_decode.gluon_common import (
-    async_load,
-    barrier,
-    copy_tile,
-    split_range,
-    store_empty_lse,
-    view_as,
-)
+from mlaserve.kernels.mla_decode.decode import tma_rows
+from mlaserve.kernels.mla_decode.gluon_common import barrier, split_range, store_empty_lse, view_as
+from mlaserve.kernels.mla_decode.gluon_seesaw_ring import producer, tma_descriptors
 from mlaserve.kernels.mla_decode.partials import merge, split_step
 from mlaserve.kernels.mla_decode.rules import DecodePlan
 
 # Consumers' registers: a 64 x 256 float32 accumulator takes 128 per thread; the producer keeps what is left.
 CONSUMER_REGS = gl.constexpr(232)
-
-
-@gluon.jit
-def _arrive_when_copied(bar):
-    """Complete `bar`'s phase (count 1) once every producer thread's pending cp.async copies have landed."""
-    async_copy.mbarrier_arrive(bar)  # counted as pending now, it arrives when this thread's copies land
-    barrier()  # ... for every thread, before the one arrival that completes the phase
-    mbarrier.arrive(bar)
-
-
-@gluon.jit
-def _producer(
-    Q, QPe, KV, BlockTable, start, end, b, head0, num_heads, stride_qb, stride_qh, stride_pb, stride_ph, stride_kv,
-    stride_bt, q_s, qpe_s, k_ring, pe_ring, q_ready, ready, empty,
-    PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_N: gl.constexpr,
-):  # fmt: skip
-    """Copy the queries, then the split's tiles in pairs (a last odd tile gets an all-masked partner, zero-filled, so
-    both consumers see whole pairs), each into its ring slot once both consumers have released the tile SLOTS
-    before."""
-    SLOTS: gl.constexpr = k_ring.shape[0]
-    BLOCK_H: gl.constexpr = q_s.shape[0]
-    rows: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16-byte copies, 128-byte row runs
-    heads = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, rows))
-    ok = (heads < num_heads)[:, None]
-    lat = gl.arange(0, D_LAT, layout=gl.SliceLayout(0, rows))
-    rope = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, rows))
-    async_load(q_s, Q + b * stride_qb + heads[:, None] * stride_qh + lat[None, :], mask=ok)
-    async_load(qpe_s, QPe + b * stride_pb + heads[:, None] * stride_ph + rope[None, :], mask=ok)
-    async_copy.commit_group()
-    _arrive_when_copied(q_ready)
-    copies = 2 * gl.cdiv(gl.cdiv(end - start, BLOCK_N), 2)
-    for t in range(copies):
-        slot = t % SLOTS
-        mbarrier.wait(empty.index(slot), ((t // SLOTS) & 1) ^ 1)  # a fresh barrier passes parity 1 at once
-        copy_tile(k_ring.index(slot), pe_ring.index(slot), KV, BlockTable, b, start + t * BLOCK_N, end, stride_kv,
-                   stride_bt, PAGE, D_LAT, D_ROPE, BLOCK_N, rows)  # fmt: skip
-        _arrive_when_copied(ready.index(slot))
-    async_copy.wait_group(0)  # no copy still in flight when the producer's warps exit
 
 
 @gluon.jit
@@ -239,13 +196,15 @@ def _consumer(
 
 @gluon.jit(do_not_specialize=["stride_bt", "stride_mlh", "num_splits", "split_target"])
 def stage1_seesaw(
-    Q, QPe, KV, BlockTable, SeqLens, MidO, MidLse,
+    Q, QPe, KV, DescLat, DescPe, BlockTable, SeqLens, MidO, MidLse,
     stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
     num_heads, scale_log2, num_splits, split_target,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+    TMA: gl.constexpr,
 ):  # fmt: skip
     # Launched with 4 warps (the producer; the consumers are 4-warp workers), BLOCK_H = D_ROPE = 64 (p takes the
-    # rope block's place), BLOCK_N = 32 (four ring slots) or 64 (two), any PAGE.
+    # rope block's place), BLOCK_N = 32 (four ring slots) or 64 (two), any PAGE; with TMA, PAGE % BLOCK_N == 0 and
+    # DescLat / DescPe over the cache's rows (gluon_seesaw_ring.tma_descriptors; unread without TMA).
     gl.static_assert(BLOCK_H == D_ROPE)
     gl.static_assert(BLOCK_N == 32 or BLOCK_N == 64)
     SLOTS: gl.constexpr = 128 // BLOCK_N  # what fits beside the queries
@@ -283,9 +242,9 @@ def stage1_seesaw(
     barrier()
     gl.warp_specialize(
         [
-            (_producer, (Q, QPe, KV, BlockTable, start, end, b, head0, num_heads, stride_qb, stride_qh, stride_pb,
-                          stride_ph, stride_kv, stride_bt, q_s, qpe_s, k_ring, pe_ring, q_ready, ready, empty, PAGE,
-                          D_LAT, D_ROPE, BLOCK_N)),
+            (producer, (Q, QPe, KV, DescLat, DescPe, BlockTable, start, end, b, head0, num_heads, stride_qb,
+                         stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, q_s, qpe_s, k_ring, pe_ring, q_ready,
+                         ready, empty, PAGE, D_LAT, D_ROPE, BLOCK_N, TMA)),
             (_consumer, (0, start, end, b, head0, split, num_heads, scale_log2, MidO, MidLse, stride_mob,
                           stride_moh, stride_mos, stride_mlb, stride_mlh, q_s, qpe_s, k_ring, pe_ring, q_ready, ready,
                           empty, sent, maxes, sums, summed)),
@@ -309,10 +268,21 @@ def launch(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The table entry's launch: the split step at the plan's tile (64 heads, plan.block_n rows; the producer's 4
-    warps beside the consumers' 8), then the merge."""
+    warps beside the consumers' 8), then the merge. Whole tiles come by TMA where the plan asks for it and the
+    cache's rows are 16-byte aligned, else by cp.async (the kernel then reads no descriptor: they are built over a
+    small aligned stand-in)."""
     step = split_step(plan, q, kv_cache, block_table, seq_lens, kv_lora_rank, scale)
+    d_rope = q_pe.shape[-1]
+    use_tma = plan.tma and tma_rows(kv_cache)
+    rows = (
+        step.kv
+        if use_tma
+        else torch.empty(plan.block_n, step.kv.shape[-1], dtype=kv_cache.dtype, device=q.device)
+    )
+    q_args = step.args(q, q_pe)
     stage1_seesaw[step.grid](
-        *step.args(q, q_pe), PAGE=kv_cache.shape[1], D_LAT=kv_lora_rank, D_ROPE=q_pe.shape[-1],
-        BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, num_warps=4,
+        *q_args[:3], *tma_descriptors(rows, kv_lora_rank, d_rope, plan.block_n), *q_args[3:],
+        PAGE=kv_cache.shape[1], D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n,
+        TMA=use_tma, num_warps=4,
     )  # fmt: skip
     return merge(plan, step, q, seq_lens, kv_lora_rank)

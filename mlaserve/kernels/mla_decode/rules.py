@@ -104,6 +104,7 @@ class DecodePlan:
     balanced: bool = False  # Triton kernel: num_splits programs take equal runs of the batch's tiles
     min_span_rows: int = MIN_SPAN_ROWS  # balanced: the fewest rows a program takes
     window: int = 0  # each sequence's last `window` rows only (DecodeCall.window); 0: all
+    tma: bool = False  # gluon_seesaw: whole tiles copied by TMA (gluon_seesaw_ring.py), else by cp.async
 
 
 def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms: int, block_h: int) -> int:
@@ -367,15 +368,26 @@ def plan_gluon_wgmma(
 def plan_gluon_seesaw(
     shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuning: Mapping[str, object]
 ) -> DecodePlan:
-    """gluon_seesaw.py: 64 heads, 32-row tiles unless block_n=64, 12 warps (a producer warpgroup and two consumers);
-    gluon_wgmma's split count (its 64-row tiles), so the two compare at the same grid."""
+    """gluon_seesaw.py: 64 heads, 32-row tiles unless block_n=64, 12 warps (a producer warpgroup and two consumers),
+    tiles by cp.async unless tma=True; gluon_wgmma's split count (its 64-row tiles), so the two compare at the same
+    grid."""
     block_n = tuning.get("block_n") or SEESAW_TILES[0]
     if block_n not in SEESAW_TILES:
         raise ValueError(f"gluon_seesaw takes block_n {' or '.join(map(str, SEESAW_TILES))}, not {block_n}")
+    tma = bool(tuning.get("tma", False))
+    if tma and shape.block_size % block_n:
+        raise ValueError(f"gluon_seesaw copies by TMA only tiles inside a page: block_size {shape.block_size} is "
+                         f"not a multiple of block_n {block_n}")  # fmt: skip
     splits = tuning.get("num_splits") or num_splits_for(call.batch, _groups(shape, 64), call.max_seq_len, 64,
                                                         device.sms, 64)  # fmt: skip
     return DecodePlan(
-        "gluon_seesaw", splits, 64, block_n, 12, partial_dtype=tuning.get("partial_dtype", torch.float32)
+        "gluon_seesaw",
+        splits,
+        64,
+        block_n,
+        12,
+        partial_dtype=tuning.get("partial_dtype", torch.float32),
+        tma=tma,
     )
 
 
