@@ -42,20 +42,32 @@ def kernels() -> dict:
 
 
 def seesaw_rows(q, cache, table, seq_lens, length: int, scale: float, flops: int) -> dict:
-    """The seesaw kernel (gluon_seesaw.py, off by default) at both of its tiles, by cp.async and by TMA (keys
-    seesaw32, seesaw64, seesaw32_tma, seesaw64_tma), beside the default kernel: ms and TFLOP/s from CUDA-graph
-    replays, and its largest difference from the default kernel's output. A variant that fails to build or run is
-    reported, not raised: the other sections still run."""
+    """The seesaw kernel (gluon_seesaw.py, off by default) at both of its tiles, by cp.async and by TMA, with and
+    without prefetched scores (keys seesaw{32,64}[_tma][_prefetch]), beside the default kernel: ms and TFLOP/s from
+    CUDA-graph replays, and its largest difference from the default kernel's output. A variant that fails to build
+    or run is reported, not raised: the other sections still run."""
     from mlaserve.kernels.mla_decode.decode import mla_decode
     from mlaserve.kernels.mla_decode.tuning import mla_decode_tuned
 
     want, want_lse = mla_decode(q, cache, table, seq_lens, length, LAT, scale)
     row = {}
-    for block_n, tma in ((32, False), (64, False), (32, True), (64, True)):
-        key = f"seesaw{block_n}{'_tma' if tma else ''}"
+    variants = ((32, False, False), (64, False, False), (32, True, False), (64, True, False), (32, False, True),
+                (32, True, True))  # fmt: skip
+    for block_n, tma, prefetch in variants:
+        key = f"seesaw{block_n}{'_tma' if tma else ''}{'_prefetch' if prefetch else ''}"
         try:
-            call = lambda b=block_n, t=tma: mla_decode_tuned(  # noqa: E731
-                q, cache, table, seq_lens, length, LAT, scale, kernel="gluon_seesaw", block_n=b, tma=t
+            call = lambda b=block_n, t=tma, p=prefetch: mla_decode_tuned(  # noqa: E731
+                q,
+                cache,
+                table,
+                seq_lens,
+                length,
+                LAT,
+                scale,
+                kernel="gluon_seesaw",
+                block_n=b,
+                tma=t,
+                prefetch=p,
             )
             out, lse = call()
             row[f"{key}_max_diff"] = (out.float() - want.float()).abs().max().item()

@@ -41,6 +41,11 @@ class Build:
     descriptors: str = ""  # whose TMA descriptors it takes: "fp8" (gluon_fp8's three) or "seesaw" (two)
 
 
+def _seesaw_name(block_n: int, page: int, dtype: torch.dtype, tma: bool, prefetch: bool) -> str:
+    options = ("/tma" if tma else "") + ("/prefetch" if prefetch else "")
+    return f"gluon_seesaw/{block_n}rows/page{page}/{str(dtype).removeprefix('torch.')}{options}"
+
+
 _OUT = dict(BlockTable=torch.int32, SeqLens=torch.int32, MidO=torch.float32, MidLse=torch.float32)
 _BF16 = dict(Q=torch.bfloat16, QPe=torch.bfloat16, KV=torch.bfloat16, **_OUT)
 _WIDTHS = dict(D_LAT=LAT, D_ROPE=ROPE)
@@ -55,14 +60,17 @@ BUILDS: dict[str, Build] = {
                        dict(PAGE=64, **_WIDTHS, BLOCK_H=16, BLOCK_N=64, PDL=True), 4, (16, 64, 4),
                        "gluon_fp8_shared_bytes", FP8, descriptors="fp8"),
     **{
-        f"gluon_seesaw/{block_n}rows/page{page}/{str(dtype)[6:]}{'/tma' if tma else ''}": Build(
+        _seesaw_name(block_n, page, dtype, tma, prefetch): Build(
             "gluon_seesaw", "stage1_seesaw", {**_BF16, "Q": dtype, "QPe": dtype, "KV": dtype},
-            dict(PAGE=page, **_WIDTHS, BLOCK_H=64, BLOCK_N=block_n, TMA=tma), 4, (64, block_n, 12),
-            "gluon_seesaw_shared_bytes", dtype, descriptors="seesaw",
+            dict(PAGE=page, **_WIDTHS, BLOCK_H=64, BLOCK_N=block_n, TMA=tma, PREFETCH=prefetch), 4,
+            (64, block_n, 12), "gluon_seesaw_shared_bytes", dtype, descriptors="seesaw",
         )
-        for block_n, page, dtype, tma in ((32, 64, torch.bfloat16, False), (64, 64, torch.bfloat16, False),
-                                          (32, 1, torch.bfloat16, False), (32, 16, torch.float16, False),
-                                          (32, 64, torch.bfloat16, True), (64, 64, torch.bfloat16, True))
+        for block_n, page, dtype, tma, prefetch in (
+            (32, 64, torch.bfloat16, False, False), (64, 64, torch.bfloat16, False, False),
+            (32, 1, torch.bfloat16, False, False), (32, 16, torch.float16, False, False),
+            (32, 64, torch.bfloat16, True, False), (64, 64, torch.bfloat16, True, False),
+            (32, 64, torch.bfloat16, True, True),
+        )
     },
 }  # fmt: skip
 

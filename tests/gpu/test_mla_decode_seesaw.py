@@ -1,7 +1,7 @@
 """On a Hopper GPU (skipped elsewhere): the seesaw split step (gluon_seesaw.py) against the torch reference, outputs
 and LSEs, eagerly and replayed from a CUDA graph, at 64, 128 and 80 heads (80: the second head group is 16 heads
 and 48 masked ones), pages of 1, 16 and 64 rows (a 32- or 64-row tile spans pages below its size), both tile sizes,
-tiles by cp.async and by TMA, and ragged lengths: one row, lengths either side of a tile and of a pair of tiles,
+tiles by cp.async and by TMA, scores issued a pair ahead or not, and ragged lengths: one row, lengths either side of a tile and of a pair of tiles,
 and long ones. The kernel is off by default (rules.SEESAW_BY_DEFAULT), so these name it."""
 
 import pytest
@@ -28,6 +28,19 @@ def test_seesaw_matches_reference_eager_and_in_a_graph(heads, page, tma, block_n
     options = dict(kernel="gluon_seesaw", block_n=block_n, tma=tma)
     plan = decode_plan(q, cache, 8192, LAT, ROPE, **options)
     assert (plan.block_n, plan.tma) == (block_n, tma)
+    check_eager_and_replayed(
+        q, cache, meta, lambda: mla_decode_tuned(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, **options)
+    )
+
+
+@pytest.mark.parametrize("block_n, tma", [(32, False), (32, True), (64, True)])
+@pytest.mark.parametrize("heads", [128, 80])
+def test_prefetched_scores_match_reference(heads, block_n, tma):
+    """prefetch: consumer 0 issues the next pair's score dots behind its last value dot (and, past the last pair,
+    dots over a stale slot whose scores go unused)."""
+    q, cache, table, meta = paged_case(len(LENGTHS), heads, LENGTHS, 64, torch.bfloat16, seed=heads + block_n)
+    options = dict(kernel="gluon_seesaw", block_n=block_n, tma=tma, prefetch=True)
+    assert decode_plan(q, cache, 8192, LAT, ROPE, **options).prefetch
     check_eager_and_replayed(
         q, cache, meta, lambda: mla_decode_tuned(q, cache, table, meta.seq_lens, 8192, LAT, 0.07, **options)
     )

@@ -36,13 +36,15 @@ class Recorder:
         return call
 
 
-@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("tma, prefetch", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("block_n", [32, 64])
-def test_launch_binds_every_argument_by_name(monkeypatch, tma, block_n):
+def test_launch_binds_every_argument_by_name(monkeypatch, tma, prefetch, block_n):
     lengths = [5, 300, 70]
     q, cache, table, meta = paged_case(len(lengths), 96, lengths, 64, torch.bfloat16, seed=0, device="cpu")
     q_lat, q_pe = q[..., :LAT], q[..., LAT:]
-    plan = tuned_plan(*_described(q, cache), "gluon_seesaw", block_n=block_n, tma=tma, num_splits=3)
+    plan = tuned_plan(
+        *_described(q, cache), "gluon_seesaw", block_n=block_n, tma=tma, prefetch=prefetch, num_splits=3
+    )
     recorder = Recorder(gluon_seesaw.stage1_seesaw)
     monkeypatch.setattr(gluon_seesaw, "stage1_seesaw", recorder)
     monkeypatch.setattr(gluon_seesaw, "merge", lambda plan, step, *rest: step)
@@ -59,7 +61,7 @@ def test_launch_binds_every_argument_by_name(monkeypatch, tma, block_n):
     assert (args["num_heads"], args["num_splits"]) == (96, 3)
     assert args["scale_log2"] == pytest.approx(0.07 * 1.4426950408889634)
     assert (args["PAGE"], args["D_LAT"], args["D_ROPE"], args["BLOCK_H"]) == (64, LAT, ROPE, 64)
-    assert (args["BLOCK_N"], args["TMA"], args["num_warps"]) == (block_n, tma, 4)
+    assert (args["BLOCK_N"], args["TMA"], args["PREFETCH"], args["num_warps"]) == (block_n, tma, prefetch, 4)
     lat, pe = args["DescLat"], args["DescPe"]
     assert isinstance(lat, TensorDescriptor) and isinstance(pe, TensorDescriptor)
     assert lat.block_shape == [LAT // 64, block_n, 64] and pe.block_shape == [block_n, ROPE]

@@ -83,7 +83,7 @@ DECODE_KERNELS: tuple[DecodeKernel, ...] = (
         supports=DecodeSupport(**GLUON, cache_dtypes=HALF, ranks=Widths(512, 512), ropes=Widths(64, 64), pages=ANY),
         pays=rules.seesaw_pays, launch=_launch("gluon_seesaw"), plan=rules.plan_gluon_seesaw,
         shared_bytes=rules.gluon_seesaw_shared_bytes,
-        tunables=frozenset({"num_splits", "partial_dtype", "block_n", "tma"}),
+        tunables=frozenset({"num_splits", "partial_dtype", "block_n", "tma", "prefetch"}),
     ),
     DecodeKernel(
         "gluon_wgmma", about="16-bit cache, 64 heads per program, warpgroups split the scores (gluon_wgmma.py)",

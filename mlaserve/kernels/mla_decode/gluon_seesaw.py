@@ -56,18 +56,22 @@ CONSUMER_REGS = gl.constexpr(232)
 
 
 @gluon.jit
-def _scores(q_s, qpe_s, k_ring, pe_ring, ready, t, n0, end, scale_log2, scores: gl.constexpr):
-    """Base-2 logits of tile t against the queries, [heads, rows] in `scores`, -inf past the sequence's end."""
+def _issue_scores(q_s, qpe_s, k_ring, pe_ring, ready, t, scores: gl.constexpr, exists=True):
+    """Wait for tile t's copy (unless it does not `exist`) and issue its score dots against the queries, [heads,
+    rows] in `scores` (asynchronous: the caller waits)."""
     SLOTS: gl.constexpr = k_ring.shape[0]
-    BLOCK_N: gl.constexpr = k_ring.shape[1]
     slot = t % SLOTS
-    mbarrier.wait(ready.index(slot), (t // SLOTS) & 1)
-    fence_async_shared()  # the tile came by cp.async: its stores, before the tensor cores read them
-    s = gl.zeros([q_s.shape[0], BLOCK_N], gl.float32, scores)
+    mbarrier.wait(ready.index(slot), (t // SLOTS) & 1, pred=exists)
+    fence_async_shared()  # a tile that came by cp.async: its stores, before the tensor cores read them
+    s = gl.zeros([q_s.shape[0], k_ring.shape[1]], gl.float32, scores)
     s = warpgroup_mma(q_s, k_ring.index(slot).permute((1, 0)), s, is_async=True)
-    s = warpgroup_mma(qpe_s, pe_ring.index(slot).permute((1, 0)), s, is_async=True)
-    s = warpgroup_mma_wait(0, deps=[s])
-    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, scores))
+    return warpgroup_mma(qpe_s, pe_ring.index(slot).permute((1, 0)), s, is_async=True)
+
+
+@gluon.jit
+def _logits(s, n0, end, scale_log2):
+    """Base-2 logits from the scores of the tile at row n0, -inf past the sequence's end."""
+    cols = gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s.type.layout))
     return gl.where((n0 + cols < end)[None, :], s * scale_log2, float("-inf"))
 
 
@@ -106,7 +110,7 @@ def _consumer(
     c: gl.constexpr,
     start, end, b, head0, split, num_heads, scale_log2, MidO, MidLse,
     stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
-    q_s, qpe_s, k_ring, pe_ring, q_ready, ready, empty, sent, maxes, sums, summed,
+    q_s, qpe_s, k_ring, pe_ring, q_ready, ready, empty, sent, maxes, sums, summed, PREFETCH: gl.constexpr,
 ):  # fmt: skip
     """Consumer c of 2 (the module's schedule): scores of tiles c, c + 2, ...; columns [c * D_LAT / 2, (c + 1) *
     D_LAT / 2) of every tile's values; writes its half of the partial output, and consumer 0 the LSE."""
@@ -131,7 +135,14 @@ def _consumer(
     mbarrier.wait(q_ready, 0)
     fence_async_shared()  # the queries came by cp.async
 
-    for j in range(gl.cdiv(gl.cdiv(end - start, BLOCK_N), 2)):
+    pairs = gl.cdiv(gl.cdiv(end - start, BLOCK_N), 2)
+    # With PREFETCH consumer 0 issues each pair's first score dots behind the previous pair's last value dots (one
+    # wait covers both), so at a pair's start its scores are ahead of consumer 1's and its softmax runs under their
+    # dots. It costs registers: the scores are live beside the accumulator across pairs (ptxas spills some).
+    if c == 0 and PREFETCH:
+        s = _issue_scores(q_s, qpe_s, k_ring, pe_ring, ready, 0, scores)
+        s = warpgroup_mma_wait(0, deps=[s])
+    for j in range(pairs):
         slot_a = (2 * j) % SLOTS
         slot_b = (2 * j + 1) % SLOTS
         p_a = view_as(pe_ring.index(slot_a), q_s.dtype, [BLOCK_H, BLOCK_N], p_smem)
@@ -139,9 +150,11 @@ def _consumer(
         v_a = k_ring.index(slot_a).slice(c * HALF, HALF, dim=1)
         v_b = k_ring.index(slot_b).slice(c * HALF, HALF, dim=1)
         if c == 0:
-            s = _scores(
-                q_s, qpe_s, k_ring, pe_ring, ready, 2 * j, start + 2 * j * BLOCK_N, end, scale_log2, scores
-            )
+            if not PREFETCH:
+                s = warpgroup_mma_wait(
+                    0, deps=[_issue_scores(q_s, qpe_s, k_ring, pe_ring, ready, 2 * j, scores)]
+                )
+            s = _logits(s, start + 2 * j * BLOCK_N, end, scale_log2)
             m_a = gl.maximum(m, gl.max(s, 1))
             p = gl.exp2(s - m_a[:, None])
             _publish(p, m_a, p_a, maxes.slice(0, BLOCK_H), sent.index(0))
@@ -158,7 +171,8 @@ def _consumer(
             acc = acc * gl.convert_layout(beta, heads_of_outs)[:, None]
         else:
             n0 = start + (2 * j + 1) * BLOCK_N
-            s = _scores(q_s, qpe_s, k_ring, pe_ring, ready, 2 * j + 1, n0, end, scale_log2, scores)
+            s = _issue_scores(q_s, qpe_s, k_ring, pe_ring, ready, 2 * j + 1, scores)
+            s = _logits(warpgroup_mma_wait(0, deps=[s]), n0, end, scale_log2)
             _receive(sent.index(0), j, ready, 2 * j)
             m_a = maxes.slice(0, BLOCK_H).load(heads_of_scores)
             acc = acc * gl.convert_layout(gl.exp2(m - m_a), heads_of_outs)[:, None]
@@ -173,7 +187,12 @@ def _consumer(
             acc = acc * gl.convert_layout(beta, heads_of_outs)[:, None]
         m = m_b
         acc = warpgroup_mma(p_b, v_b, acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=[acc])
+        if c == 0 and PREFETCH:
+            # past the last pair the tile does not exist: no wait, and the stale slot's scores go unused
+            s = _issue_scores(q_s, qpe_s, k_ring, pe_ring, ready, 2 * j + 2, scores, 2 * j + 2 < 2 * pairs)
+            acc, s = warpgroup_mma_wait(0, deps=[acc, s])
+        else:
+            acc = warpgroup_mma_wait(0, deps=[acc])
         _release(empty.index(slot_b))
 
     # Both consumers' sums are relative to the same running max (consumer 0 takes consumer 1's).
@@ -200,7 +219,7 @@ def stage1_seesaw(
     stride_qb, stride_qh, stride_pb, stride_ph, stride_kv, stride_bt, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
     num_heads, scale_log2, num_splits, split_target,
     PAGE: gl.constexpr, D_LAT: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-    TMA: gl.constexpr,
+    TMA: gl.constexpr, PREFETCH: gl.constexpr,
 ):  # fmt: skip
     # Launched with 4 warps (the producer; the consumers are 4-warp workers), BLOCK_H = D_ROPE = 64 (p takes the
     # rope block's place), BLOCK_N = 32 (four ring slots) or 64 (two), any PAGE; with TMA, PAGE % BLOCK_N == 0 and
@@ -247,10 +266,10 @@ def stage1_seesaw(
                          ready, empty, PAGE, D_LAT, D_ROPE, BLOCK_N, TMA)),
             (_consumer, (0, start, end, b, head0, split, num_heads, scale_log2, MidO, MidLse, stride_mob,
                           stride_moh, stride_mos, stride_mlb, stride_mlh, q_s, qpe_s, k_ring, pe_ring, q_ready, ready,
-                          empty, sent, maxes, sums, summed)),
+                          empty, sent, maxes, sums, summed, PREFETCH)),
             (_consumer, (1, start, end, b, head0, split, num_heads, scale_log2, MidO, MidLse, stride_mob,
                           stride_moh, stride_mos, stride_mlb, stride_mlh, q_s, qpe_s, k_ring, pe_ring, q_ready, ready,
-                          empty, sent, maxes, sums, summed)),
+                          empty, sent, maxes, sums, summed, PREFETCH)),
         ],
         [4, 4],
         [CONSUMER_REGS, CONSUMER_REGS],
@@ -283,6 +302,6 @@ def launch(
     stage1_seesaw[step.grid](
         *q_args[:3], *tma_descriptors(rows, kv_lora_rank, d_rope, plan.block_n), *q_args[3:],
         PAGE=kv_cache.shape[1], D_LAT=kv_lora_rank, D_ROPE=d_rope, BLOCK_H=plan.block_h, BLOCK_N=plan.block_n,
-        TMA=use_tma, num_warps=4,
+        TMA=use_tma, PREFETCH=plan.prefetch, num_warps=4,
     )  # fmt: skip
     return merge(plan, step, q, seq_lens, kv_lora_rank)

@@ -369,8 +369,8 @@ def plan_gluon_seesaw(
     shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuning: Mapping[str, object]
 ) -> DecodePlan:
     """gluon_seesaw.py: 64 heads, 32-row tiles unless block_n=64, 12 warps (a producer warpgroup and two consumers),
-    tiles by cp.async unless tma=True; gluon_wgmma's split count (its 64-row tiles), so the two compare at the same
-    grid."""
+    tiles by cp.async unless tma=True, consumer 0's scores issued a pair ahead if prefetch=True; gluon_wgmma's split
+    count (its 64-row tiles), so the two compare at the same grid."""
     block_n = tuning.get("block_n") or SEESAW_TILES[0]
     if block_n not in SEESAW_TILES:
         raise ValueError(f"gluon_seesaw takes block_n {' or '.join(map(str, SEESAW_TILES))}, not {block_n}")
@@ -380,15 +380,8 @@ def plan_gluon_seesaw(
                          f"not a multiple of block_n {block_n}")  # fmt: skip
     splits = tuning.get("num_splits") or num_splits_for(call.batch, _groups(shape, 64), call.max_seq_len, 64,
                                                         device.sms, 64)  # fmt: skip
-    return DecodePlan(
-        "gluon_seesaw",
-        splits,
-        64,
-        block_n,
-        12,
-        partial_dtype=tuning.get("partial_dtype", torch.float32),
-        tma=tma,
-    )
+    return DecodePlan("gluon_seesaw", splits, 64, block_n, 12, prefetch=bool(tuning.get("prefetch", False)),
+                      partial_dtype=tuning.get("partial_dtype", torch.float32), tma=tma)  # fmt: skip
 
 
 def plan_gluon_wgmma8(

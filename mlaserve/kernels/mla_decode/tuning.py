@@ -14,7 +14,9 @@
   program with a 16-bit q); widen_bits (8-bit caches with fp16 dots: widen by integer operations instead of
   conversion instructions, exact for every byte); balanced and min_span_rows (spans.py).
 - "gluon_seesaw": block_n (rows per tile: 32, four ring slots, the default; or 64, two slots); tma (copy whole
-  tiles by TMA instead of cp.async; pages a multiple of block_n). The table takes it only once
+  tiles by TMA instead of cp.async; pages a multiple of block_n); prefetch (consumer 0 issues the next pair's
+  score dots behind its last value dot: its softmax then overlaps consumer 1's score dots, for some spilled
+  registers). The table takes it only once
   rules.SEESAW_BY_DEFAULT is set; until then only a benchmark or test that names it runs it.
 - "gluon_fp8": pdl (launch the split step and the merge with programmatic dependent launch, each behind the
   kernel before it; default on). Its query goes in as two e4m3 terms, about bf16's precision; what remains is the
