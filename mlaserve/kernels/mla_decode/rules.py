@@ -104,7 +104,9 @@ class DecodePlan:
     balanced: bool = False  # Triton kernel: num_splits programs take equal runs of the batch's tiles
     min_span_rows: int = MIN_SPAN_ROWS  # balanced: the fewest rows a program takes
     window: int = 0  # each sequence's last `window` rows only (DecodeCall.window); 0: all
-    tma: bool = False  # gluon_seesaw: whole tiles copied by TMA (gluon_seesaw_ring.py), else by cp.async
+    # gluon_seesaw: whole tiles copied by TMA (gluon_seesaw_ring.py), else by cp.async; it reads `prefetch` as
+    # "consumer 0 issues the next pair's score dots early" (gluon_seesaw.py)
+    tma: bool = False
 
 
 def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms: int, block_h: int) -> int:
