@@ -19,6 +19,19 @@ pytestmark = pytest.mark.skipif(not HOPPER, reason="the Gluon seesaw kernel need
 LENGTHS = [1, 31, 33, 95, 129, 1000, 2047, 3001]
 
 
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("block_n", [32, 64])
+@pytest.mark.parametrize("length", [1, 32, 33, 64, 65, 128, 129])
+def test_one_sequence_one_split(length, block_n, tma):
+    """The smallest cases first, to read a failure by: one sequence, one split, 64 heads, a length that ends a tile,
+    a pair, or a row past either."""
+    q, cache, table, meta = paged_case(1, 64, [length], 64, torch.bfloat16, seed=length)
+    options = dict(kernel="gluon_seesaw", block_n=block_n, tma=tma, num_splits=1)
+    check_eager_and_replayed(
+        q, cache, meta, lambda: mla_decode_tuned(q, cache, table, meta.seq_lens, 256, LAT, 0.07, **options)
+    )
+
+
 @pytest.mark.parametrize("block_n", [32, 64])
 @pytest.mark.parametrize("page, tma", [(1, False), (16, False), (64, False), (64, True)])
 @pytest.mark.parametrize("heads", [64, 128, 80])
