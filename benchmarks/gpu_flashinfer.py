@@ -181,6 +181,13 @@ def _shape(
         row[f"{backend}_max_err"] = (peer().float() - ref).abs().max().item()
         row[f"{backend}_us"] = 1000 * bench_graph(peer)
         row[f"mlaserve_over_{backend}"] = row["mlaserve_us"] / row[f"{backend}_us"]
+    if heads >= 64 and not fp8:  # the seesaw kernel (gluon_seesaw.py, off by default) at the same shape
+        from benchmarks.gpu_kernels import seesaw_rows
+
+        flops = 2 * heads * sum(lens) * (LAT + ROPE + LAT)
+        row.update(seesaw_rows(q, cache, table, meta.seq_lens, length, scale, flops))
+        for key in [k for k in row if k.startswith("seesaw") and k.endswith("_ms")]:
+            row[f"{key[:-3]}_over_fa3"] = 1000 * row[key] / row["fa3_us"]
     replanned = flashinfer.mla.BatchMLAPagedAttentionWrapper(workspace, backend="fa3")
     row["plan_us"] = _plan_us(lambda: _plan(replanned, metadata, heads, scale, kv_dtype))
     return row

@@ -41,6 +41,44 @@ def kernels() -> dict:
     return {"cases": results, "tolerance": "bf16 inputs, fp32 reference: |out| err < 2e-2, |lse| err < 1e-2"}
 
 
+def seesaw_rows(q, cache, table, seq_lens, length: int, scale: float, flops: int) -> dict:
+    """The seesaw kernel (gluon_seesaw.py, off by default) at both of its tiles, by cp.async and by TMA, with and
+    without prefetched scores (keys seesaw{32,64}[_tma][_prefetch]), beside the default kernel: ms and TFLOP/s from
+    CUDA-graph replays, and its largest difference from the default kernel's output. A variant that fails to build
+    or run is reported, not raised: the other sections still run."""
+    from mlaserve.kernels.mla_decode.decode import mla_decode
+    from mlaserve.kernels.mla_decode.tuning import mla_decode_tuned
+
+    want, want_lse = mla_decode(q, cache, table, seq_lens, length, LAT, scale)
+    row = {}
+    variants = ((32, False, False), (64, False, False), (32, True, False), (64, True, False), (32, False, True),
+                (32, True, True))  # fmt: skip
+    for block_n, tma, prefetch in variants:
+        key = f"seesaw{block_n}{'_tma' if tma else ''}{'_prefetch' if prefetch else ''}"
+        try:
+            call = lambda b=block_n, t=tma, p=prefetch: mla_decode_tuned(  # noqa: E731
+                q,
+                cache,
+                table,
+                seq_lens,
+                length,
+                LAT,
+                scale,
+                kernel="gluon_seesaw",
+                block_n=b,
+                tma=t,
+                prefetch=p,
+            )
+            out, lse = call()
+            row[f"{key}_max_diff"] = (out.float() - want.float()).abs().max().item()
+            row[f"{key}_lse_max_diff"] = (lse - want_lse).abs().max().item()
+            row[f"{key}_ms"] = bench_graph(call)
+            row[f"{key}_TFLOPs"] = flops / row[f"{key}_ms"] / 1e9
+        except Exception as e:  # noqa: BLE001 - not yet run on a GPU: any failure is a finding to report
+            row[f"{key}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    return row
+
+
 def decode(ceil: dict, tune: bool) -> dict:
     from mlaserve.kernels.mla_decode.decode import mla_decode
     from mlaserve.kernels.mla_decode.tuning import decode_plan, mla_decode_tuned
@@ -75,12 +113,14 @@ def decode(ceil: dict, tune: bool) -> dict:
         row["torch_GBps"] = bytes_read / t_torch / 1e6
         row["pct_of_copy"] = 100 * row["triton_GBps"] / ceil["copy_GBps"] if ceil else None
         row["pct_of_gemm"] = 100 * row["triton_TFLOPs"] / ceil["bf16_gemm_TFLOPs"] if ceil else None
-        if heads > 16:  # the Gluon split kernel (default on sm_90) against the Triton one it replaces there
+        # the Gluon split kernel (default on sm_90) against the Triton one it replaces there, and the seesaw one
+        if heads > 16:
             row["split_kernel"] = decode_plan(q, cache, length, LAT, ROPE).kernel
             row["triton_kernel_ms"] = bench_graph(
                 lambda: mla_decode_tuned(q, cache, table, meta.seq_lens, length, LAT, scale, kernel="triton")
             )
             row["triton_kernel_TFLOPs"] = flops / row["triton_kernel_ms"] / 1e9
+            row.update(seesaw_rows(q, cache, table, meta.seq_lens, length, scale, flops))
         if heads <= 16:  # memory-bound shapes: the 8-bit caches should take about half the time
             for name, dtype in QUANTIZED.items():
                 rows8 = quantize_rows(cache, dtype)
@@ -105,8 +145,8 @@ def decode(ceil: dict, tune: bool) -> dict:
     return {
         "rows": rows,
         "counting": "latent bytes read once; FLOPs 2*B*H*L*(576+512)",
-        "timing": "triton_ms and the 8-bit figures: CUDA-graph replays (bench_graph); triton_eager_ms and torch_ms: "
-        "eager calls",
+        "timing": "triton_ms, triton_kernel_ms, seesaw*_ms (gluon_seesaw at 32- / 64-row tiles, _tma: by TMA) and the "
+        "8-bit figures: CUDA-graph replays (bench_graph); triton_eager_ms and torch_ms: eager calls",
     }
 
 

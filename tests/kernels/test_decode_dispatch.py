@@ -260,3 +260,42 @@ def test_a_device_with_less_shared_memory_gets_smaller_tiles():
         False,
     )
     assert len(set(rungs)) == len(rungs)
+
+
+def test_the_seesaw_kernel_is_named_not_chosen_until_it_has_run_on_a_gpu(monkeypatch):
+    """gluon_seesaw runs only where named (rules.SEESAW_BY_DEFAULT); once set, it takes the 64-head bf16 calls on
+    sm_90 ahead of gluon_wgmma, whose split count it shares."""
+    from mlaserve.kernels.mla_decode import rules
+
+    decode, call = shape(128, "bf16", page=16), DecodeCall(64, 4096)
+    assert dispatch.choose_kernel(decode, call, H200).name == "gluon_wgmma"
+    named = tuned_plan(decode, call, H200, "gluon_seesaw")
+    wgmma = tuned_plan(decode, call, H200, "gluon_wgmma")
+    assert (named.kernel, named.block_h, named.block_n) == ("gluon_seesaw", 64, 32)
+    assert (named.num_splits, named.split_target) == (wgmma.num_splits, wgmma.split_target)
+    assert plan_shared_bytes(named, decode) <= H200.shared_bytes
+    assert tuned_plan(decode, call, H200, "gluon_seesaw", block_n=64).block_n == 64
+    with pytest.raises(ValueError, match="block_n 32 or 64, not 16"):
+        tuned_plan(decode, call, H200, "gluon_seesaw", block_n=16)
+    with pytest.raises(ValueError, match="'gluon_seesaw' cannot run .*takes kv_lora_rank 512"):
+        tuned_plan(shape(128, "bf16", rank=256), call, H200, "gluon_seesaw")
+    with pytest.raises(ValueError, match="'gluon_seesaw' cannot run .*takes caches of bfloat16/float16"):
+        tuned_plan(shape(128, "fp8", "bf16"), call, H200, "gluon_seesaw")
+
+    monkeypatch.setattr(rules, "SEESAW_BY_DEFAULT", True)
+    dispatch.candidates.cache_clear()
+    try:
+        assert dispatch.choose_kernel(decode, call, H200).name == "gluon_seesaw"
+        assert dispatch.describe(shape(96, "bf16"), H200) == "gluon_seesaw"
+        assert dispatch.describe(shape(32, "bf16"), H200) == "triton"  # the 64-head rule
+        assert dispatch.describe(shape(128, "bf16"), A100) == "triton"
+    finally:
+        dispatch.candidates.cache_clear()
+
+
+def test_the_seesaw_kernel_copies_by_tma_only_tiles_inside_a_page():
+    call = DecodeCall(64, 4096)
+    assert tuned_plan(shape(128, "bf16"), call, H200, "gluon_seesaw", tma=True).tma
+    assert not tuned_plan(shape(128, "bf16"), call, H200, "gluon_seesaw").tma
+    with pytest.raises(ValueError, match="block_size 16 is not a multiple of block_n 32"):
+        tuned_plan(shape(128, "bf16", page=16), call, H200, "gluon_seesaw", tma=True)

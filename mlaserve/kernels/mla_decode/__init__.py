@@ -8,6 +8,8 @@ rules.py       the call's shape, step and device, the measured rules (split coun
 tuning.py      named kernels and their knobs, for benchmarks only
 triton_split.py  the general Triton split step (any heads, widths, page)
 gluon_common.py, gluon_wgmma.py, gluon_wgmma8.py, gluon_fp8.py, gluon_fp8_ring.py  the Hopper split steps
+gluon_seesaw.py, gluon_seesaw_ring.py  FlashMLA's seesaw schedule for 64+ heads over 16-bit caches, and its producer
+               (off by default: rules.SEESAW_BY_DEFAULT)
 spans.py       which rows each program takes (split shares, balanced spans)
 partials.py    the split steps' partial outputs and their LSE merge
 fp8_query.py   the query as two e4m3 terms (fp8 dots); widen.py  8-bit values widened by integer operations

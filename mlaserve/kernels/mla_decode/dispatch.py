@@ -78,6 +78,14 @@ DECODE_KERNELS: tuple[DecodeKernel, ...] = (
         shared_bytes=rules.gluon_wgmma8_shared_bytes,
     ),
     DecodeKernel(
+        "gluon_seesaw", about="16-bit cache, 64 heads per program, warpgroups take alternate tiles' scores "
+                              "(gluon_seesaw.py; off by default: rules.SEESAW_BY_DEFAULT)",
+        supports=DecodeSupport(**GLUON, cache_dtypes=HALF, ranks=Widths(512, 512), ropes=Widths(64, 64), pages=ANY),
+        pays=rules.seesaw_pays, launch=_launch("gluon_seesaw"), plan=rules.plan_gluon_seesaw,
+        shared_bytes=rules.gluon_seesaw_shared_bytes,
+        tunables=frozenset({"num_splits", "partial_dtype", "block_n", "tma", "prefetch"}),
+    ),
+    DecodeKernel(
         "gluon_wgmma", about="16-bit cache, 64 heads per program, warpgroups split the scores (gluon_wgmma.py)",
         supports=DecodeSupport(**GLUON, cache_dtypes=HALF, ranks=Widths(64, 512, pow2=True), ropes=Widths(64, 64),
                                pages=ANY),
@@ -126,7 +134,7 @@ def _has_triton() -> bool:
 def _has_gluon() -> bool:
     """Gluon is experimental: a Triton without what the kernels use keeps the Triton kernel."""
     try:
-        from mlaserve.kernels.mla_decode import gluon_fp8, gluon_wgmma, gluon_wgmma8  # noqa: F401
+        from mlaserve.kernels.mla_decode import gluon_fp8, gluon_seesaw, gluon_wgmma, gluon_wgmma8  # noqa: F401
     except (ImportError, AttributeError):
         return False
     return True

@@ -26,6 +26,13 @@ FP8_SLOTS = 4
 GLUON_SCRATCH_BYTES = 1024
 # Balanced spans (DecodePlan.balanced): the fewest rows a program takes; longer spans were slower.
 MIN_SPAN_ROWS = 128
+# The seesaw kernel (gluon_seesaw.py) is off by default: it compiles for sm_90 but has not yet run on a GPU, so
+# neither its results nor its speed against gluon_wgmma are known. Benchmarks and tests name it
+# (tuning.mla_decode_tuned(kernel="gluon_seesaw")); set this once tests/gpu/test_mla_decode_seesaw.py passes and the
+# GPU suite's decode section shows it faster.
+SEESAW_BY_DEFAULT = False
+# Rows per tile the seesaw kernel builds at: 32 (four ring slots beside the queries) or 64 (two, FlashMLA's tile).
+SEESAW_TILES = (32, 64)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -97,6 +104,9 @@ class DecodePlan:
     balanced: bool = False  # Triton kernel: num_splits programs take equal runs of the batch's tiles
     min_span_rows: int = MIN_SPAN_ROWS  # balanced: the fewest rows a program takes
     window: int = 0  # each sequence's last `window` rows only (DecodeCall.window); 0: all
+    # gluon_seesaw: whole tiles copied by TMA (gluon_seesaw_ring.py), else by cp.async; it reads `prefetch` as
+    # "consumer 0 issues the next pair's score dots early" (gluon_seesaw.py)
+    tma: bool = False
 
 
 def num_splits_for(batch: int, head_groups: int, max_len: int, block_n: int, sms: int, block_h: int) -> int:
@@ -172,6 +182,11 @@ def many_heads(shape: DecodeShape, device: DecodeDevice) -> bool:
     """The 64-head rule: with 64 heads or more each latent tile feeds 64 heads' dots, and the Gluon kernel's two
     warpgroups split the scores (Triton's both computed all of them: gluon_wgmma.py)."""
     return shape.num_heads >= 64
+
+
+def seesaw_pays(shape: DecodeShape, device: DecodeDevice) -> bool:
+    """The seesaw kernel takes the 64-head rule's calls once SEESAW_BY_DEFAULT is set (see there)."""
+    return SEESAW_BY_DEFAULT and many_heads(shape, device)
 
 
 def few_heads(shape: DecodeShape, device: DecodeDevice) -> bool:
@@ -312,6 +327,14 @@ def gluon_wgmma_shared_bytes(plan: DecodePlan, shape: DecodeShape) -> int:
     return buffers + GLUON_SCRATCH_BYTES
 
 
+def gluon_seesaw_shared_bytes(plan: DecodePlan, shape: DecodeShape) -> int:
+    """16-bit queries, a ring of 128 rows (four 32-row tiles or two 64-row ones; p lives in their rope columns),
+    the two consumers' maxima and row sums."""
+    width = shape.kv_lora_rank + shape.rope_dim
+    buffers = 2 * (plan.block_h * width + 128 * width) + 2 * 2 * plan.block_h * 4
+    return buffers + GLUON_SCRATCH_BYTES
+
+
 def gluon_wgmma8_shared_bytes(plan: DecodePlan, shape: DecodeShape) -> int:
     """fp16 queries, two 8-bit tiles of rows, fp16 p."""
     width = shape.kv_lora_rank + shape.rope_dim
@@ -342,6 +365,25 @@ def plan_gluon_wgmma(
     return DecodePlan(
         "gluon_wgmma", splits, 64, 64, 8, partial_dtype=tuning.get("partial_dtype", torch.float32)
     )
+
+
+def plan_gluon_seesaw(
+    shape: DecodeShape, call: DecodeCall, device: DecodeDevice, tuning: Mapping[str, object]
+) -> DecodePlan:
+    """gluon_seesaw.py: 64 heads, 32-row tiles unless block_n=64, 12 warps (a producer warpgroup and two consumers),
+    tiles by cp.async unless tma=True, consumer 0's scores issued a pair ahead if prefetch=True; gluon_wgmma's split
+    count (its 64-row tiles), so the two compare at the same grid."""
+    block_n = tuning.get("block_n") or SEESAW_TILES[0]
+    if block_n not in SEESAW_TILES:
+        raise ValueError(f"gluon_seesaw takes block_n {' or '.join(map(str, SEESAW_TILES))}, not {block_n}")
+    tma = bool(tuning.get("tma", False))
+    if tma and shape.block_size % block_n:
+        raise ValueError(f"gluon_seesaw copies by TMA only tiles inside a page: block_size {shape.block_size} is "
+                         f"not a multiple of block_n {block_n}")  # fmt: skip
+    splits = tuning.get("num_splits") or num_splits_for(call.batch, _groups(shape, 64), call.max_seq_len, 64,
+                                                        device.sms, 64)  # fmt: skip
+    return DecodePlan("gluon_seesaw", splits, 64, block_n, 12, prefetch=bool(tuning.get("prefetch", False)),
+                      partial_dtype=tuning.get("partial_dtype", torch.float32), tma=tma)  # fmt: skip
 
 
 def plan_gluon_wgmma8(

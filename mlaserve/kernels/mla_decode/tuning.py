@@ -1,8 +1,8 @@
 """The decode kernels' tuning knobs, for benchmarks only: the engine's call (decode.mla_decode) takes none.
 
 `mla_decode_tuned` names a kernel of the table (dispatch.DECODE_KERNELS: "gluon_fp8", "gluon_wgmma8",
-"gluon_wgmma", "triton", "torch reference"; None: the dispatcher's) and sets the knobs it lists in `tunables`
-(ValueError for others, and for a kernel that cannot run the call):
+"gluon_seesaw", "gluon_wgmma", "triton", "torch reference"; None: the dispatcher's) and sets the knobs it lists in
+`tunables` (ValueError for others, and for a kernel that cannot run the call):
 
 - all but the torch reference: num_splits (the grid's context slices), partial_dtype (how the per-split partial
   outputs are stored for the merge).
@@ -13,6 +13,11 @@
   16-bit caches); q_f16 (8-bit caches: fp16 dots instead of bf16, a cheaper widening; default on at 16 heads per
   program with a 16-bit q); widen_bits (8-bit caches with fp16 dots: widen by integer operations instead of
   conversion instructions, exact for every byte); balanced and min_span_rows (spans.py).
+- "gluon_seesaw": block_n (rows per tile: 32, four ring slots, the default; or 64, two slots); tma (copy whole
+  tiles by TMA instead of cp.async; pages a multiple of block_n); prefetch (consumer 0 issues the next pair's
+  score dots behind its last value dot: its softmax then overlaps consumer 1's score dots, for some spilled
+  registers). The table takes it only once rules.SEESAW_BY_DEFAULT is set; until then only a benchmark or test
+  that names it runs it.
 - "gluon_fp8": pdl (launch the split step and the merge with programmatic dependent launch, each behind the
   kernel before it; default on). Its query goes in as two e4m3 terms, about bf16's precision; what remains is the
   fp8 tensor cores' accumulation, within the error the cache's own fp8 rounding brings.
