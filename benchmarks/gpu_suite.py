@@ -40,6 +40,9 @@ Sections:
   spec      the speculative verify step (k = 1, 2, 3 drafts) against a plain decode step at batch 1, 8 and 32, both
             from CUDA graphs, on the V2-Lite shape and DeepSeek-V3's widths at 4 layers with an MTP layer, and the
             speedup at the acceptance rates vLLM and DeepSeek report (benchmarks/gpu_spec.py)
+  prefill128 MLA prefill attention at 128 heads (192/128 widths, bf16), 2k-16k tokens and 4 x 2k over a 2k prefix:
+            our Triton kernel over its tile candidates, torch flash varlen with V padded, FlashInfer's fa3 ragged
+            prefill when it imports (benchmarks/gpu_prefill128.py)
   tp        the V2-Lite shape per tensor-parallel layout the machine allows (one process; the process group of one;
             N GPUs tensor and expert parallel): greedy tokens against the first layout, decode tok/s at batch 1 and
             32, 256 x (1,000 + 100) requests/s, the collectives' share of a decode step (benchmarks/gpu_tp.py)
@@ -67,6 +70,7 @@ from benchmarks import (
     gpu_fp8_paths,
     gpu_fp8_tiles,
     gpu_mixed,
+    gpu_prefill128,
     gpu_sparse,
     gpu_spec,
     gpu_tp,
@@ -547,7 +551,8 @@ def main() -> None:
                          ("fp8_v3", lambda: gpu_fp8.fp8_v3(Path(tmp), DecodeStepTimer)),
                          ("spec", lambda: gpu_spec.spec(Path(tmp), bench, V2_LITE)),
                          ("fp8_paths", lambda: gpu_fp8_paths.fp8_paths(ceil, bench_graph)),
-                         ("fp8_tiles", lambda: gpu_fp8_tiles.fp8_tiles(bench_graph))]:  # fmt: skip
+                         ("fp8_tiles", lambda: gpu_fp8_tiles.fp8_tiles(bench_graph)),
+                         ("prefill128", lambda: gpu_prefill128.prefill128(bench))]:  # fmt: skip
             if name in sections:
                 t = time.perf_counter()
                 try:
