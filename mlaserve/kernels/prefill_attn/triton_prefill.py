@@ -25,7 +25,7 @@ from mlaserve.kernels.fit import first_that_builds, shared_memory_limit
 from mlaserve.kernels.prefill_attn.tiles import DEFAULT_TILE, PrefillTile, head_split, tile_ladder
 
 LOG2E = 1.4426950408889634
-LN2_INV = tl.constexpr(LOG2E)  # the kernel's log2 -> natural log
+_LOG2E = tl.constexpr(LOG2E)  # LOG2E inside kernels, which read only constexpr globals
 
 
 @triton.jit
@@ -150,7 +150,7 @@ def _prefill_kernel(
     out = (acc / l_i[:, None]).to(Out.dtype.element_ty)
     tl.store(out_rows[:, None] + cols[None, :], out, mask=row_ok[:, None] & (cols < DV)[None, :])
     if WRITE_LSE:  # natural log, as torch.logsumexp of the scaled scores
-        lse = (m_i + tl.math.log2(l_i)) / LN2_INV
+        lse = (m_i + tl.math.log2(l_i)) / _LOG2E
         tl.store(Lse + (q_begin + rows).to(tl.int64) * stride_lt + h, lse, mask=row_ok)
 
 
@@ -184,7 +184,8 @@ def _launch(
 ) -> None:
     split = head_split(q.shape[-1], v.shape[-1])
     tile_seq, tile_start = tile_map(cu_q, q.shape[0], tile.block_m)
-    lse_arg = out if lse is None else lse
+    lse_arg = out if lse is None else lse  # never written without WRITE_LSE
+    # float32 runs (tests, float32 models) keep float32 dots: tf32's rounding would be the largest error in them
     _prefill_kernel[(tile_seq.shape[0], q.shape[1])](
         q, k, v, out, lse_arg, tile_seq, tile_start, cu_q, cu_k, scale * LOG2E, window or 0,
         q.shape[1] // k.shape[1], q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -192,7 +193,7 @@ def _launch(
         FIRST=split.first, SECOND=split.second, FIRST_TILE=split.first_tile, SECOND_TILE=split.second_tile,
         DV=v.shape[-1], DV_TILE=split.value_tile, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
         WINDOW=window is not None, WRITE_LSE=lse is not None,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=tile.warps, num_stages=tile.stages,
+        PRECISION="ieee" if q.dtype == torch.float32 else None, num_warps=tile.warps, num_stages=tile.stages,
     )  # fmt: skip
 
 
