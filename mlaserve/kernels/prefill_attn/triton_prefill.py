@@ -170,6 +170,19 @@ def tile_map(cu_q: torch.Tensor, num_tokens: int, block_m: int) -> tuple[torch.T
     return torch.where(valid, seq, -1).int(), torch.where(valid, start, 0).int()
 
 
+def kernel_constants(
+    qk_dim: int, v_dim: int, tile: PrefillTile, window: bool, write_lse: bool, float32: bool
+) -> dict[str, object]:
+    """The kernel's compile-time arguments for a call (the launch's, and the sm_90 build test's)."""
+    split = head_split(qk_dim, v_dim)
+    return dict(
+        FIRST=split.first, SECOND=split.second, FIRST_TILE=split.first_tile, SECOND_TILE=split.second_tile,
+        DV=v_dim, DV_TILE=split.value_tile, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, WINDOW=window,
+        # float32 runs (tests, float32 models) keep float32 dots: tf32's rounding would be the largest error in them
+        WRITE_LSE=write_lse, PRECISION="ieee" if float32 else None,
+    )  # fmt: skip
+
+
 def _launch(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -182,18 +195,16 @@ def _launch(
     lse: torch.Tensor | None,
     tile: PrefillTile,
 ) -> None:
-    split = head_split(q.shape[-1], v.shape[-1])
     tile_seq, tile_start = tile_map(cu_q, q.shape[0], tile.block_m)
     lse_arg = out if lse is None else lse  # never written without WRITE_LSE
-    # float32 runs (tests, float32 models) keep float32 dots: tf32's rounding would be the largest error in them
+    constants = kernel_constants(
+        q.shape[-1], v.shape[-1], tile, window is not None, lse is not None, q.dtype == torch.float32
+    )
     _prefill_kernel[(tile_seq.shape[0], q.shape[1])](
         q, k, v, out, lse_arg, tile_seq, tile_start, cu_q, cu_k, scale * LOG2E, window or 0,
         q.shape[1] // k.shape[1], q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1), 0 if lse is None else lse.stride(0),
-        FIRST=split.first, SECOND=split.second, FIRST_TILE=split.first_tile, SECOND_TILE=split.second_tile,
-        DV=v.shape[-1], DV_TILE=split.value_tile, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-        WINDOW=window is not None, WRITE_LSE=lse is not None,
-        PRECISION="ieee" if q.dtype == torch.float32 else None, num_warps=tile.warps, num_stages=tile.stages,
+        out.stride(0), out.stride(1), 0 if lse is None else lse.stride(0), **constants, num_warps=tile.warps,
+        num_stages=tile.stages,
     )  # fmt: skip
 
 
