@@ -10,7 +10,7 @@ pytest.importorskip("triton")
 from mlaserve.attention.metadata import build_metadata  # noqa: E402
 from mlaserve.attention.torch_ref import TorchBackend  # noqa: E402
 from mlaserve.kernels.prefill_attn.reference import prefill_attention_reference  # noqa: E402
-from mlaserve.kernels.prefill_attn.tiles import PrefillTile  # noqa: E402
+from mlaserve.kernels.prefill_attn.tiles import DEFAULT_TILE, PrefillTile  # noqa: E402
 from mlaserve.kernels.prefill_attn.triton_prefill import (  # noqa: E402
     prefill_attention,
     prefill_attention_tiled,
@@ -62,17 +62,20 @@ def test_matches_reference(query_lens, kv_lens, heads, kv_heads, dk, dv, window,
 
 
 @pytest.mark.parametrize(
-    "tile", [None, PrefillTile(64, 32, 4, 2), PrefillTile(32, 64, 4, 1), PrefillTile(16, 32, 4, 2)]
+    "tile",
+    [None, DEFAULT_TILE, PrefillTile(64, 32, 4, 2), PrefillTile(32, 64, 4, 1), PrefillTile(16, 32, 4, 2)],
 )
 def test_tiles_agree(tile, device):
-    """The default tile's ladder (tile None) and others, with tiles that straddle the diagonal unevenly."""
+    """The default tile's ladder (tile None, in float32: a rung below the default) and other tiles in 16 bits (a
+    GPU has the shared memory for them), the default among them, with tiles that straddle the diagonal unevenly."""
     query_lens, kv_lens = [70, 3, 129], [70, 90, 200]
-    q, k, v, cu_q, cu_k = random_case(query_lens, kv_lens, 2, 2, 192, 128, torch.float32, device, 7)
+    dtype = torch.float32 if tile is None else torch.float16
+    q, k, v, cu_q, cu_k = random_case(query_lens, kv_lens, 2, 2, 192, 128, dtype, device, 7)
     for window in (None, 45):
         want = prefill_attention_reference(q, k, v, cu_q, cu_k, 0.1, window)[0]
         got, lse = prefill_attention_tiled(q, k, v, cu_q, cu_k, 0.1, window, tile=tile)
         assert lse is None
-        check(got, want, torch.float32)
+        check(got, want, dtype)
 
 
 def test_matches_the_torch_backend_on_engine_metadata(device):
