@@ -7,7 +7,8 @@ new tokens over a 2,048-token prefix each (chunked prefill). Each contender is c
 first (float32 over the same bf16 inputs, on CHECK_HEADS: 128 heads of float32 scores would not fit at 16k), and
 timed only if it agrees (bench: CUDA events, L2 emptied before each run, median):
 
-  triton <tile>   kernels/prefill_attn with each tile of TILE_CANDIDATES (the sweep that picks DEFAULT_TILE)
+  triton <tile>   kernels/prefill_attn with each tile of TILE_CANDIDATES (the sweep that picks DEFAULT_TILE), with
+                  the compiled kernel's registers, spills and shared memory (its occupancy, for the profile)
   triton          the engine's call (the default tile's ladder)
   flash           torch's flash varlen op (attention/sdpa.varlen_prefill) on V already padded to 192 columns: what
                   the engine runs today, where kernels/prefill_kv.py writes V padded
@@ -99,7 +100,11 @@ def _offsets(lens: Sequence[int], device: str) -> torch.Tensor:
 
 def _case(name, query_lens, kv_lens, bench, device, dtype, heads, check_heads, tiles, flashinfer) -> dict:
     from mlaserve.kernels.prefill_attn.reference import prefill_attention_reference
-    from mlaserve.kernels.prefill_attn.triton_prefill import prefill_attention, prefill_attention_tiled
+    from mlaserve.kernels.prefill_attn.triton_prefill import (
+        prefill_attention,
+        prefill_attention_tiled,
+        tile_facts,
+    )
 
     gen = torch.Generator(device=device).manual_seed(sum(kv_lens))
     q = torch.randn(sum(query_lens), heads, QK, device=device, generator=gen, dtype=dtype)
@@ -130,9 +135,10 @@ def _case(name, query_lens, kv_lens, bench, device, dtype, heads, check_heads, t
     }
     results = {}
     for tile in tiles:
-        results[f"triton {tuple(tile)}"] = measure(
-            lambda t=tile: prefill_attention_tiled(q, k, v, cu_q, cu_k, scale, tile=t)[0]
-        )
+        result = measure(lambda t=tile: prefill_attention_tiled(q, k, v, cu_q, cu_k, scale, tile=t)[0])
+        if "us" in result:  # registers, spills and shared memory: what occupancy the tile gets
+            result.update(tile_facts(q, k, v, cu_q, cu_k, tile))
+        results[f"triton {tuple(tile)}"] = result
     results["triton"] = measure(lambda: prefill_attention(q, k, v, cu_q, cu_k, scale)[0])
     results.update(_flash(q, k, v, query_lens, kv_lens, scale, measure))
     results["fa3"] = _fa3(flashinfer, q, k, v, cu_q, cu_k, heads, scale, measure)

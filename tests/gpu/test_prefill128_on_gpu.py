@@ -11,8 +11,12 @@ from mlaserve.attention.metadata import build_metadata
 from mlaserve.attention.sdpa import SdpaBackend
 from mlaserve.kernels import registry
 from mlaserve.kernels.prefill_attn.reference import prefill_attention_reference
-from mlaserve.kernels.prefill_attn.tiles import TILE_CANDIDATES
-from mlaserve.kernels.prefill_attn.triton_prefill import prefill_attention, prefill_attention_tiled
+from mlaserve.kernels.prefill_attn.tiles import TILE_CANDIDATES, head_split, shared_bytes
+from mlaserve.kernels.prefill_attn.triton_prefill import (
+    prefill_attention,
+    prefill_attention_tiled,
+    tile_facts,
+)
 from mlaserve.testing.tiny_models import build_tiny
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -63,6 +67,8 @@ def test_every_candidate_tile_compiles_and_agrees(tile):
     got = prefill_attention_tiled(q, k, v, cu_q, cu_k, SCALE, tile=tile)[0]
     want = prefill_attention_reference(q, k, v, cu_q, cu_k, SCALE)[0]
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    facts = tile_facts(q, k, v, cu_q, cu_k, tile)  # the benchmark's occupancy columns
+    assert facts["registers"] > 0 and facts["shared_bytes"] <= shared_bytes(tile, head_split(QK, V), 2)
 
 
 def test_float32_falls_down_the_ladder_and_matches():

@@ -194,13 +194,14 @@ def _launch(
     out: torch.Tensor,
     lse: torch.Tensor | None,
     tile: PrefillTile,
-) -> None:
+) -> object:
+    """Launches the kernel; returns what Triton's launch returns (the compiled kernel on a GPU)."""
     tile_seq, tile_start = tile_map(cu_q, q.shape[0], tile.block_m)
     lse_arg = out if lse is None else lse  # never written without WRITE_LSE
     constants = kernel_constants(
         q.shape[-1], v.shape[-1], tile, window is not None, lse is not None, q.dtype == torch.float32
     )
-    _prefill_kernel[(tile_seq.shape[0], q.shape[1])](
+    return _prefill_kernel[(tile_seq.shape[0], q.shape[1])](
         q, k, v, out, lse_arg, tile_seq, tile_start, cu_q, cu_k, scale * LOG2E, window or 0,
         q.shape[1] // k.shape[1], q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), 0 if lse is None else lse.stride(0), **constants, num_warps=tile.warps,
@@ -259,6 +260,24 @@ def prefill_attention_tiled(
         "prefill_attention", rungs, lambda t: _launch(q, k, v, cu_q, cu_k, scale, window, out, lse, t)
     )
     return out, lse
+
+
+def tile_facts(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    tile: PrefillTile,
+) -> dict[str, int]:
+    """Registers per thread, spilled registers and shared memory of the kernel compiled at `tile` for this call's
+    dtypes and widths, after one launch: what a benchmark reads occupancy from. Empty under the interpreter."""
+    _check(q, k, v, cu_q, cu_k)
+    out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
+    kernel = _launch(q, k, v, cu_q, cu_k, 1.0, None, out, None, tile)
+    if not hasattr(kernel, "n_regs"):
+        return {}
+    return {"registers": kernel.n_regs, "spills": kernel.n_spills, "shared_bytes": kernel.metadata.shared}
 
 
 def prefill_attention(

@@ -14,9 +14,10 @@ from mlaserve.kernels.prefill_attn.tiles import DEFAULT_TILE, PrefillTile  # noq
 from mlaserve.kernels.prefill_attn.triton_prefill import (  # noqa: E402
     prefill_attention,
     prefill_attention_tiled,
+    tile_facts,
     tile_map,
 )
-from mlaserve.testing.device import kernel_test_dtypes  # noqa: E402
+from mlaserve.testing.device import kernel_test_dtypes, on_gpu  # noqa: E402
 
 SMALL = PrefillTile(16, 16, 4, 1)
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
@@ -100,6 +101,14 @@ def test_tile_map_lists_every_tile_once_heaviest_first(device):
     assert seq.tolist() == [3, 2, 0, 0, 0, -1, -1]
     assert start.tolist() == [0, 0, 32, 16, 0, 0, 0]
     assert seq.dtype == start.dtype == torch.int32
+
+
+def test_tile_facts_need_a_compiled_kernel():
+    """Under the interpreter nothing is compiled: no registers to report (tests/gpu checks them on a GPU)."""
+    if on_gpu():
+        pytest.skip("tests/gpu/test_prefill128_on_gpu.py reads them on a GPU")
+    q, k, v, cu_q, cu_k = random_case([3], [3], 1, 1, 16, 16, torch.float32, "cpu", 0)
+    assert tile_facts(q, k, v, cu_q, cu_k, SMALL) == {}
 
 
 def test_no_queries():
