@@ -98,7 +98,18 @@ def _offsets(lens: Sequence[int], device: str) -> torch.Tensor:
     return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
 
 
-def _case(name, query_lens, kv_lens, bench, device, dtype, heads, check_heads, tiles, flashinfer) -> dict:
+def _case(
+    name: str,
+    query_lens: list[int],
+    kv_lens: list[int],
+    bench: Callable[[Callable[[], object]], float],
+    device: str,
+    dtype: torch.dtype,
+    heads: int,
+    check_heads: Sequence[int],
+    tiles: Sequence[object],
+    flashinfer: object,
+) -> dict:
     from mlaserve.kernels.prefill_attn.reference import prefill_attention_reference
     from mlaserve.kernels.prefill_attn.triton_prefill import (
         prefill_attention,
@@ -147,7 +158,15 @@ def _case(name, query_lens, kv_lens, bench, device, dtype, heads, check_heads, t
     return row
 
 
-def _flash(q, k, v, query_lens, kv_lens, scale, measure) -> dict:
+def _flash(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    query_lens: list[int],
+    kv_lens: list[int],
+    scale: float,
+    measure: Callable[[Callable[[], torch.Tensor]], dict],
+) -> dict:
     from mlaserve.attention.metadata import build_metadata
     from mlaserve.attention.sdpa import can_use_varlen, varlen_prefill
 
@@ -167,7 +186,17 @@ def _flash(q, k, v, query_lens, kv_lens, scale, measure) -> dict:
     }
 
 
-def _fa3(flashinfer, q, k, v, cu_q, cu_k, heads, scale, measure) -> dict:
+def _fa3(
+    flashinfer: object,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    heads: int,
+    scale: float,
+    measure: Callable[[Callable[[], torch.Tensor]], dict],
+) -> dict:
     if isinstance(flashinfer, str):
         return {"error": flashinfer}
     try:
