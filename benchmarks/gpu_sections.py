@@ -14,6 +14,7 @@ from benchmarks import (
     gpu_kernels,
     gpu_lite,
     gpu_mixed,
+    gpu_prefill128,
     gpu_sparse,
     gpu_spec,
     gpu_tp,
@@ -104,6 +105,9 @@ SECTIONS = [
             lambda r: gpu_fp8_paths.fp8_paths(r.ceil, bench_graph)),
     Section("fp8_tiles", "the W8A8 GEMMs (dense and fused MoE) at prefill sizes over a grid of tiles (gpu_fp8_tiles.py)",
             lambda r: gpu_fp8_tiles.fp8_tiles(bench_graph)),
+    Section("prefill128", "MLA prefill attention at 128 heads (192/128 widths, bf16), 2k-16k tokens and 4 x 2k over a "
+            "2k prefix: our Triton kernel over its tile candidates, torch flash varlen with V padded, FlashInfer's fa3 "
+            "ragged prefill when it imports (gpu_prefill128.py)", lambda r: gpu_prefill128.prefill128(bench)),
 ]  # fmt: skip
 
 DEFAULT = "ceilings,kernels,decode,moe,tiny,lite,mla_vs_mha,throughput,sparse,v4,tp,conversion"

@@ -126,6 +126,27 @@ class AttentionBackend(ABC):
         sequence's whole context concatenated, [sum of seq_lens, Hkv, D]. Query j of a sequence sits at absolute
         position seq_len - query_len + j (bottom-right causal alignment). Returns [prefill tokens, H, Dv]."""
 
+    def prefill_kernel(
+        self,
+        device: torch.device,
+        dtype: torch.dtype,
+        heads: int,
+        kv_heads: int,
+        qk_dim: int,
+        v_dim: int,
+        sinks: int,
+    ) -> str:
+        """What prefill runs for this shape (heads per rank, K/V heads, query/key and value widths, attention
+        sinks) on `device`, as the start-up log and stats() name it."""
+        return "torch reference"
+
+    def prefill_pads_values(
+        self, q: torch.Tensor, kv_heads: int, v_dim: int, meta: AttentionMetadata
+    ) -> bool:
+        """Whether prefill wants V zero-padded to K's width (a kernel that takes one head size), so a caller that
+        builds V anyway (MLA's expanded prefill, kernels/prefill_kv.py) writes it so and saves the copy."""
+        return False
+
     def gather_prefill_context(
         self, cache: torch.Tensor, meta: AttentionMetadata, dtype: torch.dtype | None = None
     ) -> torch.Tensor:

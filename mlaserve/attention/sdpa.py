@@ -1,5 +1,6 @@
 """Prefill through torch's fused attention kernels (flash varlen on CUDA, scaled_dot_product_attention
-elsewhere); decode as the reference, or SDPA when no LSE is needed.
+elsewhere), or our Triton varlen kernel (kernels/prefill_attn: V at its own width) once registry.py's
+TRITON_PREFILL_BY_DEFAULT is on; decode as the reference, or SDPA when no LSE is needed.
 
 cuDNN's attention, which SDPA prefers on Hopper, builds an execution plan for every new shape, a long
 host-side pause each time, and chunked prefill makes new shapes all the time. So on CUDA one varlen flash call covers every
@@ -15,6 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mlaserve.attention.metadata import AttentionMetadata, causal_mask
 from mlaserve.attention.torch_ref import TorchBackend, gather_decode
+from mlaserve.kernels import registry
 
 _NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
@@ -50,12 +52,30 @@ def _varlen_available() -> bool:
     return "window_size_left" in schema
 
 
-def can_use_varlen(q: torch.Tensor) -> bool:
+def varlen_takes(device: torch.device, dtype: torch.dtype, qk_dim: int) -> bool:
+    """Whether torch's flash varlen op takes queries of this dtype and width on `device`."""
     return (
-        q.is_cuda
-        and q.dtype in (torch.float16, torch.bfloat16)
-        and q.shape[-1] <= 256
+        device.type == "cuda"
+        and dtype in (torch.float16, torch.bfloat16)
+        and qk_dim <= 256
         and _varlen_available()
+    )
+
+
+def can_use_varlen(q: torch.Tensor) -> bool:
+    return varlen_takes(q.device, q.dtype, q.shape[-1])
+
+
+def triton_prefill_runs(
+    device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, qk_dim: int, v_dim: int, sinks: int
+) -> bool:
+    """Whether SdpaBackend.prefill takes the Triton kernel for this shape: what registry.PREFILL_ATTENTION.choose
+    answers for such tensors (flash's window and the kernel's have no sinks)."""
+    return (
+        not sinks
+        and registry.prefill_attention_problem(device, dtype, heads, kv_heads, qk_dim, v_dim) is None
+        and registry.prefill_attention_pays()
+        and registry.PREFILL_ATTENTION.launch.load() is not None
     )
 
 
@@ -78,7 +98,36 @@ class SdpaBackend(TorchBackend):
             )
         return out.view(b, h, v_dim), None
 
+    def prefill_kernel(
+        self,
+        device: torch.device,
+        dtype: torch.dtype,
+        heads: int,
+        kv_heads: int,
+        qk_dim: int,
+        v_dim: int,
+        sinks: int,
+    ) -> str:
+        if triton_prefill_runs(device, dtype, heads, kv_heads, qk_dim, v_dim, sinks):
+            return "triton varlen prefill (kernels/prefill_attn, V at its own width)"
+        if varlen_takes(device, dtype, qk_dim) and not sinks:
+            padded = ", V zero-padded to K's width" if v_dim < qk_dim else ""
+            return f"torch flash varlen{padded}"
+        return "SDPA per sequence"
+
+    def prefill_pads_values(
+        self, q: torch.Tensor, kv_heads: int, v_dim: int, meta: AttentionMetadata
+    ) -> bool:
+        # flash varlen takes one head size; the Triton kernel and the SDPA loop take V as it is
+        triton = triton_prefill_runs(q.device, q.dtype, q.shape[1], kv_heads, q.shape[-1], v_dim, meta.sinks)
+        return can_use_varlen(q) and not meta.sinks and not triton
+
     def prefill(self, q, k, v, meta: AttentionMetadata, scale: float):
+        if not meta.sinks:
+            kernel = registry.PREFILL_ATTENTION.choose(q, k, v)
+            if kernel is not None:
+                cu_q, cu_k = meta.prefill_cu_query_lens, meta.prefill_cu_seq_lens
+                return kernel(q, k, v, cu_q, cu_k, scale, meta.window)[0]
         if can_use_varlen(q) and not meta.sinks:  # flash's window has no sinks
             return varlen_prefill(q, k, v, meta, scale)
         outs, q_start, k_start = [], 0, 0

@@ -66,6 +66,17 @@ def attention_kernel(
     return dense
 
 
+def prefill_kernel(
+    backend: AttentionBackend, model: object, sinks: int, device: torch.device, model_dtype: torch.dtype
+) -> str:
+    """The prefill kernel `backend` runs for `model` (its heads per rank, K/V heads and widths; `sinks`: the cache's
+    attention sinks, which some kernels cannot take), for the start-up log and stats()."""
+    shape = model.prefill_attention_shape()
+    if shape is None:
+        return "the model's own"
+    return backend.prefill_kernel(torch.device(device), model_dtype, *shape, sinks)
+
+
 def choose_backend(device: torch.device, requested: str | None = None) -> tuple[str, str]:
     """(backend name, why), without building the backend. Raises ValueError for an unknown or unavailable
     requested backend."""

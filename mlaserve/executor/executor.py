@@ -12,7 +12,7 @@ import logging
 import torch
 
 from mlaserve.attention.backend import AttentionBackend
-from mlaserve.attention.selector import attention_kernel, select_backend_and_reason
+from mlaserve.attention.selector import attention_kernel, prefill_kernel, select_backend_and_reason
 from mlaserve.config.engine_config import EngineConfig, SchedulerOptions
 from mlaserve.config.model_config import ModelConfig
 from mlaserve.conversion.folder import saved_conversion
@@ -115,6 +115,8 @@ class Executor:
         self.attention_kernel = attention_kernel(
             self.backend, self.model, self.kv_cache.dtype, block_size, self.device, dtype
         )
+        sinks = max((layer.sinks for layer in self.kv_cache.spec.layers), default=0)
+        self.prefill_kernel = prefill_kernel(self.backend, self.model, sinks, self.device, dtype)
         self.runner = ModelRunner(
             self.model,
             self.kv_cache.tensors,
@@ -184,7 +186,10 @@ class Executor:
     def describe_kv_cache(self) -> str:
         """The start-up line: the KV cache's layout and the attention that reads it."""
         line = self.kv_cache.describe(self.model_config.dtype)
-        return line + f"; attention {self.backend.name}, decode kernel {self.attention_kernel}"
+        return (
+            line + f"; attention {self.backend.name}, decode kernel {self.attention_kernel}, "
+            f"prefill kernel {self.prefill_kernel}"
+        )
 
     # ---- per-request state on the device side ---------------------------------------------------------------
     def add_request(self, request_id: str, seed: int | None, grammar: Grammar | None) -> None:
@@ -256,6 +261,7 @@ class Executor:
             "block_size": cache.block_size,
             "attention_backend": self.backend.name,
             "attention_kernel": self.attention_kernel,
+            "prefill_kernel": self.prefill_kernel,
             "dtype": str(dtype).removeprefix("torch."),
             "kv_cache_dtype": str(cache.dtype).removeprefix("torch."),
             "device": str(self.device),

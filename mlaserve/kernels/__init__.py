@@ -11,6 +11,7 @@ index_topk.py  sparse attention's index scores and top-k slots
 block_fp8.py   linear layers over block-FP8 weights, a path per row count: fp8_decode.py (W8A16), fp8_prefill.py
                (W8A8), fp8_quant.py, fp8_torch.py (torch's blockwise scaled_mm), fp8_dequant.py (dequantize + cuBLAS)
 mla_decode/    paged MLA decode: a table of Triton and Gluon split steps (its __init__ maps it)
+prefill_attn/  varlen causal prefill attention with V narrower than K (MLA's 192/128), no V padding
 moe/           fused MoE: a table of grouped_mm, W8A8 tiles, pair tiles and sorted tiles (its __init__ maps it)
 
 Tuning knobs live in mla_decode/tuning.py, which only benchmarks import.

@@ -22,6 +22,12 @@ GATE_MAX_TOKENS = 16
 # Block-FP8 weights (layers/block_fp8.py): scale columns are this wide; scale rows span one or this many rows.
 FP8_BLOCK = 128
 FP8_GROUPS_N = (1, FP8_BLOCK)
+# Whether prefill takes kernels/prefill_attn's Triton kernel (V at its own width) where it can, instead of torch's
+# flash varlen op (V zero-padded to K's width). Off until the GPU suite's prefill128 section has measured it
+# faster than flash varlen at 128 heads; tests and benchmarks turn it on to run it through the backend.
+TRITON_PREFILL_BY_DEFAULT = False
+# The widest query/key and value heads the prefill kernel keeps in registers (a query tile and an accumulator).
+PREFILL_MAX_WIDTH = 256
 
 
 def _silu_and_mul(gate_up: torch.Tensor) -> str | None:
@@ -45,10 +51,38 @@ def _mla_prep(positions: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, *rest:
     return on_cuda(q, kv)
 
 
-def _prefill_kv(kv: torch.Tensor, k_pe: torch.Tensor, nope_dim: int) -> str | None:
-    if kv.shape[-1] - nope_dim > nope_dim + k_pe.shape[-1]:
+def _prefill_kv(kv: torch.Tensor, k_pe: torch.Tensor, nope_dim: int, pad_values: bool = True) -> str | None:
+    if pad_values and kv.shape[-1] - nope_dim > nope_dim + k_pe.shape[-1]:
         return "pads V to K's width: V no wider than K"
     return on_cuda(kv, k_pe)
+
+
+def prefill_attention_problem(
+    device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, qk_dim: int, v_dim: int
+) -> str | None:
+    """None when the prefill attention kernel takes this shape, else why not (one line)."""
+    if kv_heads < 1 or heads % kv_heads:
+        return f"takes query heads a multiple of K/V heads, not {heads} and {kv_heads}"
+    if max(qk_dim, v_dim) > PREFILL_MAX_WIDTH:
+        return f"takes heads up to {PREFILL_MAX_WIDTH} wide, not {qk_dim} and {v_dim}"
+    if dtype not in KERNEL_DTYPES:
+        return f"takes float32, bfloat16 and float16, not {dtype}"
+    return None if device.type == "cuda" else "needs CUDA tensors"
+
+
+def _prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: object, **options: object
+) -> str | None:
+    if k.shape[-1] != q.shape[-1] or k.shape[:2] != v.shape[:2] or not q.dtype == k.dtype == v.dtype:
+        return "takes q and k of one width, k and v of one length and head count, all of one dtype"
+    if not (q.device == k.device == v.device) or any(t.stride(-1) != 1 for t in (q, k, v)):
+        return "takes q, k and v on one device with unit-stride last dimensions"
+    return prefill_attention_problem(q.device, q.dtype, q.shape[1], k.shape[1], q.shape[-1], v.shape[-1])
+
+
+def prefill_attention_pays(*args: object, **options: object) -> bool:
+    """TRITON_PREFILL_BY_DEFAULT, read at each call."""
+    return TRITON_PREFILL_BY_DEFAULT
 
 
 def _sixteen_bit_pair(x: torch.Tensor, w: torch.Tensor) -> str | None:
@@ -175,6 +209,12 @@ RMS_NORM = Kernel("rms_norm", _rms_norm, Lazy("mlaserve.kernels.norm", "rms_norm
 ROTARY = Kernel("rotary", _rotary, Lazy("mlaserve.kernels.rotary", "rotary"))
 MLA_PREP = Kernel("mla_prep", _mla_prep, Lazy("mlaserve.kernels.mla_prep", "mla_prep"))
 PREFILL_KV = Kernel("prefill_kv", _prefill_kv, Lazy("mlaserve.kernels.prefill_kv", "prefill_kv"))
+PREFILL_ATTENTION = Kernel(
+    "prefill_attention",
+    _prefill_attention,
+    Lazy("mlaserve.kernels.prefill_attn.triton_prefill", "prefill_attention"),
+    pays=prefill_attention_pays,
+)
 PER_HEAD = Kernel("per_head", _per_head, Lazy("mlaserve.kernels.skinny", "per_head"))
 SKINNY_LINEAR = Kernel(
     "skinny_linear", _skinny_linear, Lazy("mlaserve.kernels.skinny", "skinny_linear"), pays=_skinny_pays
@@ -195,6 +235,7 @@ KERNELS: dict[str, Kernel] = {
         ROTARY,
         MLA_PREP,
         PREFILL_KV,
+        PREFILL_ATTENTION,
         PER_HEAD,
         SKINNY_LINEAR,
         GATE_LOGITS,

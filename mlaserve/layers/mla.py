@@ -219,10 +219,11 @@ class MLAAttention(nn.Module):
         context = self.backend.gather_prefill_context(kv_cache, meta, q.dtype)[:, 0]  # [S, R + P]
         latent, k_pe = context.split([self.kv_lora_rank, self.rope_dim], dim=-1)
         kv = self.kv_b_proj(latent).view(context.shape[0], self.num_heads, self.nope_dim + self.v_dim)
-        kernel = PREFILL_KV.choose(kv, k_pe, self.nope_dim)
+        pad = self.backend.prefill_pads_values(q, self.num_heads, self.v_dim, meta)
+        kernel = PREFILL_KV.choose(kv, k_pe, self.nope_dim, pad)
         if kernel is not None:
-            # K and V in one pass, V zero-padded to K's width as flash attention's varlen call takes them
-            k, v = kernel(kv, k_pe, self.nope_dim)
+            # K and V in one pass, V zero-padded to K's width where the backend's prefill takes one head size
+            k, v = kernel(kv, k_pe, self.nope_dim, pad)
             return self.backend.prefill(q, k, v, meta, self.scale)[..., : self.v_dim]
         k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
         k = torch.cat((k_nope, k_pe.unsqueeze(1).expand(-1, self.num_heads, -1)), dim=-1)

@@ -109,6 +109,11 @@ class CausalLM(nn.Module):
         picks the decode kernel; None where the cache holds per-head K/V."""
         return None
 
+    def prefill_attention_shape(self) -> tuple[int, int, int, int] | None:
+        """(query heads per rank, K/V heads, query/key width, value width) of the prefill attention the backend
+        runs, which picks the prefill kernel; None where the model says nothing (or attends itself)."""
+        return None
+
     def map_checkpoint_name(self, name: str) -> tuple[str, object] | None:
         """(parameter name, shard id) for a checkpoint tensor, or None if it is not a weight we use."""
         if any(fragment in name for fragment in self.ignored_fragments):

@@ -181,6 +181,10 @@ class DeepseekV2ForCausalLM(CausalLM):
             return None
         return self.model.layers[0].self_attn.num_heads, self.cfg.kv_lora_rank, self.cfg.qk_rope_head_dim
 
+    def prefill_attention_shape(self) -> tuple[int, int, int, int] | None:
+        heads, cfg = self.model.layers[0].self_attn.num_heads, self.cfg
+        return heads, heads, cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.v_head_dim
+
     def kv_cache_spec(self) -> KVCacheSpec:
         cfg = self.cfg
         per_head = cfg.num_attention_heads * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim)

@@ -158,6 +158,12 @@ class LlamaForCausalLM(CausalLM):
         attn = next((layer.self_attn.attn for layer in self.model.layers if layer.self_attn.enable_mla), None)
         return None if attn is None else (attn.num_heads, attn.latent_dim, attn.rope_dim)
 
+    def prefill_attention_shape(self) -> tuple[int, int, int, int] | None:
+        attn = self.model.layers[0].self_attn
+        if self.enable_mla:  # latent layers attend through layers/latent_gqa.py
+            return None
+        return attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.head_dim
+
     def kv_cache_spec(self) -> KVCacheSpec:
         attn = self.model.layers[0].self_attn
         layers = []

@@ -20,6 +20,7 @@ def test_every_entry_declines_cpu_tensors_with_a_reason():
         "rotary": (torch.zeros(2, dtype=torch.long), x[:, None], x[:, None], w[0], 1.0, 8, False),
         "mla_prep": (torch.zeros(2, dtype=torch.long), x[:, None], x),
         "prefill_kv": (torch.zeros(2, 1, 8), torch.zeros(2, 4), 4),
+        "prefill_attention": (torch.zeros(2, 2, 8), torch.zeros(3, 1, 8), torch.zeros(3, 1, 4)),
         "per_head": (torch.zeros(1, 2, 8).half(), torch.zeros(2, 4, 8).half()),
         "skinny_linear": (x.half(), w.half()),
         "gate_logits": (x, w),
@@ -52,6 +53,24 @@ def test_shape_rules_come_before_the_device():
     assert "16 tokens" in registry.GATE_LOGITS.why_not(torch.zeros(17, 8), torch.zeros(4, 8))
     # V (kv's last 12 - nope 4 = 8 columns) wider than K (nope 4 + rope 2)
     assert "V no wider than K" in registry.PREFILL_KV.why_not(torch.zeros(2, 1, 12), torch.zeros(2, 2), 4)
+    assert registry.PREFILL_KV.why_not(torch.zeros(2, 1, 12), torch.zeros(2, 2), 4, pad_values=False) == (
+        "needs CUDA tensors"
+    )
+    attention = registry.PREFILL_ATTENTION.why_not
+    assert "of one width" in attention(torch.zeros(2, 2, 8), torch.zeros(3, 1, 16), torch.zeros(3, 1, 4))
+    assert "multiple of K/V heads" in attention(
+        torch.zeros(2, 3, 8), torch.zeros(3, 2, 8), torch.zeros(3, 2, 4)
+    )
+    assert "up to 256 wide" in attention(torch.zeros(2, 1, 320), torch.zeros(3, 1, 320), torch.zeros(3, 1, 4))
+
+
+def test_triton_prefill_waits_for_its_measurement(monkeypatch):
+    """Off by default: the prefill kernel pays only once TRITON_PREFILL_BY_DEFAULT is turned on (read per call)."""
+    assert registry.TRITON_PREFILL_BY_DEFAULT is False
+    args = (torch.zeros(2, 2, 8), torch.zeros(3, 2, 8), torch.zeros(3, 2, 4))
+    assert registry.PREFILL_ATTENTION.pays(*args) is False
+    monkeypatch.setattr(registry, "TRITON_PREFILL_BY_DEFAULT", True)
+    assert registry.PREFILL_ATTENTION.pays(*args) is True
 
 
 @pytest.mark.parametrize(
