@@ -15,8 +15,8 @@ timed only if it agrees (bench: CUDA events, L2 emptied before each run, median)
   flash+pad       the same with the pad copy inside the call (F.pad): what a caller with unpadded V pays
   fa3             FlashInfer's BatchPrefillWithRaggedKVCacheWrapper(backend="fa3"), head_dim_qk 192, head_dim_vo
                   128, plan() outside the timed region, when flashinfer imports
-                  (../shared/peers/flashinfer/README.md says how to carry it; its slim wheel must keep the
-                  batch_prefill sources for this wrapper to compile)
+                  (../shared/peers/flashinfer/README.md says how to carry it; then
+                  dev/flashinfer_prefill_peer.py puts back the batch_prefill sources this wrapper compiles from)
 
 TFLOP/s count what the attention needs: each query's visible keys (its prefix and itself: causal, bottom-right),
 2 * (192 + 128) FLOPs per (query, key, head); flash's padded V columns are not counted. The row's verdict compares
