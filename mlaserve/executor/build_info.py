@@ -22,3 +22,4 @@ class BuildInfo:
     expert_parallel: bool
     distributed: bool  # ranks in processes of their own
     rank_pids: tuple[int, ...]  # ranks past 0, when this process started them (not under a launcher)
+    prefill_kernel: str = ""  # the prefill attention kernel for this model's shapes

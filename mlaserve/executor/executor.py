@@ -156,6 +156,7 @@ class Executor:
             config.parallel.enable_expert_parallel,
             config.parallel.distributed,
             tuple(self.ranks.pids),
+            self.prefill_kernel,
         )
 
     # ---- what the engine core reads ---------------------------------------------------------------------------

@@ -60,6 +60,7 @@ def startup_report(built: BuildInfo, stats: dict, settings: ServerSettings) -> d
         "attention_backend": built.attention_backend,
         "attention_backend_reason": built.attention_backend_reason,
         "attention_kernel": built.attention_kernel,
+        "prefill_kernel": built.prefill_kernel,
         "device": built.device,
         "max_model_len": built.max_model_len,
         "kv_cache": kv,
@@ -108,7 +109,7 @@ def format_report(report: dict) -> list[str]:
             else ""
         ),
         f"attention backend: {report['attention_backend']} ({report['attention_backend_reason']}); "
-        f"decode kernel: {report['attention_kernel']}",
+        f"decode kernel: {report['attention_kernel']}; prefill kernel: {report.get('prefill_kernel') or 'n/a'}",
         kv_line(kv),
     ]
     if len(kv["groups"]) > 1 or any(g.startswith("window") or "indexer" in g for g in kv["groups"]):

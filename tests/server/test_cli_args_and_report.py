@@ -137,6 +137,9 @@ def test_startup_report_of_an_mla_model_shows_the_kv_saving(tmp_path):
     for needle in ("missing: none", "unexpected: none", "tensor parallel 1", "attention backend",
                    "per-head K/V", "http://127.0.0.1:8123", "http://127.0.0.1:9123"):  # fmt: skip
         assert needle in lines
+    # both attention kernels the executor chose, as its own start-up line names them
+    assert report["prefill_kernel"] == engine.stats()["prefill_kernel"] != ""
+    assert f"prefill kernel: {report['prefill_kernel']}" in lines
 
 
 def test_startup_report_of_a_pool_per_group_model_gives_each_pool_and_the_entry_capacity(tmp_path):
