@@ -187,9 +187,10 @@ class DeepseekV2ForCausalLM(CausalLM):
 
     def kv_cache_spec(self) -> KVCacheSpec:
         cfg = self.cfg
-        per_head = cfg.num_attention_heads * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim)
+        # this rank's heads: every rank caches the whole latent row, but per-head K/V only for its own heads
+        heads = self.model.layers[0].self_attn.num_heads
+        per_head = heads * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim)
         if self.mla_disable:
-            heads = self.model.layers[0].self_attn.num_heads
             expanded = LayerCacheSpec(
                 heads, cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, True, cfg.v_head_dim
             )

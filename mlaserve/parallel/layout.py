@@ -16,6 +16,12 @@ def mxfp4_width_problem(intermediate: int, size: int) -> str | None:
     values): it must hold whole scale groups."""
     if size <= 1:
         return None
+    # no split keeps its groups whole, and whole experts do not serve it either
+    if intermediate % MXFP4_GROUP:
+        return (
+            f"MXFP4 experts need moe_intermediate_size to be a multiple of {MXFP4_GROUP} (one e8m0 scale per "
+            f"{MXFP4_GROUP} inputs), got {intermediate}"
+        )
     if intermediate % size:
         return f"tensor_parallel_size={size} does not divide moe_intermediate_size ({intermediate})"
     if (intermediate // size) % MXFP4_GROUP:

@@ -62,3 +62,12 @@ def test_mxfp4_experts_split_by_width_need_whole_scale_groups_per_rank() -> None
     odd = SimpleNamespace(**{**vars(flash), **changed})
     assert layout_problems(odd, 5, False, 128, mxfp4_experts=True) == []  # 32 columns per rank
     assert any("128-column FP8" in p for p in layout_problems(odd, 5, False, 128))  # FP8 experts would cut
+
+
+def test_an_mxfp4_width_no_split_can_serve_is_named_as_such() -> None:
+    """48 is no multiple of 32: no tensor-parallel size keeps its scale groups whole, and whole experts per rank do
+    not serve it either, so the refusal names the width's own problem instead of an empty list of sizes."""
+    v4 = SimpleNamespace(num_attention_heads=12, o_groups=6, n_routed_experts=16, moe_intermediate_size=48)
+    (problem,) = layout_problems(v4, 2, False, mxfp4_experts=True)
+    assert "multiple of 32" in problem and "48" in problem
+    assert "[]" not in problem and "enable_expert_parallel" not in problem
