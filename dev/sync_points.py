@@ -134,7 +134,7 @@ def main() -> None:
         "device": "cuda" if on_gpu else "cpu",
     }
     if on_gpu:
-        from benchmarks.gpu_suite import run_header
+        from benchmarks.gpu_timing import run_header
 
         header = run_header()
     out.write_text(json.dumps({**header, "rows": rows}, indent=1))
