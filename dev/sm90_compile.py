@@ -68,6 +68,8 @@ def pytest_runtest_makereport(item: object, call: object) -> None:
     error = call.excinfo.value if call.excinfo is not None else None
     if error is None:
         _outcomes["passed (no kernel output checked)"] += 1
+    elif call.excinfo.typename == "Skipped":  # pytest.skip inside the test body
+        _outcomes["skipped"] += 1
     elif isinstance(error, AssertionError):
         _outcomes["assertion failed (expected: nothing ran)"] += 1
     else:
