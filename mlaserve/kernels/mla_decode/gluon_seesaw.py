@@ -60,10 +60,12 @@ def _issue_scores(q_s, qpe_s, k_ring, pe_ring, ready, t, scores: gl.constexpr, e
     """Wait for tile t's copy (unless it does not `exist`) and issue its score dots against the queries, [heads,
     rows] in `scores` (asynchronous: the caller waits)."""
     SLOTS: gl.constexpr = k_ring.shape[0]
+    BLOCK_H: gl.constexpr = q_s.shape[0]
+    BLOCK_N: gl.constexpr = k_ring.shape[1]
     slot = t % SLOTS
     mbarrier.wait(ready.index(slot), (t // SLOTS) & 1, pred=exists)
     fence_async_shared()  # a tile that came by cp.async: its stores, before the tensor cores read them
-    s = gl.zeros([q_s.shape[0], k_ring.shape[1]], gl.float32, scores)
+    s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, scores)
     s = warpgroup_mma(q_s, k_ring.index(slot).permute((1, 0)), s, is_async=True)
     return warpgroup_mma(qpe_s, pe_ring.index(slot).permute((1, 0)), s, is_async=True)
 
