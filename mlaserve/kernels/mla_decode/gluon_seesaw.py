@@ -228,6 +228,7 @@ def stage1_seesaw(
     # DescLat / DescPe over the cache's rows (gluon_seesaw_ring.tma_descriptors; unread without TMA).
     gl.static_assert(BLOCK_H == D_ROPE)
     gl.static_assert(BLOCK_N == 32 or BLOCK_N == 64)
+    gl.static_assert(PAGE % BLOCK_N == 0 or not TMA)  # a TMA box is one page's rows
     SLOTS: gl.constexpr = 128 // BLOCK_N  # what fits beside the queries
     b = gl.program_id(0)
     head0 = gl.program_id(1) * BLOCK_H
