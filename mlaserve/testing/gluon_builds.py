@@ -8,6 +8,11 @@ GPU. Each kernel is compiled as its launch calls it, at the dispatch table's til
 `python -m mlaserve.testing.gluon_builds [--ptxas]` prints one JSON line per build: its shared memory, PTX facts,
 and with --ptxas the registers and spills ptxas reports. It must run with TRITON_INTERPRET unset (the interpreter
 wraps the Triton helpers these kernels call), so tests/kernels/test_gluon_compile.py runs it as a subprocess.
+
+It builds with this machine's Triton. Gluon changes between releases (names, and what a shared-memory
+descriptor's shape is), so a kernel that builds here may not build with the GPU image's Triton: to try that one,
+unzip its wheel into a directory and put that first, `TRITON_CACHE_DIR=DIR/cache PYTHONPATH=DIR:. python -m
+mlaserve.testing.gluon_builds` (its own cache: builds of two Tritons must not share one).
 """
 
 import argparse
