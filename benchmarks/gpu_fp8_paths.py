@@ -5,14 +5,19 @@ from one run.
 Dense, each of gpu_fp8.DENSE_SHAPES at rows 1 to 4,096: w8a16 (the decode kernels, to 128 rows), w8a8 (the Triton
 GEMM; and w8a8_fused_quant, quantizing inside it), torch_blockwise (torch._scaled_mm's blockwise scaling, where this
 torch and GPU pass its check), dequant_cublas (the weight dequantized per call, then cuBLAS), and bf16 weights as
-the yardstick. Fused MoE at gpu_fp8.MOE_SHAPES, 1 to 4,096 tokens: bf16 experts, fp8 W8A16 tiles, fp8 W8A8 tiles,
+the yardstick. Beside ours, the peers (PEER_PATHS): flashinfer_blockscale, FlashInfer's sm_90 block-scaled GEMM
+(TensorRT-LLM's DeepGEMM port, kernels/fp8_flashinfer.py), where FlashInfer imports (dev/flashinfer_prefill_peer.py
+--kernels fp8_blockscale_gemm builds the wheel) and passed its one-time check; else each of its rows holds the
+reason as its error. It takes our weight scale as it is (nothing to convert per call) and quantizes x itself,
+as w8a8 does inside its timing, and its first call of each shape (a JIT build) is the untimed reference check. Fused MoE at gpu_fp8.MOE_SHAPES, 1 to 4,096 tokens: bf16 experts, fp8 W8A16 tiles, fp8 W8A8 tiles,
 and (where the bf16 copy is small enough to sit in a captured graph's memory) the experts dequantized per call
 then run as bf16 experts.
 Every path is first checked against its torch reference (layers/block_fp8.linear_reference, moe.experts_reference;
 with quantized activations for the W8A8 paths) and its relative error kept; a path that raises is kept with its
 error and not timed. Then each is timed from a CUDA graph (gpu_timing.bench_graph, shorter runs than the default to
-keep the section to a few minutes). Per row: the fastest fp8 path whose error is within MAX_ERROR, and the
-table's own choice; at the end the row thresholds those winners suggest.
+keep the section to a few minutes). Per row: the fastest fp8 path whose error is within MAX_ERROR, the fastest of
+ours, each peer's speed over that (peer_over_ours, above 1 where the peer wins), and the table's own choice; at
+the end the row thresholds those winners suggest.
 
     python -m benchmarks.gpu_suite --sections ceilings,fp8_paths --out benchmarks/results/h100-fp8-paths-DATE.json
 """
@@ -32,13 +37,15 @@ from benchmarks.gpu_fp8 import DENSE_SHAPES, MOE_SHAPES, _bf16_linear, _relative
 
 PATH_ROWS = (1, 4, 8, 16, 32, 64, 128, 512, 4096)
 MOE_TOKENS = (1, 8, 32, 128, 512, 4096)
-DENSE_FP8_PATHS = ("w8a16", "w8a8", "w8a8_fused_quant", "torch_blockwise", "dequant_cublas")
+PEER_PATHS = ("flashinfer_blockscale",)
+OUR_DENSE_PATHS = ("w8a16", "w8a8", "w8a8_fused_quant", "torch_blockwise", "dequant_cublas")
+DENSE_FP8_PATHS = OUR_DENSE_PATHS + PEER_PATHS
 MOE_PATHS = ("bf16", "fp8_w8a16", "fp8_w8a8", "fp8_dequant_bf16")
 MOE_FP8_PATHS = MOE_PATHS[1:]
 # Dequantizing experts per call allocates their bf16 copy inside the captured graph's memory pool; past this many
 # bytes (V3's 22 GB would sit beside the bf16 experts already held) the candidate is skipped.
 MOE_DEQUANT_MAX_BYTES = 4 << 30
-W8A8_KINDS = frozenset({"w8a8", "w8a8_fused_quant", "torch_blockwise", "fp8_w8a8"})
+W8A8_KINDS = frozenset({"w8a8", "w8a8_fused_quant", "torch_blockwise", "fp8_w8a8", "flashinfer_blockscale"})
 # A path further than this from its reference (max abs error over max abs output) is never the fastest: W8A8's
 # activation rounding is a few 1e-2 at most on these random inputs.
 MAX_ERROR = 0.1
@@ -115,6 +122,7 @@ def suggestions(dense_winners: dict, moe_rows: list[dict]) -> dict:
         "W8A16_MAX_ROWS": largest_up_to_which(dense_winners, "w8a16"),
         "TORCH_BLOCKWISE_MIN_ROWS": smallest_from_which(dense_winners, "torch_blockwise"),
         "DEQUANT_MIN_ROWS": smallest_from_which(dense_winners, "dequant_cublas"),
+        "FLASHINFER_MIN_ROWS": smallest_from_which(dense_winners, "flashinfer_blockscale"),
         "W8A8_FUSED_QUANT_MIN_ROWS": smallest_from_which(dense_winners, "w8a8_fused_quant"),
         "W8A8_PAIRS_PER_EXPERT": smallest_from_which(moe_winners, "fp8_w8a8"),
         "MOE_DEQUANT_PAIRS_PER_EXPERT": smallest_from_which(moe_winners, "fp8_dequant_bf16"),
@@ -140,10 +148,13 @@ def fp8_paths(
         raise ValueError("the fp8_paths section needs the ceilings section in the same run")
     time_it = partial(bench_graph, **TIMING)
     checks = {"skipped": "not CUDA"}
+    peers = {p: "skipped: not CUDA" for p in PEER_PATHS}
     if device == "cuda":
         here = torch.device("cuda", torch.cuda.current_device())
         checks = {f"group_n {g}": blockwise_check(here, g) for g in (1, 128)}
+        peers = peer_checks(here)
     print("fp8_paths torch blockwise check", json.dumps(checks), flush=True)
+    print("fp8_paths peers", json.dumps(peers), flush=True)
     gen = torch.Generator(device=device).manual_seed(0)
     dense = []
     for name, n, k in dense_shapes:
@@ -160,7 +171,8 @@ def fp8_paths(
                 want = quantized if path in W8A8_KINDS else plain
                 paths[path] = measure(_dense_call(path, x, w, s), want, time_it)
             row = {"shape": name, "N": n, "K": k, "rows": rows, "table": dense_path(x, w, 128), "paths": paths,
-                   "fastest": fastest(paths, DENSE_FP8_PATHS)}  # fmt: skip
+                   "fastest": fastest(paths, DENSE_FP8_PATHS), "fastest_ours": fastest(paths, OUR_DENSE_PATHS),
+                   "peer_over_ours": peer_over_ours(paths)}  # fmt: skip
             if row["fastest"] is not None:
                 ms = paths[row["fastest"]]["ms"]
                 # the weight's bytes over the copy ceiling (what bounds decode), FLOPs (what bounds prefill)
@@ -181,13 +193,39 @@ def fp8_paths(
     moe = _moe_paths(gen, time_it, device, dtype, moe_shapes, moe_tokens)
     suggested = suggestions(dense_winners, moe)
     print("fp8_paths suggested", json.dumps(suggested), flush=True)
+    peer_wins = {p: winners_by_rows([r | {"fastest": p} for r in dense if r["peer_over_ours"].get(p, 0) > 1], "rows")
+                 for p in PEER_PATHS}  # fmt: skip
+    print("fp8_paths peer wins by rows", json.dumps(peer_wins), flush=True)
     return {
         "torch_blockwise_check": checks,
+        "peers": peers,
         "dense": dense,
+        "peer_wins_by_rows": peer_wins,
         "dense_winners_by_rows": dense_winners,
         "moe": moe,
         "suggested": suggested,
     }
+
+
+def peer_checks(device: torch.device) -> dict[str, str]:
+    """Each peer's state on `device`, before any row: "ok" with its version, or why it is not measured."""
+    from mlaserve.kernels.fp8_flashinfer import flashinfer_check, flashinfer_gemm
+
+    gemm = flashinfer_gemm()
+    if isinstance(gemm, str):
+        return {"flashinfer_blockscale": f"unavailable: {gemm}"}
+    import flashinfer
+
+    checks = {f"group_n {g}": flashinfer_check(device, g) for g in (1, 128)}
+    return {"flashinfer_blockscale": f"flashinfer {flashinfer.__version__}: {json.dumps(checks)}"}
+
+
+def peer_over_ours(paths: dict[str, dict]) -> dict[str, float]:
+    """For each peer that ran within MAX_ERROR: the fastest of our paths' time over the peer's (above 1: it wins)."""
+    ours = fastest(paths, OUR_DENSE_PATHS)
+    if ours is None:
+        return {}
+    return {p: paths[ours]["ms"] / paths[p]["ms"] for p in PEER_PATHS if fastest(paths, (p,)) == p}
 
 
 def _release(device: str) -> None:
