@@ -172,5 +172,5 @@ def block_fp8_linear(
         )
         if why is not None:
             raise ValueError(f"block_fp8_linear: flashinfer_blockscale cannot take this call: {why}")
-        return flashinfer_blockscale_linear(x, weight, scale, bias)
+        return flashinfer_blockscale_linear(x, weight, scale, bias, out)
     return w8a8_linear(x, weight, scale, group_n, bias, out, fuse_quant, pow2_scale)

@@ -62,14 +62,18 @@ def flashinfer_blockscale_problem(x: torch.Tensor, weight: torch.Tensor, group_n
 
 
 def flashinfer_blockscale_linear(
-    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """quantize_per_token_group(x) @ (weight * scale)^T (+ bias) in bf16 through FlashInfer; the caller has checked
-    flashinfer_blockscale_problem (so flashinfer_gemm() is the module)."""
+    """quantize_per_token_group(x) @ (weight * scale)^T (+ bias) in bf16 through FlashInfer, into `out` [M, N] bf16
+    where given; the caller has checked flashinfer_blockscale_problem (so flashinfer_gemm() is the module)."""
     gemm = flashinfer_gemm()
     if isinstance(gemm, str):
         raise RuntimeError(f"flashinfer_blockscale_linear: {gemm}")
-    out = gemm.fp8_blockscale_gemm_sm90(x, weight, None, scale, out_dtype=torch.bfloat16)
+    out = gemm.fp8_blockscale_gemm_sm90(x, weight, None, scale, out=out, out_dtype=torch.bfloat16)
     return out if bias is None else out.add_(bias)
 
 

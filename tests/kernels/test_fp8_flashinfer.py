@@ -106,14 +106,16 @@ def test_the_forced_path_runs_it_or_says_why(monkeypatch):
         block_fp8_linear(x, w, s, 128, path=FLASHINFER_BLOCKSCALE, pow2_scale=True)
     seen = []
 
-    def fake(x, weight, scale, bias):  # the reference in FlashInfer's place: the call's arguments reach it
-        seen.append(bias)
-        return ref.linear_reference(x, weight, scale, 128, quantize_activations=True)
+    def fake(
+        x, weight, scale, bias, out
+    ):  # the reference in FlashInfer's place: the call's arguments reach it
+        seen.append((bias, out.shape))
+        return out.copy_(ref.linear_reference(x, weight, scale, 128, bias, quantize_activations=True))
 
     monkeypatch.setattr(block_fp8, "flashinfer_blockscale_linear", fake)
     bias = torch.randn(128, generator=gen)
     got = block_fp8_linear(x, w, s, 128, bias=bias, path=FLASHINFER_BLOCKSCALE)
-    assert got.shape == (40, 128) and seen[0] is bias
+    assert got.shape == (40, 128) and seen[0][0] is bias and seen[0][1] == (40, 128)
 
 
 @pytest.mark.skipif(not on_gpu(), reason="FlashInfer's GEMM runs on an sm_90 GPU only")
