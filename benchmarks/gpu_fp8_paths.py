@@ -123,6 +123,10 @@ def suggestions(dense_winners: dict, moe_rows: list[dict]) -> dict:
         "TORCH_BLOCKWISE_MIN_ROWS": smallest_from_which(dense_winners, "torch_blockwise"),
         "DEQUANT_MIN_ROWS": smallest_from_which(dense_winners, "dequant_cublas"),
         "FLASHINFER_MIN_ROWS": smallest_from_which(dense_winners, "flashinfer_blockscale"),
+        # where it won most shapes, to set FLASHINFER_MIN_ROWS and FLASHINFER_MAX_ROWS by hand if that is a middle band
+        "flashinfer_won_most_at_rows": [
+            n for n, c in dense_winners.items() if c.get("flashinfer_blockscale", 0) * 2 > sum(c.values())
+        ],
         "W8A8_FUSED_QUANT_MIN_ROWS": smallest_from_which(dense_winners, "w8a8_fused_quant"),
         "W8A8_PAIRS_PER_EXPERT": smallest_from_which(moe_winners, "fp8_w8a8"),
         "MOE_DEQUANT_PAIRS_PER_EXPERT": smallest_from_which(moe_winners, "fp8_dequant_bf16"),

@@ -56,8 +56,9 @@ TORCH_BLOCKWISE_MIN_ROWS: int | None = 128
 # sections).
 DEQUANT_MIN_ROWS: int | None = 2048
 # From this many rows, up to FLASHINFER_MAX_ROWS (None: no bound), FlashInfer's GEMM takes the calls it can where it
-# imports and passed its check, ahead of every path above W8A16_MAX_ROWS; None: never. Off: not yet measured on
-# a GPU beside ours (the fp8_paths section's flashinfer_blockscale column says where it would win).
+# imports and passed its check, ahead of all of ours (decode sizes included: its small-M kernel swaps A and B);
+# None: never. Off: not yet measured on a GPU beside ours (the fp8_paths section's flashinfer_blockscale column
+# says where it would win).
 FLASHINFER_MIN_ROWS: int | None = None
 FLASHINFER_MAX_ROWS: int | None = None
 
@@ -109,10 +110,10 @@ def dense_path(x: torch.Tensor, weight: torch.Tensor, group_n: int, pow2_scale: 
     """The path block_fp8_linear takes for a call it was not told a path for. FlashInfer rounds activation scales
     its own way, never to powers of two, so calls that ask for those (ue8m0 checkpoints) stay on ours."""
     rows = x.shape[0]
-    if rows <= W8A16_MAX_ROWS:
-        return W8A16
     if not pow2_scale and flashinfer_rows(rows) and flashinfer_usable(x, weight, group_n) is None:
         return FLASHINFER_BLOCKSCALE
+    if rows <= W8A16_MAX_ROWS:
+        return W8A16
     if TORCH_BLOCKWISE_MIN_ROWS is not None and rows >= TORCH_BLOCKWISE_MIN_ROWS:
         if torch_blockwise_layout(x, weight, group_n) is not None:
             return TORCH_BLOCKWISE

@@ -53,6 +53,10 @@ def test_winners_become_thresholds():
     assert suggested["W8A16_MAX_ROWS"] == 1  # a tie at 16 rows is no majority
     assert suggested["TORCH_BLOCKWISE_MIN_ROWS"] == 512
     assert suggested["DEQUANT_MIN_ROWS"] is None and suggested["FLASHINFER_MIN_ROWS"] is None
+    assert suggested["flashinfer_won_most_at_rows"] == []
+    band = section.winners_by_rows([row(32, "flashinfer_blockscale"), row(512, "flashinfer_blockscale"),
+                                    row(4096, "w8a8")], "rows")  # fmt: skip
+    assert section.suggestions(band, moe)["flashinfer_won_most_at_rows"] == [32, 512]
     assert suggested["W8A8_PAIRS_PER_EXPERT"] == 60
 
 

@@ -91,6 +91,13 @@ def test_the_table_sends_rows_to_flashinfer_only_once_turned_on(monkeypatch):
     assert at(32, pow2=True) == "w8a8"  # its activation scales are not powers of two
     monkeypatch.setattr(block_fp8, "FLASHINFER_MAX_ROWS", 512)
     assert (at(512), at(513)) == (FLASHINFER_BLOCKSCALE, "w8a8")
+    monkeypatch.setattr(block_fp8, "FLASHINFER_MIN_ROWS", 1)
+    monkeypatch.setattr(block_fp8, "FLASHINFER_MAX_ROWS", 8)
+    assert (at(1), at(8), at(9)) == (
+        FLASHINFER_BLOCKSCALE,
+        FLASHINFER_BLOCKSCALE,
+        "w8a16",
+    )  # ahead of decode's too
     monkeypatch.setattr(block_fp8, "flashinfer_usable", lambda *args: "needs sm_90 (Hopper)")
     assert at(64) == "w8a8"  # ours is the fallback where it cannot take the call
 
