@@ -5,11 +5,9 @@ from one run.
 Dense, each of gpu_fp8.DENSE_SHAPES at rows 1 to 4,096: w8a16 (the decode kernels, to 128 rows), w8a8 (the Triton
 GEMM; and w8a8_fused_quant, quantizing inside it), torch_blockwise (torch._scaled_mm's blockwise scaling, where this
 torch and GPU pass its check), dequant_cublas (the weight dequantized per call, then cuBLAS), and bf16 weights as
-the yardstick. Beside ours, the peers (PEER_PATHS): flashinfer_blockscale, FlashInfer's sm_90 block-scaled GEMM
-(TensorRT-LLM's DeepGEMM port, kernels/fp8_flashinfer.py), where FlashInfer imports (dev/flashinfer_prefill_peer.py
---kernels fp8_blockscale_gemm builds the wheel) and passed its one-time check; else each of its rows holds the
-reason as its error. It takes our weight scale as it is (nothing to convert per call) and quantizes x itself,
-as w8a8 does inside its timing, and its first call of each shape (a JIT build) is the untimed reference check. Fused MoE at gpu_fp8.MOE_SHAPES, 1 to 4,096 tokens: bf16 experts, fp8 W8A16 tiles, fp8 W8A8 tiles,
+the yardstick. Beside ours, the peers of benchmarks/fp8_peers.py (FlashInfer's sm_90 block-scaled GEMM through the
+table's own flashinfer_blockscale path, DeepGEMM's fp8_gemm_nt), each where it imports and runs; else each of its
+rows holds the reason as its error. Fused MoE at gpu_fp8.MOE_SHAPES, 1 to 4,096 tokens: bf16 experts, fp8 W8A16 tiles, fp8 W8A8 tiles,
 and (where the bf16 copy is small enough to sit in a captured graph's memory) the experts dequantized per call
 then run as bf16 experts.
 Every path is first checked against its torch reference (layers/block_fp8.linear_reference, moe.experts_reference;
@@ -33,11 +31,11 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from benchmarks.fp8_peers import PEER_PATHS, peer_call, peer_checks
 from benchmarks.gpu_fp8 import DENSE_SHAPES, MOE_SHAPES, _bf16_linear, _relative_error
 
 PATH_ROWS = (1, 4, 8, 16, 32, 64, 128, 512, 4096)
 MOE_TOKENS = (1, 8, 32, 128, 512, 4096)
-PEER_PATHS = ("flashinfer_blockscale",)
 OUR_DENSE_PATHS = ("w8a16", "w8a8", "w8a8_fused_quant", "torch_blockwise", "dequant_cublas")
 DENSE_FP8_PATHS = OUR_DENSE_PATHS + PEER_PATHS
 MOE_PATHS = ("bf16", "fp8_w8a16", "fp8_w8a8", "fp8_dequant_bf16")
@@ -45,7 +43,7 @@ MOE_FP8_PATHS = MOE_PATHS[1:]
 # Dequantizing experts per call allocates their bf16 copy inside the captured graph's memory pool; past this many
 # bytes (V3's 22 GB would sit beside the bf16 experts already held) the candidate is skipped.
 MOE_DEQUANT_MAX_BYTES = 4 << 30
-W8A8_KINDS = frozenset({"w8a8", "w8a8_fused_quant", "torch_blockwise", "fp8_w8a8", "flashinfer_blockscale"})
+W8A8_KINDS = frozenset({"w8a8", "w8a8_fused_quant", "torch_blockwise", "fp8_w8a8", *PEER_PATHS})
 # A path further than this from its reference (max abs error over max abs output) is never the fastest: W8A8's
 # activation rounding is a few 1e-2 at most on these random inputs.
 MAX_ERROR = 0.1
@@ -62,6 +60,8 @@ def _dense_call(path: str, x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) ->
 
     if path == "w8a8_fused_quant":
         return partial(block_fp8_linear, x, w, s, 128, path="w8a8", fuse_quant=True)
+    if path in PEER_PATHS:
+        return peer_call(path, x, w, s)
     return partial(block_fp8_linear, x, w, s, 128, path=path)
 
 
@@ -209,19 +209,6 @@ def fp8_paths(
         "moe": moe,
         "suggested": suggested,
     }
-
-
-def peer_checks(device: torch.device) -> dict[str, str]:
-    """Each peer's state on `device`, before any row: "ok" with its version, or why it is not measured."""
-    from mlaserve.kernels.fp8_flashinfer import flashinfer_check, flashinfer_gemm
-
-    gemm = flashinfer_gemm()
-    if isinstance(gemm, str):
-        return {"flashinfer_blockscale": f"unavailable: {gemm}"}
-    import flashinfer
-
-    checks = {f"group_n {g}": flashinfer_check(device, g) for g in (1, 128)}
-    return {"flashinfer_blockscale": f"flashinfer {flashinfer.__version__}: {json.dumps(checks)}"}
 
 
 def peer_over_ours(paths: dict[str, dict]) -> dict[str, float]:

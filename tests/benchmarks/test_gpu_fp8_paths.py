@@ -14,10 +14,9 @@ from mlaserve.layers.block_fp8 import linear_reference, quantize  # noqa: E402
 
 
 def test_the_forced_paths_are_the_tables_own():
-    assert set(section.DENSE_FP8_PATHS) - {"w8a8_fused_quant"} == set(DENSE_PATHS)
-    assert set(section.PEER_PATHS) <= set(DENSE_PATHS) and not set(section.PEER_PATHS) & set(
-        section.OUR_DENSE_PATHS
-    )
+    assert set(section.OUR_DENSE_PATHS) - {"w8a8_fused_quant"} | {"flashinfer_blockscale"} == set(DENSE_PATHS)
+    assert set(section.DENSE_FP8_PATHS) == {*section.OUR_DENSE_PATHS, *section.PEER_PATHS}
+    assert not set(section.PEER_PATHS) & set(section.OUR_DENSE_PATHS)
     assert {"pair_tiles", "sorted_tiles", "fp8_w8a8_tiles"} <= {k.name for k in MOE_KERNELS}
 
 
@@ -80,13 +79,19 @@ def test_a_peer_is_compared_with_the_fastest_of_ours():
 
 
 def test_an_unavailable_peer_is_recorded_with_its_reason(monkeypatch):
+    from benchmarks import fp8_peers
     from mlaserve.kernels import fp8_flashinfer
+
+    def no_deep_gemm(name: str) -> None:
+        raise ModuleNotFoundError(f"No module named '{name}'")
 
     monkeypatch.setattr(
         fp8_flashinfer, "_IMPORTED", {"gemm": "FlashInfer does not import: ModuleNotFoundError"}
     )
-    assert section.peer_checks(torch.device("cpu")) == {
-        "flashinfer_blockscale": "unavailable: FlashInfer does not import: ModuleNotFoundError"
+    monkeypatch.setattr(fp8_peers.importlib, "import_module", no_deep_gemm)
+    assert fp8_peers.peer_checks(torch.device("cpu")) == {
+        "flashinfer_blockscale": "unavailable: FlashInfer does not import: ModuleNotFoundError",
+        "deep_gemm_fp8": "unavailable: ModuleNotFoundError: No module named 'deep_gemm'",
     }
 
 
@@ -110,11 +115,17 @@ def test_the_whole_section_runs_at_tiny_sizes_on_cpu(capsys):
     assert set(one["paths"]) == set(twenty["paths"]) == {"bf16", *section.DENSE_FP8_PATHS}
     assert (one["table"], twenty["table"]) == ("w8a16", "w8a8")
     assert "needs a CUDA device" in one["paths"]["torch_blockwise"]["error"]
-    assert report["peers"] == {"flashinfer_blockscale": "skipped: not CUDA"}
-    assert report["peer_wins_by_rows"] == {"flashinfer_blockscale": {}}
-    for row in report["dense"]:  # the peer's rows say why it did not run, and nothing is compared with it
+    assert report["peers"] == {
+        "flashinfer_blockscale": "skipped: not CUDA",
+        "deep_gemm_fp8": "skipped: not CUDA",
+    }
+    assert report["peer_wins_by_rows"] == {"flashinfer_blockscale": {}, "deep_gemm_fp8": {}}
+    for row in report["dense"]:  # the peers' rows say why they did not run, and nothing is compared with them
         assert row["paths"]["flashinfer_blockscale"] == {
             "error": "ValueError: block_fp8_linear: flashinfer_blockscale cannot take this call: needs a CUDA device"
+        }
+        assert row["paths"]["deep_gemm_fp8"] == {
+            "error": "ValueError: deep_gemm_fp8: needs bf16 x on a CUDA device, not torch.float32 on cpu"
         }
         assert row["peer_over_ours"] == {} and row["fastest_ours"] == row["fastest"]
     for row in report["dense"]:
