@@ -24,7 +24,6 @@ generation (its later releases need a c10 symbol, CUDAErrorLogCapture, that newe
 from __future__ import annotations
 
 import importlib
-import json
 from collections.abc import Callable
 from functools import partial
 
@@ -67,8 +66,9 @@ def peer_checks(device: torch.device) -> dict[str, str]:
         checks["flashinfer_blockscale"] = f"unavailable: {gemm}"
     else:
         flashinfer = importlib.import_module("flashinfer")
-        grouped = {f"group_n {g}": flashinfer_check(device, g) for g in (1, 128)}
-        checks["flashinfer_blockscale"] = f"flashinfer {flashinfer.__version__}: {json.dumps(grouped)}"
+        checks["flashinfer_blockscale"] = (
+            f"flashinfer {flashinfer.__version__}: {flashinfer_check(device, 128)}"
+        )
     try:
         deep_gemm = importlib.import_module("deep_gemm")
         checks["deep_gemm_fp8"] = f"deep_gemm {getattr(deep_gemm, '__version__', 'of unknown version')}"

@@ -1,7 +1,8 @@
 """FlashInfer's block-scaled FP8 GEMM for Hopper (flashinfer.gemm.fp8_blockscale_gemm_sm90) as a candidate for
 block-FP8 linears: TensorRT-LLM's port of DeepGEMM's sm_90a kernel. Called with x in bf16 and the fp8 weight, it
 quantizes x per token in groups of 128 itself (one kernel) and then multiplies with 1x128 activation and 128x128
-(or 1x128: one scale per weight row) weight scales, our layout as it is: no scale is converted.
+weight scales, our layout as it is: no scale is converted. Its Python entry also accepts one scale per weight row,
+but the sm_90 kernel indexes the weight scale by 128-row block only, so such weights stay on our paths.
 
 What it costs to use: the module (fp8_blockscale_gemm_90) is JIT-compiled with nvcc on first use from sources the
 slim peer wheel lacks (dev/flashinfer_prefill_peer.py --kernels fp8_blockscale_gemm puts them back), and each new
@@ -50,8 +51,8 @@ def flashinfer_blockscale_problem(x: torch.Tensor, weight: torch.Tensor, group_n
         return "needs a CUDA device"
     if x.dtype != torch.bfloat16:
         return f"takes bf16 activations only, not {x.dtype}"
-    if group_n not in (1, GROUP):
-        return f"takes weight scales of 1 or {GROUP} rows, not {group_n}"
+    if group_n != GROUP:
+        return f"takes weight scales of {GROUP}x{GROUP} blocks only, not of {group_n} rows"
     n, k = weight.shape
     if k % GROUP or n % N_MULTIPLE:
         return f"takes K in whole {GROUP}-column groups and N in multiples of {N_MULTIPLE}, not N {n}, K {k}"
