@@ -7,9 +7,9 @@ GEMM; and w8a8_fused_quant, quantizing inside it), torch_blockwise (torch._scale
 torch and GPU pass its check), dequant_cublas (the weight dequantized per call, then cuBLAS), and bf16 weights as
 the yardstick. Beside ours, the peers of benchmarks/fp8_peers.py (FlashInfer's sm_90 block-scaled GEMM through the
 table's own flashinfer_blockscale path, DeepGEMM's fp8_gemm_nt), each where it imports and runs; else each of its
-rows holds the reason as its error. Fused MoE at gpu_fp8.MOE_SHAPES, 1 to 4,096 tokens: bf16 experts, fp8 W8A16 tiles, fp8 W8A8 tiles,
-and (where the bf16 copy is small enough to sit in a captured graph's memory) the experts dequantized per call
-then run as bf16 experts.
+rows holds the reason as its error. Fused MoE at gpu_fp8.MOE_SHAPES, 1 to 4,096 tokens: bf16 experts, fp8 W8A16
+tiles, fp8 W8A8 tiles, and (where the bf16 copy is small enough to sit in a captured graph's memory) the experts
+dequantized per call then run as bf16 experts.
 Every path is first checked against its torch reference (layers/block_fp8.linear_reference, moe.experts_reference;
 with quantized activations for the W8A8 paths) and its relative error kept; a path that raises is kept with its
 error and not timed. Then each is timed from a CUDA graph (gpu_timing.bench_graph, shorter runs than the default to
@@ -18,6 +18,14 @@ ours, each peer's speed over that (peer_over_ours, above 1 where the peer wins),
 the end the row thresholds those winners suggest.
 
     python -m benchmarks.gpu_suite --sections ceilings,fp8_paths --out benchmarks/results/h100-fp8-paths-DATE.json
+
+With the peers, their wheels in .whl-peer (benchmarks/fp8_peers.py says how to make them) installed first; the first
+run on a fresh machine also builds FlashInfer's module with nvcc, which its GPU test does on its own:
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/peer \
+        .whl-peer/*.whl
+    export PYTHONPATH=/tmp/peer:$PWD FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws FLASHINFER_CUDA_ARCH_LIST=9.0
+    python -m pytest -q tests/kernels/test_fp8_flashinfer.py
 """
 
 from __future__ import annotations
