@@ -5,16 +5,27 @@ from one run.
 Dense, each of gpu_fp8.DENSE_SHAPES at rows 1 to 4,096: w8a16 (the decode kernels, to 128 rows), w8a8 (the Triton
 GEMM; and w8a8_fused_quant, quantizing inside it), torch_blockwise (torch._scaled_mm's blockwise scaling, where this
 torch and GPU pass its check), dequant_cublas (the weight dequantized per call, then cuBLAS), and bf16 weights as
-the yardstick. Fused MoE at gpu_fp8.MOE_SHAPES, 1 to 4,096 tokens: bf16 experts, fp8 W8A16 tiles, fp8 W8A8 tiles,
-and (where the bf16 copy is small enough to sit in a captured graph's memory) the experts dequantized per call
-then run as bf16 experts.
+the yardstick. Beside ours, the peers of benchmarks/fp8_peers.py (FlashInfer's sm_90 block-scaled GEMM through the
+table's own flashinfer_blockscale path, DeepGEMM's fp8_gemm_nt), each where it imports and runs; else each of its
+rows holds the reason as its error. Fused MoE at gpu_fp8.MOE_SHAPES, 1 to 4,096 tokens: bf16 experts, fp8 W8A16
+tiles, fp8 W8A8 tiles, and (where the bf16 copy is small enough to sit in a captured graph's memory) the experts
+dequantized per call then run as bf16 experts.
 Every path is first checked against its torch reference (layers/block_fp8.linear_reference, moe.experts_reference;
 with quantized activations for the W8A8 paths) and its relative error kept; a path that raises is kept with its
 error and not timed. Then each is timed from a CUDA graph (gpu_timing.bench_graph, shorter runs than the default to
-keep the section to a few minutes). Per row: the fastest fp8 path whose error is within MAX_ERROR, and the
-table's own choice; at the end the row thresholds those winners suggest.
+keep the section to a few minutes). Per row: the fastest fp8 path whose error is within MAX_ERROR, the fastest of
+ours, each peer's speed over that (peer_over_ours, above 1 where the peer wins), and the table's own choice; at
+the end the row thresholds those winners suggest.
 
     python -m benchmarks.gpu_suite --sections ceilings,fp8_paths --out benchmarks/results/h100-fp8-paths-DATE.json
+
+With the peers, their wheels in .whl-peer (benchmarks/fp8_peers.py says how to make them) installed first; the first
+run on a fresh machine also builds FlashInfer's module with nvcc, which its GPU test does on its own:
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/peer \
+        .whl-peer/*.whl
+    export PYTHONPATH=/tmp/peer:$PWD FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws FLASHINFER_CUDA_ARCH_LIST=9.0
+    python -m pytest -q tests/kernels/test_fp8_flashinfer.py
 """
 
 from __future__ import annotations
@@ -28,17 +39,19 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from benchmarks.fp8_peers import PEER_PATHS, peer_call, peer_checks
 from benchmarks.gpu_fp8 import DENSE_SHAPES, MOE_SHAPES, _bf16_linear, _relative_error
 
 PATH_ROWS = (1, 4, 8, 16, 32, 64, 128, 512, 4096)
 MOE_TOKENS = (1, 8, 32, 128, 512, 4096)
-DENSE_FP8_PATHS = ("w8a16", "w8a8", "w8a8_fused_quant", "torch_blockwise", "dequant_cublas")
+OUR_DENSE_PATHS = ("w8a16", "w8a8", "w8a8_fused_quant", "torch_blockwise", "dequant_cublas")
+DENSE_FP8_PATHS = OUR_DENSE_PATHS + PEER_PATHS
 MOE_PATHS = ("bf16", "fp8_w8a16", "fp8_w8a8", "fp8_dequant_bf16")
 MOE_FP8_PATHS = MOE_PATHS[1:]
 # Dequantizing experts per call allocates their bf16 copy inside the captured graph's memory pool; past this many
 # bytes (V3's 22 GB would sit beside the bf16 experts already held) the candidate is skipped.
 MOE_DEQUANT_MAX_BYTES = 4 << 30
-W8A8_KINDS = frozenset({"w8a8", "w8a8_fused_quant", "torch_blockwise", "fp8_w8a8"})
+W8A8_KINDS = frozenset({"w8a8", "w8a8_fused_quant", "torch_blockwise", "fp8_w8a8", *PEER_PATHS})
 # A path further than this from its reference (max abs error over max abs output) is never the fastest: W8A8's
 # activation rounding is a few 1e-2 at most on these random inputs.
 MAX_ERROR = 0.1
@@ -55,6 +68,8 @@ def _dense_call(path: str, x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) ->
 
     if path == "w8a8_fused_quant":
         return partial(block_fp8_linear, x, w, s, 128, path="w8a8", fuse_quant=True)
+    if path in PEER_PATHS:
+        return peer_call(path, x, w, s)
     return partial(block_fp8_linear, x, w, s, 128, path=path)
 
 
@@ -115,6 +130,11 @@ def suggestions(dense_winners: dict, moe_rows: list[dict]) -> dict:
         "W8A16_MAX_ROWS": largest_up_to_which(dense_winners, "w8a16"),
         "TORCH_BLOCKWISE_MIN_ROWS": smallest_from_which(dense_winners, "torch_blockwise"),
         "DEQUANT_MIN_ROWS": smallest_from_which(dense_winners, "dequant_cublas"),
+        "FLASHINFER_MIN_ROWS": smallest_from_which(dense_winners, "flashinfer_blockscale"),
+        # where it won most shapes, to set FLASHINFER_MIN_ROWS and FLASHINFER_MAX_ROWS by hand if that is a middle band
+        "flashinfer_won_most_at_rows": [
+            n for n, c in dense_winners.items() if c.get("flashinfer_blockscale", 0) * 2 > sum(c.values())
+        ],
         "W8A8_FUSED_QUANT_MIN_ROWS": smallest_from_which(dense_winners, "w8a8_fused_quant"),
         "W8A8_PAIRS_PER_EXPERT": smallest_from_which(moe_winners, "fp8_w8a8"),
         "MOE_DEQUANT_PAIRS_PER_EXPERT": smallest_from_which(moe_winners, "fp8_dequant_bf16"),
@@ -140,10 +160,13 @@ def fp8_paths(
         raise ValueError("the fp8_paths section needs the ceilings section in the same run")
     time_it = partial(bench_graph, **TIMING)
     checks = {"skipped": "not CUDA"}
+    peers = {p: "skipped: not CUDA" for p in PEER_PATHS}
     if device == "cuda":
         here = torch.device("cuda", torch.cuda.current_device())
         checks = {f"group_n {g}": blockwise_check(here, g) for g in (1, 128)}
+        peers = peer_checks(here)
     print("fp8_paths torch blockwise check", json.dumps(checks), flush=True)
+    print("fp8_paths peers", json.dumps(peers), flush=True)
     gen = torch.Generator(device=device).manual_seed(0)
     dense = []
     for name, n, k in dense_shapes:
@@ -160,7 +183,8 @@ def fp8_paths(
                 want = quantized if path in W8A8_KINDS else plain
                 paths[path] = measure(_dense_call(path, x, w, s), want, time_it)
             row = {"shape": name, "N": n, "K": k, "rows": rows, "table": dense_path(x, w, 128), "paths": paths,
-                   "fastest": fastest(paths, DENSE_FP8_PATHS)}  # fmt: skip
+                   "fastest": fastest(paths, DENSE_FP8_PATHS), "fastest_ours": fastest(paths, OUR_DENSE_PATHS),
+                   "peer_over_ours": peer_over_ours(paths)}  # fmt: skip
             if row["fastest"] is not None:
                 ms = paths[row["fastest"]]["ms"]
                 # the weight's bytes over the copy ceiling (what bounds decode), FLOPs (what bounds prefill)
@@ -181,13 +205,26 @@ def fp8_paths(
     moe = _moe_paths(gen, time_it, device, dtype, moe_shapes, moe_tokens)
     suggested = suggestions(dense_winners, moe)
     print("fp8_paths suggested", json.dumps(suggested), flush=True)
+    peer_wins = {p: winners_by_rows([r | {"fastest": p} for r in dense if r["peer_over_ours"].get(p, 0) > 1], "rows")
+                 for p in PEER_PATHS}  # fmt: skip
+    print("fp8_paths peer wins by rows", json.dumps(peer_wins), flush=True)
     return {
         "torch_blockwise_check": checks,
+        "peers": peers,
         "dense": dense,
+        "peer_wins_by_rows": peer_wins,
         "dense_winners_by_rows": dense_winners,
         "moe": moe,
         "suggested": suggested,
     }
+
+
+def peer_over_ours(paths: dict[str, dict]) -> dict[str, float]:
+    """For each peer that ran within MAX_ERROR: the fastest of our paths' time over the peer's (above 1: it wins)."""
+    ours = fastest(paths, OUR_DENSE_PATHS)
+    if ours is None:
+        return {}
+    return {p: paths[ours]["ms"] / paths[p]["ms"] for p in PEER_PATHS if fastest(paths, (p,)) == p}
 
 
 def _release(device: str) -> None:

@@ -11,6 +11,9 @@ benchmarks/gpu_fp8_paths.py, measures and sets):
 - torch_blockwise: the same product through torch's blockwise-scaled GEMM (fp8_torch.py), where this torch and
   device have it (a one-time check on the device) and the widths are whole scale blocks: prompts and large batches.
 - dequant_cublas: the weight dequantized to x's dtype for the call (fp8_dequant.py), then cuBLAS: long prompts.
+- flashinfer_blockscale: a peer, FlashInfer's sm_90 block-scaled GEMM (fp8_flashinfer.py), where FlashInfer is
+  installed and passed its one-time check on the device; off (FLASHINFER_MIN_ROWS None) until the fp8_paths
+  section has measured it beside ours, which stay the fallback wherever it cannot take a call.
 Every launch is asynchronous and sized from shapes alone, so the calls can be captured in CUDA graphs.
 
 layers/block_fp8.linear_reference is what all are tested against: as is for w8a16 and dequant_cublas, with
@@ -22,6 +25,11 @@ import torch
 from mlaserve.kernels.fit import GemmTile
 from mlaserve.kernels.fp8_decode import w8a16_linear
 from mlaserve.kernels.fp8_dequant import dequant_linear
+from mlaserve.kernels.fp8_flashinfer import (
+    flashinfer_blockscale_linear,
+    flashinfer_blockscale_problem,
+    flashinfer_check,
+)
 from mlaserve.kernels.fp8_prefill import w8a8_linear
 from mlaserve.kernels.fp8_quant import FP8, GROUP, quantize_per_token_group
 from mlaserve.kernels.fp8_torch import (
@@ -35,7 +43,8 @@ from mlaserve.kernels.registry import SKINNY_MAX_ROWS
 __all__ = ["block_fp8_linear", "dense_path", "quantize_per_token_group"]
 
 W8A16, W8A8, TORCH_BLOCKWISE, DEQUANT_CUBLAS = "w8a16", "w8a8", "torch_blockwise", "dequant_cublas"
-DENSE_PATHS = (W8A16, W8A8, TORCH_BLOCKWISE, DEQUANT_CUBLAS)
+FLASHINFER_BLOCKSCALE = "flashinfer_blockscale"
+DENSE_PATHS = (W8A16, W8A8, TORCH_BLOCKWISE, DEQUANT_CUBLAS, FLASHINFER_BLOCKSCALE)
 # Up to this many rows x stays in its dtype (w8a16): one 16-row tile of fp8_decode.py's tile kernel.
 W8A16_MAX_ROWS = SKINNY_MAX_ROWS
 # From this many rows torch's blockwise-scaled GEMM (cuBLASLt) replaces the W8A8 Triton GEMM where its check passed
@@ -46,6 +55,12 @@ TORCH_BLOCKWISE_MIN_ROWS: int | None = 128
 # won at every V2-Lite and V3 projection at 4,096 rows and lost V3's at 512 and 1,024 (fp8_paths and fp8_tiles
 # sections).
 DEQUANT_MIN_ROWS: int | None = 2048
+# From this many rows, up to FLASHINFER_MAX_ROWS (None: no bound), FlashInfer's GEMM takes the calls it can where it
+# imports and passed its check, ahead of all of ours (decode sizes included: its small-M kernel swaps A and B);
+# None: never. Off: not yet measured on a GPU beside ours (the fp8_paths section's flashinfer_blockscale column
+# says where it would win).
+FLASHINFER_MIN_ROWS: int | None = None
+FLASHINFER_MAX_ROWS: int | None = None
 
 
 def check_block_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, group_n: int) -> None:
@@ -75,9 +90,28 @@ def torch_blockwise_layout(x: torch.Tensor, weight: torch.Tensor, group_n: int) 
     return layout if layout in LAYOUTS else None
 
 
-def dense_path(x: torch.Tensor, weight: torch.Tensor, group_n: int) -> str:
-    """The path block_fp8_linear takes for a call it was not told a path for."""
+def flashinfer_usable(x: torch.Tensor, weight: torch.Tensor, group_n: int) -> str | None:
+    """None where FlashInfer's GEMM can take this call and passed its one-time check on x's device; else why not."""
+    problem = flashinfer_blockscale_problem(x, weight, group_n)
+    if problem is not None:
+        return problem
+    check = flashinfer_check(x.device, group_n)
+    return None if check == "ok" else check
+
+
+def flashinfer_rows(rows: int) -> bool:
+    """Whether the table sends this many rows to FlashInfer where it can take them."""
+    if FLASHINFER_MIN_ROWS is None or rows < FLASHINFER_MIN_ROWS:
+        return False
+    return FLASHINFER_MAX_ROWS is None or rows <= FLASHINFER_MAX_ROWS
+
+
+def dense_path(x: torch.Tensor, weight: torch.Tensor, group_n: int, pow2_scale: bool = False) -> str:
+    """The path block_fp8_linear takes for a call it was not told a path for. FlashInfer rounds activation scales
+    its own way, never to powers of two, so calls that ask for those (ue8m0 checkpoints) stay on ours."""
     rows = x.shape[0]
+    if not pow2_scale and flashinfer_rows(rows) and flashinfer_usable(x, weight, group_n) is None:
+        return FLASHINFER_BLOCKSCALE
     if rows <= W8A16_MAX_ROWS:
         return W8A16
     if TORCH_BLOCKWISE_MIN_ROWS is not None and rows >= TORCH_BLOCKWISE_MIN_ROWS:
@@ -120,7 +154,7 @@ def block_fp8_linear(
         return out
     if x.shape[1] == 0:
         return out.zero_() if bias is None else out.copy_(bias.expand(rows, n))
-    path = path or dense_path(x, weight, group_n)
+    path = path or dense_path(x, weight, group_n, pow2_scale)
     if path == W8A16:
         return w8a16_linear(x, weight, scale, group_n, bias, out, tile)
     if path == TORCH_BLOCKWISE:
@@ -131,4 +165,13 @@ def block_fp8_linear(
         return torch_blockwise_linear(x, weight, scale, group_n, bias, pow2_scale, layout)
     if path == DEQUANT_CUBLAS:
         return dequant_linear(x, weight, scale, group_n, bias)
+    if path == FLASHINFER_BLOCKSCALE:
+        why = (
+            "its activation scales are never powers of two"
+            if pow2_scale
+            else flashinfer_usable(x, weight, group_n)
+        )
+        if why is not None:
+            raise ValueError(f"block_fp8_linear: flashinfer_blockscale cannot take this call: {why}")
+        return flashinfer_blockscale_linear(x, weight, scale, bias, out)
     return w8a8_linear(x, weight, scale, group_n, bias, out, fuse_quant, pow2_scale)

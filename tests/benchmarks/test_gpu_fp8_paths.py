@@ -14,7 +14,9 @@ from mlaserve.layers.block_fp8 import linear_reference, quantize  # noqa: E402
 
 
 def test_the_forced_paths_are_the_tables_own():
-    assert set(section.DENSE_FP8_PATHS) - {"w8a8_fused_quant"} == set(DENSE_PATHS)
+    assert set(section.OUR_DENSE_PATHS) - {"w8a8_fused_quant"} | {"flashinfer_blockscale"} == set(DENSE_PATHS)
+    assert set(section.DENSE_FP8_PATHS) == {*section.OUR_DENSE_PATHS, *section.PEER_PATHS}
+    assert not set(section.PEER_PATHS) & set(section.OUR_DENSE_PATHS)
     assert {"pair_tiles", "sorted_tiles", "fp8_w8a8_tiles"} <= {k.name for k in MOE_KERNELS}
 
 
@@ -49,7 +51,11 @@ def test_winners_become_thresholds():
     suggested = section.suggestions(winners, moe)
     assert suggested["W8A16_MAX_ROWS"] == 1  # a tie at 16 rows is no majority
     assert suggested["TORCH_BLOCKWISE_MIN_ROWS"] == 512
-    assert suggested["DEQUANT_MIN_ROWS"] is None
+    assert suggested["DEQUANT_MIN_ROWS"] is None and suggested["FLASHINFER_MIN_ROWS"] is None
+    assert suggested["flashinfer_won_most_at_rows"] == []
+    band = section.winners_by_rows([row(32, "flashinfer_blockscale"), row(512, "flashinfer_blockscale"),
+                                    row(4096, "w8a8")], "rows")  # fmt: skip
+    assert section.suggestions(band, moe)["flashinfer_won_most_at_rows"] == [32, 512]
     assert suggested["W8A8_PAIRS_PER_EXPERT"] == 60
 
 
@@ -58,6 +64,35 @@ def test_only_paths_near_their_reference_can_be_fastest():
              "torch_blockwise": {"error": "RuntimeError: no"}, "bf16": {"ms": 0.1, "relative_error": 0.0}}  # fmt: skip
     assert section.fastest(paths, section.DENSE_FP8_PATHS) == "w8a16"
     assert section.fastest({}, section.DENSE_FP8_PATHS) is None
+
+
+def test_a_peer_is_compared_with_the_fastest_of_ours():
+    paths = {"w8a8": {"ms": 2.0, "relative_error": 0.01}, "torch_blockwise": {"ms": 1.0, "relative_error": 0.5},
+             "flashinfer_blockscale": {"ms": 0.5, "relative_error": 0.01}}  # fmt: skip
+    assert section.peer_over_ours(paths) == {"flashinfer_blockscale": 4.0}  # torch_blockwise is too far off
+    assert section.fastest(paths, section.DENSE_FP8_PATHS) == "flashinfer_blockscale"
+    paths["flashinfer_blockscale"] = {
+        "error": "ValueError: block_fp8_linear: flashinfer_blockscale cannot ..."
+    }
+    assert section.peer_over_ours(paths) == {}
+    assert section.peer_over_ours({"flashinfer_blockscale": {"ms": 0.5, "relative_error": 0.0}}) == {}
+
+
+def test_an_unavailable_peer_is_recorded_with_its_reason(monkeypatch):
+    from benchmarks import fp8_peers
+    from mlaserve.kernels import fp8_flashinfer
+
+    def no_deep_gemm(name: str) -> None:
+        raise ModuleNotFoundError(f"No module named '{name}'")
+
+    monkeypatch.setattr(
+        fp8_flashinfer, "_IMPORTED", {"gemm": "FlashInfer does not import: ModuleNotFoundError"}
+    )
+    monkeypatch.setattr(fp8_peers.importlib, "import_module", no_deep_gemm)
+    assert fp8_peers.peer_checks(torch.device("cpu")) == {
+        "flashinfer_blockscale": "unavailable: FlashInfer does not import: ModuleNotFoundError",
+        "deep_gemm_fp8": "unavailable: ModuleNotFoundError: No module named 'deep_gemm'",
+    }
 
 
 def test_the_whole_section_runs_at_tiny_sizes_on_cpu(capsys):
@@ -80,6 +115,19 @@ def test_the_whole_section_runs_at_tiny_sizes_on_cpu(capsys):
     assert set(one["paths"]) == set(twenty["paths"]) == {"bf16", *section.DENSE_FP8_PATHS}
     assert (one["table"], twenty["table"]) == ("w8a16", "w8a8")
     assert "needs a CUDA device" in one["paths"]["torch_blockwise"]["error"]
+    assert report["peers"] == {
+        "flashinfer_blockscale": "skipped: not CUDA",
+        "deep_gemm_fp8": "skipped: not CUDA",
+    }
+    assert report["peer_wins_by_rows"] == {"flashinfer_blockscale": {}, "deep_gemm_fp8": {}}
+    for row in report["dense"]:  # the peers' rows say why they did not run, and nothing is compared with them
+        assert row["paths"]["flashinfer_blockscale"] == {
+            "error": "ValueError: block_fp8_linear: flashinfer_blockscale cannot take this call: needs a CUDA device"
+        }
+        assert row["paths"]["deep_gemm_fp8"] == {
+            "error": "ValueError: deep_gemm_fp8: needs bf16 x on a CUDA device, not torch.float32 on cpu"
+        }
+        assert row["peer_over_ours"] == {} and row["fastest_ours"] == row["fastest"]
     for row in report["dense"]:
         for path, result in row["paths"].items():
             assert "error" in result or result["relative_error"] < 1e-3, (row["rows"], path, result)
