@@ -23,6 +23,12 @@ Under tensor parallelism every rank computes the draft rows' logits (the plan na
 needs the same rows everywhere) and rank 0 verifies them as it samples; with mtp, rank 0 sends each step's draft
 spans and every rank runs the layer's pass, which is sharded like the model.
 
+Windows and pooled entries (the training-free compress_ratio, DeepSeek-V4's compressed entries) take drafts as they
+are: a verify step writes the rows of its drafts and any entry whose last token is a draft, from those rows; when a
+draft is rejected, the request's computed tokens stop before it, so the next step computes that position again and
+rewrites its row and its entry from the accepted tokens before anything reads them (an entry is read only by
+queries past its last token). Prefix-cache blocks are hashed only once full of known tokens.
+
 Not yet: asynchronous scheduling with drafts, and MTP drafts under a training-free window or pooling (each turned
 off, with a logged reason).
 """
@@ -50,8 +56,6 @@ def build_proposer(
     reason = None
     if async_scheduling:
         reason = "asynchronous scheduling queues a step before the drafts of the one before it are checked"
-    elif any(rule.ratio is not None for rule in group_rules):
-        reason = "pooled cache entries (compress_ratio, DeepSeek-V4) would be built from rejected drafts"
     elif spec.method == "mtp" and group_rules != [FULL]:
         reason = "the draft layer attends over the full cache, not a window's"
     if reason is not None:
