@@ -39,7 +39,7 @@ import logging
 
 from mlaserve.config.engine_config import EngineConfig
 from mlaserve.core.scheduler import Scheduler
-from mlaserve.kvcache.spec import FULL, AttentionRule
+from mlaserve.kvcache.spec import AttentionRule
 from mlaserve.spec_decode.model_drafts import ModelDrafts
 from mlaserve.spec_decode.ngram import NgramProposer
 
@@ -56,8 +56,8 @@ def build_proposer(
     reason = None
     if async_scheduling:
         reason = "asynchronous scheduling queues a step before the drafts of the one before it are checked"
-    elif spec.method == "mtp" and group_rules != [FULL]:
-        reason = "the draft layer attends over the full cache, not a window's"
+    elif spec.method == "mtp" and any(rule.ratio is not None for rule in group_rules):
+        reason = "the draft layer's pass does not build pooled entries (compress_ratio) for its own rows"
     if reason is not None:
         logger.warning("speculative decoding (%s) is off: %s", spec.method, reason)
         return None
