@@ -95,3 +95,15 @@ def test_the_captured_pass_drafts_as_the_eager_one(with_mtp, monkeypatch, k: int
     llm, graphs = captured(path, monkeypatch, **WINDOWED, speculative_config=mtp(k))
     assert tokens(llm.generate(prompts(), GREEDY, use_tqdm=False)) == want
     assert len(graphs.compared) >= 4 and llm.stats()["kv_blocks_used"] == 0
+
+
+def test_compress_ratio_turns_mtp_off(with_mtp, caplog) -> None:
+    """The draft layer's pass does not pool its own rows into compress_ratio's entries: speculation is off, logged,
+    and the tokens are the plain engine's."""
+    path, _ = with_mtp
+    pooled = dict(WINDOWED, compress_ratio=4)
+    want = tokens(LLM(str(path), **pooled).generate(prompts(), GREEDY, use_tqdm=False))
+    with caplog.at_level("WARNING"):
+        llm = LLM(str(path), **pooled, speculative_config=mtp(2))
+    assert tokens(llm.generate(prompts(), GREEDY, use_tqdm=False)) == want
+    assert not llm.stats()["speculative_decoding"] and "compress_ratio" in caplog.text
