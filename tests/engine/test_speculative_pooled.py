@@ -173,3 +173,31 @@ def test_poisoned_traces_would_show(model: tuple) -> None:
         patch.setattr(Scheduler, "update_from_output", accepted_rows)
         got = tokens(llm.generate(prompts(), GREEDY, use_tqdm=False))
     assert got != want
+
+
+@pytest.mark.parametrize("model", ["deepseek_v4"], indirect=True)  # the Llama's windowed K/V take no graphs
+def test_v4_verify_steps_through_the_captured_steps_inputs(model, monkeypatch) -> None:
+    """DeepSeek-V4's decode steps are captured: its verify steps replay them one row per token, each row writing the
+    entry its position completes (staged as the graphs stage them, on CPU: tests/models/test_deepseek_v4.py's
+    stand-in). Tokens equal the plain engine's with the rejected traces poisoned, and verify steps did run there."""
+    from mlaserve.runner import model_runner
+    from tests.models.test_deepseek_v4 import StaticDecodeOnCPU
+
+    path, options, want = model
+    llm = LLM(str(path), **options, max_model_len=160, speculative_config=NGRAM)
+    llm.engine.runner.graphs = StaticDecodeOnCPU(llm.engine.runner, 160, size=24)
+    captured: list[bool] = []
+    real = model_runner.run_captured
+
+    def noted(graphs, batch, source, verify_rows, keep_prenorm):  # noqa: ANN001, ANN202 - the runner's own call
+        out = real(graphs, batch, source, verify_rows, keep_prenorm)
+        if verify_rows:
+            captured.append(out is not None)
+        return out
+
+    monkeypatch.setattr(model_runner, "run_captured", noted)
+    poison = Poison(llm)
+    monkeypatch.setattr(Scheduler, "update_from_output", poison(Scheduler.update_from_output))
+    assert tokens(llm.generate(prompts(), GREEDY, use_tqdm=False)) == want
+    assert any(captured)
+    check_stats(llm, poison)
