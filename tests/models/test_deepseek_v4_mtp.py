@@ -162,3 +162,37 @@ def test_drafts_equal_the_reference(random_layer: Path, monkeypatch, options: di
     assert len(seen) > 4 and any(len(drafts) == 3 for _, drafts in seen)
     for known, drafts in seen:
         assert drafts == reference.drafts(known, len(drafts)), known
+
+
+def test_published_layout(v4: Path, tmp_path: Path, monkeypatch) -> None:
+    """The layer in V4-Flash's layout (its attention, shared expert, e_proj and h_proj in block FP8 with ue8m0
+    scales, its routed experts in MXFP4): the echo layer's drafts all hold, and the random layer drafts exactly
+    what it drafts on the same weights dequantized to float32."""
+    from mlaserve.spec_decode.model_drafts import ModelDrafts
+    from mlaserve.testing.v4_checkpoint import save_dequantized_v4, save_v4_published
+
+    take = ModelDrafts.drafts_for
+
+    def drafted(path: Path) -> tuple[list[tuple[list[int], list[int]]], dict]:
+        seen: list[tuple[list[int], list[int]]] = []
+
+        def record(self: ModelDrafts, request: object, max_tokens: int) -> list[int]:
+            if request.drafts_at == request.num_tokens:
+                seen.append((list(request.all_token_ids), list(request.draft_token_ids)))
+            return take(self, request, max_tokens)
+
+        monkeypatch.setattr(ModelDrafts, "drafts_for", record)
+        llm = LLM(str(path), **BASE, speculative_config=mtp(2))
+        llm.generate(prompts(lengths=(5, 30)), GREEDY, use_tqdm=False)
+        return seen, llm.stats()
+
+    for echo in (False, True):
+        src = add_v4_mtp_layer(v4, tmp_path / f"src_{echo}", echo=echo)
+        published = save_v4_published(src, tmp_path / f"published_{echo}")
+        seen, stats = drafted(published)
+        assert stats["num_draft_tokens"] > 0 and stats["kv_blocks_used"] == 0
+        if echo:
+            assert stats["num_accepted_tokens"] == stats["num_draft_tokens"]
+        else:
+            reference = save_dequantized_v4(published, src, tmp_path / "dequantized")
+            assert seen == drafted(reference)[0]
