@@ -68,9 +68,14 @@ def hf_config_from_dict(config_dict: dict) -> object:
         model_type = _CONFIG_FALLBACK[model_type]
     fields = {k: v for k, v in config_dict.items() if k != "model_type"}
     try:
-        return AutoConfig.for_model(model_type, **fields)
+        config = AutoConfig.for_model(model_type, **fields)
     except Exception as e:  # transformers' validators raise several kinds; each names the field
         raise ValueError(f"config.json is not a valid {model_type} config: {e}") from None
+    # DeepSeek's compress_ratios has an entry per block and MTP layer; transformers keeps the blocks' alone
+    ratios = config_dict.get("compress_ratios")
+    if isinstance(ratios, list) and len(ratios) > config.num_hidden_layers:
+        config.mtp_compress_ratios = ratios[config.num_hidden_layers :]
+    return config
 
 
 def resolve_dtype(requested: str | torch.dtype, hf_config: object, device: torch.device) -> torch.dtype:

@@ -297,7 +297,20 @@ class KVCacheManager:
             return empty, 0
         hashes = [update_block_hashes(request, m.block_size, m.group_id) for m in self.managers]
         step = self._hit_granularity
-        max_hit_tokens = (request.num_tokens - 1) // step * step
+        hits, hit_tokens = self._longest_hit(hashes, (request.num_tokens - 1) // step * step)
+        if self.drop_last_hit_block and hit_tokens:
+            # Looked up again at the shorter length, not cut: a window group's hit at that length needs the
+            # blocks of its own window, which the longer hit left as null blocks.
+            hits, hit_tokens = self._longest_hit(hashes, hit_tokens - step)
+        self._pending_lookups[request.request_id] = (request.num_tokens, hit_tokens)
+        return (hits if hit_tokens else empty), hit_tokens
+
+    def _longest_hit(
+        self, hashes: list[list[BlockHash]], max_hit_tokens: int
+    ) -> tuple[list[list[KVBlock]], int]:
+        """Each group's hit blocks and the tokens they cover: the longest prefix of at most max_hit_tokens (a
+        multiple of the hit granularity) that every group serves."""
+        step = self._hit_granularity
         while True:
             hits = [
                 m.find_longest_cache_hit(h, max_hit_tokens // m.block_size)
@@ -310,11 +323,7 @@ class KVCacheManager:
             # Groups disagree: ask all of them again at the shortest length (a later sliding-window group
             # may not hit at a shorter length even if it did at a longer one).
             max_hit_tokens = hit_tokens
-        if self.drop_last_hit_block and hit_tokens:
-            hit_tokens -= step
-            hits = [h[: hit_tokens // m.block_size] for h, m in zip(hits, self.managers, strict=True)]
-        self._pending_lookups[request.request_id] = (request.num_tokens, hit_tokens)
-        return (hits if hit_tokens else empty), hit_tokens
+        return hits, hit_tokens
 
     def allocate_slots(
         self,

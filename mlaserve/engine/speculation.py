@@ -1,7 +1,7 @@
 """Which engines and requests speculate, and what stats() says of it.
 
-Built so far: prompt-lookup (n-gram) drafts, and DeepSeek-V3's multi-token-prediction layer as a draft model
-("mtp": runner/mtp_draft.py makes each step's drafts for the next), verified greedily for greedy requests (the plain
+Built so far: prompt-lookup (n-gram) drafts, and DeepSeek-V3's and V4's multi-token-prediction layers as a draft
+model ("mtp": runner/mtp_draft.py makes each step's drafts for the next; V4's is models/deepseek_v4_mtp.py), verified greedily for greedy requests (the plain
 engine's tokens exactly) and by rejection sampling for sampled ones, with temperature, top-k, top-p, min_p and seeds
 (the plain engine's distribution exactly; see runner/spec_verify.py). With CUDA graphs, verify steps replay the
 decode graphs one row per token (runner/verify_graphs.py).
@@ -23,8 +23,17 @@ Under tensor parallelism every rank computes the draft rows' logits (the plan na
 needs the same rows everywhere) and rank 0 verifies them as it samples; with mtp, rank 0 sends each step's draft
 spans and every rank runs the layer's pass, which is sharded like the model.
 
-Not yet: asynchronous scheduling with drafts, and MTP drafts under a training-free window or pooling (each turned
-off, with a logged reason).
+Windows and pooled entries (the training-free compress_ratio, DeepSeek-V4's compressed entries) take drafts as they
+are: a verify step writes the rows of its drafts and any entry whose last token is a draft, from those rows; when a
+draft is rejected, the request's computed tokens stop before it, so the next step computes that position again and
+rewrites its row and its entry from the accepted tokens before anything reads them (an entry is read only by
+queries past its last token). Prefix-cache blocks are hashed only once full of known tokens. The MTP draft layer
+attends by its own cache group's rule, as the target's layers of that group do: under the training-free window
+(and sinks) it reads the window's rows, never blocks the window gave back; DeepSeek-V4's layer is a sliding-window
+block whose rows sit in the window group beside every block's, and it makes no compressed entries.
+
+Not yet: asynchronous scheduling with drafts, and MTP drafts under the training-free compress_ratio, whose pooled
+entries of the draft layer's own rows its pass does not build (each turned off, with a logged reason).
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ import logging
 
 from mlaserve.config.engine_config import EngineConfig
 from mlaserve.core.scheduler import Scheduler
-from mlaserve.kvcache.spec import FULL, AttentionRule
+from mlaserve.kvcache.spec import AttentionRule
 from mlaserve.spec_decode.model_drafts import ModelDrafts
 from mlaserve.spec_decode.ngram import NgramProposer
 
@@ -50,10 +59,9 @@ def build_proposer(
     reason = None
     if async_scheduling:
         reason = "asynchronous scheduling queues a step before the drafts of the one before it are checked"
-    elif any(rule.ratio is not None for rule in group_rules):
-        reason = "pooled cache entries (compress_ratio, DeepSeek-V4) would be built from rejected drafts"
-    elif spec.method == "mtp" and group_rules != [FULL]:
-        reason = "the draft layer attends over the full cache, not a window's"
+    elif spec.method == "mtp" and config.cache.compress_ratio:
+        # DeepSeek-V4's own pooled groups are its compressors': its MTP layer attends over the window alone
+        reason = "the draft layer's pass does not build compress_ratio's pooled entries of its own rows"
     if reason is not None:
         logger.warning("speculative decoding (%s) is off: %s", spec.method, reason)
         return None

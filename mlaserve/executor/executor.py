@@ -130,7 +130,10 @@ class Executor:
             from mlaserve.runner.mtp_draft import MtpDrafter
 
             k = config.speculative.num_speculative_tokens
-            self.runner.drafter = MtpDrafter(self.model, self.kv_cache.tensors, block_size, k)
+            # the first MTP layer's cache group: the layer after the main model's
+            group = self.kv_cache.spec.layer_groups()[self.model_config.hf_config.num_hidden_layers]
+            rule = self.kv_cache.group_rules[group]
+            self.runner.drafter = MtpDrafter(self.model, self.kv_cache.tensors, block_size, k, group, rule)
         if self.device.type == "cuda":
             self.runner.warm_up(self.max_num_batched_tokens, max_len)
         graphable = decode_graphs_apply(self.model, self.backend, self.kv_cache.spec)

@@ -40,6 +40,7 @@ from mlaserve.layers.rotary import RotaryEmbedding, rotate_trailing_pairs
 from mlaserve.loader.checkpoint_slice import default_weight_loader
 from mlaserve.models.base import CausalLM, ModelInit
 from mlaserve.models.deepseek_v4_ffn import GroupedLinear, V4MoE, local_experts, v4_linear
+from mlaserve.models.deepseek_v4_mtp import V4MtpMethods, build_mtp_layers, mtp_param_name
 from mlaserve.parallel import SINGLE, ParallelContext
 
 _HC = re.compile(r"\.hc_(attn|ffn)_(fn|base|scale)$")
@@ -320,11 +321,14 @@ class V4Attention(nn.Module):
 
 class V4DecoderLayer(nn.Module):
     def __init__(
-        self, cfg: object, idx: int, quant: BlockFP8Config | None = None, ctx: ParallelContext = SINGLE
-    ) -> None:
+        self, cfg: object, idx: int, quant: BlockFP8Config | None = None, ctx: ParallelContext = SINGLE,
+        kinds: tuple[str, str] | None = None,
+    ) -> None:  # fmt: skip
+        """kinds: (attention kind, MoE kind), given for an MTP layer's block; else config.json's for layer idx."""
         super().__init__()
-        self.attn = V4Attention(cfg, cfg.layer_types[idx], quant, ctx)
-        self.ffn = V4MoE(cfg, cfg.mlp_layer_types[idx] == "hash_moe", quant, ctx)
+        attention, moe = kinds or (cfg.layer_types[idx], cfg.mlp_layer_types[idx])
+        self.attn = V4Attention(cfg, attention, quant, ctx)
+        self.ffn = V4MoE(cfg, moe == "hash_moe", quant, ctx)
         self.attn_norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.ffn_norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         hc = (cfg.hc_mult, cfg.hidden_size, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
@@ -349,13 +353,18 @@ class V4Model(nn.Module):
         self.norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
+        return self.forward_with_prenorm(input_ids, positions, kv_caches, meta)[0]
+
+    def forward_with_prenorm(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> tuple:
+        """(the final norm's output, the streams after the last block: what an MTP layer reads). kv_caches may
+        hold the MTP layers' caches after the blocks'."""
         streams = self.embed_tokens(input_ids)[:, None, :].expand(-1, self.hc_mult, -1).contiguous()
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        for layer, kv_cache in zip(self.layers, kv_caches[: len(self.layers)], strict=True):
             streams = layer(positions, streams, input_ids, kv_cache, meta)
-        return self.norm(self.hc_head(streams))
+        return self.norm(self.hc_head(streams)), streams
 
 
-class DeepseekV4ForCausalLM(CausalLM):
+class DeepseekV4ForCausalLM(V4MtpMethods, CausalLM):
     attends_itself = True
     # Its decode rows are batched with shapes fixed by max_model_len (V4Attention._decode): capturable.
     supports_cuda_graphs = True
@@ -365,19 +374,25 @@ class DeepseekV4ForCausalLM(CausalLM):
     supports_mxfp4_experts = True
     supports_tensor_parallel = True  # heads by rank, experts by width or whole (expert parallelism)
     segmented_8bit_cache = True  # each part of its rows and entries scaled on its own (kvcache/segments.py)
-    ignored_fragments = ("rotary_emb.inv_freq", "mtp.")
+    supports_mtp = (
+        True  # its checkpoints ship num_nextn_predict_layers MTP layers (models/deepseek_v4_mtp.py)
+    )
 
     def __init__(self, init: ModelInit) -> None:
         super().__init__()
         self.cfg = init.hf_config
         self.model = V4Model(self.cfg, init.ctx, init.quant)
+        self.mtp = build_mtp_layers(
+            self.cfg, init.mtp_layers, lambda i, kinds: V4DecoderLayer(self.cfg, i, init.quant, init.ctx, kinds),
+            init.quant,
+        )  # fmt: skip
         self.fp4_experts = init.quant is not None and init.quant.expert_dtype == "fp4"
         # this rank's experts (all but under expert parallelism): a checkpoint's others are not loaded here
         self.local_experts = local_experts(self.cfg.n_routed_experts, init.ctx)
         on_kernels = (
             init.backend is not None and init.backend.paged_kernels
         )  # None: a meta build that runs nothing
-        for layer in self.model.layers:
+        for layer in self.cached_layers():
             layer.attn.on_kernels = on_kernels
         self.build_lm_head(self.cfg, init.ctx)
 
@@ -390,6 +405,8 @@ class DeepseekV4ForCausalLM(CausalLM):
         them (layers.N..., embed.weight, hc_head_fn); hyper-connection weights are flat on the layer there."""
         if name.startswith(("layers.", "norm.", "embed.", "hc_head_")):
             name = "model." + name
+        if (name := mtp_param_name(name, len(self.mtp))) is None:  # an MTP layer not built
+            return None
         name = _RENAMES.get(name.removeprefix("model."), name)
         # a quantized weight's scales: `.scale` as DeepSeek ships them, `.weight_scale_inv` as transformers names
         # them; some transformers versions save the hyper-connections under their module names (attn_hc.scale)
@@ -422,7 +439,7 @@ class DeepseekV4ForCausalLM(CausalLM):
                 row_parts=len(layer.attn.row_parts),
                 entry_parts=max(len(layer.attn.entry_parts), 1),
             )
-            for layer in self.model.layers
+            for layer in self.cached_layers()
         )
         rules = tuple(AttentionRule(window, 0, rate, span) for rate, span in spans.items())
         return KVCacheSpec(layers, is_mla=False, entry_rules=rules, segmented_8bit=True)

@@ -1,6 +1,7 @@
-"""Which multi-token-prediction (MTP) layers a model builds: DeepSeek-V3's checkpoints ship
+"""Which multi-token-prediction (MTP) layers a model builds: DeepSeek-V3's and V4's checkpoints ship
 num_nextn_predict_layers of them after the decoder layers, and the speculative method "mtp" runs the first as its
-draft model. The layer itself is DeepseekMTP (models/deepseek.py); the drafting pass is runner/mtp_draft.py."""
+draft model. The layer itself is DeepseekMTP (models/deepseek.py) or V4MTP (models/deepseek_v4_mtp.py); the
+drafting pass is runner/mtp_draft.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ def mtp_layers_to_build(cls: type, architecture: str, hf_config: object, spec: S
         return 0
     if not getattr(cls, "supports_mtp", False):
         raise ValueError(
-            f"speculative_config method 'mtp' runs DeepSeek-V3/V3.2's multi-token-prediction layer; "
+            f"speculative_config method 'mtp' runs DeepSeek-V3/V3.2/V4's multi-token-prediction layer; "
             f"{architecture} has none (use method 'ngram')"
         )
     shipped = getattr(hf_config, "num_nextn_predict_layers", 0) or 0
@@ -33,6 +34,7 @@ def check_mtp_weights(missing: list[str], num_hidden_layers: int) -> None:
     if absent:
         raise ValueError(
             f"speculative_config method 'mtp': the checkpoint declares num_nextn_predict_layers but lacks "
-            f"{len(absent)} of its layer's weights (model.layers.{num_hidden_layers}.*, e.g. {absent[0]!r} "
-            "as loaded); use a checkpoint that ships them, or method 'ngram'"
+            f"{len(absent)} of its layer's weights (model.layers.{num_hidden_layers}.* in DeepSeek-V3's layout, "
+            f"mtp.0.* in DeepSeek-V4's; e.g. {absent[0]!r} as loaded); use a checkpoint that ships them, or method "
+            "'ngram'"
         )

@@ -159,7 +159,7 @@ class ModelRunner:
         )
         if logits is None:
             if prenorm is not None:  # a prompt chunk's draft-layer rows
-                self._propose(draft_spans(host, {}, {}), prenorm)
+                self._propose(draft_spans(host, {}, {}, self.drafter.group), prenorm)
             return LaunchedStep(output, [], [], None, None, None, None, scored)
         params = [s.request.sampling_params for s in host.sampled]
         generators = [self.generators.get(s.request.request_id) for s in host.sampled]
@@ -296,7 +296,7 @@ class ModelRunner:
         if step.queued_drafts is not None:  # the captured pass, queued at launch
             result.drafts = collect_drafts(step.queued_drafts, result.token_ids, result.num_accepted)
         elif step.prenorm is not None:  # the layer's rows for this step's tokens, and the next step's drafts
-            spans = draft_spans(step.host, result.token_ids, result.num_accepted)
+            spans = draft_spans(step.host, result.token_ids, result.num_accepted, self.drafter.group)
             result.drafts = self._propose(spans, step.prenorm)
         return result
 

@@ -24,6 +24,7 @@ import torch
 
 from mlaserve.attention.metadata import build_metadata
 from mlaserve.host_copy import queued_values
+from mlaserve.kvcache.spec import FULL, AttentionRule
 from mlaserve.runner.batch import HostBatch
 
 
@@ -45,10 +46,12 @@ class DraftSpan:
         return self.start + len(self.next_ids)
 
 
-def draft_spans(host: HostBatch, token_ids: dict[str, int], num_accepted: dict[str, int]) -> list[DraftSpan]:
+def draft_spans(
+    host: HostBatch, token_ids: dict[str, int], num_accepted: dict[str, int], group: int = 0
+) -> list[DraftSpan]:
     """The first pass's rows, from a collected step: token_ids and num_accepted as accept_drafts leaves them (the
-    token after the accepted drafts, and how many were accepted). A sampling request that got no token (aborted)
-    is left out."""
+    token after the accepted drafts, and how many were accepted); group: the draft layer's cache group, whose block
+    tables its rows use. A sampling request that got no token (aborted) is left out."""
     spans = []
     row = 0
     for s in host.order:
@@ -64,18 +67,29 @@ def draft_spans(host: HostBatch, token_ids: dict[str, int], num_accepted: dict[s
         else:
             continue
         drafts = s.needs_sample and request.allow_drafts
-        spans.append(DraftSpan(rid, first, start, next_ids, s.block_ids[0], drafts))
+        spans.append(DraftSpan(rid, first, start, next_ids, s.block_ids[group], drafts))
     return spans
 
 
 class MtpDrafter:
     def __init__(
-        self, model: torch.nn.Module, kv_caches: list[torch.Tensor], block_size: int, num_drafts: int
+        self,
+        model: torch.nn.Module,
+        kv_caches: list[torch.Tensor],
+        block_size: int,
+        num_drafts: int,
+        group: int = 0,
+        rule: AttentionRule = FULL,
     ) -> None:
+        """group, rule: the draft layer's cache group and its attention rule. Under a window the layer reads what
+        the target's layers of that group read (the last `window` rows and the sinks), not blocks the window gave
+        back: its table holds the null block there."""
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.num_drafts = num_drafts
+        self.group = group
+        self.rule = rule
 
     @torch.inference_mode()
     def propose(self, spans: list[DraftSpan], prenorm: torch.Tensor) -> dict[str, tuple[int, list[int]]]:
@@ -141,6 +155,8 @@ class MtpDrafter:
             [span.end for span in spans],
             num_decodes,
             queued_values(slots, torch.long, device),
+            window=self.rule.window,
+            sinks=self.rule.sinks,
         )
         return self.model.mtp_forward(
             0,

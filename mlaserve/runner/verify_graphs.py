@@ -8,6 +8,10 @@ decode batch of b x (d + 1) rows, each with its request's table, and it replays 
 many rows (DecodeGraphs captures up to max_num_seqs x (k + 1) of them). The graph's logits cover every row, which is
 what verification needs: the drafts' rows and the sampled rows are all of them.
 
+Pooled entries (compress_ratio, DeepSeek-V4's compressed entries) follow the rows: a row whose position completes
+an entry writes it, from the rows the step cached before any layer reads them, as a decode row does; a rejected
+draft's entry is rewritten by the step that computes its position again (engine/speculation.py).
+
 Draft counts may differ between the requests of a step (a request without drafts, prompt-lookup drafts cut short,
 a request near its max_tokens): nothing is padded to k, each row is a sequence of its own, and the batch is padded
 only as every captured decode batch is, with rows at the null block. A step that also carries a prompt chunk, or
@@ -47,11 +51,10 @@ Captured = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]
 
 def verify_as_decodes(batch: HostBatch) -> HostBatch | None:
     """The batch with one decode row per token, or None when a request is not a decode with or without drafts (a
-    prompt chunk, a recomputed sequence) or a cache group pools entries (their rows follow the request, not the
-    token). Tokens keep their order, so token rows, sample rows and draft rows keep their indices."""
-    if batch.pooled_sources or any(
-        not s.needs_sample or s.num_new_tokens != len(s.spec_token_ids) + 1 for s in batch.order
-    ):
+    prompt chunk, a recomputed sequence). Tokens keep their order, so token rows, sample rows and draft rows keep
+    their indices. A pooled group's entries are not carried: the captured step stages each row's own from its
+    table and position (cuda_graphs.stage_group_inputs), so a draft row that completes an entry writes it."""
+    if any(not s.needs_sample or s.num_new_tokens != len(s.spec_token_ids) + 1 for s in batch.order):
         return None
     index = torch.tensor([row for row, n in enumerate(batch.query_lens) for _ in range(n)], dtype=torch.long)
     n = len(batch.ids)

@@ -6,6 +6,10 @@ MTP layer's input at position p is eh_proj(cat(enorm(embed(x_{p+1})), hnorm(h_p)
 causally over positions 0..p, and head(shared_head.norm(out_p)) predicts x_{p+2}: out_{m-1} gives draft 1. Draft
 j + 1 appends a row at position m - 1 + j built from draft j and out_{m-2+j} (the layer's own output) in place of
 the main model's hidden state, and reruns the layer over the whole sequence.
+
+With a window (the engine's training-free sliding_window and num_sink_tokens), every attention, the main model's and
+the MTP layer's, sees only the last `window` positions up to its own and the first `sinks`: the same mask, given to
+transformers as a 4-D attention mask.
 """
 
 from pathlib import Path
@@ -18,8 +22,17 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
+def visible(n: int, window: int | None, sinks: int) -> torch.Tensor:
+    """[n, n] True where the query at a row's position sees the key at a column's."""
+    q, k = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    if window is None:
+        return k <= q
+    return (k <= q) & ((k > q - window) | (k < sinks))
+
+
 class MtpReference:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, window: int | None = None, sinks: int = 0) -> None:
+        self.window, self.sinks = window, sinks
         from transformers import AutoModelForCausalLM
 
         self.main = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
@@ -45,7 +58,8 @@ class MtpReference:
         seen = []
         hook = self.main.model.norm.register_forward_hook(lambda mod, args, out: seen.append(args[0]))
         try:
-            self.main(torch.tensor([token_ids]))
+            mask = visible(len(token_ids), self.window, self.sinks)[None, None]
+            self.main(torch.tensor([token_ids]), attention_mask=mask)
         finally:
             hook.remove()
         return seen[0][0]
@@ -58,7 +72,7 @@ class MtpReference:
         joined = torch.cat((_rms(embedded, self.enorm, self.eps), _rms(previous, self.hnorm, self.eps)), -1)
         x = (joined @ self.eh_proj.T)[None]
         positions = torch.arange(n)[None]
-        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        mask = torch.zeros(n, n).masked_fill(~visible(n, self.window, self.sinks), float("-inf"))[None, None]
         out = self.block(x, attention_mask=mask, position_ids=positions,
                          position_embeddings=self.rotary(x, positions))  # fmt: skip
         return (out[0] if isinstance(out, tuple) else out)[0]

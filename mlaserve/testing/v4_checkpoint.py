@@ -21,8 +21,8 @@ from safetensors.torch import load_file, save_file
 from mlaserve.layers import block_fp8, mxfp4
 
 FP8_WEIGHT = re.compile(
-    r"\.(attn\.(wq_a|wq_b|wkv|wo_a|wo_b)|attn\.indexer\.wq_b|ffn\.shared_experts\.w[123])\.weight$"
-)
+    r"\.(attn\.(wq_a|wq_b|wkv|wo_a|wo_b)|attn\.indexer\.wq_b|ffn\.shared_experts\.w[123]|e_proj|h_proj)\.weight$"
+)  # e_proj, h_proj: an MTP layer's own projections (mtp.0.*)
 FP4_WEIGHT = re.compile(r"\.ffn\.experts\.\d+\.w[123]\.weight$")
 SECTION = {
     "activation_scheme": "dynamic",

@@ -78,6 +78,22 @@ def test_a_hit_whose_window_blocks_were_evicted_is_shorter() -> None:
     assert num_tokens == 16 and [blk.block_id for blk in hits[0]] == [0, 0, 3, 4]
 
 
+def test_a_hit_a_block_short_holds_its_own_windows_blocks() -> None:
+    """A draft layer's hits stop a block short (drop_last_hit_block): the shorter hit's window starts a block
+    earlier, so it is looked up again, not cut from the longer one, whose table has the null block there."""
+    kv = window_manager(window=8, block_size=4)
+    kv.drop_last_hit_block = True
+    a = req("a", list(range(20)))
+    kv.allocate_slots(a, 20)
+    a.num_computed_tokens = 20
+    kv.free(a)
+    b = req("b", list(range(20)) + [99])
+    hits, num_tokens = kv.get_computed_blocks(b)
+    # 16 tokens: position 16 reads 9..15, blocks 2 and 3 of the table (ids 3 and 4)
+    assert num_tokens == 16 and [blk.block_id for blk in hits[0]] == [0, 0, 3, 4]
+    assert kv.allocate_slots(b, 5, hits) == [[0, 0, 3, 4, 6, 7]]
+
+
 @pytest.mark.parametrize("chunk, want", [(None, 25), (16, 7), (1, 3)])
 def test_most_blocks_a_request_can_hold(chunk, want) -> None:
     kv = window_manager(window=8, block_size=4, chunk=chunk)

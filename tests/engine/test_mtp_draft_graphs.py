@@ -46,9 +46,11 @@ class CheckedDraftGraphs(MtpDraftGraphs):
         got = collect_drafts(queued, token_ids, num_accepted)
         host, prenorm = self.pending
         cache = self.kv_caches[-1]
-        saved = cache.clone()
+        parts = cache if isinstance(cache, tuple) else (cache,)  # (K, V) under mla_disable
+        saved = [part.clone() for part in parts]
         want = self.runner.drafter.propose(draft_spans(host, token_ids, num_accepted), prenorm)
-        cache.copy_(saved)
+        for part, kept in zip(parts, saved, strict=True):
+            part.copy_(kept)
         assert got == want
         self.compared.append(len(want))
         return got

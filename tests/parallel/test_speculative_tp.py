@@ -74,3 +74,22 @@ def test_tp2_mtp_drafts_give_one_process_tokens(tmp_path, tiny, name: str, echo:
     assert [stats[c] for c in counts] == [alone[c] for c in counts]
     if echo:
         assert stats["num_accepted_tokens"] > 0.8 * stats["num_draft_tokens"]
+
+
+@pytest.mark.parametrize("echo", [False, True], ids=["random_layer", "echo_layer"])
+def test_tp2_v4_mtp_drafts_give_one_process_tokens(tmp_path, tiny, echo: bool) -> None:
+    """DeepSeek-V4's MTP layer (models/deepseek_v4_mtp.py): its block's heads and experts split like the model's,
+    e_proj, h_proj and its stream collapse every rank's; drafts and their counts are one process's."""
+    from mlaserve.testing.v4_mtp_checkpoint import add_v4_mtp_layer
+
+    path = add_v4_mtp_layer(tiny("deepseek_v4"), tmp_path / "mtp", echo=echo)
+    mtp = {"method": "mtp", "num_speculative_tokens": 2}
+    want, _ = run(path)
+    _, alone = run(path, speculative_config=mtp)
+    got, stats = run(path, tensor_parallel_size=2, speculative_config=mtp)
+    assert stats["speculative_decoding"] and stats["num_draft_tokens"] > 0 and stats["kv_blocks_used"] == 0
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    counts = ("num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos")
+    assert [stats[c] for c in counts] == [alone[c] for c in counts]
+    if echo:  # all but where the frequency penalty moves the target off the echo (PARAMS[2])
+        assert stats["num_accepted_tokens"] > 0.8 * stats["num_draft_tokens"]

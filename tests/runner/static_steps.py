@@ -68,7 +68,8 @@ class StaticStepsOnCPU:
         r = self.runner
         meta = static_decode_meta(r.block_size, self.max_model_len, r.group_rules, size, slots, seq_lens, tables,
                                   [])  # fmt: skip
+        rule = r.group_rules[0]  # a window's gather masks as the kernels mask it
         gather = build_metadata(r.block_size, tables[:size], [1] * size, seq_lens[:size].tolist(), size,
-                                slots[:size])  # fmt: skip
+                                slots[:size], window=rule.window, sinks=rule.sinks)  # fmt: skip
         meta.decode_slot_index, meta.decode_mask = gather.decode_slot_index, gather.decode_mask
         return meta
