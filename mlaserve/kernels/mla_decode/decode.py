@@ -9,13 +9,7 @@ import torch
 
 from mlaserve.kernels.fit import first_that_builds
 from mlaserve.kernels.mla_decode import dispatch
-from mlaserve.kernels.mla_decode.rules import DecodeCall, DecodeDevice, DecodePlan, DecodeShape
-
-
-def tma_rows(kv_cache: torch.Tensor) -> bool:
-    """Whether TMA can copy the cache's rows: 16-byte aligned start and row stride, unit stride within a row."""
-    row = kv_cache.view(-1, kv_cache.shape[-1])
-    return row.stride(1) == 1 and row.stride(0) * row.element_size() % 16 == 0 and row.data_ptr() % 16 == 0
+from mlaserve.kernels.mla_decode.rules import DecodeCall, DecodeDevice, DecodePlan, DecodeShape, tma_rows
 
 
 def describe_call(

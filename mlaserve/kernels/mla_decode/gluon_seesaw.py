@@ -45,11 +45,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from mlaserve.kernels.mla_decode.decode import tma_rows
 from mlaserve.kernels.mla_decode.gluon_common import barrier, split_range, store_empty_lse, view_as
 from mlaserve.kernels.mla_decode.gluon_seesaw_ring import producer, tma_descriptors
 from mlaserve.kernels.mla_decode.partials import merge, split_step
-from mlaserve.kernels.mla_decode.rules import DecodePlan
+from mlaserve.kernels.mla_decode.rules import DecodePlan, tma_rows
 
 # Consumers' registers: a 64 x 256 float32 accumulator takes 128 per thread; the producer keeps what is left.
 CONSUMER_REGS = gl.constexpr(232)

@@ -32,7 +32,7 @@ ROWS_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bi
 def tma_descriptors(kv: torch.Tensor, d_lat: int, d_rope: int, block_n: int) -> tuple[TensorDescriptor, ...]:
     """Descriptors over the 16-bit cache's rows kv [rows, d_lat + d_rope] for the producer's TMA path: the latent
     part as [d_lat / 64, rows, 64] (each chunk of 64 columns its own dimension) in boxes of [d_lat / 64, block_n,
-    64], and boxes of block_n rows by the rope part. kv's rows must start 16-byte aligned (decode.tma_rows)."""
+    64], and boxes of block_n rows by the rope part. kv's rows must start 16-byte aligned (rules.tma_rows)."""
     chunks, chunk = d_lat // LAT_CHUNK.value, LAT_CHUNK.value
     shape, strides = list(kv.shape), [kv.stride(0), 1]
     return (

@@ -35,6 +35,12 @@ SEESAW_BY_DEFAULT = False
 SEESAW_TILES = (32, 64)
 
 
+def tma_rows(kv_cache: torch.Tensor) -> bool:
+    """Whether TMA can copy the cache's rows: 16-byte aligned start and row stride, unit stride within a row."""
+    row = kv_cache.view(-1, kv_cache.shape[-1])
+    return row.stride(1) == 1 and row.stride(0) * row.element_size() % 16 == 0 and row.data_ptr() % 16 == 0
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class DecodeShape:
     """What the model fixes at start-up: heads per rank, latent and rotary widths, cache and query dtypes, page."""
