@@ -15,6 +15,8 @@ drafts in one step, like a short prompt chunk on its cached context, within the 
 pool has their slots (never preempting for drafts). update_from_output keeps the drafts the runner accepted, gives
 back the slots of the rejected ones, and applies the stops token by token, so tokens past a stop are dropped.
 A draft model's drafts (ModelDrafts) also take slots past the step's tokens, where its chained drafts' rows go.
+A step scheduled ahead (schedule_lookahead) gives drafts only to rows whose input the host knows: a lookahead row's
+input token, and how many drafts the step before it accepted, are still on the device.
 """
 
 from __future__ import annotations
@@ -214,15 +216,21 @@ class Scheduler:
             num_new = min(num_new, budget)
             if ahead:  # the blocks that leave its window in `previous`, as schedule() would find them
                 kv.free_skipped(request, ahead)
-            drafts = self._drafts(request, num_new, budget) if previous is None else []
-            extra = self._lookahead(request, computed + num_new) if previous is None else 0
-            block_ids = kv.allocate_slots(request, num_new + len(drafts) + extra) if drafts else None
+            # A lookahead row's input is still being sampled: drafts need it (and its accepted count) first.
+            drafts = self._drafts(request, num_new, budget) if not sampling else []
+            extra = self._lookahead(request, computed + num_new) if not sampling else 0
+            cache = previous is None
+            block_ids = (
+                kv.allocate_slots(request, ahead + num_new + len(drafts) + extra, cache=cache)
+                if drafts
+                else None
+            )
             if block_ids is None:  # no drafts, or no slots for them: a plain step (which may preempt)
                 drafts = []
                 # A lookahead may still give up below: its blocks join the prefix cache once it cannot.
-                block_ids = kv.allocate_slots(request, ahead + num_new + extra, cache=previous is None)
+                block_ids = kv.allocate_slots(request, ahead + num_new + extra, cache=cache)
                 if block_ids is None and extra:
-                    block_ids = kv.allocate_slots(request, num_new)
+                    block_ids = kv.allocate_slots(request, ahead + num_new, cache=cache)
             if block_ids is None and not decodes:
                 break  # a prompt chunk never preempts a stream here; the decode-first pass below may
             if block_ids is None and previous is not None:

@@ -63,3 +63,25 @@ def test_prefix_hits_stop_a_block_short(make_request) -> None:
         sched.add_request(second)
         (item,) = sched.schedule().scheduled
         assert item.num_computed_tokens == want, drop
+
+
+def test_a_lookahead_takes_drafts_and_their_slots_behind_a_prompt_chunk(make_request) -> None:
+    """A recomputed request's prompt chunk is in flight; the step queued behind it runs its last known token with
+    the drafts made before, and takes the slots of both steps and of the chained drafts' rows."""
+    sched = drafting(max_num_batched_tokens=9)
+    # As a preempted request comes back: 9 prompt tokens and an output token known, none computed.
+    request = make_request(list(range(10, 19)), allow_drafts=True, output_token_ids=[5])
+    request.drafts_at, request.draft_token_ids = 10, [1, 2, 3]
+    sched.add_request(request)
+    first = sched.schedule()
+    assert [(s.num_computed_tokens, s.num_new_tokens) for s in first.scheduled] == [(0, 9)]
+    ahead = sched.schedule_lookahead(first)
+    (item,) = ahead.scheduled
+    assert (item.num_computed_tokens, item.num_new_tokens, item.spec_token_ids) == (9, 4, [1, 2, 3])
+    assert not item.lookahead and item.needs_sample
+    # 9 computed by `first`, 4 here (the output token, 3 drafts), 2 lookahead slots: 15 slots, 4 blocks
+    assert len(item.block_ids[0]) == 4
+    sched.update_from_output(first, {request.request_id: 0})
+    assert request.num_computed_tokens == 9 and request.output_token_ids == [5]
+    sched.update_from_output(ahead, {request.request_id: 7}, {request.request_id: 3})
+    assert request.output_token_ids == [5, 1, 2, 3, 7] and request.num_computed_tokens == 13
