@@ -23,8 +23,16 @@ Under tensor parallelism every rank computes the draft rows' logits (the plan na
 needs the same rows everywhere) and rank 0 verifies them as it samples; with mtp, rank 0 sends each step's draft
 spans and every rank runs the layer's pass, which is sharded like the model.
 
-Not yet: asynchronous scheduling with drafts, and MTP drafts under a training-free window or pooling (each turned
-off, with a logged reason).
+With asynchronous scheduling (only when asked for explicitly: the None default resolves to off with speculation),
+a step that samples for a request taking drafts is read on the host before the next step is queued
+(LaunchedStep.needs_host): the next row's place depends on how many drafts were accepted, and prompt-lookup drafts
+are read from the tokens themselves. Steps that sample nothing (prompt chunks) are still followed by a queued step,
+whose rows all have known inputs and take drafts as schedule() would give them. Prompt lookup cannot do better: its
+drafts need the tokens on the host. An MTP engine could: its drafts are on the device after a captured step, so the
+step after a verify step could be queued with its positions, slots and lengths corrected on the device from the
+accepted counts; that is not built yet.
+
+Not yet: MTP drafts under a training-free window or pooling (turned off, with a logged reason).
 """
 
 from __future__ import annotations
@@ -48,15 +56,18 @@ def build_proposer(
     if not spec.enabled:
         return None
     reason = None
-    if async_scheduling:
-        reason = "asynchronous scheduling queues a step before the drafts of the one before it are checked"
-    elif any(rule.ratio is not None for rule in group_rules):
+    if any(rule.ratio is not None for rule in group_rules):
         reason = "pooled cache entries (compress_ratio, DeepSeek-V4) would be built from rejected drafts"
     elif spec.method == "mtp" and group_rules != [FULL]:
         reason = "the draft layer attends over the full cache, not a window's"
     if reason is not None:
         logger.warning("speculative decoding (%s) is off: %s", spec.method, reason)
         return None
+    if async_scheduling:
+        logger.info(
+            "speculative decoding with asynchronous scheduling: steps that sample for drafting requests are read "
+            "before the next step is queued (only prompt-chunk steps are followed by a queued step)"
+        )
     if spec.method == "mtp":
         logger.info("speculative decoding: mtp, %d drafts per step", spec.num_speculative_tokens)
         return ModelDrafts(spec.num_speculative_tokens)

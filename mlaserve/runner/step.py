@@ -106,5 +106,7 @@ class LaunchedStep:
     @property
     def needs_host(self) -> bool:
         """Whether the next step must wait for this one's results on the host: a grammar needs the token
-        sampled here."""
-        return any(p.needs_history for p in self.params)
+        sampled here, and a request that takes speculative drafts needs them checked (its accepted count fixes
+        where its next row sits, and prompt-lookup drafts are read from its tokens) before its next row is placed.
+        So on a speculating engine only steps that sample nothing (prompt chunks) are followed by a queued step."""
+        return any(p.needs_history for p in self.params) or any(s.request.allow_drafts for s in self.sampled)

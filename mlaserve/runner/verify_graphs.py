@@ -76,7 +76,7 @@ def run_captured(
         return None
     prenorm = None
     if keep_prenorm:
-        if source is not None:  # lookahead steps do not run beside drafts (engine/speculation.py)
+        if source is not None:  # a drafting engine queues no lookahead rows (LaunchedStep.needs_host)
             return None
         logits, prenorm = graphs.run_with_prenorm(rows)
     else:
