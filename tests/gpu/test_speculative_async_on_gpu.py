@@ -1,0 +1,48 @@
+"""On a GPU (skipped in CI): speculative decoding with CUDA graphs on and asynchronous scheduling forced on. A step
+that samples for a drafting request is read before the next is queued; prompt-chunk steps are queued behind, beside
+verify steps replayed from the decode graphs and the MTP draft pass queued after them. float32 tiny DeepSeek-V3 with
+an MTP layer on the triton_mla backend: greedy tokens with `mtp` (k = 1, 2) and `ngram` (k = 3) equal the plain
+engine's with graphs, verify steps ran from the graphs, steps were queued ahead, and the blocks come back.
+
+    TRITON_INTERPRET=0 python -m pytest tests/gpu/test_speculative_async_on_gpu.py
+"""
+
+import pytest
+import torch
+
+from tests.engine.test_speculative import NGRAM
+from tests.engine.test_speculative import prompts as ngram_prompts
+from tests.engine.test_speculative_async import LONG_FIRST, watch_lookaheads
+from tests.engine.test_speculative_mtp import mtp, prompts
+from tests.gpu.test_speculative_on_gpu import run
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# An 8-token step chunks the first prompt, so the steps behind its chunks are queued ahead.
+ASYNC = dict(async_scheduling=True, max_num_batched_tokens=8)
+
+
+@pytest.mark.parametrize("echo", [False, True], ids=["random", "echo"])
+@pytest.mark.parametrize("k", [1, 2])
+def test_mtp_with_graphs_and_async_equals_the_plain_engine(
+    mtp_models, monkeypatch, echo: bool, k: int
+) -> None:
+    batch = [prompts()[i] for i in LONG_FIRST]
+    want, _, _ = run(mtp_models[echo], batch, monkeypatch)
+    seen = watch_lookaheads(monkeypatch)
+    got, stats, verify_steps = run(mtp_models[echo], batch, monkeypatch, speculative_config=mtp(k), **ASYNC)
+    assert got == want
+    assert stats["num_draft_tokens"] > 0 and stats["kv_blocks_used"] == 0
+    assert verify_steps and any(verify_steps) and seen["ahead"] > 0
+    if echo:
+        assert stats["num_accepted_tokens"] == stats["num_draft_tokens"]
+
+
+def test_ngram_with_graphs_and_async_equals_the_plain_engine(mtp_models, monkeypatch) -> None:
+    batch = ngram_prompts()
+    want, _, _ = run(mtp_models[False], batch, monkeypatch)
+    seen = watch_lookaheads(monkeypatch)
+    got, stats, verify_steps = run(mtp_models[False], batch, monkeypatch, speculative_config=NGRAM, **ASYNC)
+    assert got == want
+    assert 0 < stats["num_accepted_tokens"] <= stats["num_draft_tokens"] and stats["kv_blocks_used"] == 0
+    assert verify_steps and any(verify_steps) and seen["ahead"] > 0
