@@ -15,8 +15,9 @@ drafts in one step, like a short prompt chunk on its cached context, within the 
 pool has their slots (never preempting for drafts). update_from_output keeps the drafts the runner accepted, gives
 back the slots of the rejected ones, and applies the stops token by token, so tokens past a stop are dropped.
 A draft model's drafts (ModelDrafts) also take slots past the step's tokens, where its chained drafts' rows go.
-A step scheduled ahead (schedule_lookahead) gives drafts only to rows whose input the host knows: a lookahead row's
-input token, and how many drafts the step before it accepted, are still on the device.
+A step scheduled ahead (schedule_lookahead) gives the proposer's drafts only to rows whose input the host knows; a
+lookahead row takes a draft model's next drafts as placeholders, and behind a step that checks drafts it is placed
+as if they all hold, until the runner settles it.
 """
 
 from __future__ import annotations

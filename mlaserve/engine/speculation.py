@@ -23,14 +23,15 @@ Under tensor parallelism every rank computes the draft rows' logits (the plan na
 needs the same rows everywhere) and rank 0 verifies them as it samples; with mtp, rank 0 sends each step's draft
 spans and every rank runs the layer's pass, which is sharded like the model.
 
-With asynchronous scheduling (only when asked for explicitly: the None default resolves to off with speculation),
-a step that samples for a request taking drafts is read on the host before the next step is queued
-(LaunchedStep.needs_host): the next row's place depends on how many drafts were accepted, and prompt-lookup drafts
-are read from the tokens themselves. Steps that sample nothing (prompt chunks) are still followed by a queued step,
-whose rows all have known inputs and take drafts as schedule() would give them. Prompt lookup cannot do better: its
-drafts need the tokens on the host. An MTP engine could: its drafts are on the device after a captured step, so the
-step after a verify step could be queued with its positions, slots and lengths corrected on the device from the
-accepted counts; that is not built yet.
+With asynchronous scheduling (only when asked for explicitly: the None default resolves to off with speculation
+until a GPU run checks it), an MTP engine queues the step after a verify step before that step is read: its rows
+of the requests the verify step samples are placed as if every draft held (slots reserved for that) and take the
+draft layer's drafts from the pass after it; the runner settles them once the verify step is read
+(runner/queued_verify.py), before it launches the queued step. Rows with penalties, min_tokens or logit_bias, and
+tensor-parallel engines, read each verify step first (LaunchedStep.needs_host). Prompt-lookup drafts are read from
+the tokens on the host, so there a step that samples for a drafting request is read before the next is queued,
+and only steps that sample nothing (prompt chunks) are followed by a queued step: without the tokens it could only
+queue rows without drafts, which would end the drafting for as long as steps keep being queued.
 
 Not yet: MTP drafts under a training-free window or pooling (turned off, with a logged reason).
 """
@@ -63,10 +64,10 @@ def build_proposer(
     if reason is not None:
         logger.warning("speculative decoding (%s) is off: %s", spec.method, reason)
         return None
-    if async_scheduling:
+    if async_scheduling and spec.method != "mtp":
         logger.info(
-            "speculative decoding with asynchronous scheduling: steps that sample for drafting requests are read "
-            "before the next step is queued (only prompt-chunk steps are followed by a queued step)"
+            "speculative decoding with asynchronous scheduling: prompt-lookup drafts are read from the tokens, so "
+            "a step that samples for a drafting request is read before the next step is queued"
         )
     if spec.method == "mtp":
         logger.info("speculative decoding: mtp, %d drafts per step", spec.num_speculative_tokens)

@@ -118,10 +118,13 @@ class DecodeGraphs:
         sampled token ids on the device and, per row, the index of the row's input token among them."""
         return self.logits[self._replay(batch, source)][: len(batch.query_lens)]
 
-    def run_with_prenorm(self, batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def run_with_prenorm(
+        self, batch: HostBatch, source: tuple[torch.Tensor, list[int]] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits, hidden states before the final norm), one row each per sequence of a decode-only batch, from
-        graphs captured with keep_prenorm. Both are the graph's buffers: read them before the next replay."""
-        size, n = self._replay(batch, None), len(batch.query_lens)
+        graphs captured with keep_prenorm. Both are the graph's buffers: read them before the next replay. source:
+        as run's."""
+        size, n = self._replay(batch, source), len(batch.query_lens)
         return self.logits[size][:n], self.prenorm[size][:n]
 
     def step_rows(self, size: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:

@@ -29,6 +29,7 @@ from mlaserve.runner.draft_processing import (
 from mlaserve.runner.mtp_draft import MtpDrafter, draft_spans
 from mlaserve.runner.mtp_graphs import MtpDraftGraphs, capture_draft_graphs, collect_drafts
 from mlaserve.runner.prompt_logprobs import PromptSpan, ScoredSpan, prompt_spans, score_prompt_spans
+from mlaserve.runner.queued_verify import settle_rows, tokens_after_drafts
 from mlaserve.runner.spec_verify import accept_drafts, draft_rows, draft_targets
 from mlaserve.runner.step import LaunchedStep, StepPlan, StepResult
 from mlaserve.runner.verify_graphs import run_captured
@@ -135,7 +136,18 @@ class ModelRunner:
 
         A step scheduled ahead (Scheduler.schedule_lookahead) is launched before `previous` has been collected: the
         input token of each of its lookahead rows is the one `previous` sampled for the same request, gathered on
-        the device; its other rows' tokens (prompt chunks, decodes of requests `previous` did not run) are known."""
+        the device; its other rows' tokens (prompt chunks, decodes of requests `previous` did not run) are known.
+        Rows queued behind `previous`'s drafts are settled first, from `previous` read early (queued_verify.py);
+        so is `previous`'s draft pass, whose cache rows and drafts buffer this step's own pass would use next."""
+        previous_ids = None if previous is None else previous.token_ids
+        if previous is not None and (
+            any(not s.settled for s in output.scheduled)
+            or previous.queued_drafts is not None
+            or previous.prenorm is not None
+        ):
+            previous.result = self.collect(previous)
+            settle_rows(output, previous.result)
+            previous_ids = tokens_after_drafts(previous, previous.result, self.device)
         host = plan_batch(output, self.block_size, self.group_rules)
         # Per token: its index among `previous`'s sampled ids, -1 where known (lookahead_source).
         source_rows = None
@@ -144,7 +156,8 @@ class ModelRunner:
             rows = {s.request.request_id: i for i, s in enumerate(previous.sampled)}
             source_rows = []
             for s in host.order:
-                source_rows += [rows[s.request.request_id]] if s.lookahead else [-1] * s.num_new_tokens
+                first = [rows[s.request.request_id]] if s.lookahead else [-1]
+                source_rows += first + [-1] * (s.num_new_tokens - 1)  # a lookahead row's drafts are known
         spans = prompt_spans(host.order)  # graphs keep only the sampled rows' hidden states
         # Every rank computes the draft rows' logits; rank 0 alone verifies them, as it alone samples.
         drafted, verify_rows = draft_rows(host.order)
@@ -155,7 +168,7 @@ class ModelRunner:
             plan = StepPlan(plain, spans, source_rows, verify_rows, self.drafter is not None)
             broadcast_object(self.parallel, plan)
         logits, scored, verify_logits, prenorm, captured = self._forward(
-            host, spans, source_rows, None if previous is None else previous.token_ids, verify_rows
+            host, spans, source_rows, previous_ids, verify_rows
         )
         if logits is None:
             if prenorm is not None:  # a prompt chunk's draft-layer rows
@@ -167,7 +180,7 @@ class ModelRunner:
         requests = [s.request for s in host.sampled]
         grammars = [self.grammars.get(r.request_id) for r in requests]
         processing = ahead and any(p.needs_processing for p in params)  # not on every decode step
-        pending = pending_tokens(host.sampled, rows, previous.token_ids) if processing else None
+        pending = pending_tokens(host.sampled, rows, previous_ids) if processing else None
         walks: dict[str, DraftGrammar] = {}
         before = None
         if drafted:  # its sampled row comes after its drafts: processed as if they had been generated
@@ -197,6 +210,7 @@ class ModelRunner:
             tensors = self.sampler.logprobs(verify_logits.float(), row_params, verified)
             step.draft_logprobs = (row_params, tensors.to_host())
         step.host, step.prenorm = host, prenorm
+        step.drafts_follow = self.drafter is not None and not self.parallel.distributed
         if captured and self.drafter and self.draft_graphs:  # queued behind the token ids' copy out
             step.queued_drafts = self.draft_graphs.launch(host, drafted, verified, token_ids, step.num_valid)
             step.prenorm = None
@@ -282,6 +296,8 @@ class ModelRunner:
 
     def collect(self, step: LaunchedStep) -> StepResult:
         """Waits for a launched step's tokens (and reads the logprobs asked for)."""
+        if step.result is not None:  # read early, to launch the step queued behind it
+            return step.result
         prompt_logprobs = {s.span.request_id: (s.span.first_position, s.entries()) for s in step.scored}
         if not step.sampled:
             return StepResult({}, {}, prompt_logprobs)

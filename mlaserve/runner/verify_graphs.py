@@ -38,7 +38,9 @@ class CapturedDecode(Protocol):
 
     def run(self, batch: HostBatch, source: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor: ...
 
-    def run_with_prenorm(self, batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def run_with_prenorm(
+        self, batch: HostBatch, source: tuple[torch.Tensor, list[int]] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 # (logits of the sampled rows, logits of the draft rows or None, hidden states before the final norm or None)
@@ -76,9 +78,7 @@ def run_captured(
         return None
     prenorm = None
     if keep_prenorm:
-        if source is not None:  # a drafting engine queues no lookahead rows (LaunchedStep.needs_host)
-            return None
-        logits, prenorm = graphs.run_with_prenorm(rows)
+        logits, prenorm = graphs.run_with_prenorm(rows, source)
     else:
         logits = graphs.run(rows, source)
     if not verify_rows:  # every row samples, in row order

@@ -27,6 +27,7 @@ class StaticStepsOnCPU:
         self.seq_lens = torch.ones(largest, dtype=torch.int32)
         self.tables = torch.zeros(largest, -(-max_model_len // runner.block_size), dtype=torch.int32)
         self.rows: list[int] = []  # rows of each step run here
+        self.sourced = 0  # steps whose input ids came from the step before (lookahead steps)
         self.prenorm: torch.Tensor | None = (
             None  # the last step's, all its padded rows (an MTP pass reads it)
         )
@@ -35,18 +36,20 @@ class StaticStepsOnCPU:
         return batch.num_decodes == len(batch.query_lens) <= self.sizes[-1]
 
     def run(self, batch: HostBatch, source=None) -> torch.Tensor:
-        assert source is None  # no lookahead steps on CPU
-        return self._forward(batch)[0]
+        return self._forward(batch, source)[0]
 
-    def run_with_prenorm(self, batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def run_with_prenorm(self, batch: HostBatch, source=None) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.keep_prenorm
-        return self._forward(batch)
+        return self._forward(batch, source)
 
-    def _forward(self, batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward(self, batch: HostBatch, source=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         r, n = self.runner, len(batch.query_lens)
         size = self.sizes[bisect.bisect_left(self.sizes, n)]
         self.rows.append(n)
         stage_decode_inputs(batch, size, self.host_i64, self.seq_lens, self.tables)
+        if source is not None:  # a lookahead step's input ids, as DecodeGraphs gathers them
+            self.host_i64[0, :n] = source[0][torch.tensor(source[1])]
+            self.sourced += 1
         slots = self.host_i64[2]
         meta = self.decode_meta(size, slots, self.seq_lens, self.tables)
         inputs = (self.host_i64[0, :size], self.host_i64[1, :size], r.kv_caches, meta)

@@ -60,8 +60,8 @@ class Rows:
         self.batches.append(batch)
         return torch.arange(len(batch.ids), dtype=torch.float32)[:, None]
 
-    def run_with_prenorm(self, batch):
-        logits = self.run(batch)
+    def run_with_prenorm(self, batch, source=None):
+        logits = self.run(batch, source)
         return logits, -logits
 
 
