@@ -106,6 +106,7 @@ class LaunchedStep:
     # take them (and be placed as if its drafts all hold) once those are in (runner/queued_verify.py).
     drafts_follow: bool = False
     result: StepResult | None = None  # read early, to launch the step queued behind it; collect returns it
+    queued_behind: SchedulerOutput | None = None  # a step queued behind it unsettled: settled when it is read
 
     @property
     def needs_host(self) -> bool:

@@ -1,6 +1,7 @@
 """On a GPU (skipped in CI): speculative decoding with CUDA graphs on and asynchronous scheduling forced on. With MTP
-the step after a verify step is queued before the verify step is read (settled from it first, runner/queued_verify.py)
-and replays the decode graphs with its input ids gathered from the device, its draft pass queued after it; with
+the step after a verify step is queued before the verify step is read and replays the decode graphs, its rows
+corrected on the device from the verify step's accepted counts and its input ids gathered there (the verify step's
+next tokens and its captured draft pass's drafts; runner/queued_verify.py), its own draft pass queued after it; with
 prompt lookup only prompt-chunk steps are followed by a queued step. float32 tiny DeepSeek-V3 with
 an MTP layer on the triton_mla backend: greedy tokens with `mtp` (k = 1, 2) and `ngram` (k = 3) equal the plain
 engine's with graphs, verify steps ran from the graphs, steps were queued ahead, and the blocks come back.
@@ -11,6 +12,7 @@ engine's with graphs, verify steps ran from the graphs, steps were queued ahead,
 import pytest
 import torch
 
+from mlaserve.runner import cuda_graphs
 from tests.engine.test_speculative import NGRAM
 from tests.engine.test_speculative import prompts as ngram_prompts
 from tests.engine.test_speculative_async import LONG_FIRST, watch_lookaheads
@@ -31,10 +33,19 @@ def test_mtp_with_graphs_and_async_equals_the_plain_engine(
     batch = [prompts()[i] for i in LONG_FIRST]
     want, _, _ = run(mtp_models[echo], batch, monkeypatch)
     seen = watch_lookaheads(monkeypatch)
+    corrected = [0]  # replays corrected on the device from an unread verify step's accepted counts
+    real = cuda_graphs.correct_rows
+
+    def counted(*args):
+        corrected[0] += 1
+        return real(*args)
+
+    monkeypatch.setattr(cuda_graphs, "correct_rows", counted)
     got, stats, verify_steps = run(mtp_models[echo], batch, monkeypatch, speculative_config=mtp(k), **ASYNC)
     assert got == want
     assert stats["num_draft_tokens"] > 0 and stats["kv_blocks_used"] == 0
     assert verify_steps and any(verify_steps) and seen["pending"] > 0 and seen["queued_drafts"] > 0
+    assert corrected[0] > 0  # steps queued behind unread verify steps replayed the graphs
     if echo:
         assert stats["num_accepted_tokens"] == stats["num_draft_tokens"]
 

@@ -16,6 +16,7 @@ import torch
 from mlaserve.attention.metadata import AttentionMetadata, build_metadata
 from mlaserve.runner.batch import HostBatch
 from mlaserve.runner.cuda_graphs import stage_decode_inputs, static_decode_meta
+from mlaserve.runner.queued_verify import correct_rows
 
 
 class StaticStepsOnCPU:
@@ -28,6 +29,7 @@ class StaticStepsOnCPU:
         self.tables = torch.zeros(largest, -(-max_model_len // runner.block_size), dtype=torch.int32)
         self.rows: list[int] = []  # rows of each step run here
         self.sourced = 0  # steps whose input ids came from the step before (lookahead steps)
+        self.shifted = 0  # steps queued behind an unread verify step, corrected on the "device"
         self.prenorm: torch.Tensor | None = (
             None  # the last step's, all its padded rows (an MTP pass reads it)
         )
@@ -35,14 +37,16 @@ class StaticStepsOnCPU:
     def can_run(self, batch: HostBatch) -> bool:
         return batch.num_decodes == len(batch.query_lens) <= self.sizes[-1]
 
-    def run(self, batch: HostBatch, source=None) -> torch.Tensor:
-        return self._forward(batch, source)[0]
+    def run(self, batch: HostBatch, source=None, shift=None) -> torch.Tensor:
+        return self._forward(batch, source, shift)[0]
 
-    def run_with_prenorm(self, batch: HostBatch, source=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def run_with_prenorm(
+        self, batch: HostBatch, source=None, shift=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.keep_prenorm
-        return self._forward(batch, source)
+        return self._forward(batch, source, shift)
 
-    def _forward(self, batch: HostBatch, source=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward(self, batch: HostBatch, source=None, shift=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         r, n = self.runner, len(batch.query_lens)
         size = self.sizes[bisect.bisect_left(self.sizes, n)]
         self.rows.append(n)
@@ -50,6 +54,9 @@ class StaticStepsOnCPU:
         if source is not None:  # a lookahead step's input ids, as DecodeGraphs gathers them
             self.host_i64[0, :n] = source[0][torch.tensor(source[1])]
             self.sourced += 1
+        if shift is not None:  # as DecodeGraphs corrects a step queued behind an unread verify step
+            correct_rows(self.host_i64[1], self.host_i64[2], self.seq_lens, self.tables, shift, r.block_size)
+            self.shifted += 1
         slots = self.host_i64[2]
         meta = self.decode_meta(size, slots, self.seq_lens, self.tables)
         inputs = (self.host_i64[0, :size], self.host_i64[1, :size], r.kv_caches, meta)
