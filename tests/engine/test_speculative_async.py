@@ -92,19 +92,26 @@ def test_mtp_equals_the_plain_engine(mtp_models, monkeypatch, echo: bool, k: int
     assert seen["behind_drafts"] > 0 and seen["pending"] > 0 and seen["queued_drafts"] > 0
 
 
-def test_mtp_through_captured_steps(mtp_models, monkeypatch) -> None:
+@pytest.mark.parametrize("echo", [False, True], ids=["random", "echo"])
+@pytest.mark.parametrize("k", [1, 2])
+def test_mtp_through_captured_steps(mtp_models, monkeypatch, echo: bool, k: int) -> None:
     """The captured-step path (static inputs and the draft pass queued behind each decode or verify step, on the
-    CPU stand-in), each pass's drafts checked against the eager drafter's."""
-    path, want = mtp_models[True]
+    CPU stand-in), each pass's drafts checked against the eager drafter's: steps queued behind unread verify steps
+    are corrected on the "device" from the accepted counts there (moved back where drafts were rejected)."""
+    path, want = mtp_models[echo]
     batch, want = [prompts()[i] for i in LONG_FIRST], [want[i] for i in LONG_FIRST]
     seen = watch_lookaheads(monkeypatch)
-    llm, graphs = captured(path, monkeypatch, speculative_config=mtp(2), **SHORT)
+    llm, graphs = captured(path, monkeypatch, speculative_config=mtp(k), **SHORT)
     assert tokens(llm.generate(batch, GREEDY, use_tqdm=False)) == want
     stats = llm.stats()
-    assert stats["num_accepted_tokens"] == stats["num_draft_tokens"] > 0 and stats["kv_blocks_used"] == 0
+    assert stats["num_draft_tokens"] > 0 and stats["kv_blocks_used"] == 0
     assert len(graphs.compared) >= 4 and seen["behind_drafts"] > 0 and seen["queued_drafts"] > 0
-    # Steps queued behind unread verify steps replayed the "graphs", corrected from the accepted counts there.
-    assert graphs.source.sourced > 0 and graphs.source.shifted > 0
+    static = graphs.source
+    assert static.sourced > 0 and static.shifted > 0
+    if echo:  # every draft holds: nothing moves
+        assert stats["num_accepted_tokens"] == stats["num_draft_tokens"] and static.moved == 0
+    else:
+        assert static.moved > 0
 
 
 def test_stops_inside_accepted_drafts(llama, monkeypatch) -> None:

@@ -30,6 +30,7 @@ class StaticStepsOnCPU:
         self.rows: list[int] = []  # rows of each step run here
         self.sourced = 0  # steps whose input ids came from the step before (lookahead steps)
         self.shifted = 0  # steps queued behind an unread verify step, corrected on the "device"
+        self.moved = 0  # rows of those steps moved back (their request's verify step rejected drafts)
         self.prenorm: torch.Tensor | None = (
             None  # the last step's, all its padded rows (an MTP pass reads it)
         )
@@ -57,6 +58,7 @@ class StaticStepsOnCPU:
         if shift is not None:  # as DecodeGraphs corrects a step queued behind an unread verify step
             correct_rows(self.host_i64[1], self.host_i64[2], self.seq_lens, self.tables, shift, r.block_size)
             self.shifted += 1
+            self.moved += int((shift != 0).sum())
         slots = self.host_i64[2]
         meta = self.decode_meta(size, slots, self.seq_lens, self.tables)
         inputs = (self.host_i64[0, :size], self.host_i64[1, :size], r.kv_caches, meta)
