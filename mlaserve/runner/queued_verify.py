@@ -24,6 +24,7 @@ from mlaserve.core.scheduler import ScheduledRequest, SchedulerOutput
 from mlaserve.host_copy import queued_values
 from mlaserve.kvcache.spec import AttentionRule
 from mlaserve.runner.batch import HostBatch, plan_batch
+from mlaserve.runner.prompt_logprobs import prompt_spans
 from mlaserve.runner.step import LaunchedStep, StepResult
 from mlaserve.runner.verify_graphs import CapturedDecode, verify_as_decodes
 
@@ -170,7 +171,7 @@ def plan_step(
     if graphs is not None and can_queue_behind(output, previous):
         host = plan_batch(output, block_size, rules)
         rows = verify_as_decodes(host)
-        if rows is not None and graphs.can_run(rows):
+        if rows is not None and graphs.can_run(rows) and not prompt_spans(host.order):
             behind = inputs_behind(host, previous)
             previous.queued_behind = output  # settled when `previous` is read
             return host, behind, behind.source_ids
