@@ -28,12 +28,12 @@ until a GPU run checks it), an MTP engine queues the step after a verify step be
 of the requests the verify step samples are placed as if every draft held (slots reserved for that) and take the
 draft layer's drafts from the pass after it. Where that pass was captured and the queued step replays the decode
 graphs, the device corrects the rows from the accepted counts before the replay and the host settles them when it
-reads the verify step; otherwise the runner reads the verify step first (runner/queued_verify.py). Greedy rows
-only take the device path (rejection sampling reads the drafts on the host). Rows with penalties, min_tokens or logit_bias, and
-tensor-parallel engines, read each verify step first (LaunchedStep.needs_host). Prompt-lookup drafts are read from
-the tokens on the host, so there a step that samples for a drafting request is read before the next is queued,
-and only steps that sample nothing (prompt chunks) are followed by a queued step: without the tokens it could only
-queue rows without drafts, which would end the drafting for as long as steps keep being queued.
+reads the verify step; otherwise the runner reads the verify step first (runner/queued_verify.py). Only greedy
+rows take the device path (rejection sampling reads the drafts on the host). Rows with penalties, min_tokens or
+logit_bias, and tensor-parallel engines, read each verify step first (LaunchedStep.needs_host). Prompt-lookup
+drafts are read from the tokens on the host, so there a step that samples for a drafting request is read before
+the next is queued, and only steps that sample nothing (prompt chunks) are followed by a queued step: without the
+tokens it could only queue rows without drafts, which would end the drafting for as long as steps keep queuing.
 
 Not yet: MTP drafts under a training-free window or pooling (turned off, with a logged reason).
 """
