@@ -173,7 +173,9 @@ class SchedulerOptions:
     # Steps with waiting prompts hold prompt chunks only (SGLang's default); off: decodes first (vLLM's).
     prefill_first: bool = False
     # Queue the next step before reading this one's tokens (vLLM's async_scheduling); None = on for CUDA unless
-    # speculative decoding is asked for (drafts need each step's tokens read before the next step is queued).
+    # speculative decoding is asked for. True with speculation: mtp queues the step after a verify step too, prompt
+    # lookup only the steps after prompt-chunk steps (engine/speculation.py). None stays off with speculation until
+    # a GPU run checks the queued verify steps.
     async_scheduling: bool | None = None
 
     def async_on(self, device_type: str, speculative: bool = False) -> bool:

@@ -15,6 +15,9 @@ drafts in one step, like a short prompt chunk on its cached context, within the 
 pool has their slots (never preempting for drafts). update_from_output keeps the drafts the runner accepted, gives
 back the slots of the rejected ones, and applies the stops token by token, so tokens past a stop are dropped.
 A draft model's drafts (ModelDrafts) also take slots past the step's tokens, where its chained drafts' rows go.
+A step scheduled ahead (schedule_lookahead) gives the proposer's drafts only to rows whose input the host knows; a
+lookahead row takes a draft model's next drafts as placeholders, and behind a step that checks drafts it is placed
+as if they all hold, until the runner settles it.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mlaserve.core.kv_cache_manager import KVCacheManager
 from mlaserve.core.request import Request, RequestStatus
+from mlaserve.core.request_limits import validate_new_request
+from mlaserve.core.scheduled import ScheduledRequest, SchedulerOutput
 from mlaserve.spec_decode.model_drafts import ModelDrafts
 from mlaserve.spec_decode.ngram import NgramProposer
 
@@ -51,39 +56,7 @@ class SchedulerConfig:
             )
 
 
-@dataclass(slots=True)
-class ScheduledRequest:
-    request: Request
-    num_new_tokens: int
-    num_computed_tokens: int  # before this step (prefix-cache hits included)
-    block_ids: list[list[int]]  # the whole block table per cache group, after this step's allocation
-    # Scheduled ahead (schedule_lookahead): this step's input is the token the step before it is still sampling,
-    # so it is not in the request yet; the runner takes it from that step's device output.
-    lookahead: bool = False
-    # Speculative drafts run after the request's last known token (their slots are in num_new_tokens); the runner
-    # checks each against the model's own token at the position before it.
-    spec_token_ids: list[int] = field(default_factory=list)
-    # Frozen at scheduling time so needs_sample stays right after update_from_output appends a token.
-    _num_tokens: int = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self._num_tokens = self.request.num_tokens + self.lookahead
-
-    @property
-    def needs_sample(self) -> bool:
-        """This step reaches the last known token, so its logits give the next token."""
-        return self.num_computed_tokens + self.num_new_tokens - len(self.spec_token_ids) == self._num_tokens
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    scheduled: list[ScheduledRequest]
-    num_batched_tokens: int
-    preempted_request_ids: list[str]
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
+__all__ = ["ScheduledRequest", "Scheduler", "SchedulerConfig", "SchedulerOutput"]
 
 
 class Scheduler:
@@ -109,6 +82,7 @@ class Scheduler:
         # their last tokens are on their way (when hundreds of requests finish at once, freeing
         # their blocks is long enough for every stream's last token to notice). The next schedule frees them in any case.
         self._unreleased: list[Request] = []
+        self._queued: SchedulerOutput | None = None  # the lookahead step not yet applied
 
     @property
     def num_running(self) -> int:
@@ -122,7 +96,7 @@ class Scheduler:
         return bool(self.running or self.waiting)
 
     def add_request(self, request: Request) -> None:
-        self._validate(request)
+        validate_new_request(request, self.requests, self.config.max_model_len, self.kv_cache_manager)
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
         self.waiting.append(request)
@@ -135,6 +109,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         self.release_finished()
+        self._queued = None  # nothing is in flight when the engine schedules this way
         output = self._pick(None)
         assert output is not None  # only a lookahead gives up
         return output
@@ -154,18 +129,26 @@ class Scheduler:
         schedule() once the tokens are in. Blocks taken for rows before a failing one stay with their requests,
         which need them next step anyway, but join the prefix cache only once the step is sure to run (a hit on
         a block no step writes would read garbage).
+
+        A request whose row in `previous` carries d drafts gets a row placed as if all d hold (pending_drafts = d),
+        with slots for that case; with a draft model (ModelDrafts) the row also takes the drafts of its pass after
+        `previous` (placeholders, as many as that pass makes whatever `previous` accepts). The runner settles such
+        rows once `previous`'s results are read (ScheduledRequest.settle), and the blocks past the request's tokens
+        stay with it while a queued step may use them.
         """
         self.release_finished()
         items = {item.request.request_id: item for item in previous.scheduled}
         if any(item.request.is_finished for item in items.values()):
             return None
         output = self._pick(items)
-        return output if output is not None and output.scheduled else None
+        output = output if output is not None and output.scheduled else None
+        self._queued = output
+        return output
 
     def _pick(self, previous: dict[str, ScheduledRequest] | None) -> SchedulerOutput | None:
         """The step by the policy. previous: a lookahead's in-flight step by request id (see schedule_lookahead)."""
         if self.config.prefill_first and (
-            self.waiting or any(_catching_up(r, *self._ahead(r, previous)) for r in self.running)
+            self.waiting or any(_catching_up(r, *self._ahead(r, previous)[:2]) for r in self.running)
         ):
             output = self._schedule(decodes=False, previous=previous)
             if output is None or output.scheduled:
@@ -173,17 +156,21 @@ class Scheduler:
             # nothing admissible (the pool or max_num_seqs is full): decode, or the running never free room
         return self._schedule(decodes=True, previous=previous)
 
-    def _ahead(self, request: Request, previous: dict[str, ScheduledRequest] | None) -> tuple[int, bool]:
-        """(tokens `previous` computes for the request, whether it samples one there); (0, False) outside a
-        lookahead or for a request `previous` does not run."""
+    def _ahead(self, request: Request, previous: dict[str, ScheduledRequest] | None) -> tuple[int, bool, int]:
+        """(tokens `previous` computes for the request, whether it samples one there, the drafts it checks there
+        while sampling); (0, False, 0) outside a lookahead or for a request `previous` does not run."""
         item = previous.get(request.request_id) if previous else None
-        return (0, False) if item is None else (item.num_new_tokens, item.needs_sample)
+        if item is None:
+            return 0, False, 0
+        sampling = item.needs_sample
+        return item.num_new_tokens, sampling, len(item.spec_token_ids) if sampling else 0
 
-    def _last_by_length(self, request: Request) -> bool:
-        """The token the request samples next is its last (max_tokens or max_model_len), as _check_stop finds."""
+    def _last_by_length(self, request: Request, pending: int = 0) -> bool:
+        """The token the request samples next (after `pending` drafts that may hold) may be its last (max_tokens
+        or max_model_len), as _check_stop finds."""
         return (
-            request.num_output_tokens + 1 >= request.max_tokens
-            or request.num_tokens + 1 >= self.config.max_model_len
+            request.num_output_tokens + 1 + pending >= request.max_tokens
+            or request.num_tokens + 1 + pending >= self.config.max_model_len
         )
 
     def _schedule(
@@ -200,12 +187,12 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            ahead, sampling = self._ahead(request, previous)
-            computed = request.num_computed_tokens + ahead
-            num_new = request.num_tokens + sampling - computed
+            ahead, sampling, pending = self._ahead(request, previous)
+            computed = request.num_computed_tokens + ahead  # with every pending draft held
+            num_new = request.num_tokens + sampling + pending - computed
             if (
                 num_new == 0
-                or (sampling and self._last_by_length(request))  # its token from `previous` ends it
+                or (sampling and self._last_by_length(request, pending))  # `previous` may end it
                 or (not chunked and num_new > budget)
                 or (not decodes and not _catching_up(request, ahead, sampling))
             ):
@@ -214,15 +201,24 @@ class Scheduler:
             num_new = min(num_new, budget)
             if ahead:  # the blocks that leave its window in `previous`, as schedule() would find them
                 kv.free_skipped(request, ahead)
-            drafts = self._drafts(request, num_new, budget) if previous is None else []
-            extra = self._lookahead(request, computed + num_new) if previous is None else 0
-            block_ids = kv.allocate_slots(request, num_new + len(drafts) + extra) if drafts else None
+            if sampling:  # its input is still being sampled: only a draft model's pass has its drafts
+                drafts = [0] * self._queued_drafts(request, previous[request.request_id], pending, budget)
+                extra = self._lookahead(request, computed + num_new, request.num_tokens + 1 + pending)
+            else:
+                drafts = self._drafts(request, num_new, budget)
+                extra = self._lookahead(request, computed + num_new)
+            cache = previous is None
+            block_ids = (
+                kv.allocate_slots(request, ahead + num_new + len(drafts) + extra, cache=cache)
+                if drafts
+                else None
+            )
             if block_ids is None:  # no drafts, or no slots for them: a plain step (which may preempt)
                 drafts = []
                 # A lookahead may still give up below: its blocks join the prefix cache once it cannot.
-                block_ids = kv.allocate_slots(request, ahead + num_new + extra, cache=previous is None)
+                block_ids = kv.allocate_slots(request, ahead + num_new + extra, cache=cache)
                 if block_ids is None and extra:
-                    block_ids = kv.allocate_slots(request, num_new)
+                    block_ids = kv.allocate_slots(request, ahead + num_new, cache=cache)
             if block_ids is None and not decodes:
                 break  # a prompt chunk never preempts a stream here; the decode-first pass below may
             if block_ids is None and previous is not None:
@@ -239,8 +235,15 @@ class Scheduler:
             num_new += len(drafts)
             scheduled.append(
                 ScheduledRequest(
-                    request, num_new, computed, block_ids, lookahead=sampling, spec_token_ids=drafts
-                )
+                    request,
+                    num_new,
+                    computed,
+                    block_ids,
+                    lookahead=sampling,
+                    spec_token_ids=drafts,
+                    pending_drafts=pending,
+                    settled=not (sampling and (pending or drafts)),
+                )  # fmt: skip
             )
             budget -= num_new
             index += 1
@@ -295,10 +298,30 @@ class Scheduler:
         )
         return self.proposer.drafts_for(request, room) if room > 0 else []
 
-    def _lookahead(self, request: Request, end: int) -> int:
+    def _queued_drafts(self, request: Request, item: ScheduledRequest, pending: int, budget: int) -> int:
+        """How many drafts a lookahead row takes from the draft model's pass after `item`'s step: as many as that
+        pass makes whatever the step accepts (mtp_graphs.collect_drafts: draft j >= 1 needs a slot at the accepted
+        end + j within the blocks `item` holds, fewest when every pending draft holds), within _drafts' caps."""
+        if not isinstance(self.proposer, ModelDrafts) or not request.allow_drafts:
+            return 0
+        size = self.kv_cache_manager.managers[0].block_size
+        room = min(len(item.block_ids[0]) * size, self.config.max_model_len)
+        made = min(
+            self.proposer.num_speculative_tokens, room - (item.num_computed_tokens + item.num_new_tokens - 1)
+        )
+        caps = (
+            budget - 1,
+            request.max_tokens - (request.num_output_tokens + 1 + pending) - 1,
+            self.config.max_model_len - (request.num_tokens + 1 + pending) - 1,
+        )
+        return max(0, min(made, *caps))
+
+    def _lookahead(self, request: Request, end: int, known: int | None = None) -> int:
         """Slots past a step's last token (end) for a draft model's rows of its own drafts, when the step ends
-        where the request's known tokens do (up to max_model_len; without them the drafts come out shorter)."""
-        if self.proposer is None or not request.allow_drafts or end != request.num_tokens:
+        where the request's known tokens do (known: their count, the request's own unless the step is queued behind
+        one that samples for it; up to max_model_len; without them the drafts come out shorter)."""
+        known = request.num_tokens if known is None else known
+        if self.proposer is None or not request.allow_drafts or end != known:
             return 0
         return max(0, min(self.proposer.num_lookahead_slots, self.config.max_model_len - end))
 
@@ -317,8 +340,15 @@ class Scheduler:
         release_finished().
         """
         finished: list[Request] = []
+        if output is self._queued:
+            self._queued = None
+        queued = {s.request.request_id for s in self._queued.scheduled} if self._queued else set()
         for item in output.scheduled:
             request = item.request
+            if not item.settled:
+                raise ValueError(
+                    f"request {request.request_id!r}: its row was never settled (ScheduledRequest.settle)"
+                )
             if request.is_finished:  # aborted between schedule() and now
                 continue
             token_id = sampled_token_ids.get(request.request_id)
@@ -346,7 +376,12 @@ class Scheduler:
                     del self.requests[request.request_id]
                     finished.append(request)
                     break
-            if drafts and not request.is_finished:  # the blocks of rejected drafts that no known token needs
+            # The blocks of rejected drafts that no known token needs, unless a queued step may still use them.
+            if (
+                (drafts or item.pending_drafts)
+                and not request.is_finished
+                and request.request_id not in queued
+            ):
                 self.kv_cache_manager.trim(request, request.num_tokens)
         if finished:
             self.running = [r for r in self.running if not r.is_finished]
@@ -387,30 +422,6 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
-
-    def _validate(self, request: Request) -> None:
-        rid = request.request_id
-        if rid in self.requests:
-            raise ValueError(f"request_id {rid!r} is already in the scheduler")
-        if request.num_tokens == 0:
-            raise ValueError(f"request {rid!r}: prompt_token_ids must not be empty")
-        if request.max_tokens < 1:
-            raise ValueError(f"request {rid!r}: max_tokens must be >= 1, got {request.max_tokens}")
-        max_len = self.config.max_model_len
-        if request.num_tokens > max_len:
-            raise ValueError(
-                f"request {rid!r}: {request.num_tokens} prompt tokens exceed max_model_len ({max_len})"
-            )
-        # A request that cannot fit even alone would be preempted and retried forever. The last sampled
-        # token never gets KV, unless the prompt alone already fills max_model_len.
-        longest = min(request.num_prompt_tokens + request.max_tokens, max_len)
-        num_kv_tokens = max(request.num_tokens, longest - 1)
-        needed = self.kv_cache_manager.max_blocks_per_request(num_kv_tokens)
-        if needed > self.kv_cache_manager.num_total_blocks:
-            raise ValueError(
-                f"request {rid!r}: up to {num_kv_tokens} tokens of KV need {needed} blocks, but the cache has only "
-                f"{self.kv_cache_manager.num_total_blocks}; lower max_tokens/max_model_len or add KV blocks"
-            )
 
 
 def _arrival(request: Request) -> int:

@@ -32,8 +32,21 @@ attends by its own cache group's rule, as the target's layers of that group do: 
 (and sinks) it reads the window's rows, never blocks the window gave back; DeepSeek-V4's layer is a sliding-window
 block whose rows sit in the window group beside every block's, and it makes no compressed entries.
 
-Not yet: asynchronous scheduling with drafts, and MTP drafts under the training-free compress_ratio, whose pooled
-entries of the draft layer's own rows its pass does not build (each turned off, with a logged reason).
+With asynchronous scheduling (one full-attention cache group only, and only when asked for explicitly: the None
+default resolves to off with speculation until a GPU run checks it), an MTP engine queues the step after a verify step before that step is read: its rows
+of the requests the verify step samples are placed as if every draft held (slots reserved for that) and take the
+draft layer's drafts from the pass after it. Where that pass was captured and the queued step replays the decode
+graphs, the device corrects the rows from the accepted counts before the replay and the host settles them when it
+reads the verify step; otherwise the runner reads the verify step first (runner/queued_verify.py). Only greedy
+rows take the device path (rejection sampling reads the drafts on the host). Rows with penalties, min_tokens or
+logit_bias, and tensor-parallel engines, read each verify step first (LaunchedStep.needs_host). Prompt-lookup
+drafts are read from the tokens on the host, so there a step that samples for a drafting request is read before
+the next is queued, and only steps that sample nothing (prompt chunks) are followed by a queued step: without the
+tokens it could only queue rows without drafts, which would end the drafting for as long as steps keep queuing.
+
+Not yet: MTP drafts under the training-free compress_ratio, whose pooled entries of the draft layer's own rows its
+pass does not build, and asynchronous scheduling with drafts on engines with windows or pooled entries (each turned
+off, with a logged reason).
 """
 
 from __future__ import annotations
@@ -42,7 +55,7 @@ import logging
 
 from mlaserve.config.engine_config import EngineConfig
 from mlaserve.core.scheduler import Scheduler
-from mlaserve.kvcache.spec import AttentionRule
+from mlaserve.kvcache.spec import FULL, AttentionRule
 from mlaserve.spec_decode.model_drafts import ModelDrafts
 from mlaserve.spec_decode.ngram import NgramProposer
 
@@ -57,14 +70,19 @@ def build_proposer(
     if not spec.enabled:
         return None
     reason = None
-    if async_scheduling:
-        reason = "asynchronous scheduling queues a step before the drafts of the one before it are checked"
+    if async_scheduling and group_rules != [FULL]:
+        reason = "asynchronous scheduling with drafts is built for one full-attention cache group only"
     elif spec.method == "mtp" and config.cache.compress_ratio:
         # DeepSeek-V4's own pooled groups are its compressors': its MTP layer attends over the window alone
         reason = "the draft layer's pass does not build compress_ratio's pooled entries of its own rows"
     if reason is not None:
         logger.warning("speculative decoding (%s) is off: %s", spec.method, reason)
         return None
+    if async_scheduling and spec.method != "mtp":
+        logger.info(
+            "speculative decoding with asynchronous scheduling: prompt-lookup drafts are read from the tokens, so "
+            "a step that samples for a drafting request is read before the next step is queued"
+        )
     if spec.method == "mtp":
         logger.info("speculative decoding: mtp, %d drafts per step", spec.num_speculative_tokens)
         return ModelDrafts(spec.num_speculative_tokens)

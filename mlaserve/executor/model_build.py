@@ -49,8 +49,6 @@ def load_model(
     """saved: the conversion section of a converted folder's config.json, when it is one."""
     cls = get_model_class(model_config.architecture)
     mtp = mtp_layers_to_build(cls, model_config.architecture, model_config.hf_config, config.speculative)
-    if config.scheduler.async_on(device.type, config.speculative.enabled):
-        mtp = 0  # speculation turns itself off there (engine/speculation.py logs why): no layer to hold
     model, report = build_model(
         ModelBuild(model_config, files, backend, device, config.model, config.mla, parallel, mtp)
     )

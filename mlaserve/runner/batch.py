@@ -94,6 +94,7 @@ def plan_batch(
         start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
         if s.lookahead:  # a placeholder: the runner fills it on the device from the step still sampling it
             ids.append(0)
+            ids.extend(s.spec_token_ids)  # a draft model's, settled before the batch is built
         else:  # known tokens, then any speculative drafts
             ids.extend(s.request.all_token_ids[start : end - len(s.spec_token_ids)])
             ids.extend(s.spec_token_ids)

@@ -26,6 +26,7 @@ from mlaserve.host_copy import copy_queued
 from mlaserve.kvcache.spec import FULL, AttentionRule
 from mlaserve.models.base import CausalLM
 from mlaserve.runner.batch import HostBatch, entry_rows, stage_token_rows
+from mlaserve.runner.queued_verify import correct_rows
 
 logger = logging.getLogger(__name__)
 
@@ -113,15 +114,27 @@ class DecodeGraphs:
         fits = num_seqs <= self.sizes[-1] and max(batch.seq_lens, default=0) <= self.max_model_len
         return batch.num_decodes == num_seqs and fits
 
-    def run(self, batch: HostBatch, source: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
+    def run(
+        self,
+        batch: HostBatch,
+        source: tuple[torch.Tensor, list[int]] | None = None,
+        shift: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Logits [num_seqs, vocab] of a decode-only batch. source: for a lookahead step, the previous step's
-        sampled token ids on the device and, per row, the index of the row's input token among them."""
-        return self.logits[self._replay(batch, source)][: len(batch.query_lens)]
+        sampled token ids on the device and, per row, the index of the row's input token among them. shift: for a
+        step queued behind an unread verify step, each row's move back (queued_verify.correct_rows)."""
+        return self.logits[self._replay(batch, source, shift)][: len(batch.query_lens)]
 
-    def run_with_prenorm(self, batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def run_with_prenorm(
+        self,
+        batch: HostBatch,
+        source: tuple[torch.Tensor, list[int]] | None = None,
+        shift: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits, hidden states before the final norm), one row each per sequence of a decode-only batch, from
-        graphs captured with keep_prenorm. Both are the graph's buffers: read them before the next replay."""
-        size, n = self._replay(batch, None), len(batch.query_lens)
+        graphs captured with keep_prenorm. Both are the graph's buffers: read them before the next replay. source,
+        shift: as run's."""
+        size, n = self._replay(batch, source, shift), len(batch.query_lens)
         return self.logits[size][:n], self.prenorm[size][:n]
 
     def step_rows(self, size: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
@@ -136,7 +149,9 @@ class DecodeGraphs:
         rules, length = self.rules, self.max_model_len
         return static_decode_meta(self.block_size, length, rules, size, slots, seq_lens, tables, [])
 
-    def _replay(self, batch: HostBatch, source: tuple[torch.Tensor, list[int]] | None) -> int:
+    def _replay(
+        self, batch: HostBatch, source: tuple[torch.Tensor, list[int]] | None, shift: torch.Tensor | None
+    ) -> int:
         """Stages the batch into the static inputs and replays the graph of its padded size, which it returns."""
         n = len(batch.query_lens)
         size = self.sizes[bisect.bisect_left(self.sizes, n)]
@@ -158,6 +173,10 @@ class DecodeGraphs:
         self._copied[self._turn].record()
         if source is not None:
             torch.index_select(source[0], 0, self.source_rows[:n], out=self.input_ids[:n])
+        if shift is not None:  # positions and lengths the host planned before the accepted drafts were known
+            correct_rows(
+                self.positions, self.slot_mapping, self.seq_lens, self.block_tables, shift, self.block_size
+            )
         plan = self.decode_plans.get(size)
         if plan is not None and plan.planned:
             plan.replan(host_seq_lens, host_tables)

@@ -18,7 +18,7 @@ from mlaserve.kvcache.spec import FULL, AttentionRule
 from mlaserve.models.base import CausalLM
 from mlaserve.outputs import LogprobEntry
 from mlaserve.parallel import SINGLE, ParallelContext
-from mlaserve.runner.batch import HostBatch, plan_batch, to_device
+from mlaserve.runner.batch import HostBatch, to_device
 from mlaserve.runner.draft_processing import (
     DraftGrammar,
     draft_grammars,
@@ -29,6 +29,7 @@ from mlaserve.runner.draft_processing import (
 from mlaserve.runner.mtp_draft import MtpDrafter, draft_spans
 from mlaserve.runner.mtp_graphs import MtpDraftGraphs, capture_draft_graphs, collect_drafts
 from mlaserve.runner.prompt_logprobs import PromptSpan, ScoredSpan, prompt_spans, score_prompt_spans
+from mlaserve.runner.queued_verify import plan_step, settle_rows
 from mlaserve.runner.spec_verify import accept_drafts, draft_rows, draft_targets
 from mlaserve.runner.step import LaunchedStep, StepPlan, StepResult
 from mlaserve.runner.verify_graphs import run_captured
@@ -135,8 +136,13 @@ class ModelRunner:
 
         A step scheduled ahead (Scheduler.schedule_lookahead) is launched before `previous` has been collected: the
         input token of each of its lookahead rows is the one `previous` sampled for the same request, gathered on
-        the device; its other rows' tokens (prompt chunks, decodes of requests `previous` did not run) are known."""
-        host = plan_batch(output, self.block_size, self.group_rules)
+        the device; its other rows' tokens (prompt chunks, decodes of requests `previous` did not run) are known.
+        Rows queued behind `previous`'s drafts (queued_verify.py) are corrected on the device when the step replays
+        the decode graphs behind a captured draft pass, else settled first from `previous` read early; so is
+        `previous`'s eager draft pass, whose cache rows this step's own pass reads."""
+        host, behind, previous_ids = plan_step(
+            output, previous, self.graphs, self.block_size, self.group_rules, self.collect
+        )
         # Per token: its index among `previous`'s sampled ids, -1 where known (lookahead_source).
         source_rows = None
         ahead = previous is not None and any(s.lookahead for s in host.order)
@@ -144,7 +150,10 @@ class ModelRunner:
             rows = {s.request.request_id: i for i, s in enumerate(previous.sampled)}
             source_rows = []
             for s in host.order:
-                source_rows += [rows[s.request.request_id]] if s.lookahead else [-1] * s.num_new_tokens
+                first = [rows[s.request.request_id]] if s.lookahead else [-1]
+                source_rows += first + [-1] * (s.num_new_tokens - 1)  # a lookahead row's drafts are known
+            if behind is not None:
+                source_rows = behind.source_rows
         spans = prompt_spans(host.order)  # graphs keep only the sampled rows' hidden states
         # Every rank computes the draft rows' logits; rank 0 alone verifies them, as it alone samples.
         drafted, verify_rows = draft_rows(host.order)
@@ -155,7 +164,7 @@ class ModelRunner:
             plan = StepPlan(plain, spans, source_rows, verify_rows, self.drafter is not None)
             broadcast_object(self.parallel, plan)
         logits, scored, verify_logits, prenorm, captured = self._forward(
-            host, spans, source_rows, None if previous is None else previous.token_ids, verify_rows
+            host, spans, source_rows, previous_ids, verify_rows, None if behind is None else behind.shift
         )
         if logits is None:
             if prenorm is not None:  # a prompt chunk's draft-layer rows
@@ -167,7 +176,7 @@ class ModelRunner:
         requests = [s.request for s in host.sampled]
         grammars = [self.grammars.get(r.request_id) for r in requests]
         processing = ahead and any(p.needs_processing for p in params)  # not on every decode step
-        pending = pending_tokens(host.sampled, rows, previous.token_ids) if processing else None
+        pending = pending_tokens(host.sampled, rows, previous_ids) if processing else None
         walks: dict[str, DraftGrammar] = {}
         before = None
         if drafted:  # its sampled row comes after its drafts: processed as if they had been generated
@@ -197,8 +206,18 @@ class ModelRunner:
             tensors = self.sampler.logprobs(verify_logits.float(), row_params, verified)
             step.draft_logprobs = (row_params, tensors.to_host())
         step.host, step.prenorm = host, prenorm
+        step.drafts_follow = self.drafter is not None and not self.parallel.distributed
         if captured and self.drafter and self.draft_graphs:  # queued behind the token ids' copy out
-            step.queued_drafts = self.draft_graphs.launch(host, drafted, verified, token_ids, step.num_valid)
+            draft_ids = None
+            if behind is not None and verify_rows:  # its drafts are placeholders on the host
+                ids, index = lookahead_source(previous_ids, source_rows, host.ids)
+                draft_ids = (
+                    ids[queued_values([index[r + 1] for r in verify_rows], torch.long, self.device)],
+                    verify_rows,
+                )
+            step.queued_drafts = self.draft_graphs.launch(
+                host, drafted, verified, token_ids, step.num_valid, draft_ids
+            )
             step.prenorm = None
         return step
 
@@ -237,6 +256,7 @@ class ModelRunner:
         source_rows: list[int] | None,
         source_ids: torch.Tensor | None,
         verify_rows: list[int] | None = None,
+        shift: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor | None, list[ScoredSpan], torch.Tensor | None, torch.Tensor | None, bool]:
         """The logits of the sampled rows (None when no row samples), the prompt logprobs asked for, the logits
         at verify_rows (speculative drafts' positions; None when there are none), with an MTP drafter every
@@ -246,10 +266,12 @@ class ModelRunner:
         graphs, prefills = self.graphs, self.prefill_graphs
         source = None if source_rows is None else lookahead_source(source_ids, source_rows, host.ids)
         if graphs is not None and not spans:
-            captured = run_captured(graphs, host, source, verify_rows, self.drafter is not None)
+            captured = run_captured(graphs, host, source, verify_rows, self.drafter is not None, shift)
             if captured is not None:
                 logits, verify_logits, prenorm = captured
                 return logits, [], verify_logits, prenorm, True
+        if shift is not None:  # queued_verify.plan_step checks that it fits the graphs first
+            raise RuntimeError("a step queued behind an unread verify step must replay the decode graphs")
         eager = bool(spans or verify_rows) or self.drafter is not None
         if prefills is not None and not eager and host.sample_rows and prefills.can_run(host):
             return prefills.run(host), [], None, None, False  # the sampled sequences' rows, in order
@@ -282,6 +304,14 @@ class ModelRunner:
 
     def collect(self, step: LaunchedStep) -> StepResult:
         """Waits for a launched step's tokens (and reads the logprobs asked for)."""
+        if step.result is not None:  # read early, to launch the step queued behind it
+            return step.result
+        result = self._collect(step)
+        if step.queued_behind is not None:  # its rows planned before these results: moved to where they are
+            settle_rows(step.queued_behind, result)
+        return result
+
+    def _collect(self, step: LaunchedStep) -> StepResult:
         prompt_logprobs = {s.span.request_id: (s.span.first_position, s.entries()) for s in step.scored}
         if not step.sampled:
             return StepResult({}, {}, prompt_logprobs)

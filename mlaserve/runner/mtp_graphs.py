@@ -31,7 +31,7 @@ import torch
 
 from mlaserve.attention.metadata import AttentionMetadata
 from mlaserve.core.scheduler import ScheduledRequest
-from mlaserve.host_copy import copy_queued
+from mlaserve.host_copy import copy_queued, queued_values
 from mlaserve.runner.batch import HostBatch
 
 if TYPE_CHECKING:
@@ -66,8 +66,10 @@ class QueuedDrafts:
 
     drafts: torch.Tensor  # [requests (padded), num_drafts] on the device, or its pinned copy
     done: torch.cuda.Event | None  # fires once `drafts` has been copied out (CUDA)
-    # per request in batch order: (request, position of its last known token, its block count x block size)
-    requests: list[tuple[ScheduledRequest, int, int]]
+    # per request in batch order: (request, its block count x block size); its last known token's position is read
+    # at collection, once a row queued behind a verify step is settled
+    requests: list[tuple[ScheduledRequest, int]]
+    on_device: torch.Tensor | None = None  # `drafts` on the device (a step queued behind reads them there)
 
 
 class MtpDraftGraphs:
@@ -90,9 +92,13 @@ class MtpDraftGraphs:
         blocks = -(-max_model_len // block_size)
         self.chain_tables = torch.zeros(size, blocks, dtype=torch.int32, device=device)
         cuda = device.type == "cuda"
-        self.staging = torch.zeros(6, size, dtype=torch.long, pin_memory=cuda)
-        self.host_drafts = torch.zeros(size, num_drafts, dtype=torch.long, pin_memory=cuda)
-        self._copied = torch.cuda.Event() if cuda else None
+        # Two sets in turn: a step queued behind this one stages its pass before this one's drafts are read.
+        self.staging = [torch.zeros(6, size, dtype=torch.long, pin_memory=cuda) for _ in range(2)]
+        self.host_drafts = [
+            torch.zeros(size, num_drafts, dtype=torch.long, pin_memory=cuda) for _ in range(2)
+        ]
+        self._copied = [torch.cuda.Event(), torch.cuda.Event()] if cuda else None
+        self._turn = 0
         self.keys = draft_keys(source.sizes, num_drafts)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
@@ -109,18 +115,23 @@ class MtpDraftGraphs:
         targets: torch.Tensor | None,
         sampled: torch.Tensor,
         num_valid: dict[str, int],
+        draft_ids: tuple[torch.Tensor, list[int]] | None = None,
     ) -> QueuedDrafts:
         """Queues the pass for a step just replayed from the decode graphs (one row per token) and sampled:
         targets, sampled: the step's draft targets and sampled tokens on the device; num_valid: for a request
-        with a grammar, how many of its drafts the grammar takes."""
+        with a grammar, how many of its drafts the grammar takes. draft_ids: for a step whose drafts are still
+        placeholders on the host (queued behind a verify step), the drafts on the device and their rows."""
         key = draft_key(self.keys, len(host.ids), len(host.order))
         size, num_requests = key
-        if self._copied is not None:  # the previous step's inputs have left the staging buffer
-            self._copied.synchronize()
-        requests = stage_rows(
-            self.staging, host, drafted, num_valid, size, self.block_size, self.max_model_len
-        )
-        copy_queued(self.inputs, self.staging)
+        self._turn ^= 1
+        staging = self.staging[self._turn]
+        if self._copied is not None:  # this set's last step has left the staging buffer and been read
+            self._copied[self._turn].synchronize()
+        requests = stage_rows(staging, host, drafted, num_valid, size, self.block_size, self.max_model_len)
+        copy_queued(self.inputs, staging)
+        if draft_ids is not None:
+            values, rows = draft_ids
+            self.inputs[DRAFT].index_copy_(0, queued_values(rows, torch.long, self.device), values)
         if targets is not None:
             self.targets[: targets.shape[0]].copy_(targets)
         self.sampled[: sampled.shape[0]].copy_(sampled)
@@ -130,10 +141,11 @@ class MtpDraftGraphs:
         else:
             drafts = self.forward(size, num_requests)
         if self._copied is None:
-            return QueuedDrafts(drafts, None, requests)
-        self.host_drafts[:num_requests].copy_(drafts, non_blocking=True)
-        self._copied.record()
-        return QueuedDrafts(self.host_drafts, self._copied, requests)
+            return QueuedDrafts(drafts, None, requests, drafts)
+        host_drafts, copied = self.host_drafts[self._turn], self._copied[self._turn]
+        host_drafts[:num_requests].copy_(drafts, non_blocking=True)
+        copied.record()
+        return QueuedDrafts(host_drafts, copied, requests, drafts)
 
     @torch.inference_mode()
     def forward(self, size: int, num_requests: int) -> torch.Tensor:
@@ -205,8 +217,7 @@ def stage_rows(
     tokens, its request's index in the batch, and its draft where it may be accepted (-1 past a grammar's valid
     drafts, and on rows without one); per request the rows its blocks hold, at most max_model_len (the static
     tables' width, and the longest sequence the attention's fixed splits cover). Padding rows are requests of their
-    own without targets. Returns each request's (request, position of its last known token, rows its blocks
-    hold)."""
+    own without targets. Returns each request's (request, rows its blocks hold)."""
     sample_index = {s.request.request_id: i for i, s in enumerate(host.sampled)}
     first_target = {}
     offset = 0
@@ -221,7 +232,7 @@ def stage_rows(
     for i, s in enumerate(host.order):
         rid, d, n = s.request.request_id, len(s.spec_token_ids), s.num_new_tokens
         room[i] = min(len(s.block_ids[0]) * block_size, max_model_len)
-        requests.append((s, s.num_computed_tokens + n - d - 1, room[i]))
+        requests.append((s, room[i]))
         request[row : row + n] = [i] * n
         if not s.needs_sample:  # a one-token prompt chunk: the prompt's next token follows it
             known[row] = s.request.all_token_ids[s.num_computed_tokens + 1]
@@ -249,7 +260,8 @@ def collect_drafts(
         queued.done.synchronize()
     rows = queued.drafts.tolist()
     out = {}
-    for i, (s, last, room) in enumerate(queued.requests):
+    for i, (s, room) in enumerate(queued.requests):
+        last = s.num_computed_tokens + s.num_new_tokens - len(s.spec_token_ids) - 1
         rid = s.request.request_id
         if not (s.needs_sample and s.request.allow_drafts) or rid not in token_ids or s.request.is_finished:
             continue

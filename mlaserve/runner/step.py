@@ -102,9 +102,22 @@ class LaunchedStep:
     host: HostBatch | None = None  # the batch, for an MTP drafter's pass after the step
     prenorm: torch.Tensor | None = None  # with an MTP drafter: every row's hidden state before the final norm
     queued_drafts: QueuedDrafts | None = None  # the MTP draft pass of a captured step, queued on the device
+    # A draft model's drafts for the next step are read with this step's results, so a step queued behind it can
+    # take them (and be placed as if its drafts all hold) once those are in (runner/queued_verify.py).
+    drafts_follow: bool = False
+    result: StepResult | None = None  # read early, to launch the step queued behind it; collect returns it
+    queued_behind: SchedulerOutput | None = None  # a step queued behind it unsettled: settled when it is read
 
     @property
     def needs_host(self) -> bool:
         """Whether the next step must wait for this one's results on the host: a grammar needs the token
-        sampled here."""
-        return any(p.needs_history for p in self.params)
+        sampled here. A request that takes speculative drafts needs them checked before its next row is placed,
+        unless a draft model makes them (drafts_follow) and no row here is processed (penalties, min_tokens,
+        logit_bias: a queued row counts one pending token, not the accepted drafts before it); prompt-lookup drafts
+        are read from the tokens, so on such an engine only steps that sample nothing are followed by a queued
+        step."""
+        if any(p.needs_history for p in self.params):
+            return True
+        if not any(s.request.allow_drafts for s in self.sampled):
+            return False
+        return not self.drafts_follow or any(p.needs_processing for p in self.params)

@@ -40,9 +40,19 @@ class CapturedDecode(Protocol):
 
     def can_run(self, batch: HostBatch) -> bool: ...
 
-    def run(self, batch: HostBatch, source: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor: ...
+    def run(
+        self,
+        batch: HostBatch,
+        source: tuple[torch.Tensor, list[int]] | None = None,
+        shift: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
 
-    def run_with_prenorm(self, batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def run_with_prenorm(
+        self,
+        batch: HostBatch,
+        source: tuple[torch.Tensor, list[int]] | None = None,
+        shift: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 # (logits of the sampled rows, logits of the draft rows or None, hidden states before the final norm or None)
@@ -71,6 +81,7 @@ def run_captured(
     source: tuple[torch.Tensor, list[int]] | None,
     verify_rows: list[int] | None,
     keep_prenorm: bool,
+    shift: torch.Tensor | None = None,
 ) -> Captured | None:
     """The step from the captured graphs, or None when it cannot run there. verify_rows: the rows whose logits check
     drafts (spec_verify.draft_rows); keep_prenorm: an MTP drafter reads every row's hidden state after the step."""
@@ -79,11 +90,9 @@ def run_captured(
         return None
     prenorm = None
     if keep_prenorm:
-        if source is not None:  # lookahead steps do not run beside drafts (engine/speculation.py)
-            return None
-        logits, prenorm = graphs.run_with_prenorm(rows)
+        logits, prenorm = graphs.run_with_prenorm(rows, source, shift)
     else:
-        logits = graphs.run(rows, source)
+        logits = graphs.run(rows, source, shift)
     if not verify_rows:  # every row samples, in row order
         return logits, None, prenorm
     picked = logits[queued_values(batch.sample_rows + verify_rows, torch.long, logits.device)]

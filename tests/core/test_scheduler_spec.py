@@ -95,3 +95,27 @@ def test_requests_that_do_not_allow_drafts_get_none(make_request) -> None:
     sched.add_request(request)
     sched.update_from_output(sched.schedule(), {request.request_id: 5})
     assert sched.schedule().scheduled[0].spec_token_ids == []
+
+
+def test_a_lookahead_gives_drafts_only_to_rows_whose_input_is_known(make_request) -> None:
+    """Prefill-first: r1's prompt step runs alone while r0 waits with its first token. The step queued behind it
+    gives r0 (all its tokens on the host) its drafts as schedule() would, and r1 (its input still being sampled)
+    a plain lookahead row."""
+    sched = drafting(prefill_first=True)
+    r0 = prefill_and_first_token(sched, make_request)  # tokens ... 7, 8, 5: drafts [6, 7, 8]
+    r1 = make_request(6, allow_drafts=True)
+    sched.add_request(r1)
+    first = sched.schedule()
+    assert [(s.request, s.num_new_tokens) for s in first.scheduled] == [(r1, 6)]
+    ahead = sched.schedule_lookahead(first)
+    rows = [
+        (s.request, s.num_computed_tokens, s.num_new_tokens, s.spec_token_ids, s.lookahead)
+        for s in ahead.scheduled
+    ]
+    assert rows == [(r0, 12, 4, [6, 7, 8], False), (r1, 6, 1, [], True)]
+    assert [len(s.block_ids[0]) for s in ahead.scheduled] == [4, 2]  # 16 slots; r1's 7th token opens a block
+    sched.update_from_output(first, {r1.request_id: 9})
+    sched.update_from_output(ahead, {r0.request_id: 9, r1.request_id: 3}, {r0.request_id: 2})
+    assert r0.output_token_ids == [5, 6, 7, 9] and r1.output_token_ids == [9, 3]
+    assert r0.num_computed_tokens == 15 and (sched.num_draft_tokens, sched.num_accepted_tokens) == (3, 2)
+    assert len(sched.kv_cache_manager.get_block_ids(r0.request_id)[0]) == 4  # 16 tokens fill 4 blocks

@@ -29,7 +29,8 @@ class CheckedDraftGraphs(MtpDraftGraphs):
     def __init__(self, runner, static: StaticStepsOnCPU) -> None:
         super().__init__(runner.drafter, static, static.max_model_len, torch.device("cpu"))
         self.runner = runner
-        self.pending = None
+        # per queued pass, its step's batch and hidden states: a step queued behind it may launch before it is read
+        self.pending: dict[int, tuple] = {}
         self.compared: list[int] = []  # requests compared, per pass
         self.keys_run: set[tuple[int, int]] = set()  # (rows, chained rows) of each pass
 
@@ -37,14 +38,14 @@ class CheckedDraftGraphs(MtpDraftGraphs):
         self.keys_run.add((size, num_requests))
         return super().forward(size, num_requests)
 
-    def launch(self, host, drafted, targets, sampled, num_valid):
-        queued = super().launch(host, drafted, targets, sampled, num_valid)
-        self.pending = (host, self.source.prenorm)
+    def launch(self, host, drafted, targets, sampled, num_valid, draft_ids=None):
+        queued = super().launch(host, drafted, targets, sampled, num_valid, draft_ids)
+        self.pending[id(queued)] = (host, self.source.prenorm.clone())
         return queued
 
     def check(self, queued, token_ids: dict[str, int], num_accepted: dict[str, int]) -> dict:
         got = collect_drafts(queued, token_ids, num_accepted)
-        host, prenorm = self.pending
+        host, prenorm = self.pending.pop(id(queued))
         cache = self.kv_caches[-1]
         parts = cache if isinstance(cache, tuple) else (cache,)  # (K, V) under mla_disable
         saved = [part.clone() for part in parts]

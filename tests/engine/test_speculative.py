@@ -117,14 +117,6 @@ def test_processed_and_plain_requests_share_verify_steps(llama) -> None:
     assert llm.stats()["num_accepted_tokens"] > 0 and llm.stats()["kv_blocks_used"] == 0
 
 
-def test_async_scheduling_turns_speculation_off(llama, caplog) -> None:
-    with caplog.at_level("WARNING"):
-        outs, llm = generate(llama, prompts()[:2], GREEDY, async_scheduling=True, speculative_config=NGRAM)
-    assert not llm.stats()["speculative_decoding"] and llm.stats()["num_draft_tokens"] == 0
-    assert "asynchronous scheduling" in caplog.text
-    assert tokens(outs) == tokens(generate(llama, prompts()[:2], GREEDY)[0])
-
-
 def test_logit_bias_requests_get_drafts_and_keep_their_tokens(llama) -> None:
     batch = prompts()[:3]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logit_bias={7: 2.0, 100: -5.0})

@@ -23,9 +23,9 @@ class Recorded(StaticStepsOnCPU):
         super().__init__(runner, max_model_len)
         self.draft_counts: list[list[int]] = []
 
-    def _forward(self, batch):
+    def _forward(self, batch, source=None, shift=None):
         self.draft_counts.append([len(s.spec_token_ids) for s in batch.order])
-        return super()._forward(batch)
+        return super()._forward(batch, source, shift)
 
 
 def captured(path, batch, params, **options) -> tuple[list, LLM, Recorded]:

@@ -196,15 +196,3 @@ def test_v32_and_block_fp8_checkpoints(plain_v3, tmp_path, variant: str) -> None
         assert stats["num_draft_tokens"] > 0 and stats["kv_blocks_used"] == 0
         if echo:
             assert stats["num_accepted_tokens"] == stats["num_draft_tokens"]
-
-
-def test_async_scheduling_turns_it_off_without_building_the_layer(with_mtp, caplog) -> None:
-    path, want = with_mtp
-    plain = LLM(str(path), **BASE).stats()["kv_bytes_per_token"]
-    with caplog.at_level("WARNING"):
-        outs, llm = generate(path, prompts(), GREEDY, async_scheduling=True, speculative_config=mtp(2))
-    assert tokens(outs) == want and "asynchronous scheduling" in caplog.text
-    stats = llm.stats()
-    assert not stats["speculative_decoding"] and stats["kv_bytes_per_token"] == plain
-    on = LLM(str(path), **BASE, speculative_config=mtp(2)).stats()["kv_bytes_per_token"]
-    assert on > plain  # the MTP layer's latent rows: one layer more

@@ -16,6 +16,7 @@ import torch
 from mlaserve.attention.metadata import AttentionMetadata, build_metadata
 from mlaserve.runner.batch import HostBatch
 from mlaserve.runner.cuda_graphs import stage_decode_inputs, static_decode_meta
+from mlaserve.runner.queued_verify import correct_rows
 
 
 class StaticStepsOnCPU:
@@ -27,6 +28,9 @@ class StaticStepsOnCPU:
         self.seq_lens = torch.ones(largest, dtype=torch.int32)
         self.tables = torch.zeros(largest, -(-max_model_len // runner.block_size), dtype=torch.int32)
         self.rows: list[int] = []  # rows of each step run here
+        self.sourced = 0  # steps whose input ids came from the step before (lookahead steps)
+        self.shifted = 0  # steps queued behind an unread verify step, corrected on the "device"
+        self.moved = 0  # rows of those steps moved back (their request's verify step rejected drafts)
         self.prenorm: torch.Tensor | None = (
             None  # the last step's, all its padded rows (an MTP pass reads it)
         )
@@ -34,19 +38,27 @@ class StaticStepsOnCPU:
     def can_run(self, batch: HostBatch) -> bool:
         return batch.num_decodes == len(batch.query_lens) <= self.sizes[-1]
 
-    def run(self, batch: HostBatch, source=None) -> torch.Tensor:
-        assert source is None  # no lookahead steps on CPU
-        return self._forward(batch)[0]
+    def run(self, batch: HostBatch, source=None, shift=None) -> torch.Tensor:
+        return self._forward(batch, source, shift)[0]
 
-    def run_with_prenorm(self, batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def run_with_prenorm(
+        self, batch: HostBatch, source=None, shift=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.keep_prenorm
-        return self._forward(batch)
+        return self._forward(batch, source, shift)
 
-    def _forward(self, batch: HostBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward(self, batch: HostBatch, source=None, shift=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         r, n = self.runner, len(batch.query_lens)
         size = self.sizes[bisect.bisect_left(self.sizes, n)]
         self.rows.append(n)
         stage_decode_inputs(batch, size, self.host_i64, self.seq_lens, self.tables)
+        if source is not None:  # a lookahead step's input ids, as DecodeGraphs gathers them
+            self.host_i64[0, :n] = source[0][torch.tensor(source[1])]
+            self.sourced += 1
+        if shift is not None:  # as DecodeGraphs corrects a step queued behind an unread verify step
+            correct_rows(self.host_i64[1], self.host_i64[2], self.seq_lens, self.tables, shift, r.block_size)
+            self.shifted += 1
+            self.moved += int((shift != 0).sum())
         slots = self.host_i64[2]
         meta = self.decode_meta(size, slots, self.seq_lens, self.tables)
         inputs = (self.host_i64[0, :size], self.host_i64[1, :size], r.kv_caches, meta)

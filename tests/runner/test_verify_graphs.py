@@ -56,12 +56,12 @@ class Rows:
     def can_run(self, batch) -> bool:
         return batch.num_decodes == len(batch.query_lens) <= self.largest
 
-    def run(self, batch, source=None) -> torch.Tensor:
+    def run(self, batch, source=None, shift=None) -> torch.Tensor:
         self.batches.append(batch)
         return torch.arange(len(batch.ids), dtype=torch.float32)[:, None]
 
-    def run_with_prenorm(self, batch):
-        logits = self.run(batch)
+    def run_with_prenorm(self, batch, source=None, shift=None):
+        logits = self.run(batch, source)
         return logits, -logits
 
 
