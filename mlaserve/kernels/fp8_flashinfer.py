@@ -21,6 +21,7 @@ from types import ModuleType
 
 import torch
 
+from mlaserve.kernels.device_check import checked_once
 from mlaserve.kernels.fp8_quant import GROUP
 
 # FlashInfer's own limit on N (its tiles are 64 columns wide), beside K in whole scale groups.
@@ -81,14 +82,7 @@ def flashinfer_blockscale_linear(
 def flashinfer_check(device: torch.device, group_n: int) -> str:
     """The word ok where FlashInfer's GEMM matched the reference on `device` for this grouping, else "failed: why",
     from one small GEMM run the first time it is asked (never during graph capture: then "unchecked")."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    known = _CHECKED.get((index, group_n))
-    if known is not None:
-        return known
-    if torch.cuda.is_current_stream_capturing():
-        return "unchecked"
-    _CHECKED[(index, group_n)] = _run_check(torch.device("cuda", index), group_n)
-    return _CHECKED[(index, group_n)]
+    return checked_once(_CHECKED, device, group_n, _run_check)
 
 
 def _run_check(device: torch.device, group_n: int) -> str:

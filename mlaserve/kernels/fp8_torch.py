@@ -13,6 +13,7 @@ the padded layout); were the path to win, the loader could store the scale that 
 import torch
 import torch.nn.functional as F
 
+from mlaserve.kernels.device_check import checked_once
 from mlaserve.kernels.fp8_quant import GROUP, quantize_per_token_group
 
 # The weight scale layouts torch releases have asked for, in the order the check tries them: through
@@ -89,14 +90,7 @@ def blockwise_check(device: torch.device, group_n: int) -> str:
     """The weight scale layout with which torch's blockwise GEMM matched the reference on `device` for this
     grouping, or "failed: why", from one small GEMM run the first time it is asked (never during graph capture:
     then "unchecked", and it is asked again later)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    known = _CHECKED.get((index, group_n))
-    if known is not None:
-        return known
-    if torch.cuda.is_current_stream_capturing():
-        return "unchecked"
-    _CHECKED[(index, group_n)] = _run_check(torch.device("cuda", index), group_n)
-    return _CHECKED[(index, group_n)]
+    return checked_once(_CHECKED, device, group_n, _run_check)
 
 
 def _run_check(device: torch.device, group_n: int) -> str:
