@@ -189,8 +189,8 @@ def test_v4_verify_steps_through_the_captured_steps_inputs(model, monkeypatch) -
     captured: list[bool] = []
     real = model_runner.run_captured
 
-    def noted(graphs, batch, source, verify_rows, keep_prenorm):  # noqa: ANN001, ANN202 - the runner's own call
-        out = real(graphs, batch, source, verify_rows, keep_prenorm)
+    def noted(graphs, batch, source, verify_rows, keep_prenorm, shift=None):  # noqa: ANN001, ANN202 - the runner's own call
+        out = real(graphs, batch, source, verify_rows, keep_prenorm, shift)
         if verify_rows:
             captured.append(out is not None)
         return out

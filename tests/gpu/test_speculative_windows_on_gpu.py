@@ -35,8 +35,8 @@ def run(path, batch: list[dict], captured: bool = False, **options) -> tuple[lis
     verify_steps: list[bool] = []
     real = model_runner.run_captured
 
-    def noted(graphs, batch, source, verify_rows, keep_prenorm):
-        out = real(graphs, batch, source, verify_rows, keep_prenorm)
+    def noted(graphs, batch, source, verify_rows, keep_prenorm, shift=None):
+        out = real(graphs, batch, source, verify_rows, keep_prenorm, shift)
         if verify_rows:
             verify_steps.append(out is not None)
         return out

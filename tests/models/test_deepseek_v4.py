@@ -70,7 +70,7 @@ class StaticDecodeOnCPU:
     def can_run(self, batch) -> bool:
         return batch.num_decodes == len(batch.query_lens) <= self.size
 
-    def run(self, batch, source=None) -> torch.Tensor:
+    def run(self, batch, source=None, shift=None) -> torch.Tensor:
         from mlaserve.runner.cuda_graphs import (
             copy_group_inputs,
             stage_decode_inputs,
@@ -78,7 +78,7 @@ class StaticDecodeOnCPU:
             static_decode_meta,
         )
 
-        assert source is None  # no lookahead steps on CPU
+        assert source is None and shift is None  # no lookahead steps here
         r, n = self.runner, len(batch.query_lens)
         self.steps += 1
         stage_decode_inputs(batch, self.size, self.host_i64, self.seq_lens, self.tables)
