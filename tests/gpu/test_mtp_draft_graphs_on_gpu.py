@@ -31,10 +31,10 @@ def generate(path, monkeypatch, **options) -> tuple[list[list[int]], dict, list[
         assert runner.draft_graphs is not None and runner.draft_graphs.graphs
         real_launch, drafter, cache = MtpDraftGraphs.launch, runner.drafter, runner.kv_caches[-1]
 
-        def launch(self, host, drafted, targets, sampled, num_valid):
+        def launch(self, host, drafted, targets, sampled, num_valid, draft_ids=None):
             size = self.source.sizes[bisect.bisect_left(self.source.sizes, len(host.ids))]
             pending[:] = [host, self.source.step_rows(size)[3].clone()]
-            return real_launch(self, host, drafted, targets, sampled, num_valid)
+            return real_launch(self, host, drafted, targets, sampled, num_valid, draft_ids)
 
         def check(queued, token_ids, num_accepted):
             got = collect_drafts(queued, token_ids, num_accepted)
